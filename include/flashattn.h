@@ -1,0 +1,258 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * flashattn — exact FlashAttention as a portable C library.
+ *
+ * One header. Every call returns an fa_status; the context keeps a readable
+ * message for the last error, naming the offending field. The library never
+ * aborts or exits on anything a caller passes and writes no output when it
+ * returns an error.
+ *
+ * Threads: a context may be used by one thread at a time (it holds the last
+ * error and the last run's report). Different contexts are independent.
+ * Calls that take no context (fa_status_string, fa_version_string,
+ * fa_attention_desc_init, fa_tensor_contiguous, fa_backend_name) are
+ * thread-safe.
+ */
+#ifndef FLASHATTN_H
+#define FLASHATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(FA_BUILDING_SHARED)
+#define FA_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define FA_API __attribute__((visibility("default")))
+#else
+#define FA_API
+#endif
+
+#define FA_VERSION_MAJOR 0
+#define FA_VERSION_MINOR 1
+#define FA_VERSION_PATCH 0
+#define FA_VERSION_STRING "0.1.0"
+
+/* Largest head_dim any backend accepts. */
+#define FA_MAX_HEAD_DIM 256
+
+typedef enum fa_status {
+    FA_OK = 0,
+    FA_ERR_NULL_POINTER = 1,      /* a required pointer is NULL */
+    FA_ERR_INVALID_SHAPE = 2,     /* a dimension is out of range or inconsistent */
+    FA_ERR_INVALID_STRIDE = 3,    /* a stride is negative, zero or makes outputs overlap */
+    FA_ERR_INVALID_VALUE = 4,     /* a scalar (scale, window, softcap, dropout) is out of range */
+    FA_ERR_INVALID_DTYPE = 5,     /* unknown dtype or an unsupported dtype combination */
+    FA_ERR_SIZE_OVERFLOW = 6,     /* an index or byte count does not fit in 64 bits */
+    FA_ERR_UNSUPPORTED = 7,       /* valid request that the chosen backend cannot run */
+    FA_ERR_BACKEND_UNAVAILABLE = 8, /* backend not built or no usable device */
+    FA_ERR_OUT_OF_MEMORY = 9,     /* workspace allocation failed */
+    FA_ERR_BACKEND = 10,          /* the backend's runtime reported an error */
+    FA_ERR_INVALID_ARGUMENT = 11  /* any other bad argument (wrong struct size, ...) */
+} fa_status;
+
+typedef enum fa_dtype {
+    FA_DTYPE_F32 = 0,
+    FA_DTYPE_F16 = 1, /* IEEE binary16 */
+    FA_DTYPE_BF16 = 2 /* bfloat16 */
+} fa_dtype;
+
+typedef enum fa_backend {
+    FA_BACKEND_AUTO = 0, /* the best usable backend (CPU when nothing else is) */
+    FA_BACKEND_CPU = 1,
+    FA_BACKEND_CUDA = 2,
+    FA_BACKEND_GLES = 3
+} fa_backend;
+
+#define FA_BACKEND_COUNT 4
+
+typedef enum fa_algorithm {
+    FA_ALGORITHM_FLASH = 0,   /* tiled, online softmax, O(n) extra memory */
+    FA_ALGORITHM_STANDARD = 1 /* materialises S and P: the baseline for comparisons */
+} fa_algorithm;
+
+typedef enum fa_layout {
+    FA_LAYOUT_BSHD = 0, /* [batch, seq, heads, head_dim] */
+    FA_LAYOUT_BHSD = 1  /* [batch, heads, seq, head_dim] */
+} fa_layout;
+
+/*
+ * A 4-D tensor view [batch, seq, heads, head_dim]. head_dim is always
+ * contiguous (element stride 1); the other three strides are in elements,
+ * not bytes, and must be positive. Packed QKV ([b, s, 3, h, d]) is three
+ * views into one buffer with stride_seq = 3*h*d.
+ */
+typedef struct fa_tensor {
+    void *data;
+    fa_dtype dtype;
+    int64_t stride_batch;
+    int64_t stride_seq;
+    int64_t stride_head;
+} fa_tensor;
+
+/*
+ * One attention call: o = softmax(mask(cap(scale * q k^T))) v per head.
+ *
+ * Shapes: q, o [batch, seqlen_q, num_heads_q, head_dim];
+ *         k, v [batch, seqlen_k, num_heads_kv, head_dim].
+ * num_heads_q must be a multiple of num_heads_kv: query head h reads
+ * key/value head h / (num_heads_q / num_heads_kv) (MHA, GQA, MQA).
+ *
+ * Masks. Query row i (0-based within its sequence) may attend key j when
+ *   i + (sk - sq) - window_left <= j <= i + (sk - sq) + window_right,
+ * with sq, sk that sequence's lengths and -1 meaning unbounded. causal = 1
+ * is window_right = 0 (combined with any window_left). The diagonal is
+ * aligned to the bottom-right corner when sq != sk, as in FlashAttention-2:
+ * the last query sees every key, which is what chunked prefill and decode
+ * with a KV cache need. Rows that can see no key produce o = 0 and
+ * lse = -inf.
+ *
+ * Variable-length batches (TND layout): set cu_seqlens_q and cu_seqlens_k
+ * (batch + 1 int32 cumulative offsets each, starting at 0, non-decreasing).
+ * Then seqlen_q / seqlen_k are the total packed token counts (the extent of
+ * the tensors along seq), sequence b owns rows cu[b] .. cu[b+1]-1, and
+ * stride_batch is ignored.
+ *
+ * lse (optional, float32): log-sum-exp of the capped, scaled scores of each
+ * row, the natural-log softmax normaliser. Element (b, h, i) lives at
+ * lse[b*lse_stride_batch + h*lse_stride_head + i*lse_stride_seq]; with all
+ * three strides 0 the layout is contiguous [batch, heads, seqlen_q]
+ * ([heads, total_q] for varlen, where i is the packed row and the batch
+ * stride is unused).
+ *
+ * Initialise with fa_attention_desc_init(): it sets size and the defaults.
+ */
+typedef struct fa_attention_desc {
+    size_t size; /* sizeof(fa_attention_desc): lets the struct grow */
+
+    int32_t batch;
+    int32_t seqlen_q;
+    int32_t seqlen_k;
+    int32_t num_heads_q;
+    int32_t num_heads_kv;
+    int32_t head_dim; /* 1 .. FA_MAX_HEAD_DIM */
+
+    fa_tensor q, k, v; /* inputs, one dtype for all three */
+    fa_tensor o;       /* output: q's dtype or FA_DTYPE_F32 */
+
+    float *lse; /* optional output, NULL to skip */
+    int64_t lse_stride_batch;
+    int64_t lse_stride_head;
+    int64_t lse_stride_seq;
+
+    float scale;          /* 0 = default 1/sqrt(head_dim); otherwise finite */
+    int32_t causal;       /* 0 or 1 */
+    int32_t window_left;  /* -1 = unbounded, else >= 0 */
+    int32_t window_right; /* -1 = unbounded, else >= 0 */
+    float softcap;        /* 0 = off; else scores become softcap*tanh(s/softcap) */
+
+    const int32_t *cu_seqlens_q; /* varlen offsets, batch + 1 entries, or NULL */
+    const int32_t *cu_seqlens_k; /* set both or neither */
+
+    /* Dropout on the attention probabilities (training). p in [0, 1);
+     * the mask is a function of (seed, offset, batch, head, row, column). */
+    float dropout_p;
+    uint64_t dropout_seed;
+    uint64_t dropout_offset;
+
+    fa_algorithm algorithm; /* FA_ALGORITHM_FLASH unless benchmarking */
+} fa_attention_desc;
+
+/* What the last successful call ran: for logs, benchmarks and `flashattn info`. */
+typedef struct fa_run_info {
+    size_t size;              /* set to sizeof(fa_run_info) before the call */
+    fa_backend backend;
+    const char *backend_name; /* static string */
+    const char *kernel;       /* static string, e.g. "flash-avx2" */
+    int32_t block_q;          /* query rows per tile (0 where not tiled) */
+    int32_t block_k;          /* key columns per tile */
+    int32_t threads;
+    uint64_t workspace_bytes; /* memory the call allocates beyond its inputs and outputs */
+} fa_run_info;
+
+typedef struct fa_context_options {
+    size_t size;        /* sizeof(fa_context_options) */
+    fa_backend backend; /* FA_BACKEND_AUTO picks the best usable one */
+    int32_t num_threads; /* CPU threads; 0 = OpenMP's default */
+} fa_context_options;
+
+typedef struct fa_context *fa_context_t;
+
+/* Name of a status ("FA_ERR_INVALID_SHAPE"); never NULL, static storage. */
+FA_API const char *fa_status_string(fa_status status);
+
+/* Library version, e.g. "0.1.0"; static storage. */
+FA_API const char *fa_version_string(void);
+
+/* Name of a backend ("cpu", "cuda", "gles", "auto"); "unknown" for other values. */
+FA_API const char *fa_backend_name(fa_backend backend);
+
+/* Whether a backend was compiled in (1) or not (0). Usability at run time
+ * (a device present) is reported by fa_context_create. */
+FA_API int fa_backend_is_built(fa_backend backend);
+
+/* Fill *desc with defaults: size set, scale 0 (1/sqrt(d)), no mask, window
+ * -1/-1, softcap 0, no dropout, flash algorithm, every pointer NULL. */
+FA_API void fa_attention_desc_init(fa_attention_desc *desc);
+
+/* A contiguous tensor view for the given layout and shape: strides in
+ * elements. seqlen is the tensor's own sequence extent. */
+FA_API fa_tensor fa_tensor_contiguous(void *data, fa_dtype dtype, fa_layout layout,
+                                      int32_t seqlen, int32_t heads, int32_t head_dim);
+
+/*
+ * Create a context on a backend. opts may be NULL (auto backend, default
+ * threads). On success *out owns the context: free it with
+ * fa_context_destroy. On error *out is set to NULL and nothing is allocated;
+ * the message is available from fa_last_create_error() on this thread.
+ */
+FA_API fa_status fa_context_create(const fa_context_options *opts, fa_context_t *out);
+
+/* Message of the last failed fa_context_create on the calling thread. */
+FA_API const char *fa_last_create_error(void);
+
+/* Free a context; NULL is a no-op. */
+FA_API void fa_context_destroy(fa_context_t ctx);
+
+/* The backend the context runs on. */
+FA_API fa_backend fa_context_backend(fa_context_t ctx);
+
+/* Last error message of this context ("" when the last call succeeded).
+ * Owned by the context, valid until the next call on it. Never NULL. */
+FA_API const char *fa_context_last_error(fa_context_t ctx);
+
+/*
+ * Multi-line "key: value" text about the context's backend: features,
+ * caches, kernels. Writes at most cap bytes including the terminator into
+ * buf (may be NULL with cap 0) and sets *needed (if non-NULL) to the full
+ * length + 1.
+ */
+FA_API fa_status fa_context_info(fa_context_t ctx, char *buf, size_t cap, size_t *needed);
+
+/*
+ * Validate desc and report what fa_forward would run (kernel, tiles,
+ * workspace bytes) without touching any tensor data. info may be NULL
+ * (validation only).
+ */
+FA_API fa_status fa_forward_plan(fa_context_t ctx, const fa_attention_desc *desc,
+                                 fa_run_info *info);
+
+/*
+ * Attention forward. Reads q, k, v; writes o and (if set) lse. Blocks until
+ * the result is written (CPU). On error nothing is written and the context's
+ * message names the offending field. Deterministic: the same inputs give the
+ * same bits whatever the thread count.
+ */
+FA_API fa_status fa_forward(fa_context_t ctx, const fa_attention_desc *desc);
+
+/* Report of the last successful fa_forward / fa_forward_plan on ctx. */
+FA_API fa_status fa_context_last_run(fa_context_t ctx, fa_run_info *info);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHATTN_H */

@@ -1,0 +1,89 @@
+/* SPDX-License-Identifier: MIT */
+/* Backend-neutral internals: the validated problem, the backend interface, errors. */
+#ifndef FA_CORE_INTERNAL_H
+#define FA_CORE_INTERNAL_H
+
+#include "flashattn.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define FA_ERROR_CAP 512
+
+/* "Unbounded" window after resolution: larger than any sequence. */
+#define FA_WINDOW_INF ((int64_t)1 << 40)
+
+/* One sequence of a (possibly variable-length) batch. */
+typedef struct fa_seq {
+    int64_t q_start; /* first packed query row (0 for fixed-length) */
+    int64_t k_start;
+    int32_t q_len;
+    int32_t k_len;
+} fa_seq;
+
+/* A validated call with every default resolved. Backends read only this. */
+typedef struct fa_problem {
+    const fa_attention_desc *desc;
+    int32_t batch, heads_q, heads_kv, group, dim;
+    int32_t max_q, max_k; /* longest sequence */
+    int varlen;
+    float scale;
+    float softcap;       /* 0 = off */
+    int64_t win_left;    /* resolved, FA_WINDOW_INF when unbounded */
+    int64_t win_right;   /* causal folds into this */
+    fa_dtype in_dtype, out_dtype;
+    int64_t lse_sb, lse_sh, lse_ss; /* resolved LSE strides */
+} fa_problem;
+
+/* Sequence b's extents and offsets. */
+fa_seq fa_problem_seq(const fa_problem *p, int32_t b);
+
+/* Key range [lo, hi) that query rows [r0, r1) of a sequence may see. Empty when hi <= lo. */
+void fa_problem_key_range(const fa_problem *p, const fa_seq *s, int64_t r0, int64_t r1,
+                          int64_t *lo, int64_t *hi);
+
+struct fa_context;
+
+/* A backend: a const table of functions plus its own state (ggml-backend's shape). */
+typedef struct fa_backend_iface {
+    fa_backend id;
+    const char *name;
+    /* Probe the machine; FA_OK when usable. Sets *state (owned by the backend). */
+    fa_status (*init)(struct fa_context *ctx, int32_t num_threads, void **state);
+    void (*destroy)(void *state);
+    /* Append "key: value" lines about the backend. */
+    void (*info)(void *state, char *buf, size_t cap, size_t *len);
+    /* Decide kernel, tiles and workspace for p; fills info. FA_ERR_UNSUPPORTED with a message if not. */
+    fa_status (*plan)(struct fa_context *ctx, void *state, const fa_problem *p, fa_run_info *info);
+    fa_status (*forward)(struct fa_context *ctx, void *state, const fa_problem *p, fa_run_info *info);
+} fa_backend_iface;
+
+struct fa_context {
+    const fa_backend_iface *iface;
+    void *state;
+    fa_run_info last_run;
+    int has_last_run;
+    char error[FA_ERROR_CAP];
+};
+
+/* Record an error on ctx (printf-style message) and return status. */
+fa_status fa_error(struct fa_context *ctx, fa_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Validate desc and fill p. On error ctx's message names the field. */
+fa_status fa_validate_forward(struct fa_context *ctx, const fa_attention_desc *desc,
+                              fa_problem *p);
+
+/* Built-in backends, NULL when not compiled in. */
+const fa_backend_iface *fa_registry_get(fa_backend id);
+
+/* Append formatted text to buf at *len (keeps counting past cap). */
+void fa_appendf(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* a*b and a+b on non-negative int64 with overflow detection: 0 on overflow. */
+int fa_mul_ok(int64_t a, int64_t b, int64_t *out);
+int fa_add_ok(int64_t a, int64_t b, int64_t *out);
+
+#endif

@@ -1,0 +1,315 @@
+/* SPDX-License-Identifier: MIT */
+/* Validation of an attention descriptor: every field checked before any work starts. */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+int fa_mul_ok(int64_t a, int64_t b, int64_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+
+int fa_add_ok(int64_t a, int64_t b, int64_t *out)
+{
+    return !__builtin_add_overflow(a, b, out);
+}
+
+static int64_t dtype_bytes(fa_dtype t) { return t == FA_DTYPE_F32 ? 4 : 2; }
+
+static int dtype_valid(fa_dtype t)
+{
+    return t == FA_DTYPE_F32 || t == FA_DTYPE_F16 || t == FA_DTYPE_BF16;
+}
+
+typedef struct axis {
+    const char *name;
+    int64_t stride, extent;
+} axis;
+
+/* Largest element offset of a strided view (all strides positive), or -1 on overflow. */
+static int64_t max_offset(const axis *ax, int n)
+{
+    int64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t t;
+        if (ax[i].extent <= 0)
+            continue;
+        if (!fa_mul_ok(ax[i].stride, ax[i].extent - 1, &t) || !fa_add_ok(off, t, &off))
+            return -1;
+    }
+    return off;
+}
+
+/* An output view must give every index its own element: with axes sorted by
+ * stride, each stride must step over everything the smaller axes span. */
+static int first_overlap(axis *ax, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && ax[j].stride < ax[j - 1].stride; j--) {
+            axis t = ax[j];
+            ax[j] = ax[j - 1];
+            ax[j - 1] = t;
+        }
+    int64_t span = 0; /* max offset reachable by the axes below i */
+    for (int i = 0; i < n; i++) {
+        if (ax[i].extent <= 1)
+            continue;
+        if (ax[i].stride <= span)
+            return i;
+        span += ax[i].stride * (ax[i].extent - 1);
+    }
+    return -1;
+}
+
+static fa_status check_tensor(fa_context_t ctx, const char *name, const fa_tensor *t,
+                              int64_t batch, int64_t seq, int64_t heads, int64_t dim,
+                              int varlen, int is_output)
+{
+    if (!t->data)
+        return fa_error(ctx, FA_ERR_NULL_POINTER, "%s.data must not be NULL", name);
+    if (!varlen && batch > 1 && t->stride_batch <= 0)
+        return fa_error(ctx, FA_ERR_INVALID_STRIDE, "%s.stride_batch (%lld) must be positive",
+                        name, (long long)t->stride_batch);
+    if (t->stride_seq <= 0)
+        return fa_error(ctx, FA_ERR_INVALID_STRIDE, "%s.stride_seq (%lld) must be positive", name,
+                        (long long)t->stride_seq);
+    if (t->stride_head <= 0)
+        return fa_error(ctx, FA_ERR_INVALID_STRIDE, "%s.stride_head (%lld) must be positive",
+                        name, (long long)t->stride_head);
+    axis ax[4] = {
+        { "head_dim", 1, dim },
+        { "stride_head", t->stride_head, heads },
+        { "stride_seq", t->stride_seq, seq },
+        { "stride_batch", t->stride_batch, varlen ? 1 : batch },
+    };
+    int64_t last = max_offset(ax, 4), bytes;
+    if (last < 0 || !fa_add_ok(last, 1, &last) || !fa_mul_ok(last, dtype_bytes(t->dtype), &bytes))
+        return fa_error(ctx, FA_ERR_SIZE_OVERFLOW,
+                        "%s spans more than 2^63 bytes with these shapes and strides", name);
+    if (is_output) {
+        int i = first_overlap(ax, 4);
+        if (i >= 0)
+            return fa_error(ctx, FA_ERR_INVALID_STRIDE,
+                            "%s.%s (%lld) makes output elements overlap; an output needs "
+                            "non-overlapping strides",
+                            name, ax[i].name, (long long)ax[i].stride);
+    }
+    return FA_OK;
+}
+
+static fa_status check_cu(fa_context_t ctx, const char *name, const int32_t *cu, int32_t batch,
+                          int32_t total, const char *total_name)
+{
+    if (cu[0] != 0)
+        return fa_error(ctx, FA_ERR_INVALID_SHAPE, "%s[0] (%d) must be 0", name, (int)cu[0]);
+    for (int32_t b = 0; b < batch; b++)
+        if (cu[b + 1] < cu[b])
+            return fa_error(ctx, FA_ERR_INVALID_SHAPE,
+                            "%s[%d] (%d) is less than %s[%d] (%d): offsets must not decrease",
+                            name, (int)b + 1, (int)cu[b + 1], name, (int)b, (int)cu[b]);
+    if (cu[batch] > total)
+        return fa_error(ctx, FA_ERR_INVALID_SHAPE, "%s[%d] (%d) exceeds %s (%d)", name,
+                        (int)batch, (int)cu[batch], total_name, (int)total);
+    return FA_OK;
+}
+
+static fa_status check_shape(fa_context_t ctx, const fa_attention_desc *d)
+{
+    struct {
+        const char *name;
+        int32_t v;
+    } dims[] = { { "batch", d->batch },
+                 { "seqlen_q", d->seqlen_q },
+                 { "seqlen_k", d->seqlen_k },
+                 { "num_heads_q", d->num_heads_q },
+                 { "num_heads_kv", d->num_heads_kv },
+                 { "head_dim", d->head_dim } };
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++)
+        if (dims[i].v < 1)
+            return fa_error(ctx, FA_ERR_INVALID_SHAPE, "%s (%d) must be at least 1",
+                            dims[i].name, (int)dims[i].v);
+    if (d->head_dim > FA_MAX_HEAD_DIM)
+        return fa_error(ctx, FA_ERR_INVALID_SHAPE, "head_dim (%d) must be at most %d",
+                        (int)d->head_dim, FA_MAX_HEAD_DIM);
+    if (d->num_heads_q % d->num_heads_kv != 0)
+        return fa_error(ctx, FA_ERR_INVALID_SHAPE,
+                        "num_heads_q (%d) must be a multiple of num_heads_kv (%d)",
+                        (int)d->num_heads_q, (int)d->num_heads_kv);
+    return FA_OK;
+}
+
+static fa_status check_scalars(fa_context_t ctx, const fa_attention_desc *d)
+{
+    if (!isfinite(d->scale))
+        return fa_error(ctx, FA_ERR_INVALID_VALUE, "scale (%g) must be finite (0 = 1/sqrt(head_dim))",
+                        (double)d->scale);
+    if (d->causal != 0 && d->causal != 1)
+        return fa_error(ctx, FA_ERR_INVALID_VALUE, "causal (%d) must be 0 or 1", (int)d->causal);
+    if (d->window_left < -1)
+        return fa_error(ctx, FA_ERR_INVALID_VALUE,
+                        "window_left (%d) must be -1 (unbounded) or >= 0", (int)d->window_left);
+    if (d->window_right < -1)
+        return fa_error(ctx, FA_ERR_INVALID_VALUE,
+                        "window_right (%d) must be -1 (unbounded) or >= 0", (int)d->window_right);
+    if (!isfinite(d->softcap) || d->softcap < 0)
+        return fa_error(ctx, FA_ERR_INVALID_VALUE, "softcap (%g) must be finite and >= 0 (0 = off)",
+                        (double)d->softcap);
+    if (!(d->dropout_p >= 0.0f && d->dropout_p < 1.0f))
+        return fa_error(ctx, FA_ERR_INVALID_VALUE, "dropout_p (%g) must be in [0, 1)",
+                        (double)d->dropout_p);
+    if (d->dropout_p > 0.0f)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "dropout_p (%g): dropout is not implemented yet; pass 0",
+                        (double)d->dropout_p);
+    if (d->algorithm != FA_ALGORITHM_FLASH && d->algorithm != FA_ALGORITHM_STANDARD)
+        return fa_error(ctx, FA_ERR_INVALID_VALUE, "algorithm (%d) is not a fa_algorithm",
+                        (int)d->algorithm);
+    return FA_OK;
+}
+
+static fa_status check_dtypes(fa_context_t ctx, const fa_attention_desc *d)
+{
+    const struct {
+        const char *name;
+        fa_dtype t;
+    } ts[] = { { "q", d->q.dtype }, { "k", d->k.dtype }, { "v", d->v.dtype }, { "o", d->o.dtype } };
+    for (size_t i = 0; i < 4; i++)
+        if (!dtype_valid(ts[i].t))
+            return fa_error(ctx, FA_ERR_INVALID_DTYPE, "%s.dtype (%d) is not a fa_dtype",
+                            ts[i].name, (int)ts[i].t);
+    if (d->k.dtype != d->q.dtype)
+        return fa_error(ctx, FA_ERR_INVALID_DTYPE, "k.dtype (%d) must equal q.dtype (%d)",
+                        (int)d->k.dtype, (int)d->q.dtype);
+    if (d->v.dtype != d->q.dtype)
+        return fa_error(ctx, FA_ERR_INVALID_DTYPE, "v.dtype (%d) must equal q.dtype (%d)",
+                        (int)d->v.dtype, (int)d->q.dtype);
+    if (d->o.dtype != d->q.dtype && d->o.dtype != FA_DTYPE_F32)
+        return fa_error(ctx, FA_ERR_INVALID_DTYPE,
+                        "o.dtype (%d) must equal q.dtype (%d) or be FA_DTYPE_F32",
+                        (int)d->o.dtype, (int)d->q.dtype);
+    return FA_OK;
+}
+
+static fa_status check_lse(fa_context_t ctx, const fa_attention_desc *d, fa_problem *p)
+{
+    int64_t rows = d->seqlen_q, nb = p->varlen ? 1 : d->batch;
+    if (d->lse_stride_batch == 0 && d->lse_stride_head == 0 && d->lse_stride_seq == 0) {
+        p->lse_ss = 1;
+        p->lse_sh = rows;
+        p->lse_sb = p->varlen ? 0 : rows * d->num_heads_q;
+    } else {
+        p->lse_sb = d->lse_stride_batch;
+        p->lse_sh = d->lse_stride_head;
+        p->lse_ss = d->lse_stride_seq;
+        if (!p->varlen && d->batch > 1 && p->lse_sb <= 0)
+            return fa_error(ctx, FA_ERR_INVALID_STRIDE, "lse_stride_batch (%lld) must be positive",
+                            (long long)p->lse_sb);
+        if (p->lse_sh <= 0)
+            return fa_error(ctx, FA_ERR_INVALID_STRIDE, "lse_stride_head (%lld) must be positive",
+                            (long long)p->lse_sh);
+        if (p->lse_ss <= 0)
+            return fa_error(ctx, FA_ERR_INVALID_STRIDE, "lse_stride_seq (%lld) must be positive",
+                            (long long)p->lse_ss);
+    }
+    if (!d->lse)
+        return FA_OK;
+    axis ax[3] = { { "lse_stride_seq", p->lse_ss, rows },
+                   { "lse_stride_head", p->lse_sh, d->num_heads_q },
+                   { "lse_stride_batch", p->lse_sb, nb } };
+    int64_t last = max_offset(ax, 3), bytes;
+    if (last < 0 || !fa_add_ok(last, 1, &last) || !fa_mul_ok(last, 4, &bytes))
+        return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "lse spans more than 2^63 bytes");
+    int i = first_overlap(ax, 3);
+    if (i >= 0)
+        return fa_error(ctx, FA_ERR_INVALID_STRIDE,
+                        "%s (%lld) makes lse elements overlap", ax[i].name,
+                        (long long)ax[i].stride);
+    return FA_OK;
+}
+
+fa_status fa_validate_forward(fa_context_t ctx, const fa_attention_desc *d, fa_problem *p)
+{
+    if (!d)
+        return fa_error(ctx, FA_ERR_NULL_POINTER, "desc must not be NULL");
+    if (d->size != sizeof(*d))
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                        "desc->size (%zu) must be sizeof(fa_attention_desc) (%zu); call "
+                        "fa_attention_desc_init first",
+                        d->size, sizeof(*d));
+    fa_status st;
+    if ((st = check_shape(ctx, d)) != FA_OK || (st = check_dtypes(ctx, d)) != FA_OK ||
+        (st = check_scalars(ctx, d)) != FA_OK)
+        return st;
+
+    memset(p, 0, sizeof(*p));
+    if ((d->cu_seqlens_q == NULL) != (d->cu_seqlens_k == NULL))
+        return fa_error(ctx, FA_ERR_NULL_POINTER, "%s is NULL but %s is set: give both or neither",
+                        d->cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q",
+                        d->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
+    p->varlen = d->cu_seqlens_q != NULL;
+    int64_t b = d->batch, hq = d->num_heads_q, hk = d->num_heads_kv, dim = d->head_dim;
+    if ((st = check_tensor(ctx, "q", &d->q, b, d->seqlen_q, hq, dim, p->varlen, 0)) != FA_OK ||
+        (st = check_tensor(ctx, "k", &d->k, b, d->seqlen_k, hk, dim, p->varlen, 0)) != FA_OK ||
+        (st = check_tensor(ctx, "v", &d->v, b, d->seqlen_k, hk, dim, p->varlen, 0)) != FA_OK ||
+        (st = check_tensor(ctx, "o", &d->o, b, d->seqlen_q, hq, dim, p->varlen, 1)) != FA_OK)
+        return st;
+    if (p->varlen &&
+        ((st = check_cu(ctx, "cu_seqlens_q", d->cu_seqlens_q, d->batch, d->seqlen_q, "seqlen_q")) !=
+             FA_OK ||
+         (st = check_cu(ctx, "cu_seqlens_k", d->cu_seqlens_k, d->batch, d->seqlen_k, "seqlen_k")) !=
+             FA_OK))
+        return st;
+    if ((st = check_lse(ctx, d, p)) != FA_OK)
+        return st;
+
+    p->desc = d;
+    p->batch = d->batch;
+    p->heads_q = d->num_heads_q;
+    p->heads_kv = d->num_heads_kv;
+    p->group = d->num_heads_q / d->num_heads_kv;
+    p->dim = d->head_dim;
+    p->scale = d->scale != 0.0f ? d->scale : (float)(1.0 / sqrt((double)d->head_dim));
+    p->softcap = d->softcap;
+    p->win_left = d->window_left < 0 ? FA_WINDOW_INF : d->window_left;
+    p->win_right = d->window_right < 0 ? FA_WINDOW_INF : d->window_right;
+    if (d->causal)
+        p->win_right = 0;
+    p->in_dtype = d->q.dtype;
+    p->out_dtype = d->o.dtype;
+    p->max_q = p->max_k = 0;
+    for (int32_t i = 0; i < p->batch; i++) {
+        fa_seq s = fa_problem_seq(p, i);
+        if (s.q_len > p->max_q)
+            p->max_q = s.q_len;
+        if (s.k_len > p->max_k)
+            p->max_k = s.k_len;
+    }
+    return FA_OK;
+}
+
+fa_seq fa_problem_seq(const fa_problem *p, int32_t b)
+{
+    const fa_attention_desc *d = p->desc;
+    fa_seq s;
+    if (p->varlen) {
+        s.q_start = d->cu_seqlens_q[b];
+        s.k_start = d->cu_seqlens_k[b];
+        s.q_len = d->cu_seqlens_q[b + 1] - d->cu_seqlens_q[b];
+        s.k_len = d->cu_seqlens_k[b + 1] - d->cu_seqlens_k[b];
+    } else {
+        s.q_start = s.k_start = 0;
+        s.q_len = d->seqlen_q;
+        s.k_len = d->seqlen_k;
+    }
+    return s;
+}
+
+void fa_problem_key_range(const fa_problem *p, const fa_seq *s, int64_t r0, int64_t r1,
+                          int64_t *lo, int64_t *hi)
+{
+    int64_t off = (int64_t)s->k_len - s->q_len;
+    int64_t a = r0 + off - p->win_left, b = (r1 - 1) + off + p->win_right + 1;
+    *lo = a < 0 ? 0 : a;
+    *hi = b > s->k_len ? s->k_len : b;
+}

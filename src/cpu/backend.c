@@ -1,0 +1,138 @@
+/* SPDX-License-Identifier: MIT */
+/* The CPU backend: kernel table choice, planning and the two algorithms behind one interface. */
+#include "cpu.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const fa_cpu_kernels *const all_kernels[] = {
+#ifdef FA_HAVE_X86_KERNELS
+    &fa_cpu_kernels_avx512,
+    &fa_cpu_kernels_avx2,
+#endif
+    &fa_cpu_kernels_ref,
+};
+
+static int kernels_usable(const fa_cpu_machine *m, const fa_cpu_kernels *k)
+{
+    if (strcmp(k->name, "avx512") == 0)
+        return m->has_avx512f && m->has_fma && m->has_f16c;
+    if (strcmp(k->name, "avx2") == 0)
+        return m->has_avx2 && m->has_fma && m->has_f16c;
+    return 1;
+}
+
+static fa_status cpu_init(fa_context_t ctx, int32_t num_threads, void **state)
+{
+    fa_cpu_state *s = calloc(1, sizeof(*s));
+    if (!s)
+        return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the CPU backend");
+    fa_cpu_machine_probe(&s->mach);
+    s->threads = num_threads > 0 ? num_threads : s->mach.max_threads;
+    if (s->threads < 1)
+        s->threads = 1;
+
+    const char *want = getenv("FLASHATTN_CPU_KERNELS");
+    for (size_t i = 0; i < sizeof(all_kernels) / sizeof(all_kernels[0]); i++) {
+        const fa_cpu_kernels *k = all_kernels[i];
+        if (want && *want && strcmp(want, k->name) != 0)
+            continue;
+        if (!kernels_usable(&s->mach, k)) {
+            if (want && *want) {
+                free(s);
+                return fa_error(ctx, FA_ERR_BACKEND_UNAVAILABLE,
+                                "FLASHATTN_CPU_KERNELS=%s, but this CPU lacks the instructions "
+                                "those kernels need",
+                                want);
+            }
+            continue;
+        }
+        s->kern = k;
+        s->kern_reason = (want && *want) ? "forced by FLASHATTN_CPU_KERNELS"
+                                         : "widest instruction set this CPU supports";
+        break;
+    }
+    if (!s->kern) {
+        free(s);
+        return fa_error(ctx, FA_ERR_BACKEND_UNAVAILABLE,
+                        "FLASHATTN_CPU_KERNELS=%s names no kernel table; use avx512, avx2 or ref",
+                        want ? want : "");
+    }
+    *state = s;
+    return FA_OK;
+}
+
+static void cpu_destroy(void *state) { free(state); }
+
+static void cpu_info(void *state, char *buf, size_t cap, size_t *len)
+{
+    const fa_cpu_state *s = state;
+    const fa_cpu_machine *m = &s->mach;
+    fa_appendf(buf, cap, len, "cpu.features: avx2=%s fma=%s f16c=%s avx512f=%s\n",
+               m->has_avx2 ? "yes" : "no", m->has_fma ? "yes" : "no", m->has_f16c ? "yes" : "no",
+               m->has_avx512f ? "yes" : "no");
+    fa_appendf(buf, cap, len, "cpu.cache: L1d %lld KiB, L2 %lld KiB, L3 %lld KiB (per core for L1/L2)\n",
+               (long long)m->l1d_bytes / 1024, (long long)m->l2_bytes / 1024,
+               (long long)m->l3_bytes / 1024);
+    fa_appendf(buf, cap, len, "cpu.threads: %d\n", s->threads);
+    fa_appendf(buf, cap, len, "cpu.kernels: %s (%s)\n", s->kern->name, s->kern_reason);
+    fa_appendf(buf, cap, len, "cpu.kernels.available:");
+    for (size_t i = 0; i < sizeof(all_kernels) / sizeof(all_kernels[0]); i++)
+        fa_appendf(buf, cap, len, " %s%s", all_kernels[i]->name,
+                   kernels_usable(m, all_kernels[i]) ? "" : "(unsupported here)");
+    fa_appendf(buf, cap, len, "\ncpu.register_block: %d x %d floats\n", s->kern->mr, s->kern->nr);
+}
+
+static const char *kernel_name(const fa_cpu_state *s, int standard, int dot)
+{
+    static const char *const names[3][2][2] = {
+        { { "flash-avx512", "flash-avx512-decode" }, { "standard-avx512", "standard-avx512-decode" } },
+        { { "flash-avx2", "flash-avx2-decode" }, { "standard-avx2", "standard-avx2-decode" } },
+        { { "flash-ref", "flash-ref-decode" }, { "standard-ref", "standard-ref-decode" } },
+    };
+    int k = strcmp(s->kern->name, "avx512") == 0 ? 0 : strcmp(s->kern->name, "avx2") == 0 ? 1 : 2;
+    return names[k][standard][dot];
+}
+
+static fa_status plan_call(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
+                           fa_cpu_plan *pl, fa_run_info *info)
+{
+    memset(pl, 0, sizeof(*pl));
+    int standard = p->desc->algorithm == FA_ALGORITHM_STANDARD;
+    fa_status st = standard ? fa_cpu_plan_standard(ctx, s, p, pl) : fa_cpu_plan_flash(ctx, s, p, pl);
+    if (st != FA_OK)
+        return st;
+    info->kernel = kernel_name(s, standard, pl->use_dot);
+    info->block_q = pl->cols;
+    info->block_k = pl->block_k;
+    info->threads = pl->threads;
+    info->workspace_bytes = pl->workspace_bytes;
+    return FA_OK;
+}
+
+static fa_status cpu_plan(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
+{
+    fa_cpu_plan pl;
+    return plan_call(ctx, state, p, &pl, info);
+}
+
+static fa_status cpu_forward(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
+{
+    fa_cpu_plan pl;
+    fa_status st = plan_call(ctx, state, p, &pl, info);
+    if (st != FA_OK)
+        return st;
+    if (p->desc->algorithm == FA_ALGORITHM_STANDARD)
+        return fa_cpu_standard_forward(ctx, state, p, &pl);
+    return fa_cpu_flash_forward(ctx, state, p, &pl);
+}
+
+const fa_backend_iface fa_cpu_backend = {
+    .id = FA_BACKEND_CPU,
+    .name = "cpu",
+    .init = cpu_init,
+    .destroy = cpu_destroy,
+    .info = cpu_info,
+    .plan = cpu_plan,
+    .forward = cpu_forward,
+};

@@ -1,0 +1,115 @@
+/* SPDX-License-Identifier: MIT */
+/* The CPU backend's internals: machine description, plan, and the two algorithms. */
+#ifndef FA_CPU_H
+#define FA_CPU_H
+
+#include "../core/internal.h"
+#include "kernels/kernels.h"
+
+typedef struct fa_cpu_machine {
+    int has_avx2, has_fma, has_f16c, has_avx512f;
+    int64_t l1d_bytes, l2_bytes, l3_bytes; /* per core for L1/L2 */
+    int max_threads;
+} fa_cpu_machine;
+
+typedef struct fa_cpu_state {
+    fa_cpu_machine mach;
+    const fa_cpu_kernels *kern;
+    const char *kern_reason; /* why this table was chosen */
+    int threads;
+} fa_cpu_state;
+
+/*
+ * How a call is cut up. A task is (sequence, kv head, block of query
+ * positions); its columns are every (position, query head of the kv group)
+ * pair, so the key/value tiles it loads serve the whole GQA group.
+ */
+typedef struct fa_cpu_plan {
+    int32_t pos_per_task;  /* query positions per task */
+    int32_t cols;          /* pos_per_task * group: query rows a task computes */
+    int32_t cols_pad;      /* cols rounded up to the kernel's nr */
+    int32_t block_k;       /* keys per tile */
+    int32_t dim_pad;       /* head_dim rounded up to nr (the O and V tile width) */
+    int use_dot;           /* few columns: dot kernel instead of gemm for S */
+    int direct_k, direct_v; /* f32 inputs used in place, no conversion copy */
+    int64_t task_count;
+    int64_t per_thread_floats;
+    int threads;
+    uint64_t workspace_bytes;
+} fa_cpu_plan;
+
+void fa_cpu_machine_probe(fa_cpu_machine *m);
+
+/* Choose tiles for p on this machine. FA_ERR_SIZE_OVERFLOW if the workspace cannot be sized. */
+fa_status fa_cpu_plan_flash(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
+                            fa_cpu_plan *plan);
+fa_status fa_cpu_plan_standard(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
+                               fa_cpu_plan *plan);
+
+fa_status fa_cpu_flash_forward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
+                               const fa_cpu_plan *plan);
+fa_status fa_cpu_standard_forward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
+                                  const fa_cpu_plan *plan);
+
+/* Floats of per-thread workspace each algorithm carves from one block. */
+int64_t fa_cpu_flash_thread_floats(const fa_problem *p, const fa_cpu_plan *plan);
+int64_t fa_cpu_standard_thread_floats(const fa_problem *p, const fa_cpu_plan *plan);
+/* Floats of standard attention's score matrix, or -1 when the count overflows. */
+int64_t fa_cpu_standard_scores(const fa_problem *p, const fa_cpu_plan *plan);
+
+/* ---- tile helpers shared by both algorithms (tile.c) ---- */
+
+/* Element offset of row `row` (packed index) of head h in tensor t for sequence b. */
+static inline int64_t fa_row_offset(const fa_problem *p, const fa_tensor *t, int32_t b,
+                                    int64_t row, int32_t h)
+{
+    return (p->varlen ? 0 : (int64_t)b * t->stride_batch) + row * t->stride_seq +
+           (int64_t)h * t->stride_head;
+}
+
+static inline const char *fa_elem_ptr(const fa_tensor *t, int64_t off)
+{
+    return (const char *)t->data + off * (t->dtype == FA_DTYPE_F32 ? 4 : 2);
+}
+
+/* Query columns of a task: column c is position r0 + c / group of query head hk*group + c % group. */
+typedef struct fa_cpu_cols {
+    int32_t b, hk;
+    fa_seq seq;
+    int64_t r0;  /* first position (within the sequence) */
+    int32_t npos;
+    int32_t ncols;
+} fa_cpu_cols;
+
+/* A unit of parallel work: a block of query positions of one sequence and kv head. */
+typedef struct fa_cpu_task {
+    int64_t cost; /* score elements it computes */
+    int32_t b, hk, blk;
+} fa_cpu_task;
+
+/* Fill tasks (plan->task_count entries), longest first so causal work balances. Returns the count. */
+int64_t fa_cpu_build_tasks(const fa_problem *p, const fa_cpu_plan *plan, fa_cpu_task *tasks);
+
+fa_cpu_cols fa_cpu_task_cols(const fa_problem *p, const fa_cpu_plan *plan, const fa_cpu_task *t);
+
+/* Load the columns' query rows scaled by mul: transposed into nr-wide panels
+ * [cols_pad/nr][dim][nr] (gemm path) or row-major [ncols][dim] (dot path). */
+void fa_cpu_pack_q(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
+                   int32_t cols_pad, int transposed, float mul, float *dst, float *tmp);
+
+/* Keys/values [j0, j0+n) of kv head hk as float32 rows of ld floats (zero-padded to ld). */
+void fa_cpu_load_rows(const fa_cpu_kernels *kern, const fa_problem *p, const fa_tensor *t,
+                      const fa_cpu_cols *cc, int64_t j0, int32_t n, int32_t ld, float *dst);
+
+/* Softcap and masks on a transposed score tile st[j*lds + c], keys [j0, j0+n). full_tile: skip the mask. */
+void fa_cpu_cap_and_mask(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int32_t n,
+                         float *st, int32_t lds, int full_tile);
+
+/* Divide by l, convert, write o rows and lse for every column. */
+void fa_cpu_store_out(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
+                      const float *acc, int32_t ld, const float *m, const float *l);
+
+/* Whether keys [j0, j1) are visible to every position of cc (no per-element mask needed). */
+int fa_cpu_tile_full(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int64_t j1);
+
+#endif

@@ -1,0 +1,149 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * FlashAttention forward on the CPU: each task owns a block of query rows
+ * and walks the key/value tiles its mask lets it see, keeping the running
+ * max m, sum l and output accumulator O in float32; S and P never exist
+ * beyond one block_k x cols tile.
+ */
+#include "cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define LOG2E 1.4426950408889634f
+
+/* Per-thread buffers, carved from one block (sizes in floats). */
+typedef struct bufs {
+    float *q;     /* cols_pad * dim: packed queries */
+    float *k;     /* block_k * dim */
+    float *v;     /* block_k * dim_pad */
+    float *st;    /* block_k * cols_pad: transposed scores, then probabilities */
+    float *o;     /* cols_pad * dim_pad: output accumulator */
+    float *m, *l, *alpha; /* cols_pad each */
+    float *tmp;   /* dim */
+} bufs;
+
+static int64_t carve(const fa_problem *p, const fa_cpu_plan *pl, float *base, bufs *b)
+{
+    int64_t n = 0;
+#define TAKE(field, count)                                                                     \
+    do {                                                                                       \
+        if (b)                                                                                 \
+            b->field = base + n;                                                               \
+        n += ((int64_t)(count) + 15) & ~(int64_t)15; /* 64-byte aligned pieces */              \
+    } while (0)
+    TAKE(q, (int64_t)pl->cols_pad * p->dim);
+    TAKE(k, (int64_t)pl->block_k * p->dim);
+    TAKE(v, (int64_t)pl->block_k * pl->dim_pad);
+    TAKE(st, (int64_t)pl->block_k * pl->cols_pad);
+    TAKE(o, (int64_t)pl->cols_pad * pl->dim_pad);
+    TAKE(m, pl->cols_pad);
+    TAKE(l, pl->cols_pad);
+    TAKE(alpha, pl->cols_pad);
+    TAKE(tmp, p->dim);
+#undef TAKE
+    return n;
+}
+
+int64_t fa_cpu_flash_thread_floats(const fa_problem *p, const fa_cpu_plan *pl)
+{
+    return carve(p, pl, NULL, NULL);
+}
+
+static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_plan *pl,
+                     const fa_cpu_task *t, bufs *bf)
+{
+    const fa_attention_desc *d = p->desc;
+    const fa_cpu_cols cc = fa_cpu_task_cols(p, pl, t);
+    const int32_t dim = p->dim, mr = kern->mr, nr = kern->nr;
+    const int32_t cols_pad = pl->cols_pad, dpad = pl->dim_pad, lds = cols_pad;
+    const float qmul = p->softcap > 0.0f ? p->scale : p->scale * LOG2E;
+
+    fa_cpu_pack_q(kern, p, &cc, cols_pad, !pl->use_dot, qmul, bf->q, bf->tmp);
+    memset(bf->o, 0, sizeof(float) * (size_t)cols_pad * (size_t)dpad);
+    for (int32_t c = 0; c < cols_pad; c++) {
+        bf->m[c] = -INFINITY;
+        bf->l[c] = 0.0f;
+    }
+
+    int64_t lo, hi;
+    fa_problem_key_range(p, &cc.seq, cc.r0, cc.r0 + cc.npos, &lo, &hi);
+    for (int64_t j0 = lo; j0 < hi; j0 += pl->block_k) {
+        int32_t n = (int32_t)(hi - j0 < pl->block_k ? hi - j0 : pl->block_k);
+        int64_t krow = cc.seq.k_start + j0;
+
+        const float *kt = bf->k, *vt = bf->v;
+        ptrdiff_t ldk = dim, ldv = dpad;
+        if (pl->direct_k) {
+            kt = (const float *)fa_elem_ptr(&d->k, fa_row_offset(p, &d->k, cc.b, krow, cc.hk));
+            ldk = d->k.stride_seq;
+        } else {
+            fa_cpu_load_rows(kern, p, &d->k, &cc, j0, n, dim, bf->k);
+        }
+        if (pl->direct_v) {
+            vt = (const float *)fa_elem_ptr(&d->v, fa_row_offset(p, &d->v, cc.b, krow, cc.hk));
+            ldv = d->v.stride_seq;
+        } else {
+            fa_cpu_load_rows(kern, p, &d->v, &cc, j0, n, dpad, bf->v);
+        }
+
+        /* S^T = K Q^T: keys down, query columns across. */
+        if (pl->use_dot) {
+            kern->dot(cc.ncols, n, dim, bf->q, dim, kt, ldk, bf->st, lds);
+        } else {
+            for (int32_t c0 = 0; c0 < cols_pad; c0 += nr)
+                for (int32_t i0 = 0; i0 < n; i0 += mr)
+                    kern->gemm(n - i0 < mr ? n - i0 : mr, dim, kt + i0 * ldk, ldk, 1,
+                               bf->q + (int64_t)c0 * dim, nr, bf->st + (int64_t)i0 * lds + c0,
+                               lds, NULL);
+        }
+        fa_cpu_cap_and_mask(p, &cc, j0, n, bf->st, lds, fa_cpu_tile_full(p, &cc, j0, j0 + n));
+        kern->softmax_update(n, cols_pad, bf->st, lds, bf->m, bf->l, bf->alpha);
+
+        /* O = diag(alpha) O + P V, P read through the transposed tile. */
+        for (int32_t i0 = 0; i0 < cc.ncols; i0 += mr)
+            for (int32_t c0 = 0; c0 < dpad; c0 += nr)
+                kern->gemm(cc.ncols - i0 < mr ? cc.ncols - i0 : mr, n, bf->st + i0, 1, lds,
+                           vt + c0, ldv, bf->o + (int64_t)i0 * dpad + c0, dpad, bf->alpha + i0);
+    }
+    fa_cpu_store_out(kern, p, &cc, bf->o, dpad, bf->m, bf->l);
+}
+
+fa_status fa_cpu_flash_forward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
+                               const fa_cpu_plan *pl)
+{
+    size_t per = (size_t)pl->per_thread_floats;
+    float *ws = aligned_alloc(64, (size_t)pl->threads * per * sizeof(float));
+    fa_cpu_task *tasks = malloc((size_t)pl->task_count * sizeof(*tasks));
+    if (!ws || !tasks) {
+        free(ws);
+        free(tasks);
+        return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating %llu bytes of workspace",
+                        (unsigned long long)pl->workspace_bytes);
+    }
+    /* Unused padded score columns are read by the softmax: keep them finite. */
+    memset(ws, 0, (size_t)pl->threads * per * sizeof(float));
+
+    int64_t nt = fa_cpu_build_tasks(p, pl, tasks);
+
+    const fa_cpu_kernels *kern = s->kern;
+#pragma omp parallel num_threads(pl->threads)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        bufs bf;
+        carve(p, pl, ws + (size_t)tid * per, &bf);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < nt; i++)
+            run_task(kern, p, pl, &tasks[i], &bf);
+    }
+    free(ws);
+    free(tasks);
+    return FA_OK;
+}

@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The CPU microkernel contract (docs/kernels.md explains it with pictures).
+ * The framework in src/cpu owns tiling, masks, tails and threads; a kernel
+ * table supplies only these few float32 building blocks for one ISA.
+ */
+#ifndef FA_CPU_KERNELS_H
+#define FA_CPU_KERNELS_H
+
+#include "flashattn.h"
+
+#include <stddef.h>
+
+typedef struct fa_cpu_kernels {
+    const char *name; /* "avx512", "avx2", "ref" */
+    int mr;           /* most rows of C one gemm call computes */
+    int nr;           /* columns of C per gemm call; score tiles are padded to a multiple */
+
+    /*
+     * C = diag(alpha) C + A B, or C = A B when alpha is NULL.
+     *   A is m x k:  A[i][p] = a[i*rs_a + p*cs_a]
+     *   B is k x nr: B[p][j] = b[p*ldb + j]
+     *   C is m x nr: C[i][j] = c[i*ldc + j]
+     * 1 <= m <= mr, k >= 0 (k = 0 only scales or zeroes C). No alignment required.
+     */
+    void (*gemm)(int m, int k, const float *a, ptrdiff_t rs_a, ptrdiff_t cs_a, const float *b,
+                 ptrdiff_t ldb, float *c, ptrdiff_t ldc, const float *alpha);
+
+    /*
+     * Score tile, transposed: st[j*lds + i] is the base-2 score of key j for
+     * query column i (j < n, i < cols; cols a multiple of nr). For every
+     * column: m_new = max(m[i], max_j st), p = 2^(st - m_new) written back
+     * in place, l[i] = l[i]*alpha[i] + sum_j p, alpha[i] = 2^(m[i] - m_new),
+     * m[i] = m_new. -inf scores give p = 0; a column whose m_new is still
+     * -inf keeps p = 0 and l = 0 and never produces NaN.
+     */
+    void (*softmax_update)(int n, int cols, float *st, ptrdiff_t lds, float *m, float *l,
+                           float *alpha);
+
+    /* st[j*lds + i] = dot(q + i*ldq, k + j*ldk) over dim, for i < m, j < n.
+     * The decode path: few queries, where a gemm would waste most columns. */
+    void (*dot)(int m, int n, int dim, const float *q, ptrdiff_t ldq, const float *k,
+                ptrdiff_t ldk, float *st, ptrdiff_t lds);
+
+    /* dst[i] = mul * float(src[i]) for i < n, src of dtype t. */
+    void (*load)(fa_dtype t, const void *src, float *dst, int n, float mul);
+
+    /* dst[i] = dtype t (mul * src[i]) for i < n, rounding to nearest even. */
+    void (*store)(fa_dtype t, const float *src, void *dst, int n, float mul);
+} fa_cpu_kernels;
+
+extern const fa_cpu_kernels fa_cpu_kernels_ref;
+#ifdef FA_HAVE_X86_KERNELS
+extern const fa_cpu_kernels fa_cpu_kernels_avx2;
+extern const fa_cpu_kernels fa_cpu_kernels_avx512;
+#endif
+
+/* Portable scalar conversions, shared by every kernel table for tails. */
+float fa_f16_to_f32(uint16_t h);
+uint16_t fa_f32_to_f16(float f);
+float fa_bf16_to_f32(uint16_t h);
+uint16_t fa_f32_to_bf16(float f);
+
+#endif

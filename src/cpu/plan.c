@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The CPU planner: tile sizes from the cache sizes read at run time, the
+ * shape, and the kernel's register block. Measurements behind the choices
+ * are in docs/perf/cpu.md.
+ */
+#include "cpu.h"
+
+#include <stdlib.h>
+
+static int32_t round_up(int32_t x, int32_t m) { return (x + m - 1) / m * m; }
+
+/* A positive integer from the environment (tuning knob), or 0. */
+static int32_t env_int(const char *name)
+{
+    const char *s = getenv(name);
+    if (!s || !*s)
+        return 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    return (*end == '\0' && v > 0 && v <= 1 << 20) ? (int32_t)v : 0;
+}
+
+/* Bytes one thread touches per key tile: Q^T, K, V, S^T, O. */
+static int64_t tile_bytes(int32_t cols, int32_t bk, int32_t dim, int32_t dpad)
+{
+    return 4 * ((int64_t)cols * dim + (int64_t)bk * dim + (int64_t)bk * dpad + (int64_t)bk * cols +
+                (int64_t)cols * dpad);
+}
+
+static int64_t count_tasks(const fa_problem *p, int32_t pos)
+{
+    int64_t n = 0;
+    for (int32_t b = 0; b < p->batch; b++)
+        n += (fa_problem_seq(p, b).q_len + pos - 1) / pos;
+    return n * p->heads_kv;
+}
+
+/* Shared by both algorithms: how query rows are grouped into tasks. */
+static void plan_columns(const fa_cpu_state *s, const fa_problem *p, fa_cpu_plan *pl)
+{
+    const int32_t nr = s->kern->nr, dim = p->dim;
+    const int32_t dpad = round_up(dim, nr);
+    const int64_t budget = s->mach.l2_bytes / 2;
+
+    /* Columns per task: the widest of 128/96/64/32 whose tiles fit half of L2
+     * with a 128-key tile (measured best on Zen 4, docs/perf/cpu.md). */
+    int32_t cols = env_int("FLASHATTN_CPU_BLOCK_Q");
+    if (!cols) {
+        static const int32_t cand[] = { 128, 96, 64, 32 };
+        cols = 32;
+        for (size_t i = 0; i < sizeof(cand) / sizeof(cand[0]); i++)
+            if (tile_bytes(cand[i], 128, dim, dpad) <= budget) {
+                cols = cand[i];
+                break;
+            }
+    }
+    int32_t pos = cols / p->group;
+    if (pos < 1)
+        pos = 1;
+    if (pos > p->max_q)
+        pos = p->max_q > 0 ? p->max_q : 1;
+    /* Enough tasks for every thread to stay busy: at least 3 per thread. */
+    while (pos > 1 && pos * p->group > nr && count_tasks(p, pos) < 3 * (int64_t)s->threads)
+        pos = (pos + 1) / 2;
+
+    pl->pos_per_task = pos;
+    pl->cols = pos * p->group;
+    pl->cols_pad = round_up(pl->cols, nr);
+    pl->dim_pad = dpad;
+    /* Fewer than half a register block of queries: dot products beat a padded gemm. */
+    pl->use_dot = pl->cols * 2 < nr;
+    pl->task_count = count_tasks(p, pos);
+    pl->threads = s->threads;
+    if (pl->task_count < pl->threads)
+        pl->threads = (int)(pl->task_count > 0 ? pl->task_count : 1);
+}
+
+fa_status fa_cpu_plan_flash(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
+                            fa_cpu_plan *pl)
+{
+    (void)ctx;
+    plan_columns(s, p, pl);
+    int32_t bk = env_int("FLASHATTN_CPU_BLOCK_K");
+    if (!bk) {
+        /* Decode reads long K/V streams: bigger tiles, fewer loop trips. */
+        bk = pl->use_dot ? 512 : 128;
+        while (bk > 32 && tile_bytes(pl->cols_pad, bk, p->dim, pl->dim_pad) > s->mach.l2_bytes / 2)
+            bk /= 2;
+    }
+    if (bk > p->max_k && p->max_k > 0)
+        bk = p->max_k;
+    pl->block_k = bk;
+    pl->direct_k = p->in_dtype == FA_DTYPE_F32;
+    pl->direct_v = p->in_dtype == FA_DTYPE_F32 && pl->dim_pad == p->dim;
+    pl->per_thread_floats = fa_cpu_flash_thread_floats(p, pl);
+    pl->workspace_bytes = (uint64_t)pl->threads * (uint64_t)pl->per_thread_floats * 4u +
+                          (uint64_t)pl->task_count * sizeof(fa_cpu_task);
+    return FA_OK;
+}
+
+fa_status fa_cpu_plan_standard(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
+                               fa_cpu_plan *pl)
+{
+    plan_columns(s, p, pl);
+    pl->block_k = p->max_k;
+    pl->direct_k = pl->direct_v = 0;
+    pl->per_thread_floats = fa_cpu_standard_thread_floats(p, pl);
+    int64_t scores = fa_cpu_standard_scores(p, pl), bytes;
+    if (scores < 0 || !fa_mul_ok(scores, 4, &bytes) || (uint64_t)bytes > SIZE_MAX / 2)
+        return fa_error(ctx, FA_ERR_SIZE_OVERFLOW,
+                        "standard attention's score matrix for this shape does not fit in memory "
+                        "addressing; use the flash algorithm");
+    pl->workspace_bytes = (uint64_t)bytes +
+                          (uint64_t)pl->threads * (uint64_t)pl->per_thread_floats * 4u +
+                          (uint64_t)pl->task_count * (sizeof(fa_cpu_task) + sizeof(int64_t));
+    return FA_OK;
+}

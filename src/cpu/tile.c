@@ -1,0 +1,140 @@
+/* SPDX-License-Identifier: MIT */
+/* Moving tiles between the caller's tensors and the kernels' float32 buffers. */
+#include "cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+void fa_cpu_pack_q(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
+                   int32_t cols_pad, int transposed, float mul, float *dst, float *tmp)
+{
+    const fa_tensor *q = &p->desc->q;
+    const int32_t dim = p->dim, nr = kern->nr;
+    for (int32_t c = 0; c < cols_pad; c++) {
+        if (c < cc->ncols) {
+            int64_t pos = cc->r0 + c / p->group;
+            int32_t h = cc->hk * p->group + c % p->group;
+            const char *src = fa_elem_ptr(q, fa_row_offset(p, q, cc->b, cc->seq.q_start + pos, h));
+            kern->load(q->dtype, src, transposed ? tmp : dst + (int64_t)c * dim, dim, mul);
+        } else if (transposed) {
+            memset(tmp, 0, sizeof(float) * (size_t)dim);
+        } else {
+            continue;
+        }
+        if (transposed) {
+            float *panel = dst + (int64_t)(c / nr) * dim * nr + c % nr;
+            for (int32_t i = 0; i < dim; i++)
+                panel[(int64_t)i * nr] = tmp[i];
+        }
+    }
+}
+
+void fa_cpu_load_rows(const fa_cpu_kernels *kern, const fa_problem *p, const fa_tensor *t,
+                      const fa_cpu_cols *cc, int64_t j0, int32_t n, int32_t ld, float *dst)
+{
+    const int32_t dim = p->dim;
+    for (int32_t j = 0; j < n; j++) {
+        const char *src = fa_elem_ptr(t, fa_row_offset(p, t, cc->b, cc->seq.k_start + j0 + j, cc->hk));
+        float *row = dst + (int64_t)j * ld;
+        kern->load(t->dtype, src, row, dim, 1.0f);
+        if (ld > dim)
+            memset(row + dim, 0, sizeof(float) * (size_t)(ld - dim));
+    }
+}
+
+int fa_cpu_tile_full(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int64_t j1)
+{
+    int64_t off = (int64_t)cc->seq.k_len - cc->seq.q_len;
+    int64_t first = cc->r0, last = cc->r0 + cc->npos - 1;
+    return j0 >= last + off - p->win_left && j1 - 1 <= first + off + p->win_right;
+}
+
+void fa_cpu_cap_and_mask(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int32_t n,
+                         float *st, int32_t lds, int full_tile)
+{
+    if (p->softcap > 0.0f) {
+        const float cap = p->softcap, inv = 1.0f / p->softcap;
+        for (int32_t j = 0; j < n; j++)
+            for (int32_t c = 0; c < cc->ncols; c++) {
+                float *s = st + (int64_t)j * lds + c;
+                *s = cap * tanhf(*s * inv) * LOG2E;
+            }
+    }
+    if (full_tile)
+        return;
+    int64_t off = (int64_t)cc->seq.k_len - cc->seq.q_len;
+    for (int32_t c = 0; c < cc->ncols; c++) {
+        int64_t pos = cc->r0 + c / p->group;
+        int64_t lo = pos + off - p->win_left - j0, hi = pos + off + p->win_right - j0;
+        for (int32_t j = 0; j < n; j++)
+            if (j < lo || j > hi)
+                st[(int64_t)j * lds + c] = -INFINITY;
+    }
+}
+
+void fa_cpu_store_out(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
+                      const float *acc, int32_t ld, const float *m, const float *l)
+{
+    const fa_attention_desc *d = p->desc;
+    for (int32_t c = 0; c < cc->ncols; c++) {
+        int64_t row = cc->seq.q_start + cc->r0 + c / p->group;
+        int32_t h = cc->hk * p->group + c % p->group;
+        float inv = l[c] > 0.0f ? 1.0f / l[c] : 0.0f;
+        char *dst = (char *)fa_elem_ptr(&d->o, fa_row_offset(p, &d->o, cc->b, row, h));
+        kern->store(d->o.dtype, acc + (int64_t)c * ld, dst, p->dim, inv);
+        if (d->lse) {
+            int64_t at = (p->varlen ? 0 : (int64_t)cc->b * p->lse_sb) + (int64_t)h * p->lse_sh +
+                         row * p->lse_ss;
+            d->lse[at] = l[c] > 0.0f ? (m[c] + log2f(l[c])) * LN2 : -INFINITY;
+        }
+    }
+}
+
+static int task_cmp(const void *x, const void *y)
+{
+    const fa_cpu_task *a = x, *b = y;
+    if (a->cost != b->cost)
+        return a->cost < b->cost ? 1 : -1;
+    if (a->b != b->b)
+        return a->b - b->b;
+    if (a->hk != b->hk)
+        return a->hk - b->hk;
+    return a->blk - b->blk;
+}
+
+int64_t fa_cpu_build_tasks(const fa_problem *p, const fa_cpu_plan *pl, fa_cpu_task *tasks)
+{
+    int64_t nt = 0;
+    for (int32_t b = 0; b < p->batch; b++) {
+        fa_seq sq = fa_problem_seq(p, b);
+        int32_t blocks = (sq.q_len + pl->pos_per_task - 1) / pl->pos_per_task;
+        for (int32_t blk = 0; blk < blocks; blk++) {
+            int64_t r0 = (int64_t)blk * pl->pos_per_task, r1 = r0 + pl->pos_per_task, lo, hi;
+            if (r1 > sq.q_len)
+                r1 = sq.q_len;
+            fa_problem_key_range(p, &sq, r0, r1, &lo, &hi);
+            int64_t cost = (hi > lo ? hi - lo : 0) * (r1 - r0) + (r1 - r0);
+            for (int32_t hk = 0; hk < p->heads_kv; hk++)
+                tasks[nt++] = (fa_cpu_task){ cost, b, hk, blk };
+        }
+    }
+    qsort(tasks, (size_t)nt, sizeof(*tasks), task_cmp);
+    return nt;
+}
+
+fa_cpu_cols fa_cpu_task_cols(const fa_problem *p, const fa_cpu_plan *pl, const fa_cpu_task *t)
+{
+    fa_cpu_cols cc;
+    cc.b = t->b;
+    cc.hk = t->hk;
+    cc.seq = fa_problem_seq(p, t->b);
+    cc.r0 = (int64_t)t->blk * pl->pos_per_task;
+    int64_t left = cc.seq.q_len - cc.r0;
+    cc.npos = (int32_t)(left < pl->pos_per_task ? left : pl->pos_per_task);
+    cc.ncols = cc.npos * p->group;
+    return cc;
+}

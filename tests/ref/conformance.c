@@ -1,0 +1,354 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The conformance grid: one case = fresh random tensors in some layout,
+ * flash and standard attention through the public API, both compared with
+ * the float64 reference. Flash passes when its error is at most twice the
+ * standard algorithm's in the same precision plus a small floor.
+ */
+#include "ref.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *dtype_name(fa_dtype t)
+{
+    return t == FA_DTYPE_F32 ? "f32" : t == FA_DTYPE_F16 ? "f16" : "bf16";
+}
+
+/* Unit roundoff of the output type: the floor of the tolerance scales with it. */
+static double unit_roundoff(fa_dtype t)
+{
+    return t == FA_DTYPE_F32 ? 0x1p-24 : t == FA_DTYPE_F16 ? 0x1p-11 : 0x1p-8;
+}
+
+void fa_case_format(const fa_case *c, char *buf, size_t cap)
+{
+    static const char *layouts[] = { "bshd", "bhsd", "qkv-packed" };
+    snprintf(buf, cap,
+             "%s%s b%d sq%d sk%d hq%d hkv%d d%d causal%d window(%d,%d) softcap%g scale%g %s%s%s "
+             "logits%g seed=%llu",
+             dtype_name(c->dtype), c->o_f32 ? "->f32" : "", (int)c->batch, (int)c->seqlen_q,
+             (int)c->seqlen_k, (int)c->heads_q, (int)c->heads_kv, (int)c->head_dim,
+             (int)c->causal, (int)c->window_left, (int)c->window_right, (double)c->softcap,
+             (double)c->scale, layouts[c->layout], c->varlen ? " varlen" : "",
+             c->with_lse ? " lse" : "", (double)c->logit_scale, (unsigned long long)c->seed);
+}
+
+typedef struct bufs {
+    void *q, *kv, *o;
+    float *lse;
+    int32_t *cu_q, *cu_k;
+    double *o_ref, *lse_ref, *o_got, *lse_got;
+} bufs;
+
+static void free_bufs(bufs *b)
+{
+    free(b->q);
+    free(b->kv);
+    free(b->o);
+    free(b->lse);
+    free(b->cu_q);
+    free(b->cu_k);
+    free(b->o_ref);
+    free(b->lse_ref);
+    free(b->o_got);
+    free(b->lse_got);
+}
+
+static void fill(fa_rng *r, fa_dtype t, void *p, int64_t n, double amp)
+{
+    for (int64_t i = 0; i < n; i++)
+        fa_ref_encode(t, p, i, amp * fa_rng_uniform(r));
+}
+
+/* Read o (in its layout) into the reference's packed-row order. */
+static void gather(const fa_attention_desc *d, double *out, double *lse_out)
+{
+    const int32_t hq = d->num_heads_q, dim = d->head_dim;
+    for (int32_t b = 0; b < d->batch; b++) {
+        int64_t q0 = d->cu_seqlens_q ? d->cu_seqlens_q[b] : (int64_t)b * d->seqlen_q;
+        int64_t sq = d->cu_seqlens_q ? d->cu_seqlens_q[b + 1] - q0 : d->seqlen_q;
+        for (int64_t i = 0; i < sq; i++)
+            for (int32_t h = 0; h < hq; h++) {
+                int64_t row = q0 + i, trow = d->cu_seqlens_q ? row : i;
+                int64_t base = (d->cu_seqlens_q ? 0 : (int64_t)b * d->o.stride_batch) +
+                               trow * d->o.stride_seq + (int64_t)h * d->o.stride_head;
+                for (int32_t x = 0; x < dim; x++)
+                    out[(row * hq + h) * dim + x] = fa_ref_decode(d->o.dtype, d->o.data, base + x);
+                if (d->lse)
+                    lse_out[row * hq + h] =
+                        d->lse[(d->cu_seqlens_q ? 0 : (int64_t)b * hq * d->seqlen_q) +
+                               (int64_t)h * d->seqlen_q + trow];
+            }
+    }
+}
+
+typedef struct errs {
+    double o, lse, ref_max, lse_max;
+    int bad_masked; /* a fully masked row that is not exactly 0 / -inf */
+    int non_finite; /* NaN or inf where a number was expected (unwritten output) */
+} errs;
+
+static errs compare(int64_t rows, int32_t hq, int32_t dim, int64_t every, const double *ref,
+                    const double *got, const double *lref, const double *lgot)
+{
+    errs e = { 0 };
+    for (int64_t row = 0; row < rows; row++) {
+        if (every > 1 && row % every)
+            continue;
+        for (int32_t h = 0; h < hq; h++) {
+            int masked = lref && lref[row * hq + h] == -INFINITY;
+            for (int32_t x = 0; x < dim; x++) {
+                double r = ref[(row * hq + h) * dim + x], g = got[(row * hq + h) * dim + x];
+                if (!isfinite(g))
+                    e.non_finite = 1;
+                if (masked && g != 0.0)
+                    e.bad_masked = 1;
+                if (fabs(g - r) > e.o || isnan(g))
+                    e.o = isnan(g) ? INFINITY : fabs(g - r);
+                if (fabs(r) > e.ref_max)
+                    e.ref_max = fabs(r);
+            }
+            if (lgot) {
+                double r = lref[row * hq + h], g = lgot[row * hq + h];
+                if (masked) {
+                    if (g != -INFINITY)
+                        e.bad_masked = 1;
+                } else {
+                    if (!isfinite(g))
+                        e.non_finite = 1;
+                    if (fabs(g - r) > e.lse || isnan(g))
+                        e.lse = isnan(g) ? INFINITY : fabs(g - r);
+                    if (fabs(r) > e.lse_max)
+                        e.lse_max = fabs(r);
+                }
+            }
+        }
+    }
+    return e;
+}
+
+static int run_algo(fa_context_t ctx, fa_attention_desc *d, fa_algorithm a, int64_t o_bytes,
+                    int64_t lse_n, double *o_out, double *lse_out, fa_case_result *res)
+{
+    memset(d->o.data, 0xff, (size_t)o_bytes); /* NaN poison: every element must be written */
+    for (int64_t i = 0; d->lse && i < lse_n; i++)
+        d->lse[i] = NAN;
+    d->algorithm = a;
+    fa_status st = fa_forward(ctx, d);
+    if (st != FA_OK) {
+        snprintf(res->message, sizeof(res->message), "%s: %s", fa_status_string(st),
+                 fa_context_last_error(ctx));
+        return -1;
+    }
+    gather(d, o_out, lse_out);
+    return 0;
+}
+
+int fa_case_run(fa_context_t ctx, const fa_case *c, fa_case_result *res)
+{
+    memset(res, 0, sizeof(*res));
+    fa_rng rng = { c->seed };
+    bufs bf = { 0 };
+    const int64_t dim = c->head_dim, hq = c->heads_q, hk = c->heads_kv, B = c->batch;
+    const int64_t esz = c->dtype == FA_DTYPE_F32 ? 4 : 2;
+    const fa_dtype odt = c->o_f32 ? FA_DTYPE_F32 : c->dtype;
+
+    /* Sequence extents: per-batch (fixed) or packed totals (varlen). */
+    int64_t tq = c->seqlen_q, tk = c->seqlen_k, nb = B;
+    if (c->varlen) {
+        bf.cu_q = malloc(sizeof(int32_t) * (size_t)(B + 1));
+        bf.cu_k = malloc(sizeof(int32_t) * (size_t)(B + 1));
+        if (!bf.cu_q || !bf.cu_k)
+            goto oom;
+        bf.cu_q[0] = bf.cu_k[0] = 0;
+        for (int64_t b = 0; b < B; b++) {
+            /* lengths in [0, max]: empty sequences are legal and must be handled */
+            int32_t lq = (int32_t)(fa_rng_next(&rng) % (uint64_t)(c->seqlen_q + 1));
+            int32_t lk = (int32_t)(fa_rng_next(&rng) % (uint64_t)(c->seqlen_k + 1));
+            if (b == 0) {
+                lq = c->seqlen_q;
+                lk = c->seqlen_k;
+            }
+            bf.cu_q[b + 1] = bf.cu_q[b] + lq;
+            bf.cu_k[b + 1] = bf.cu_k[b] + lk;
+        }
+        tq = bf.cu_q[B];
+        tk = bf.cu_k[B];
+        nb = 1;
+    }
+
+    fa_attention_desc d;
+    fa_attention_desc_init(&d);
+    d.batch = (int32_t)B;
+    d.seqlen_q = (int32_t)tq;
+    d.seqlen_k = (int32_t)tk;
+    d.num_heads_q = (int32_t)hq;
+    d.num_heads_kv = (int32_t)hk;
+    d.head_dim = (int32_t)dim;
+    d.scale = c->scale;
+    d.causal = c->causal;
+    d.window_left = c->window_left;
+    d.window_right = c->window_right;
+    d.softcap = c->softcap;
+    d.cu_seqlens_q = bf.cu_q;
+    d.cu_seqlens_k = bf.cu_k;
+
+    int64_t q_n = nb * tq * hq * dim, o_n = q_n, kv_n;
+    int one_buffer = c->layout == FA_CASE_QKV_PACKED && c->seqlen_q == c->seqlen_k && !c->varlen;
+    if (one_buffer) {
+        /* [b, s, hq + 2*hk, d]: q, k, v heads side by side in one row */
+        int64_t w = (hq + 2 * hk) * dim;
+        kv_n = nb * tq * w;
+        bf.kv = malloc((size_t)(kv_n * esz));
+        if (!bf.kv)
+            goto oom;
+        fill(&rng, c->dtype, bf.kv, kv_n, 1.0);
+        char *base = bf.kv;
+        d.q = (fa_tensor){ base, c->dtype, tq * w, w, dim };
+        d.k = (fa_tensor){ base + hq * dim * esz, c->dtype, tq * w, w, dim };
+        d.v = (fa_tensor){ base + (hq + hk) * dim * esz, c->dtype, tq * w, w, dim };
+        for (int64_t i = 0; i < nb * tq; i++) /* scale the q part for large-logit cases */
+            for (int64_t x = 0; x < hq * dim; x++)
+                fa_ref_encode(c->dtype, bf.kv, i * w + x, c->logit_scale * fa_rng_uniform(&rng));
+    } else {
+        bf.q = malloc((size_t)((q_n ? q_n : 1) * esz));
+        kv_n = 2 * nb * tk * hk * dim;
+        bf.kv = malloc((size_t)((kv_n ? kv_n : 1) * esz));
+        if (!bf.q || !bf.kv)
+            goto oom;
+        fill(&rng, c->dtype, bf.q, q_n, c->logit_scale);
+        fill(&rng, c->dtype, bf.kv, kv_n, 1.0);
+        fa_layout lay = c->layout == FA_CASE_BHSD ? FA_LAYOUT_BHSD : FA_LAYOUT_BSHD;
+        d.q = fa_tensor_contiguous(bf.q, c->dtype, lay, (int32_t)tq, (int32_t)hq, (int32_t)dim);
+        if (c->layout == FA_CASE_QKV_PACKED) {
+            /* packed KV: [b, sk, 2, hk, d] */
+            int64_t w = 2 * hk * dim;
+            char *base = bf.kv;
+            d.k = (fa_tensor){ base, c->dtype, tk * w, w, dim };
+            d.v = (fa_tensor){ base + hk * dim * esz, c->dtype, tk * w, w, dim };
+        } else {
+            d.k = fa_tensor_contiguous(bf.kv, c->dtype, lay, (int32_t)tk, (int32_t)hk, (int32_t)dim);
+            d.v = fa_tensor_contiguous((char *)bf.kv + kv_n / 2 * esz, c->dtype, lay, (int32_t)tk,
+                                       (int32_t)hk, (int32_t)dim);
+        }
+    }
+    int64_t o_bytes = o_n * (odt == FA_DTYPE_F32 ? 4 : 2);
+    bf.o = malloc((size_t)(o_bytes ? o_bytes : 1));
+    int64_t rows = nb * tq, lse_n = rows * hq;
+    bf.o_ref = malloc(sizeof(double) * (size_t)(o_n ? o_n : 1));
+    bf.o_got = malloc(sizeof(double) * (size_t)(o_n ? o_n : 1));
+    bf.lse_ref = malloc(sizeof(double) * (size_t)(lse_n ? lse_n : 1));
+    bf.lse_got = malloc(sizeof(double) * (size_t)(lse_n ? lse_n : 1));
+    if (c->with_lse)
+        bf.lse = malloc(sizeof(float) * (size_t)(lse_n ? lse_n : 1));
+    if (!bf.o || !bf.o_ref || !bf.o_got || !bf.lse_ref || !bf.lse_got || (c->with_lse && !bf.lse))
+        goto oom;
+    d.o = fa_tensor_contiguous(bf.o, odt, c->layout == FA_CASE_BHSD ? FA_LAYOUT_BHSD : FA_LAYOUT_BSHD,
+                               (int32_t)tq, (int32_t)hq, (int32_t)dim);
+    d.lse = bf.lse;
+
+    /* Sample rows of very large shapes: the float64 reference is O(n^2 d). */
+    double work = (double)rows * (double)hq * (double)(c->varlen ? tk : c->seqlen_k) * (double)dim;
+    int64_t every = work > 4e9 ? (int64_t)ceil(work / 4e9) : 1;
+    if (fa_ref_attention(&d, every, bf.o_ref, bf.lse_ref) != 0)
+        goto oom;
+
+    double *lg = c->with_lse ? bf.lse_got : NULL;
+    if (run_algo(ctx, &d, FA_ALGORITHM_STANDARD, o_bytes, lse_n, bf.o_got, lg, res) != 0)
+        goto fail;
+    errs es = compare(rows, (int32_t)hq, (int32_t)dim, every, bf.o_ref, bf.o_got, bf.lse_ref, lg);
+    if (run_algo(ctx, &d, FA_ALGORITHM_FLASH, o_bytes, lse_n, bf.o_got, lg, res) != 0)
+        goto fail;
+    errs ef = compare(rows, (int32_t)hq, (int32_t)dim, every, bf.o_ref, bf.o_got, bf.lse_ref, lg);
+
+    res->err_flash = ef.o;
+    res->err_standard = es.o;
+    res->lse_err_flash = ef.lse;
+    res->lse_err_standard = es.lse;
+    res->tolerance = 2.0 * es.o + 16.0 * unit_roundoff(odt) * fmax(ef.ref_max, 1e-3);
+    double lse_tol = 2.0 * es.lse + 16.0 * 0x1p-24 * fmax(ef.lse_max, 1.0);
+    res->passed = !ef.non_finite && !ef.bad_masked && ef.o <= res->tolerance &&
+                  (!c->with_lse || ef.lse <= lse_tol);
+    if (!res->passed) {
+        char desc[200];
+        fa_case_format(c, desc, sizeof(desc));
+        snprintf(res->message, sizeof(res->message), "%s%s%s err %.3g (standard %.3g, tol %.3g) lse err %.3g (tol %.3g): %s",
+                 ef.non_finite ? "non-finite output; " : "",
+                 ef.bad_masked ? "masked row not 0/-inf; " : "", "", ef.o, es.o, res->tolerance,
+                 ef.lse, lse_tol, desc);
+    }
+    free_bufs(&bf);
+    return 0;
+oom:
+    snprintf(res->message, sizeof(res->message), "out of memory setting up the case");
+fail:
+    free_bufs(&bf);
+    return -1;
+}
+
+/* ---- the grid ---- */
+
+typedef struct feature {
+    int causal, wl, wr;
+    float softcap;
+} feature;
+
+int fa_grid_build(int level, uint64_t seed, fa_case *out, int cap)
+{
+    static const fa_dtype dtypes[] = { FA_DTYPE_F32, FA_DTYPE_F16, FA_DTYPE_BF16 };
+    static const int32_t dims[] = { 1, 8, 32, 64, 80, 96, 128, 256 };
+    static const int32_t seqs_full[] = { 1, 2, 17, 127, 128, 129, 1000, 2048 };
+    static const int32_t seqs_quick[] = { 1, 2, 17, 63, 64, 65, 127, 200 };
+    static const int32_t groups[] = { 1, 2, 8 };
+    static const feature feats[] = {
+        { 0, -1, -1, 0.0f }, { 1, -1, -1, 0.0f }, { 0, 16, 8, 0.0f }, { 1, -1, -1, 30.0f },
+        { 0, -1, -1, 5.0f }, { 1, 40, -1, 0.0f }, { 0, 0, 0, 0.0f }, { 0, 7, -1, 20.0f },
+    };
+    const int32_t *seqs = level ? seqs_full : seqs_quick;
+    fa_rng rng = { seed };
+    int n = 0, k = 0;
+    for (int ti = 0; ti < 3; ti++)
+        for (int di = 0; di < 8; di++)
+            for (int si = 0; si < 8; si++, k++) {
+                if (n >= cap)
+                    return n;
+                fa_case c;
+                memset(&c, 0, sizeof(c));
+                c.dtype = dtypes[ti];
+                c.head_dim = dims[di];
+                c.seqlen_q = seqs[si];
+                /* sk walks the list at another pace: sq > sk, sq < sk and sq == sk all occur */
+                c.seqlen_k = seqs[(si * 3 + di + ti) % 8];
+                const feature *f = &feats[(k + di) % 8];
+                c.causal = f->causal;
+                c.window_left = f->wl;
+                c.window_right = f->wr;
+                c.softcap = f->softcap;
+                int32_t g = groups[(k + si) % 3];
+                c.heads_kv = 1 + (int32_t)(fa_rng_next(&rng) % 2);
+                c.heads_q = c.heads_kv * g;
+                c.batch = 1 + (int32_t)(fa_rng_next(&rng) % 3);
+                c.layout = (fa_case_layout)((k + ti) % 3);
+                c.varlen = k % 5 == 2;
+                c.with_lse = k % 4 != 3;
+                c.o_f32 = c.dtype != FA_DTYPE_F32 && k % 7 == 1;
+                c.scale = k % 11 == 5 ? 0.5f : 0.0f;
+                c.logit_scale = k % 13 == 4 ? 300.0f : 1.0f; /* logits of several thousand */
+                /* keep each case's float64 reference under ~1e9 multiply-adds */
+                double work = (double)c.batch * c.heads_q * c.seqlen_q * c.seqlen_k * c.head_dim;
+                while (work > 1e9 && (c.batch > 1 || c.heads_kv > 1)) {
+                    if (c.batch > 1)
+                        c.batch = 1;
+                    else
+                        c.heads_kv = 1;
+                    c.heads_q = c.heads_kv * g;
+                    work = (double)c.batch * c.heads_q * c.seqlen_q * c.seqlen_k * c.head_dim;
+                }
+                c.seed = fa_rng_next(&rng);
+                out[n++] = c;
+            }
+    return n;
+}

@@ -1,0 +1,145 @@
+/* SPDX-License-Identifier: MIT */
+/* Naive float64 attention: obviously correct, deliberately slow. */
+#include "ref.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+double fa_ref_decode(fa_dtype t, const void *base, int64_t index)
+{
+    if (t == FA_DTYPE_F32)
+        return ((const float *)base)[index];
+    uint16_t h = ((const uint16_t *)base)[index];
+    if (t == FA_DTYPE_BF16) {
+        uint32_t x = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &x, sizeof(f));
+        return f;
+    }
+    int sign = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    double v;
+    if (e == 0)
+        v = ldexp(m, -24);
+    else if (e == 31)
+        v = m ? NAN : INFINITY;
+    else
+        v = ldexp(1024 + m, e - 25);
+    return sign ? -v : v;
+}
+
+void fa_ref_encode(fa_dtype t, void *base, int64_t index, double x)
+{
+    if (t == FA_DTYPE_F32) {
+        ((float *)base)[index] = (float)x;
+        return;
+    }
+    uint16_t out;
+    if (t == FA_DTYPE_BF16) {
+        float f = (float)x;
+        uint32_t u;
+        memcpy(&u, &f, sizeof(u));
+        out = (uint16_t)(u >> 16); /* truncation: still a bf16 value */
+    } else {
+        /* |x| < 65504 here; truncate the mantissa to 10 bits (or a subnormal step). */
+        int sign = x < 0;
+        double a = fabs(x);
+        int e;
+        double fr = frexp(a, &e); /* a = fr * 2^e, fr in [0.5, 1) */
+        if (a == 0.0) {
+            out = 0;
+        } else if (e - 1 < -14) {
+            out = (uint16_t)floor(a / ldexp(1.0, -24));
+        } else {
+            int mant = (int)floor((fr * 2.0 - 1.0) * 1024.0);
+            out = (uint16_t)(((e - 1 + 15) << 10) | mant);
+        }
+        out |= (uint16_t)(sign << 15);
+    }
+    ((uint16_t *)base)[index] = out;
+}
+
+uint64_t fa_rng_next(fa_rng *r)
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+double fa_rng_uniform(fa_rng *r) { return (double)(fa_rng_next(r) >> 11) * 0x1.0p-52 - 1.0; }
+
+static int64_t elem(const fa_attention_desc *d, const fa_tensor *t, int32_t b, int64_t row, int32_t h)
+{
+    return (d->cu_seqlens_q ? 0 : (int64_t)b * t->stride_batch) + row * t->stride_seq +
+           (int64_t)h * t->stride_head;
+}
+
+int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, double *lse)
+{
+    const int32_t hq = d->num_heads_q, dim = d->head_dim, group = d->num_heads_q / d->num_heads_kv;
+    const double scale = d->scale != 0.0f ? d->scale : 1.0 / sqrt((double)dim);
+    const int64_t wl = d->window_left < 0 ? INT64_MAX / 4 : d->window_left;
+    const int64_t wr = d->causal ? 0 : d->window_right < 0 ? INT64_MAX / 4 : d->window_right;
+    double *s = malloc(sizeof(double) * (size_t)(d->seqlen_k > 0 ? d->seqlen_k : 1));
+    if (!s)
+        return -1;
+    for (int32_t b = 0; b < d->batch; b++) {
+        int64_t q0 = d->cu_seqlens_q ? d->cu_seqlens_q[b] : (int64_t)b * d->seqlen_q;
+        int64_t k0 = d->cu_seqlens_k ? d->cu_seqlens_k[b] : 0;
+        int64_t qrow0 = d->cu_seqlens_q ? q0 : 0; /* row index inside the tensor */
+        int64_t sq = d->cu_seqlens_q ? d->cu_seqlens_q[b + 1] - q0 : d->seqlen_q;
+        int64_t sk = d->cu_seqlens_k ? d->cu_seqlens_k[b + 1] - k0 : d->seqlen_k;
+        for (int32_t h = 0; h < hq; h++) {
+            int32_t hk = h / group;
+            for (int64_t i = 0; i < sq; i++) {
+                int64_t row = q0 + i;
+                if (rows_every > 1 && row % rows_every != 0)
+                    continue;
+                double mx = -INFINITY;
+                for (int64_t j = 0; j < sk; j++) {
+                    int64_t rel = j - i - (sk - sq);
+                    if (rel < -wl || rel > wr) {
+                        s[j] = -INFINITY;
+                        continue;
+                    }
+                    double acc = 0.0;
+                    int64_t qa = elem(d, &d->q, b, qrow0 + i, h), ka = elem(d, &d->k, b, k0 + j, hk);
+                    for (int32_t x = 0; x < dim; x++)
+                        acc += fa_ref_decode(d->q.dtype, d->q.data, qa + x) *
+                               fa_ref_decode(d->k.dtype, d->k.data, ka + x);
+                    acc *= scale;
+                    if (d->softcap > 0.0f)
+                        acc = d->softcap * tanh(acc / d->softcap);
+                    s[j] = acc;
+                    if (acc > mx)
+                        mx = acc;
+                }
+                double *orow = o + (row * hq + h) * dim;
+                for (int32_t x = 0; x < dim; x++)
+                    orow[x] = 0.0;
+                if (mx == -INFINITY) {
+                    if (lse)
+                        lse[row * hq + h] = -INFINITY;
+                    continue;
+                }
+                double l = 0.0;
+                for (int64_t j = 0; j < sk; j++) {
+                    if (s[j] == -INFINITY)
+                        continue;
+                    double pj = exp(s[j] - mx);
+                    l += pj;
+                    int64_t va = elem(d, &d->v, b, k0 + j, hk);
+                    for (int32_t x = 0; x < dim; x++)
+                        orow[x] += pj * fa_ref_decode(d->v.dtype, d->v.data, va + x);
+                }
+                for (int32_t x = 0; x < dim; x++)
+                    orow[x] /= l;
+                if (lse)
+                    lse[row * hq + h] = mx + log(l);
+            }
+        }
+    }
+    free(s);
+    return 0;
+}

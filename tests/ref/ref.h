@@ -1,0 +1,78 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The one float64 reference every backend is checked against, and the
+ * conformance grid built on it (used by the test suite and `flashattn check`).
+ */
+#ifndef FA_TEST_REF_H
+#define FA_TEST_REF_H
+
+#include "flashattn.h"
+
+#include <stdint.h>
+
+/* ---- values ---- */
+
+/* Exact decode of one element of dtype t. */
+double fa_ref_decode(fa_dtype t, const void *base, int64_t index);
+
+/* Store x as dtype t, rounding toward zero (inputs only need to be representable). */
+void fa_ref_encode(fa_dtype t, void *base, int64_t index, double x);
+
+/* splitmix64: small, seedable, good enough for test data. */
+typedef struct fa_rng {
+    uint64_t s;
+} fa_rng;
+uint64_t fa_rng_next(fa_rng *r);
+double fa_rng_uniform(fa_rng *r); /* [-1, 1) */
+
+/* ---- reference ---- */
+
+/*
+ * Naive attention in float64 straight from the definition in flashattn.h,
+ * reading q/k/v through the descriptor's strides. Rows are indexed by packed
+ * row (b*seqlen_q + i, or the varlen row): o[(row*hq + h)*dim + x] and
+ * lse[row*hq + h]. When rows_every > 1 only rows with (row % rows_every) == 0
+ * are computed (sampling for very large shapes). Returns 0, or -1 when
+ * out of memory.
+ */
+int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, double *lse);
+
+/* ---- conformance ---- */
+
+typedef enum fa_case_layout { FA_CASE_BSHD = 0, FA_CASE_BHSD = 1, FA_CASE_QKV_PACKED = 2 } fa_case_layout;
+
+typedef struct fa_case {
+    fa_dtype dtype;
+    int o_f32; /* write o as float32 instead of the input dtype */
+    int32_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+    int32_t causal, window_left, window_right;
+    float softcap;
+    float scale; /* 0 = default */
+    fa_case_layout layout;
+    int varlen; /* per-sequence lengths drawn at random up to seqlen_q/k */
+    int with_lse;
+    float logit_scale; /* inputs drawn in [-logit_scale, logit_scale) for q (large logits) */
+    uint64_t seed;
+} fa_case;
+
+typedef struct fa_case_result {
+    int passed;
+    double err_flash;    /* max abs error of o against float64 */
+    double err_standard; /* same for the standard algorithm in the same precision */
+    double tolerance;
+    double lse_err_flash, lse_err_standard;
+    char message[256];
+} fa_case_result;
+
+/* Describe a case in one line (for replays): "f16 b2 sq17 sk129 hq8 hkv1 d80 causal ...". */
+void fa_case_format(const fa_case *c, char *buf, size_t cap);
+
+/* Run one case on ctx: flash and standard against float64. Returns 0 when it
+ * could run (see result.passed), -1 on an API error (message filled). */
+int fa_case_run(fa_context_t ctx, const fa_case *c, fa_case_result *res);
+
+/* The conformance grid. level 0 = quick (short sequences), 1 = full.
+ * Returns the number of cases written (at most cap), derived from seed. */
+int fa_grid_build(int level, uint64_t seed, fa_case *out, int cap);
+
+#endif
