@@ -28,6 +28,7 @@ typedef struct fa_cpu_plan {
     int32_t pos_per_task;  /* query positions per task */
     int32_t cols;          /* pos_per_task * group: query rows a task computes */
     int32_t cols_pad;      /* cols rounded up to the kernel's nr */
+    int32_t cols_vec;      /* cols rounded up to nr / 2: the columns the softmax touches */
     int32_t block_k;       /* keys per tile */
     int32_t dim_pad;       /* head_dim rounded up to nr (the O and V tile width) */
     int use_dot;           /* few columns: dot kernel instead of gemm for S */

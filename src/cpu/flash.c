@@ -102,7 +102,7 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
                                lds, NULL);
         }
         fa_cpu_cap_and_mask(p, &cc, j0, n, bf->st, lds, fa_cpu_tile_full(p, &cc, j0, j0 + n));
-        kern->softmax_update(n, cols_pad, bf->st, lds, bf->m, bf->l, bf->alpha);
+        kern->softmax_update(n, pl->cols_vec, bf->st, lds, bf->m, bf->l, bf->alpha);
 
         /* O = diag(alpha) O + P V, P read through the transposed tile. */
         for (int32_t i0 = 0; i0 < cc.ncols; i0 += mr)

@@ -67,6 +67,7 @@ static void plan_columns(const fa_cpu_state *s, const fa_problem *p, fa_cpu_plan
     pl->pos_per_task = pos;
     pl->cols = pos * p->group;
     pl->cols_pad = round_up(pl->cols, nr);
+    pl->cols_vec = round_up(pl->cols, nr / 2);
     pl->dim_pad = dpad;
     /* Fewer than half a register block of queries: dot products beat a padded gemm. */
     pl->use_dot = pl->cols * 2 < nr;

@@ -8,6 +8,7 @@
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
+#define FA_PREFETCH_ROWS 8
 
 void fa_cpu_pack_q(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
                    int32_t cols_pad, int transposed, float mul, float *dst, float *tmp)
@@ -37,8 +38,15 @@ void fa_cpu_load_rows(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
                       const fa_cpu_cols *cc, int64_t j0, int32_t n, int32_t ld, float *dst)
 {
     const int32_t dim = p->dim;
+    const int64_t row_bytes = (int64_t)dim * (t->dtype == FA_DTYPE_F32 ? 4 : 2);
+    const int64_t step = t->stride_seq * (t->dtype == FA_DTYPE_F32 ? 4 : 2);
     for (int32_t j = 0; j < n; j++) {
         const char *src = fa_elem_ptr(t, fa_row_offset(p, t, cc->b, cc->seq.k_start + j0 + j, cc->hk));
+        /* Rows of one head are strided (BSHD): hardware prefetchers stop at page
+         * boundaries, so fetch a few rows ahead by hand. */
+        if (j + FA_PREFETCH_ROWS < n)
+            for (int64_t at = 0; at < row_bytes; at += 64)
+                __builtin_prefetch(src + FA_PREFETCH_ROWS * step + at);
         float *row = dst + (int64_t)j * ld;
         kern->load(t->dtype, src, row, dim, 1.0f);
         if (ld > dim)

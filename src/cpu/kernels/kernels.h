@@ -28,7 +28,7 @@ typedef struct fa_cpu_kernels {
 
     /*
      * Score tile, transposed: st[j*lds + i] is the base-2 score of key j for
-     * query column i (j < n, i < cols; cols a multiple of nr). For every
+     * query column i (j < n, i < cols; cols a multiple of nr / 2). For every
      * column: m_new = max(m[i], max_j st), p = 2^(st - m_new) written back
      * in place, l[i] = l[i]*alpha[i] + sum_j p, alpha[i] = 2^(m[i] - m_new),
      * m[i] = m_new. -inf scores give p = 0; a column whose m_new is still

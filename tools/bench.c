@@ -1,0 +1,503 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * `flashattn bench`: flash against standard attention in the same run,
+ * medians after warm-up, errors against float64, the sgemm ceiling beside.
+ */
+#include "cli.h"
+#include "plot.h"
+#include "ref.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *help =
+    "usage: flashattn bench [options]\n"
+    "\n"
+    "Times flash attention and standard attention (full S and P in memory, mask applied\n"
+    "after, softmax, P*V) on the same inputs in one run and reports, per shape: median\n"
+    "ms of each, speed-up, GFLOP/s (4*b*h*sq*sk*d, halved when causal), the share of the\n"
+    "OpenBLAS sgemm ceiling measured in the same run, the extra memory each call\n"
+    "allocates, and flash's error against float64 (max abs, mean abs, share >= 1e-3,\n"
+    "relative L2). With no shape options it runs the default suite: seq 512..4096,\n"
+    "heads 8 and 32, head_dim 64 and 128, causal and not (about two minutes on 2 cores).\n"
+    "\n"
+    "shape:\n"
+    "  --seq N[,N...]        sequence lengths (sq = sk)             [512,1024,2048,4096]\n"
+    "  --seq-q N             query length when it differs from --seq (e.g. 1 for decode)\n"
+    "  --heads N[,N...]      query heads                            [8,32]\n"
+    "  --kv-heads N          key/value heads (GQA/MQA)              [= heads]\n"
+    "  --dim N[,N...]        head_dim, 1..256                       [64,128]\n"
+    "  --batch N                                                    [1]\n"
+    "  --causal yes|no|both                                         [both]\n"
+    "  --window L,R          sliding window, -1 = unbounded         [-1,-1]\n"
+    "  --softcap X           logit softcap, 0 = off                 [0]\n"
+    "  --dtype f32|f16|bf16  q, k, v and o dtype                    [f32]\n"
+    "  --layout bshd|bhsd                                           [bshd]\n"
+    "run:\n"
+    "  --backend auto|cpu|cuda|gles                                 [auto]\n"
+    "  --threads N           0 = all cores                          [0]\n"
+    "  --reps N              timed runs per measurement (median)    [adaptive, >= 3]\n"
+    "  --no-standard         skip the standard baseline\n"
+    "  --no-sgemm            skip the sgemm ceiling\n"
+    "output:\n"
+    "  --json FILE|-         one JSON object per row (JSON lines)\n"
+    "  --plot FILE.svg       speed-up against sequence length\n";
+
+#define MAXV 16
+
+typedef struct opts {
+    long seqs[MAXV], heads[MAXV], dims[MAXV];
+    int nseq, nheads, ndims;
+    long seq_q, kv_heads, batch, wl, wr, reps, threads;
+    int causal_lo, causal_hi;
+    double softcap;
+    fa_dtype dtype;
+    fa_layout layout;
+    fa_backend backend;
+    int no_standard, no_sgemm;
+    const char *json, *plot;
+} opts;
+
+typedef struct row {
+    const char *backend, *kernel;
+    long b, h, hk, sq, sk, d;
+    int causal;
+    double ms_flash, ms_std, gflops, pct_sgemm;
+    uint64_t bytes_flash, bytes_std;
+    double max_err, mean_err, frac_err, rel_l2;
+    int64_t sampled_rows, rows;
+    int has_std;
+} row;
+
+static double median(double *v, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* One warm-up, then at least 3 timed runs (more while under ~0.4 s); median ms. */
+static int time_call(fa_context_t ctx, const fa_attention_desc *d, long reps, double *ms)
+{
+    double t0 = cli_now();
+    if (fa_forward(ctx, d) != FA_OK)
+        return -1;
+    double once = cli_now() - t0;
+    int n = reps > 0 ? (int)reps : (int)fmin(15.0, fmax(3.0, 0.4 / fmax(once, 1e-6)));
+    double ts[64];
+    if (n > 64)
+        n = 64;
+    for (int i = 0; i < n; i++) {
+        t0 = cli_now();
+        if (fa_forward(ctx, d) != FA_OK)
+            return -1;
+        ts[i] = (cli_now() - t0) * 1e3;
+    }
+    *ms = median(ts, n);
+    return 0;
+}
+
+static double sgemm_gflops(int threads)
+{
+    const int n = 2048;
+    float *a = malloc(sizeof(float) * n * n), *b = malloc(sizeof(float) * n * n),
+          *c = malloc(sizeof(float) * n * n);
+    if (!a || !b || !c) {
+        free(a);
+        free(b);
+        free(c);
+        return 0.0;
+    }
+    fa_rng r = { 7 };
+    for (long i = 0; i < (long)n * n; i++) {
+        a[i] = (float)fa_rng_uniform(&r);
+        b[i] = (float)fa_rng_uniform(&r);
+    }
+    if (threads > 0)
+        openblas_set_num_threads(threads);
+    double ts[5];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    for (int i = 0; i < 5; i++) {
+        double t0 = cli_now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        ts[i] = cli_now() - t0;
+    }
+    free(a);
+    free(b);
+    free(c);
+    return 2.0 * n * (double)n * n / median(ts, 5) / 1e9;
+}
+
+static void errors(const fa_attention_desc *d, row *r)
+{
+    /* Sample rows so the float64 reference stays near 3e8 multiply-adds. */
+    int64_t rows = (int64_t)d->batch * d->seqlen_q, hq = d->num_heads_q, dim = d->head_dim;
+    double work = (double)rows * hq * d->seqlen_k * dim;
+    int64_t every = work > 3e8 ? (int64_t)ceil(work / 3e8) : 1;
+    double *ref = malloc(sizeof(double) * (size_t)(rows * hq * dim));
+    r->rows = rows;
+    r->sampled_rows = 0;
+    if (!ref || fa_ref_attention(d, every, ref, NULL) != 0) {
+        free(ref);
+        r->max_err = r->mean_err = r->frac_err = r->rel_l2 = NAN;
+        return;
+    }
+    double mx = 0, sum = 0, n = 0, ge = 0, num = 0, den = 0;
+    for (int32_t b = 0; b < d->batch; b++)
+        for (int64_t i = 0; i < d->seqlen_q; i++) {
+            int64_t rowi = (int64_t)b * d->seqlen_q + i;
+            if (rowi % every)
+                continue;
+            r->sampled_rows++;
+            for (int32_t h = 0; h < hq; h++) {
+                int64_t base = (int64_t)b * d->o.stride_batch + i * d->o.stride_seq +
+                               (int64_t)h * d->o.stride_head;
+                for (int64_t x = 0; x < dim; x++) {
+                    double want = ref[(rowi * hq + h) * dim + x];
+                    double e = fabs(fa_ref_decode(d->o.dtype, d->o.data, base + x) - want);
+                    mx = e > mx || isnan(e) ? e : mx;
+                    sum += e;
+                    ge += e >= 1e-3;
+                    n++;
+                    num += e * e;
+                    den += want * want;
+                }
+            }
+        }
+    free(ref);
+    r->max_err = mx;
+    r->mean_err = sum / n;
+    r->frac_err = ge / n;
+    r->rel_l2 = den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static int run_row(fa_context_t ctx, const opts *o, long sq, long sk, long h, long d, int causal,
+                   double sgemm, row *r)
+{
+    long hk = o->kv_heads ? o->kv_heads : h, b = o->batch;
+    if (h % hk)
+        return cli_usage_error("bench", "--heads %ld is not a multiple of --kv-heads %ld", h, hk);
+    size_t esz = o->dtype == FA_DTYPE_F32 ? 4 : 2;
+    size_t nq = (size_t)(b * sq * h * d), nk = (size_t)(b * sk * hk * d);
+    void *q = malloc(nq * esz), *k = malloc(nk * esz), *v = malloc(nk * esz), *out = malloc(nq * esz);
+    if (!q || !k || !v || !out) {
+        free(q);
+        free(k);
+        free(v);
+        free(out);
+        fprintf(stderr, "flashattn bench: out of memory for sq %ld sk %ld h %ld d %ld\n", sq, sk, h, d);
+        return CLI_EXIT_FAIL;
+    }
+    fa_rng rng = { (uint64_t)(sq * 1000003 + sk * 101 + h * 7 + d + causal) };
+    for (size_t i = 0; i < nq; i++)
+        fa_ref_encode(o->dtype, q, (int64_t)i, fa_rng_uniform(&rng));
+    for (size_t i = 0; i < nk; i++) {
+        fa_ref_encode(o->dtype, k, (int64_t)i, fa_rng_uniform(&rng));
+        fa_ref_encode(o->dtype, v, (int64_t)i, fa_rng_uniform(&rng));
+    }
+    fa_attention_desc desc;
+    fa_attention_desc_init(&desc);
+    desc.batch = (int32_t)b;
+    desc.seqlen_q = (int32_t)sq;
+    desc.seqlen_k = (int32_t)sk;
+    desc.num_heads_q = (int32_t)h;
+    desc.num_heads_kv = (int32_t)hk;
+    desc.head_dim = (int32_t)d;
+    desc.causal = causal;
+    desc.window_left = (int32_t)o->wl;
+    desc.window_right = (int32_t)o->wr;
+    desc.softcap = (float)o->softcap;
+    desc.q = fa_tensor_contiguous(q, o->dtype, o->layout, (int32_t)sq, (int32_t)h, (int32_t)d);
+    desc.k = fa_tensor_contiguous(k, o->dtype, o->layout, (int32_t)sk, (int32_t)hk, (int32_t)d);
+    desc.v = fa_tensor_contiguous(v, o->dtype, o->layout, (int32_t)sk, (int32_t)hk, (int32_t)d);
+    desc.o = fa_tensor_contiguous(out, o->dtype, o->layout, (int32_t)sq, (int32_t)h, (int32_t)d);
+
+    memset(r, 0, sizeof(*r));
+    r->b = b, r->h = h, r->hk = hk, r->sq = sq, r->sk = sk, r->d = d, r->causal = causal;
+    int rc = 0;
+    fa_run_info ri = { .size = sizeof(ri) };
+    desc.algorithm = FA_ALGORITHM_STANDARD;
+    if (!o->no_standard && fa_forward_plan(ctx, &desc, &ri) == FA_OK &&
+        ri.workspace_bytes < (uint64_t)12 << 30) {
+        r->bytes_std = ri.workspace_bytes;
+        if (time_call(ctx, &desc, o->reps, &r->ms_std) != 0)
+            goto api_error;
+        r->has_std = 1;
+    }
+    desc.algorithm = FA_ALGORITHM_FLASH;
+    if (fa_forward_plan(ctx, &desc, &ri) != FA_OK || time_call(ctx, &desc, o->reps, &r->ms_flash) != 0)
+        goto api_error;
+    r->backend = ri.backend_name;
+    r->kernel = ri.kernel;
+    r->bytes_flash = ri.workspace_bytes;
+    double flops = 4.0 * b * h * (double)sq * sk * d * (causal ? 0.5 : 1.0);
+    r->gflops = flops / (r->ms_flash * 1e-3) / 1e9;
+    r->pct_sgemm = sgemm > 0 ? 100.0 * r->gflops / sgemm : NAN;
+    errors(&desc, r);
+    goto done;
+api_error:
+    fprintf(stderr, "flashattn bench: %s\n", fa_context_last_error(ctx));
+    rc = CLI_EXIT_FAIL;
+done:
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    return rc;
+}
+
+static void print_header(void)
+{
+    printf("%-4s %-20s %2s %3s %3s %5s %5s %4s %-4s %-3s %9s %9s %7s %7s %6s %9s %9s %8s %8s %7s %8s\n",
+           "be", "kernel", "b", "h", "hkv", "sq", "sk", "d", "type", "cau", "flash_ms", "std_ms",
+           "speedup", "GFLOP/s", "%sgemm", "flash_MiB", "std_MiB", "max_err", "mean_err", ">=1e-3",
+           "rel_l2");
+}
+
+static void print_row(const opts *o, const row *r)
+{
+    char std_ms[16] = "-", speed[16] = "-", std_mib[16] = "-";
+    if (r->has_std) {
+        snprintf(std_ms, sizeof(std_ms), "%.3f", r->ms_std);
+        snprintf(speed, sizeof(speed), "%.2fx", r->ms_std / r->ms_flash);
+        snprintf(std_mib, sizeof(std_mib), "%.2f", (double)r->bytes_std / 1048576.0);
+    }
+    printf("%-4s %-20s %2ld %3ld %3ld %5ld %5ld %4ld %-4s %-3s %9.3f %9s %7s %7.1f %5.0f%% %9.3f "
+           "%9s %8.1e %8.1e %6.2f%% %8.1e%s\n",
+           r->backend, r->kernel, r->b, r->h, r->hk, r->sq, r->sk, r->d, cli_dtype_name(o->dtype),
+           r->causal ? "yes" : "no", r->ms_flash, std_ms, speed, r->gflops, r->pct_sgemm,
+           (double)r->bytes_flash / 1048576.0, std_mib, r->max_err, r->mean_err,
+           100.0 * r->frac_err, r->rel_l2, r->sampled_rows < r->rows ? " *" : "");
+    fflush(stdout);
+}
+
+static void json_row(FILE *f, const opts *o, const row *r, double sgemm)
+{
+    fprintf(f,
+            "{\"backend\":\"%s\",\"kernel\":\"%s\",\"batch\":%ld,\"heads\":%ld,\"kv_heads\":%ld,"
+            "\"seq_q\":%ld,\"seq_k\":%ld,\"head_dim\":%ld,\"dtype\":\"%s\",\"causal\":%s,"
+            "\"ms_flash\":%.6f,",
+            r->backend, r->kernel, r->b, r->h, r->hk, r->sq, r->sk, r->d, cli_dtype_name(o->dtype),
+            r->causal ? "true" : "false", r->ms_flash);
+    if (r->has_std)
+        fprintf(f, "\"ms_standard\":%.6f,\"speedup\":%.4f,", r->ms_std, r->ms_std / r->ms_flash);
+    else
+        fprintf(f, "\"ms_standard\":null,\"speedup\":null,");
+    fprintf(f, "\"gflops\":%.3f,\"bytes_flash\":%llu,", r->gflops, (unsigned long long)r->bytes_flash);
+    if (r->has_std)
+        fprintf(f, "\"bytes_standard\":%llu,", (unsigned long long)r->bytes_std);
+    else
+        fprintf(f, "\"bytes_standard\":null,");
+    fprintf(f,
+            "\"max_abs_err\":%.6g,\"mean_abs_err\":%.6g,\"frac_err_ge_1e3\":%.6g,\"rel_l2_err\":%.6g,"
+            "\"sgemm_gflops\":%.3f,\"window_left\":%ld,\"window_right\":%ld,\"softcap\":%g,"
+            "\"err_rows_sampled\":%lld,\"rows\":%lld}\n",
+            r->max_err, r->mean_err, r->frac_err, r->rel_l2, sgemm, o->wl, o->wr, o->softcap,
+            (long long)r->sampled_rows, (long long)r->rows);
+    fflush(f);
+}
+
+static int parse(int argc, char **argv, opts *o)
+{
+    static const long def_seq[] = { 512, 1024, 2048, 4096 }, def_heads[] = { 8, 32 },
+                      def_dims[] = { 64, 128 };
+    memset(o, 0, sizeof(*o));
+    memcpy(o->seqs, def_seq, sizeof(def_seq));
+    o->nseq = 4;
+    memcpy(o->heads, def_heads, sizeof(def_heads));
+    o->nheads = 2;
+    memcpy(o->dims, def_dims, sizeof(def_dims));
+    o->ndims = 2;
+    o->batch = 1;
+    o->wl = o->wr = -1;
+    o->causal_lo = 0;
+    o->causal_hi = 1;
+    o->dtype = FA_DTYPE_F32;
+    o->layout = FA_LAYOUT_BSHD;
+    o->backend = FA_BACKEND_AUTO;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEED_VALUE()                                                                           \
+    do {                                                                                       \
+        if (!v)                                                                                \
+            return cli_usage_error("bench", "%s needs a value", a);                            \
+        i++;                                                                                   \
+    } while (0)
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(help, stdout);
+            return -1;
+        } else if (strcmp(a, "--seq") == 0) {
+            NEED_VALUE();
+            if ((o->nseq = cli_parse_int_list(v, 1, 1 << 24, o->seqs, MAXV)) < 0)
+                return cli_usage_error("bench", "--seq needs lengths in 1..16777216, comma-separated");
+        } else if (strcmp(a, "--seq-q") == 0) {
+            NEED_VALUE();
+            if (cli_parse_int(v, 1, 1 << 24, &o->seq_q))
+                return cli_usage_error("bench", "--seq-q needs a length in 1..16777216");
+        } else if (strcmp(a, "--heads") == 0) {
+            NEED_VALUE();
+            if ((o->nheads = cli_parse_int_list(v, 1, 4096, o->heads, MAXV)) < 0)
+                return cli_usage_error("bench", "--heads needs counts in 1..4096, comma-separated");
+        } else if (strcmp(a, "--kv-heads") == 0) {
+            NEED_VALUE();
+            if (cli_parse_int(v, 1, 4096, &o->kv_heads))
+                return cli_usage_error("bench", "--kv-heads needs a count in 1..4096");
+        } else if (strcmp(a, "--dim") == 0) {
+            NEED_VALUE();
+            if ((o->ndims = cli_parse_int_list(v, 1, FA_MAX_HEAD_DIM, o->dims, MAXV)) < 0)
+                return cli_usage_error("bench", "--dim needs head dims in 1..256, comma-separated");
+        } else if (strcmp(a, "--batch") == 0) {
+            NEED_VALUE();
+            if (cli_parse_int(v, 1, 1 << 20, &o->batch))
+                return cli_usage_error("bench", "--batch needs a count in 1..1048576");
+        } else if (strcmp(a, "--causal") == 0) {
+            NEED_VALUE();
+            if (strcmp(v, "yes") == 0)
+                o->causal_lo = o->causal_hi = 1;
+            else if (strcmp(v, "no") == 0)
+                o->causal_lo = o->causal_hi = 0;
+            else if (strcmp(v, "both") == 0)
+                o->causal_lo = 0, o->causal_hi = 1;
+            else
+                return cli_usage_error("bench", "--causal needs yes, no or both");
+        } else if (strcmp(a, "--window") == 0) {
+            long w[2];
+            NEED_VALUE();
+            if (cli_parse_int_list(v, -1, 1 << 30, w, 2) != 2)
+                return cli_usage_error("bench", "--window needs L,R with -1 for unbounded");
+            o->wl = w[0], o->wr = w[1];
+        } else if (strcmp(a, "--softcap") == 0) {
+            NEED_VALUE();
+            if (cli_parse_float(v, &o->softcap) || o->softcap < 0)
+                return cli_usage_error("bench", "--softcap needs a number >= 0");
+        } else if (strcmp(a, "--dtype") == 0) {
+            NEED_VALUE();
+            if (cli_parse_dtype(v, &o->dtype))
+                return cli_usage_error("bench", "--dtype needs f32, f16 or bf16");
+        } else if (strcmp(a, "--layout") == 0) {
+            NEED_VALUE();
+            if (strcmp(v, "bshd") == 0)
+                o->layout = FA_LAYOUT_BSHD;
+            else if (strcmp(v, "bhsd") == 0)
+                o->layout = FA_LAYOUT_BHSD;
+            else
+                return cli_usage_error("bench", "--layout needs bshd or bhsd");
+        } else if (strcmp(a, "--backend") == 0) {
+            NEED_VALUE();
+            if (cli_parse_backend(v, &o->backend))
+                return cli_usage_error("bench", "--backend needs auto, cpu, cuda or gles");
+        } else if (strcmp(a, "--threads") == 0) {
+            NEED_VALUE();
+            if (cli_parse_int(v, 0, 4096, &o->threads))
+                return cli_usage_error("bench", "--threads needs an integer in 0..4096");
+        } else if (strcmp(a, "--reps") == 0) {
+            NEED_VALUE();
+            if (cli_parse_int(v, 1, 64, &o->reps))
+                return cli_usage_error("bench", "--reps needs an integer in 1..64");
+        } else if (strcmp(a, "--json") == 0) {
+            NEED_VALUE();
+            o->json = v;
+        } else if (strcmp(a, "--plot") == 0) {
+            NEED_VALUE();
+            o->plot = v;
+        } else if (strcmp(a, "--no-standard") == 0) {
+            o->no_standard = 1;
+        } else if (strcmp(a, "--no-sgemm") == 0) {
+            o->no_sgemm = 1;
+        } else {
+            return cli_usage_error("bench", "unknown option '%s'", a);
+        }
+#undef NEED_VALUE
+    }
+    for (int i = 0; i < o->nheads; i++)
+        if (o->kv_heads && o->heads[i] % o->kv_heads)
+            return cli_usage_error("bench", "--heads %ld is not a multiple of --kv-heads %ld",
+                                   o->heads[i], o->kv_heads);
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    opts o;
+    int rc = parse(argc, argv, &o);
+    if (rc != 0)
+        return rc < 0 ? 0 : rc;
+    fa_context_t ctx = cli_context(o.backend, (int)o.threads);
+    if (!ctx)
+        return CLI_EXIT_FAIL;
+    FILE *jf = NULL;
+    if (o.json) {
+        jf = strcmp(o.json, "-") == 0 ? stdout : fopen(o.json, "w");
+        if (!jf) {
+            fprintf(stderr, "flashattn bench: cannot write --json file '%s'\n", o.json);
+            fa_context_destroy(ctx);
+            return CLI_EXIT_FAIL;
+        }
+    }
+    FILE *out = jf == stdout ? stderr : stdout; /* keep stdout pure JSON with --json - */
+    int threads = (int)o.threads;
+    double sgemm = o.no_sgemm ? 0.0 : sgemm_gflops(threads);
+    fprintf(out, "flashattn %s bench: backend %s, %s, medians after warm-up\n", fa_version_string(),
+            fa_backend_name(fa_context_backend(ctx)), cli_dtype_name(o.dtype));
+    if (sgemm > 0)
+        fprintf(out, "sgemm ceiling (OpenBLAS, 2048^3, same run): %.1f GFLOP/s\n", sgemm);
+    if (out == stdout)
+        print_header();
+
+    int total = o.nseq * o.nheads * o.ndims * (o.causal_hi - o.causal_lo + 1), done = 0;
+    int tty = isatty(fileno(stderr));
+    fa_plot plot;
+    fa_plot_init(&plot);
+    int any_sampled = 0;
+    for (int hi = 0; hi < o.nheads && rc == 0; hi++)
+        for (int di = 0; di < o.ndims && rc == 0; di++)
+            for (int c = o.causal_lo; c <= o.causal_hi && rc == 0; c++)
+                for (int si = 0; si < o.nseq && rc == 0; si++) {
+                    long sk = o.seqs[si], sq = o.seq_q ? o.seq_q : sk;
+                    if (tty)
+                        fprintf(stderr, "\r[%d/%d] sq %ld sk %ld h %ld d %ld %s ...", done + 1, total,
+                                sq, sk, o.heads[hi], o.dims[di], c ? "causal" : "");
+                    row r;
+                    rc = run_row(ctx, &o, sq, sk, o.heads[hi], o.dims[di], c, sgemm, &r);
+                    if (tty)
+                        fprintf(stderr, "\r%60s\r", "");
+                    if (rc)
+                        break;
+                    done++;
+                    any_sampled |= r.sampled_rows < r.rows;
+                    if (out == stdout)
+                        print_row(&o, &r);
+                    if (jf)
+                        json_row(jf, &o, &r, sgemm);
+                    if (r.has_std) {
+                        char series[64];
+                        snprintf(series, sizeof(series), "h%ld d%ld%s", r.h, r.d, c ? " causal" : "");
+                        fa_plot_add(&plot, series, (double)sk, r.ms_std / r.ms_flash);
+                    }
+                }
+    if (any_sampled && out == stdout)
+        printf("* errors over sampled query rows (every k-th row) to keep the float64 check short\n");
+    if (o.plot && rc == 0) {
+        char title[128];
+        snprintf(title, sizeof(title), "flashattn %s: flash vs standard attention (%s, %s)",
+                 fa_version_string(), fa_backend_name(fa_context_backend(ctx)),
+                 cli_dtype_name(o.dtype));
+        if (fa_plot_write_svg(&plot, o.plot, title, "sequence length", "speed-up (x)") != 0) {
+            fprintf(stderr, "flashattn bench: cannot write --plot file '%s'\n", o.plot);
+            rc = CLI_EXIT_FAIL;
+        } else {
+            fprintf(out, "plot written to %s\n", o.plot);
+        }
+    }
+    if (jf && jf != stdout)
+        fclose(jf);
+    fa_context_destroy(ctx);
+    return rc;
+}

@@ -1,0 +1,38 @@
+/* SPDX-License-Identifier: MIT */
+/* Shared pieces of the `flashattn` command-line tool. */
+#ifndef FA_TOOLS_CLI_H
+#define FA_TOOLS_CLI_H
+
+#include "flashattn.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+/* Exit codes: 0 ok, 1 a check failed or the library reported an error, 2 bad usage. */
+#define CLI_EXIT_FAIL 1
+#define CLI_EXIT_USAGE 2
+
+int cmd_bench(int argc, char **argv);
+int cmd_check(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+
+/* Print "flashattn <cmd>: <message>" plus a hint to stderr; returns CLI_EXIT_USAGE. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Strict parsers: the whole string must be a number in range. 0 on success. */
+int cli_parse_int(const char *s, long lo, long hi, long *out);
+int cli_parse_float(const char *s, double *out);
+/* Comma-separated integers ("512,1024"), at most cap of them. Returns the count or -1. */
+int cli_parse_int_list(const char *s, long lo, long hi, long *out, int cap);
+
+int cli_parse_backend(const char *s, fa_backend *out);
+int cli_parse_dtype(const char *s, fa_dtype *out);
+const char *cli_dtype_name(fa_dtype t);
+
+/* Monotonic seconds. */
+double cli_now(void);
+
+/* Create a context or print why not; returns NULL on failure. */
+fa_context_t cli_context(fa_backend backend, int threads);
+
+#endif

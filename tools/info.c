@@ -1,0 +1,102 @@
+/* SPDX-License-Identifier: MIT */
+/* `flashattn info`: what was built, what runs here, and what the planner picks. */
+#include "cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *help =
+    "usage: flashattn info [--backend auto|cpu|cuda|gles] [--threads N]\n"
+    "\n"
+    "Prints the version, the backends built into the library and whether each can run\n"
+    "here, the chosen backend's details (CPU features, cache sizes, kernel table and\n"
+    "why), and the kernel and tile sizes the planner picks for typical shapes.\n";
+
+static void plan_row(fa_context_t ctx, int32_t sq, int32_t sk, int32_t hq, int32_t hk, int32_t d,
+                     int causal, fa_dtype dt)
+{
+    static char dummy[16];
+    fa_attention_desc desc;
+    fa_attention_desc_init(&desc);
+    desc.batch = 1;
+    desc.seqlen_q = sq;
+    desc.seqlen_k = sk;
+    desc.num_heads_q = hq;
+    desc.num_heads_kv = hk;
+    desc.head_dim = d;
+    desc.causal = causal;
+    /* Planning validates shapes and strides but never touches data. */
+    desc.q = fa_tensor_contiguous(dummy, dt, FA_LAYOUT_BSHD, sq, hq, d);
+    desc.o = desc.q;
+    desc.k = fa_tensor_contiguous(dummy, dt, FA_LAYOUT_BSHD, sk, hk, d);
+    desc.v = desc.k;
+    fa_run_info ri = { .size = sizeof(ri) };
+    if (fa_forward_plan(ctx, &desc, &ri) != FA_OK) {
+        printf("  %-34s %s\n", "?", fa_context_last_error(ctx));
+        return;
+    }
+    char shape[64];
+    snprintf(shape, sizeof(shape), "sq%d sk%d hq%d hkv%d d%d%s %s", (int)sq, (int)sk, (int)hq,
+             (int)hk, (int)d, causal ? " causal" : "", cli_dtype_name(dt));
+    printf("  %-42s %-20s block_q %4d  block_k %4d  threads %d  workspace %.1f KiB\n", shape,
+           ri.kernel, (int)ri.block_q, (int)ri.block_k, (int)ri.threads,
+           (double)ri.workspace_bytes / 1024.0);
+}
+
+int cmd_info(int argc, char **argv)
+{
+    fa_backend backend = FA_BACKEND_AUTO;
+    long threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(help, stdout);
+            return 0;
+        } else if (strcmp(a, "--backend") == 0) {
+            if (!v || cli_parse_backend(v, &backend) != 0)
+                return cli_usage_error("info", "--backend needs auto, cpu, cuda or gles");
+            i++;
+        } else if (strcmp(a, "--threads") == 0) {
+            if (cli_parse_int(v, 0, 4096, &threads) != 0)
+                return cli_usage_error("info", "--threads needs an integer in 0..4096");
+            i++;
+        } else {
+            return cli_usage_error("info", "unknown option '%s'", a);
+        }
+    }
+    printf("flashattn %s\n", fa_version_string());
+    printf("backends:\n");
+    static const fa_backend all[] = { FA_BACKEND_CPU, FA_BACKEND_CUDA, FA_BACKEND_GLES };
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        const char *state = "not built";
+        fa_context_t probe = NULL;
+        if (fa_backend_is_built(all[i])) {
+            fa_context_options o = { sizeof(o), all[i], 0 };
+            state = fa_context_create(&o, &probe) == FA_OK ? "built, usable"
+                                                             : "built, not usable here";
+        }
+        printf("  %-5s %s%s%s\n", fa_backend_name(all[i]), state,
+               probe || !fa_backend_is_built(all[i]) ? "" : ": ",
+               probe || !fa_backend_is_built(all[i]) ? "" : fa_last_create_error());
+        fa_context_destroy(probe);
+    }
+    fa_context_t ctx = cli_context(backend, (int)threads);
+    if (!ctx)
+        return CLI_EXIT_FAIL;
+    size_t need = 0;
+    fa_context_info(ctx, NULL, 0, &need);
+    char *text = malloc(need);
+    if (text && fa_context_info(ctx, text, need, NULL) == FA_OK)
+        fputs(text, stdout);
+    free(text);
+    printf("plans (kernel and tiles per shape):\n");
+    plan_row(ctx, 512, 512, 8, 8, 64, 1, FA_DTYPE_F32);
+    plan_row(ctx, 2048, 2048, 8, 8, 64, 1, FA_DTYPE_F32);
+    plan_row(ctx, 2048, 2048, 32, 32, 128, 0, FA_DTYPE_F32);
+    plan_row(ctx, 2048, 2048, 32, 8, 128, 1, FA_DTYPE_BF16);
+    plan_row(ctx, 8192, 8192, 8, 8, 128, 1, FA_DTYPE_F16);
+    plan_row(ctx, 1, 4096, 32, 32, 128, 0, FA_DTYPE_F16);
+    plan_row(ctx, 1, 4096, 32, 8, 128, 0, FA_DTYPE_F16);
+    fa_context_destroy(ctx);
+    return 0;
+}

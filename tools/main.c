@@ -1,0 +1,148 @@
+/* SPDX-License-Identifier: MIT */
+/* `flashattn`: benchmark, check and describe the library from the command line. */
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char *usage =
+    "usage: flashattn <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  bench   time flash attention against standard attention, with errors against float64\n"
+    "  check   run the conformance grid against float64; exit 1 on any failure\n"
+    "  info    version, backends, CPU features, caches, chosen kernels and tile sizes\n"
+    "\n"
+    "`flashattn <command> --help` describes each command's options.\n";
+
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "flashattn %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see `flashattn %s --help`)\n", cmd);
+    va_end(ap);
+    return CLI_EXIT_USAGE;
+}
+
+int cli_parse_int(const char *s, long lo, long hi, long *out)
+{
+    if (!s || !*s)
+        return -1;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int cli_parse_float(const char *s, double *out)
+{
+    if (!s || !*s)
+        return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int cli_parse_int_list(const char *s, long lo, long hi, long *out, int cap)
+{
+    if (!s || !*s)
+        return -1;
+    char buf[256];
+    if (strlen(s) >= sizeof(buf))
+        return -1;
+    strcpy(buf, s);
+    int n = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (n >= cap || cli_parse_int(tok, lo, hi, &out[n]) != 0)
+            return -1;
+        n++;
+    }
+    return n > 0 ? n : -1;
+}
+
+int cli_parse_backend(const char *s, fa_backend *out)
+{
+    static const fa_backend all[] = { FA_BACKEND_AUTO, FA_BACKEND_CPU, FA_BACKEND_CUDA, FA_BACKEND_GLES };
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        if (strcmp(s, fa_backend_name(all[i])) == 0) {
+            *out = all[i];
+            return 0;
+        }
+    return -1;
+}
+
+int cli_parse_dtype(const char *s, fa_dtype *out)
+{
+    if (strcmp(s, "f32") == 0)
+        *out = FA_DTYPE_F32;
+    else if (strcmp(s, "f16") == 0)
+        *out = FA_DTYPE_F16;
+    else if (strcmp(s, "bf16") == 0)
+        *out = FA_DTYPE_BF16;
+    else
+        return -1;
+    return 0;
+}
+
+const char *cli_dtype_name(fa_dtype t)
+{
+    return t == FA_DTYPE_F32 ? "f32" : t == FA_DTYPE_F16 ? "f16" : "bf16";
+}
+
+double cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+fa_context_t cli_context(fa_backend backend, int threads)
+{
+    fa_context_options o = { sizeof(o), backend, threads };
+    fa_context_t ctx = NULL;
+    fa_status st = fa_context_create(&o, &ctx);
+    if (st != FA_OK) {
+        fprintf(stderr, "flashattn: cannot use backend '%s': %s (%s)\n", fa_backend_name(backend),
+                fa_last_create_error(), fa_status_string(st));
+        return NULL;
+    }
+    return ctx;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fputs(usage, stderr);
+        return CLI_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "--version") == 0) {
+        printf("flashattn %s\n", fa_version_string());
+        return 0;
+    }
+    if (strcmp(cmd, "bench") == 0)
+        return cmd_bench(argc - 1, argv + 1);
+    if (strcmp(cmd, "check") == 0)
+        return cmd_check(argc - 1, argv + 1);
+    if (strcmp(cmd, "info") == 0)
+        return cmd_info(argc - 1, argv + 1);
+    fprintf(stderr, "flashattn: unknown command '%s'\n%s", cmd, usage);
+    return CLI_EXIT_USAGE;
+}
