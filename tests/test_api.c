@@ -1,0 +1,269 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * API validation: every invalid field gets its own status and a message
+ * naming it, and no output is touched (o and lse are poisoned and compared).
+ */
+#include "flashattn.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+enum { B = 2, SQ = 5, SK = 7, HQ = 4, HK = 2, D = 8 };
+
+typedef struct fixture {
+    fa_context_t ctx;
+    float q[B * SQ * HQ * D], k[B * SK * HK * D], v[B * SK * HK * D];
+    float o[B * SQ * HQ * D], lse[B * HQ * SQ];
+    int32_t cu_q[B + 1], cu_k[B + 1];
+    fa_attention_desc d;
+} fixture;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof(*f));
+    fa_context_options opts = { sizeof(opts), FA_BACKEND_CPU, 1 };
+    if (!f || fa_context_create(&opts, &f->ctx) != FA_OK)
+        return -1;
+    for (size_t i = 0; i < sizeof(f->q) / sizeof(float); i++)
+        f->q[i] = (float)((i * 37) % 11) / 11.0f - 0.5f;
+    for (size_t i = 0; i < sizeof(f->k) / sizeof(float); i++) {
+        f->k[i] = (float)((i * 13) % 7) / 7.0f - 0.5f;
+        f->v[i] = (float)((i * 29) % 5) / 5.0f - 0.5f;
+    }
+    fa_attention_desc_init(&f->d);
+    f->d.batch = B;
+    f->d.seqlen_q = SQ;
+    f->d.seqlen_k = SK;
+    f->d.num_heads_q = HQ;
+    f->d.num_heads_kv = HK;
+    f->d.head_dim = D;
+    f->d.q = fa_tensor_contiguous(f->q, FA_DTYPE_F32, FA_LAYOUT_BSHD, SQ, HQ, D);
+    f->d.k = fa_tensor_contiguous(f->k, FA_DTYPE_F32, FA_LAYOUT_BSHD, SK, HK, D);
+    f->d.v = fa_tensor_contiguous(f->v, FA_DTYPE_F32, FA_LAYOUT_BSHD, SK, HK, D);
+    f->d.o = fa_tensor_contiguous(f->o, FA_DTYPE_F32, FA_LAYOUT_BSHD, SQ, HQ, D);
+    f->d.lse = f->lse;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    fa_context_destroy(f->ctx);
+    free(f);
+    return 0;
+}
+
+/* Run fa_forward on a mutated descriptor; expect status, a message naming
+ * `field`, and untouched outputs. */
+static void expect_error(fixture *f, const fa_attention_desc *d, fa_status want, const char *field)
+{
+    memset(f->o, 0x5a, sizeof(f->o));
+    memset(f->lse, 0x5a, sizeof(f->lse));
+    unsigned char o_before[sizeof(f->o)], lse_before[sizeof(f->lse)];
+    memcpy(o_before, f->o, sizeof(f->o));
+    memcpy(lse_before, f->lse, sizeof(f->lse));
+
+    fa_status st = fa_forward(f->ctx, d);
+    const char *msg = fa_context_last_error(f->ctx);
+    if (st != want || !strstr(msg, field))
+        fail_msg("field %s: got %s \"%s\", want %s naming the field", field, fa_status_string(st),
+                 msg, fa_status_string(want));
+    assert_memory_equal(o_before, f->o, sizeof(f->o));
+    assert_memory_equal(lse_before, f->lse, sizeof(f->lse));
+    /* fa_forward_plan validates identically */
+    fa_run_info ri = { .size = sizeof(ri) };
+    assert_int_equal(fa_forward_plan(f->ctx, d, &ri), want);
+}
+
+#define MUTATE(stmt, status, field)                                                            \
+    do {                                                                                       \
+        fa_attention_desc d = f->d;                                                            \
+        stmt;                                                                                  \
+        expect_error(f, &d, status, field);                                                    \
+    } while (0)
+
+static void test_valid_call_succeeds(void **state)
+{
+    fixture *f = *state;
+    assert_int_equal(fa_forward(f->ctx, &f->d), FA_OK);
+    assert_string_equal(fa_context_last_error(f->ctx), "");
+    fa_run_info ri = { .size = sizeof(ri) };
+    assert_int_equal(fa_context_last_run(f->ctx, &ri), FA_OK);
+    assert_int_equal(ri.backend, FA_BACKEND_CPU);
+    assert_non_null(ri.kernel);
+    for (size_t i = 0; i < sizeof(f->o) / sizeof(float); i++)
+        assert_true(isfinite(f->o[i]));
+}
+
+static void test_shapes(void **state)
+{
+    fixture *f = *state;
+    expect_error(f, NULL, FA_ERR_NULL_POINTER, "desc");
+    MUTATE(d.size = 8, FA_ERR_INVALID_ARGUMENT, "desc->size");
+    MUTATE(d.batch = 0, FA_ERR_INVALID_SHAPE, "batch");
+    MUTATE(d.batch = -3, FA_ERR_INVALID_SHAPE, "batch");
+    MUTATE(d.seqlen_q = 0, FA_ERR_INVALID_SHAPE, "seqlen_q");
+    MUTATE(d.seqlen_k = -1, FA_ERR_INVALID_SHAPE, "seqlen_k");
+    MUTATE(d.num_heads_q = 0, FA_ERR_INVALID_SHAPE, "num_heads_q");
+    MUTATE(d.num_heads_kv = 0, FA_ERR_INVALID_SHAPE, "num_heads_kv");
+    MUTATE(d.head_dim = 0, FA_ERR_INVALID_SHAPE, "head_dim");
+    MUTATE(d.head_dim = 257, FA_ERR_INVALID_SHAPE, "head_dim");
+    MUTATE(d.num_heads_kv = 3, FA_ERR_INVALID_SHAPE, "num_heads_q");
+}
+
+static void test_pointers_and_dtypes(void **state)
+{
+    fixture *f = *state;
+    MUTATE(d.q.data = NULL, FA_ERR_NULL_POINTER, "q.data");
+    MUTATE(d.k.data = NULL, FA_ERR_NULL_POINTER, "k.data");
+    MUTATE(d.v.data = NULL, FA_ERR_NULL_POINTER, "v.data");
+    MUTATE(d.o.data = NULL, FA_ERR_NULL_POINTER, "o.data");
+    MUTATE(d.q.dtype = (fa_dtype)7, FA_ERR_INVALID_DTYPE, "q.dtype");
+    MUTATE(d.o.dtype = (fa_dtype)-1, FA_ERR_INVALID_DTYPE, "o.dtype");
+    MUTATE(d.k.dtype = FA_DTYPE_F16, FA_ERR_INVALID_DTYPE, "k.dtype");
+    MUTATE(d.v.dtype = FA_DTYPE_BF16, FA_ERR_INVALID_DTYPE, "v.dtype");
+    MUTATE(d.o.dtype = FA_DTYPE_F16, FA_ERR_INVALID_DTYPE, "o.dtype");
+}
+
+static void test_strides(void **state)
+{
+    fixture *f = *state;
+    MUTATE(d.q.stride_seq = 0, FA_ERR_INVALID_STRIDE, "q.stride_seq");
+    MUTATE(d.k.stride_head = -1, FA_ERR_INVALID_STRIDE, "k.stride_head");
+    MUTATE(d.v.stride_batch = 0, FA_ERR_INVALID_STRIDE, "v.stride_batch");
+    MUTATE(d.o.stride_seq = -8, FA_ERR_INVALID_STRIDE, "o.stride_seq");
+    /* heads 4 floats apart with head_dim 8: output rows overlap */
+    MUTATE(d.o.stride_head = 4, FA_ERR_INVALID_STRIDE, "o.stride_head");
+    /* batch and seq strides equal: two batches write the same rows */
+    MUTATE(d.o.stride_batch = d.o.stride_seq, FA_ERR_INVALID_STRIDE, "o.stride");
+    MUTATE(d.q.stride_batch = INT64_MAX / 2, FA_ERR_SIZE_OVERFLOW, "q");
+    MUTATE(d.v.stride_seq = INT64_MAX / 3, FA_ERR_SIZE_OVERFLOW, "v");
+    /* inputs may overlap (broadcast one K row block to both batches) */
+    fa_attention_desc d = f->d;
+    d.k.stride_batch = d.k.stride_seq;
+    assert_int_equal(fa_forward(f->ctx, &d), FA_OK);
+}
+
+static void test_scalars(void **state)
+{
+    fixture *f = *state;
+    MUTATE(d.scale = NAN, FA_ERR_INVALID_VALUE, "scale");
+    MUTATE(d.scale = INFINITY, FA_ERR_INVALID_VALUE, "scale");
+    MUTATE(d.causal = 2, FA_ERR_INVALID_VALUE, "causal");
+    MUTATE(d.window_left = -2, FA_ERR_INVALID_VALUE, "window_left");
+    MUTATE(d.window_right = -7, FA_ERR_INVALID_VALUE, "window_right");
+    MUTATE(d.softcap = -1.0f, FA_ERR_INVALID_VALUE, "softcap");
+    MUTATE(d.softcap = NAN, FA_ERR_INVALID_VALUE, "softcap");
+    MUTATE(d.dropout_p = 1.0f, FA_ERR_INVALID_VALUE, "dropout_p");
+    MUTATE(d.dropout_p = -0.1f, FA_ERR_INVALID_VALUE, "dropout_p");
+    MUTATE(d.dropout_p = NAN, FA_ERR_INVALID_VALUE, "dropout_p");
+    MUTATE(d.dropout_p = 0.1f, FA_ERR_UNSUPPORTED, "dropout_p");
+    MUTATE(d.algorithm = (fa_algorithm)9, FA_ERR_INVALID_VALUE, "algorithm");
+}
+
+static void test_varlen(void **state)
+{
+    fixture *f = *state;
+    /* total tokens 5 (q) and 7 (k) split over two sequences */
+    int32_t cq[B + 1] = { 0, 2, 5 }, ck[B + 1] = { 0, 4, 7 };
+    fa_attention_desc base = f->d;
+    base.cu_seqlens_q = cq;
+    base.cu_seqlens_k = ck;
+    assert_int_equal(fa_forward(f->ctx, &base), FA_OK);
+
+    fa_attention_desc d = base;
+    d.cu_seqlens_k = NULL;
+    expect_error(f, &d, FA_ERR_NULL_POINTER, "cu_seqlens_k");
+    int32_t bad0[B + 1] = { 1, 2, 5 }, dec[B + 1] = { 0, 3, 2 }, big[B + 1] = { 0, 4, 8 };
+    d = base;
+    d.cu_seqlens_q = bad0;
+    expect_error(f, &d, FA_ERR_INVALID_SHAPE, "cu_seqlens_q[0]");
+    d = base;
+    d.cu_seqlens_q = dec;
+    expect_error(f, &d, FA_ERR_INVALID_SHAPE, "cu_seqlens_q[2]");
+    d = base;
+    d.cu_seqlens_k = big;
+    expect_error(f, &d, FA_ERR_INVALID_SHAPE, "seqlen_k");
+}
+
+static void test_lse_strides(void **state)
+{
+    fixture *f = *state;
+    MUTATE((d.lse_stride_seq = 1, d.lse_stride_head = 0, d.lse_stride_batch = SQ * HQ),
+           FA_ERR_INVALID_STRIDE, "lse_stride_head");
+    MUTATE((d.lse_stride_seq = 1, d.lse_stride_head = 2, d.lse_stride_batch = SQ * HQ),
+           FA_ERR_INVALID_STRIDE, "lse");
+    /* explicit strides equal to the default layout are fine */
+    fa_attention_desc d = f->d;
+    d.lse_stride_seq = 1;
+    d.lse_stride_head = SQ;
+    d.lse_stride_batch = SQ * HQ;
+    assert_int_equal(fa_forward(f->ctx, &d), FA_OK);
+}
+
+static void test_context_calls(void **state)
+{
+    (void)state;
+    fa_context_t ctx = (fa_context_t)0x1;
+    fa_context_options bad = { 3, FA_BACKEND_CPU, 0 };
+    assert_int_equal(fa_context_create(&bad, &ctx), FA_ERR_INVALID_ARGUMENT);
+    assert_null(ctx);
+    assert_non_null(strstr(fa_last_create_error(), "opts->size"));
+    fa_context_options neg = { sizeof(neg), FA_BACKEND_CPU, -1 };
+    assert_int_equal(fa_context_create(&neg, &ctx), FA_ERR_INVALID_VALUE);
+    assert_non_null(strstr(fa_last_create_error(), "num_threads"));
+    fa_context_options weird = { sizeof(weird), (fa_backend)42, 0 };
+    assert_int_equal(fa_context_create(&weird, &ctx), FA_ERR_INVALID_ARGUMENT);
+    if (!fa_backend_is_built(FA_BACKEND_GLES)) {
+        fa_context_options gles = { sizeof(gles), FA_BACKEND_GLES, 0 };
+        assert_int_equal(fa_context_create(&gles, &ctx), FA_ERR_BACKEND_UNAVAILABLE);
+        assert_non_null(strstr(fa_last_create_error(), "gles"));
+    }
+    assert_int_equal(fa_context_create(NULL, NULL), FA_ERR_NULL_POINTER);
+    assert_int_equal(fa_forward(NULL, NULL), FA_ERR_NULL_POINTER);
+
+    assert_int_equal(fa_context_create(NULL, &ctx), FA_OK);
+    fa_run_info ri = { .size = sizeof(ri) };
+    assert_int_equal(fa_context_last_run(ctx, &ri), FA_ERR_INVALID_ARGUMENT);
+    ri.size = 1;
+    assert_int_equal(fa_context_last_run(ctx, &ri), FA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fa_context_last_error(ctx), "info->size"));
+    size_t need = 0;
+    assert_int_equal(fa_context_info(ctx, NULL, 0, &need), FA_OK);
+    assert_true(need > 1);
+    char small[8];
+    assert_int_equal(fa_context_info(ctx, small, sizeof(small), NULL), FA_OK);
+    assert_int_equal(small[sizeof(small) - 1], '\0');
+    assert_int_equal(fa_context_info(ctx, NULL, 5, NULL), FA_ERR_NULL_POINTER);
+    fa_context_destroy(ctx);
+    fa_context_destroy(NULL);
+
+    assert_string_equal(fa_status_string(FA_ERR_INVALID_SHAPE), "FA_ERR_INVALID_SHAPE");
+    assert_string_equal(fa_status_string((fa_status)999), "FA_ERR_UNKNOWN_STATUS");
+    assert_string_equal(fa_version_string(), FA_VERSION_STRING);
+    assert_string_equal(fa_backend_name(FA_BACKEND_CPU), "cpu");
+    assert_true(fa_backend_is_built(FA_BACKEND_CPU));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_valid_call_succeeds, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shapes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pointers_and_dtypes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_strides, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scalars, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_varlen, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lse_strides, setup, teardown),
+        cmocka_unit_test(test_context_calls),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
