@@ -82,6 +82,9 @@ const fa_backend_iface *fa_registry_get(fa_backend id);
 void fa_appendf(char *buf, size_t cap, size_t *len, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* 64-byte aligned allocation of at least `bytes` (free with free()); NULL on failure or overflow. */
+void *fa_alloc_aligned(size_t bytes);
+
 /* a*b and a+b on non-negative int64 with overflow detection: 0 on overflow. */
 int fa_mul_ok(int64_t a, int64_t b, int64_t *out);
 int fa_add_ok(int64_t a, int64_t b, int64_t *out);

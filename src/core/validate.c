@@ -3,6 +3,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 int fa_mul_ok(int64_t a, int64_t b, int64_t *out)
@@ -13,6 +14,14 @@ int fa_mul_ok(int64_t a, int64_t b, int64_t *out)
 int fa_add_ok(int64_t a, int64_t b, int64_t *out)
 {
     return !__builtin_add_overflow(a, b, out);
+}
+
+void *fa_alloc_aligned(size_t bytes)
+{
+    size_t rounded = (bytes + 63) & ~(size_t)63; /* C11 wants a multiple of the alignment */
+    if (rounded < bytes)
+        return NULL;
+    return aligned_alloc(64, rounded ? rounded : 64);
 }
 
 static int64_t dtype_bytes(fa_dtype t) { return t == FA_DTYPE_F32 ? 4 : 2; }

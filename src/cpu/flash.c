@@ -117,7 +117,7 @@ fa_status fa_cpu_flash_forward(fa_context_t ctx, const fa_cpu_state *s, const fa
                                const fa_cpu_plan *pl)
 {
     size_t per = (size_t)pl->per_thread_floats;
-    float *ws = aligned_alloc(64, (size_t)pl->threads * per * sizeof(float));
+    float *ws = fa_alloc_aligned((size_t)pl->threads * per * sizeof(float));
     fa_cpu_task *tasks = malloc((size_t)pl->task_count * sizeof(*tasks));
     if (!ws || !tasks) {
         free(ws);

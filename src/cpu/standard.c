@@ -100,8 +100,8 @@ fa_status fa_cpu_standard_forward(fa_context_t ctx, const fa_cpu_state *s, const
 {
     size_t per = (size_t)pl->per_thread_floats;
     size_t scores = (size_t)fa_cpu_standard_scores(p, pl);
-    float *ws = aligned_alloc(64, (size_t)pl->threads * per * sizeof(float));
-    float *sbuf = aligned_alloc(64, (scores ? scores : 1) * sizeof(float));
+    float *ws = fa_alloc_aligned((size_t)pl->threads * per * sizeof(float));
+    float *sbuf = fa_alloc_aligned(scores * sizeof(float));
     fa_cpu_task *tasks = malloc((size_t)pl->task_count * sizeof(*tasks));
     int64_t *at = malloc((size_t)pl->task_count * sizeof(*at));
     if (!ws || !sbuf || !tasks || !at) {

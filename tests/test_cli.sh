@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# The command-line tool: help everywhere, one-line errors with exit 2 on bad usage,
+# and a small benchmark whose JSON rows carry every documented field.
+set -u
+fa="$1"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+pass=0
+
+expect_rc() { # want, description, command...
+  local want=$1 what=$2
+  shift 2
+  "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" -ne "$want" ]; then
+    echo "FAIL: $what: exit $rc, want $want"; cat "$tmp/err"; fails=$((fails + 1))
+  else
+    pass=$((pass + 1))
+  fi
+}
+
+expect_rc 0 "top-level --help" "$fa" --help
+for cmd in bench check info; do
+  expect_rc 0 "$cmd --help" "$fa" $cmd --help
+  grep -q "usage: flashattn $cmd" "$tmp/out" || { echo "FAIL: $cmd --help prints no usage"; fails=$((fails + 1)); }
+done
+expect_rc 2 "no command" "$fa"
+expect_rc 2 "unknown command" "$fa" frobnicate
+expect_rc 2 "unknown flag" "$fa" bench --frob
+expect_rc 2 "head_dim too large" "$fa" bench --dim 300
+expect_rc 2 "heads not divisible" "$fa" bench --heads 6 --kv-heads 4
+expect_rc 2 "negative seq" "$fa" bench --seq -5
+expect_rc 2 "garbage number" "$fa" bench --seq 12abc
+expect_rc 2 "missing value" "$fa" bench --seq
+expect_rc 2 "bad dtype" "$fa" bench --dtype f64
+expect_rc 2 "bad window" "$fa" bench --window 3
+expect_rc 2 "bad backend" "$fa" info --backend tpu
+expect_rc 2 "bad seed" "$fa" check --seed x
+lines=$(wc -l <"$tmp/err")
+[ "$lines" -eq 1 ] || { echo "FAIL: a usage error printed $lines lines"; fails=$((fails + 1)); }
+
+expect_rc 0 "info" "$fa" info
+grep -q "cpu.kernels:" "$tmp/out" || { echo "FAIL: info names no kernel table"; fails=$((fails + 1)); }
+
+expect_rc 0 "small bench" "$fa" bench --seq 64,100 --heads 2 --kv-heads 1 --dim 32 --causal both \
+  --reps 3 --no-sgemm --json "$tmp/b.json" --plot "$tmp/b.svg"
+rows=$(wc -l <"$tmp/b.json")
+[ "$rows" -eq 4 ] || { echo "FAIL: bench wrote $rows JSON rows, want 4"; fails=$((fails + 1)); }
+for field in backend kernel batch heads kv_heads seq_q seq_k head_dim dtype causal ms_flash \
+  ms_standard speedup gflops bytes_flash bytes_standard max_abs_err mean_abs_err \
+  frac_err_ge_1e3 rel_l2_err; do
+  n=$(grep -c "\"$field\":" "$tmp/b.json")
+  [ "$n" -eq 4 ] || { echo "FAIL: JSON field $field in $n of 4 rows"; fails=$((fails + 1)); }
+done
+# errors against float64 must be small and present
+if grep -q '"max_abs_err":\(nan\|inf\)' "$tmp/b.json"; then echo "FAIL: non-finite error in bench"; fails=$((fails + 1)); fi
+grep -q "<svg" "$tmp/b.svg" || { echo "FAIL: no SVG plot"; fails=$((fails + 1)); }
+
+echo "cli: $pass passed, $fails failed"
+[ "$fails" -eq 0 ]
