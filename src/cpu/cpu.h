@@ -32,7 +32,6 @@ typedef struct fa_cpu_plan {
     int32_t block_k;       /* keys per tile */
     int32_t dim_pad;       /* head_dim rounded up to nr (the O and V tile width) */
     int use_dot;           /* few columns: dot kernel instead of gemm for S */
-    int direct_k, direct_v; /* f32 inputs used in place, no conversion copy */
     int64_t task_count;
     int64_t per_thread_floats;
     int threads;
