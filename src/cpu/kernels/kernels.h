@@ -37,10 +37,17 @@ typedef struct fa_cpu_kernels {
     void (*softmax_update)(int n, int cols, float *st, ptrdiff_t lds, float *m, float *l,
                            float *alpha);
 
-    /* st[j*lds + i] = dot(q + i*ldq, k + j*ldk) over dim, for i < m, j < n.
-     * The decode path: few queries, where a gemm would waste most columns. */
-    void (*dot)(int m, int n, int dim, const float *q, ptrdiff_t ldq, const float *k,
+    /*
+     * The decode path: few query rows, keys and values read straight from the
+     * caller's memory in dtype t (row pitch in elements), never copied.
+     *   dot:  st[j*lds + i] = q_i . k_j            for i < m, j < n
+     *   axpy: o_i = alpha[i] o_i + sum_j st[j*lds + i] v_j
+     * q and o are float32 rows of dim (ldq / ldo apart).
+     */
+    void (*dot)(fa_dtype t, int m, int n, int dim, const float *q, ptrdiff_t ldq, const void *k,
                 ptrdiff_t ldk, float *st, ptrdiff_t lds);
+    void (*axpy)(fa_dtype t, int m, int n, int dim, const float *st, ptrdiff_t lds, const void *v,
+                 ptrdiff_t ldv, float *o, ptrdiff_t ldo, const float *alpha);
 
     /* dst[i] = mul * float(src[i]) for i < n, src of dtype t. */
     void (*load)(fa_dtype t, const void *src, float *dst, int n, float mul);

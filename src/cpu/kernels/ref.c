@@ -98,16 +98,36 @@ static void ref_softmax_update(int n, int cols, float *st, ptrdiff_t lds, float 
     }
 }
 
-static void ref_dot(int m, int n, int dim, const float *q, ptrdiff_t ldq, const float *k,
+static float ref_elem(fa_dtype t, const void *base, ptrdiff_t i)
+{
+    if (t == FA_DTYPE_F32)
+        return ((const float *)base)[i];
+    uint16_t h = ((const uint16_t *)base)[i];
+    return t == FA_DTYPE_F16 ? fa_f16_to_f32(h) : fa_bf16_to_f32(h);
+}
+
+static void ref_dot(fa_dtype t, int m, int n, int dim, const float *q, ptrdiff_t ldq, const void *k,
                     ptrdiff_t ldk, float *st, ptrdiff_t lds)
 {
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
             float s = 0.0f;
             for (int p = 0; p < dim; p++)
-                s += q[i * ldq + p] * k[j * ldk + p];
+                s += q[i * ldq + p] * ref_elem(t, k, j * ldk + p);
             st[j * lds + i] = s;
         }
+}
+
+static void ref_axpy(fa_dtype t, int m, int n, int dim, const float *st, ptrdiff_t lds,
+                     const void *v, ptrdiff_t ldv, float *o, ptrdiff_t ldo, const float *alpha)
+{
+    for (int i = 0; i < m; i++)
+        for (int p = 0; p < dim; p++)
+            o[i * ldo + p] *= alpha[i];
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++)
+            for (int p = 0; p < dim; p++)
+                o[i * ldo + p] += st[j * lds + i] * ref_elem(t, v, j * ldv + p);
 }
 
 static void ref_load(fa_dtype t, const void *src, float *dst, int n, float mul)
@@ -143,6 +163,7 @@ const fa_cpu_kernels fa_cpu_kernels_ref = {
     .gemm = ref_gemm,
     .softmax_update = ref_softmax_update,
     .dot = ref_dot,
+    .axpy = ref_axpy,
     .load = ref_load,
     .store = ref_store,
 };
