@@ -189,6 +189,40 @@ static void test_deterministic_across_threads(void **state)
     fa_context_destroy(many);
 }
 
+/* Decode splits the keys into chunks merged by their statistics: the bits must
+ * not depend on the thread count, and the merge must match float64, also when
+ * a window leaves whole chunks without a visible key. */
+static void test_decode_split(void **state)
+{
+    (void)state;
+    fa_context_t one = make_ctx(1), two = make_ctx(2), many = make_ctx(7);
+    problem p;
+    problem_make(&p, 2, 1, 5000, 4, 1, 64, 1.0, seed + 4); /* MQA: one stream per sequence */
+    fa_run_info ri = { .size = sizeof(ri) };
+    assert_int_equal(fa_forward_plan(one, &p.d, &ri), FA_OK);
+    assert_non_null(strstr(ri.kernel, "decode"));
+    size_t n = (size_t)2 * 4 * 64;
+    float first[2 * 4 * 64];
+    for (int variant = 0; variant < 2; variant++) {
+        p.d.window_left = variant ? 700 : -1; /* most chunks see nothing */
+        assert_int_equal(fa_forward(one, &p.d), FA_OK);
+        memcpy(first, p.o, n * 4);
+        double e = max_err(&p);
+        print_message("decode split (window %d): max abs err %.3g\n", (int)p.d.window_left, e);
+        assert_true(e < 1e-5);
+        fa_context_t ctxs[] = { two, many };
+        for (int c = 0; c < 2; c++) {
+            memset(p.o, 0, n * 4);
+            assert_int_equal(fa_forward(ctxs[c], &p.d), FA_OK);
+            assert_memory_equal(first, p.o, n * 4);
+        }
+    }
+    problem_free(&p);
+    fa_context_destroy(one);
+    fa_context_destroy(two);
+    fa_context_destroy(many);
+}
+
 /* The f16/bf16 output must be the f32 result rounded to nearest (even on ties). */
 static void test_output_rounding(void **state)
 {
@@ -248,6 +282,7 @@ int main(void)
         cmocka_unit_test(test_large_logits),
         cmocka_unit_test(test_deterministic_across_threads),
         cmocka_unit_test(test_output_rounding),
+        cmocka_unit_test(test_decode_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -124,6 +124,8 @@ static fa_status cpu_forward(fa_context_t ctx, void *state, const fa_problem *p,
         return st;
     if (p->desc->algorithm == FA_ALGORITHM_STANDARD)
         return fa_cpu_standard_forward(ctx, state, p, &pl);
+    if (pl.use_dot)
+        return fa_cpu_decode_forward(ctx, state, p, &pl);
     return fa_cpu_flash_forward(ctx, state, p, &pl);
 }
 

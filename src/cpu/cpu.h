@@ -29,9 +29,9 @@ typedef struct fa_cpu_plan {
     int32_t cols;          /* pos_per_task * group: query rows a task computes */
     int32_t cols_pad;      /* cols rounded up to the kernel's nr */
     int32_t cols_vec;      /* cols rounded up to nr / 2: the columns the softmax touches */
-    int32_t block_k;       /* keys per tile */
+    int32_t block_k;       /* keys per tile (decode: keys per chunk) */
     int32_t dim_pad;       /* head_dim rounded up to nr (the O and V tile width) */
-    int use_dot;           /* few columns: dot kernel instead of gemm for S */
+    int use_dot;           /* few columns: dot kernels; flash runs the split-KV decode */
     int64_t task_count;
     int64_t per_thread_floats;
     int threads;
@@ -48,11 +48,23 @@ fa_status fa_cpu_plan_standard(fa_context_t ctx, const fa_cpu_state *s, const fa
 
 fa_status fa_cpu_flash_forward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
                                const fa_cpu_plan *plan);
+/* Split-KV decode for plans with use_dot (decode.c). */
+fa_status fa_cpu_decode_forward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
+                                const fa_cpu_plan *plan);
 fa_status fa_cpu_standard_forward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
                                   const fa_cpu_plan *plan);
 
+/* Keys per decode tile (one dot / softmax / axpy round). */
+#define FA_DECODE_TILE 256
+
 /* Floats of per-thread workspace each algorithm carves from one block. */
 int64_t fa_cpu_flash_thread_floats(const fa_problem *p, const fa_cpu_plan *plan);
+int64_t fa_cpu_decode_thread_floats(const fa_problem *p, const fa_cpu_plan *plan);
+/* Decode: floats of one chunk's partial results, and the chunks of sequence b
+ * with the key range [lo, hi) they split. */
+int64_t fa_cpu_decode_slot_floats(const fa_problem *p, const fa_cpu_plan *plan);
+int64_t fa_cpu_decode_chunks(const fa_problem *p, const fa_cpu_plan *plan, int32_t b, int64_t *lo,
+                             int64_t *hi);
 int64_t fa_cpu_standard_thread_floats(const fa_problem *p, const fa_cpu_plan *plan);
 /* Floats of standard attention's score matrix, or -1 when the count overflows. */
 int64_t fa_cpu_standard_scores(const fa_problem *p, const fa_cpu_plan *plan);

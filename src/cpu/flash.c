@@ -3,7 +3,7 @@
  * FlashAttention forward on the CPU: each task owns a block of query rows
  * and walks the key/value tiles its mask lets it see, keeping the running
  * max m, sum l and output accumulator O in float32; S and P never exist
- * beyond one block_k x cols tile.
+ * beyond one block_k x cols tile. Few-query calls (decode) go to decode.c.
  */
 #include "cpu.h"
 
@@ -37,9 +37,8 @@ static int64_t carve(const fa_problem *p, const fa_cpu_plan *pl, float *base, bu
         n += ((int64_t)(count) + 15) & ~(int64_t)15; /* 64-byte aligned pieces */              \
     } while (0)
     TAKE(q, (int64_t)pl->cols_pad * p->dim);
-    /* decode reads K and V in place: no tile copies */
-    TAKE(k, pl->use_dot ? 0 : (int64_t)pl->block_k * p->dim);
-    TAKE(v, pl->use_dot ? 0 : (int64_t)pl->block_k * pl->dim_pad);
+    TAKE(k, (int64_t)pl->block_k * p->dim);
+    TAKE(v, (int64_t)pl->block_k * pl->dim_pad);
     TAKE(st, (int64_t)pl->block_k * pl->cols_pad);
     TAKE(o, (int64_t)pl->cols_pad * pl->dim_pad);
     TAKE(m, pl->cols_pad);
@@ -64,7 +63,7 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
     const int32_t cols_pad = pl->cols_pad, dpad = pl->dim_pad, lds = cols_pad;
     const float qmul = p->softcap > 0.0f ? p->scale : p->scale * LOG2E;
 
-    fa_cpu_pack_q(kern, p, &cc, cols_pad, !pl->use_dot, qmul, bf->q, bf->tmp);
+    fa_cpu_pack_q(kern, p, &cc, cols_pad, 1, qmul, bf->q, bf->tmp);
     memset(bf->o, 0, sizeof(float) * (size_t)cols_pad * (size_t)dpad);
     for (int32_t c = 0; c < cols_pad; c++) {
         bf->m[c] = -INFINITY;
@@ -76,38 +75,25 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
     for (int64_t j0 = lo; j0 < hi; j0 += pl->block_k) {
         int32_t n = (int32_t)(hi - j0 < pl->block_k ? hi - j0 : pl->block_k);
 
-        if (pl->use_dot) {
-            /* Decode: K read where it lies, in its own dtype. */
-            const void *krow = fa_elem_ptr(&d->k, fa_row_offset(p, &d->k, cc.b, cc.seq.k_start + j0, cc.hk));
-            kern->dot(d->k.dtype, cc.ncols, n, dim, bf->q, dim, krow, d->k.stride_seq, bf->st, lds);
-        } else {
-            /* K and V tiles are copied into contiguous float32 rows: reading them in
-             * place with a head-strided pitch (8 KiB at h32 d64) maps every row to the
-             * same L1 set and cost ~10% on causal shapes. */
-            fa_cpu_load_rows(kern, p, &d->k, &cc, j0, n, dim, bf->k);
-            fa_cpu_load_rows(kern, p, &d->v, &cc, j0, n, dpad, bf->v);
-            /* S^T = K Q^T: keys down, query columns across. */
-            for (int32_t c0 = 0; c0 < cols_pad; c0 += nr)
-                for (int32_t i0 = 0; i0 < n; i0 += mr)
-                    kern->gemm(n - i0 < mr ? n - i0 : mr, dim, bf->k + (int64_t)i0 * dim, dim, 1,
-                               bf->q + (int64_t)c0 * dim, nr, bf->st + (int64_t)i0 * lds + c0,
-                               lds, NULL);
-        }
+        /* K and V tiles are copied into contiguous float32 rows: reading them in
+         * place with a head-strided pitch (8 KiB at h32 d64) maps every row to the
+         * same L1 set and cost ~10% on causal shapes. */
+        fa_cpu_load_rows(kern, p, &d->k, &cc, j0, n, dim, bf->k);
+        fa_cpu_load_rows(kern, p, &d->v, &cc, j0, n, dpad, bf->v);
+        /* S^T = K Q^T: keys down, query columns across. */
+        for (int32_t c0 = 0; c0 < cols_pad; c0 += nr)
+            for (int32_t i0 = 0; i0 < n; i0 += mr)
+                kern->gemm(n - i0 < mr ? n - i0 : mr, dim, bf->k + (int64_t)i0 * dim, dim, 1,
+                           bf->q + (int64_t)c0 * dim, nr, bf->st + (int64_t)i0 * lds + c0, lds,
+                           NULL);
         fa_cpu_cap_and_mask(p, &cc, j0, n, bf->st, lds, fa_cpu_tile_full(p, &cc, j0, j0 + n));
         kern->softmax_update(n, pl->cols_vec, bf->st, lds, bf->m, bf->l, bf->alpha);
 
         /* O = diag(alpha) O + P V, P read through the transposed tile. */
-        if (pl->use_dot) {
-            const void *vrow = fa_elem_ptr(&d->v, fa_row_offset(p, &d->v, cc.b, cc.seq.k_start + j0, cc.hk));
-            kern->axpy(d->v.dtype, cc.ncols, n, dim, bf->st, lds, vrow, d->v.stride_seq, bf->o, dpad,
-                       bf->alpha);
-        } else {
-            for (int32_t i0 = 0; i0 < cc.ncols; i0 += mr)
-                for (int32_t c0 = 0; c0 < dpad; c0 += nr)
-                    kern->gemm(cc.ncols - i0 < mr ? cc.ncols - i0 : mr, n, bf->st + i0, 1, lds,
-                               bf->v + c0, dpad, bf->o + (int64_t)i0 * dpad + c0, dpad,
-                               bf->alpha + i0);
-        }
+        for (int32_t i0 = 0; i0 < cc.ncols; i0 += mr)
+            for (int32_t c0 = 0; c0 < dpad; c0 += nr)
+                kern->gemm(cc.ncols - i0 < mr ? cc.ncols - i0 : mr, n, bf->st + i0, 1, lds,
+                           bf->v + c0, dpad, bf->o + (int64_t)i0 * dpad + c0, dpad, bf->alpha + i0);
     }
     fa_cpu_store_out(kern, p, &cc, bf->o, dpad, bf->m, bf->l);
 }

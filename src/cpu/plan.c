@@ -80,23 +80,57 @@ static void plan_columns(const fa_cpu_state *s, const fa_problem *p, fa_cpu_plan
     pl->cols_pad = round_up(pl->cols, nr);
     pl->cols_vec = round_up(pl->cols, nr / 2);
     pl->dim_pad = dpad;
-    /* Fewer than half a register block of queries: dot products beat a padded gemm. */
-    pl->use_dot = pl->cols * 2 < nr;
+    /* At most half a register block of queries (decode): dot products and a split
+     * over the keys beat a mostly padded gemm. */
+    pl->use_dot = pl->cols * 2 <= nr;
     pl->task_count = count_tasks(p, pos);
     pl->threads = s->threads;
     if (pl->task_count < pl->threads)
         pl->threads = (int)(pl->task_count > 0 ? pl->task_count : 1);
 }
 
+/* Decode: keys per chunk, a function of the shape only (never of the thread
+ * count) so the merge order, and so the bits, are always the same. About 64
+ * tasks in all, so any core count up to that finds work, but no chunk under
+ * 256 keys: each task must stream long enough to reach full bandwidth. */
+static fa_status plan_decode(fa_context_t ctx, const fa_problem *p, fa_cpu_plan *pl)
+{
+    int32_t chunk = env_int("FLASHATTN_CPU_BLOCK_K");
+    if (!chunk) {
+        int64_t streams = (int64_t)p->batch * p->heads_kv;
+        int64_t per = streams >= 64 ? 1 : (64 + streams - 1) / streams;
+        chunk = round_up((int32_t)((p->max_k + per - 1) / per), 64);
+        if (chunk < 256)
+            chunk = 256;
+    }
+    pl->block_k = chunk;
+    pl->task_count = 0;
+    for (int32_t b = 0; b < p->batch; b++) {
+        int64_t lo, hi;
+        pl->task_count += fa_cpu_decode_chunks(p, pl, b, &lo, &hi) * p->heads_kv;
+    }
+    if (pl->threads > pl->task_count)
+        pl->threads = (int)pl->task_count;
+    pl->per_thread_floats = fa_cpu_decode_thread_floats(p, pl);
+    int64_t slots;
+    if (!fa_mul_ok(pl->task_count / p->heads_kv, fa_cpu_decode_slot_floats(p, pl), &slots) ||
+        !fa_mul_ok(slots, 4, &slots))
+        return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "decode workspace for this shape overflows");
+    pl->workspace_bytes = (uint64_t)slots +
+                          (uint64_t)pl->threads * (uint64_t)pl->per_thread_floats * 4u +
+                          (uint64_t)(pl->task_count + p->batch + 1) * 12u;
+    return FA_OK;
+}
+
 fa_status fa_cpu_plan_flash(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
                             fa_cpu_plan *pl)
 {
-    (void)ctx;
     plan_columns(s, p, pl);
+    if (pl->use_dot)
+        return plan_decode(ctx, p, pl);
     int32_t bk = env_int("FLASHATTN_CPU_BLOCK_K");
     if (!bk) {
-        /* Decode reads long K/V streams: bigger tiles, fewer loop trips. */
-        bk = pl->use_dot ? 512 : 128;
+        bk = 128;
         while (bk > 32 && tile_bytes(pl->cols_pad, bk, p->dim, pl->dim_pad) > s->mach.l2_bytes / 2)
             bk /= 2;
     }
