@@ -32,6 +32,7 @@ typedef struct fa_cpu_plan {
     int32_t block_k;       /* keys per tile (decode: keys per chunk) */
     int32_t dim_pad;       /* head_dim rounded up to nr (the O and V tile width) */
     int use_dot;           /* few columns: dot kernels; flash runs the split-KV decode */
+    int32_t decode_heads;  /* decode: kv heads one task walks together */
     int64_t task_count;
     int64_t per_thread_floats;
     int threads;
@@ -54,12 +55,10 @@ fa_status fa_cpu_decode_forward(fa_context_t ctx, const fa_cpu_state *s, const f
 fa_status fa_cpu_standard_forward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
                                   const fa_cpu_plan *plan);
 
-/* Keys per decode tile (one dot / softmax / axpy round). */
-#define FA_DECODE_TILE 256
-
 /* Floats of per-thread workspace each algorithm carves from one block. */
 int64_t fa_cpu_flash_thread_floats(const fa_problem *p, const fa_cpu_plan *plan);
-int64_t fa_cpu_decode_thread_floats(const fa_problem *p, const fa_cpu_plan *plan);
+int64_t fa_cpu_decode_thread_floats(const fa_cpu_kernels *kern, const fa_problem *p,
+                                    const fa_cpu_plan *plan);
 /* Decode: floats of one chunk's partial results, and the chunks of sequence b
  * with the key range [lo, hi) they split. */
 int64_t fa_cpu_decode_slot_floats(const fa_problem *p, const fa_cpu_plan *plan);

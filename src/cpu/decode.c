@@ -1,14 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Split-KV decode: few query rows per sequence (one token, or a GQA group
- * sharing its kv head), many keys. A task is (sequence, chunk of keys, kv
- * head): it streams that head's K and V rows once, in their own dtype,
- * through the dot/axpy kernels. Splitting along the keys keeps every core
- * busy even for one sequence with one kv head (MQA). Each task leaves
- * partial (max, sum, output) statistics; a merge in a fixed chunk order
- * combines them, so results do not depend on the thread count. (Walking all
- * heads per key block, to read a [seq, heads, dim] cache contiguously, was
- * measured slower: docs/perf/cpu.md.)
+ * sharing its kv head), many keys. A task is (sequence, chunk of keys,
+ * group of kv heads). K and V are read in place, in their own dtype, key
+ * after key; with a head-interleaved cache ([seq, heads, dim]) the group is
+ * every kv head, so each key's row of all heads is read in one forward sweep
+ * (4x the bandwidth of walking one head's strided rows on Zen 4); with a
+ * head-major cache ([heads, seq, dim]) a group is one head, already
+ * contiguous. The score tile holds the columns of all heads of the group
+ * side by side, so one softmax call updates them all. Splitting along the
+ * keys keeps every core busy even for one sequence with one kv head (MQA).
+ * Each task leaves partial (max, sum, output) statistics per head; a merge
+ * in a fixed chunk order combines them, so results never depend on the
+ * thread count.
  */
 #include "cpu.h"
 
@@ -21,38 +25,55 @@
 
 #define LOG2E 1.4426950408889634f
 
+/* Score columns of a task: every query row of every head in its group. */
+static int32_t group_cols(const fa_cpu_plan *pl) { return pl->decode_heads * pl->cols; }
+
+static int32_t group_cols_vec(const fa_cpu_kernels *kern, const fa_cpu_plan *pl)
+{
+    int32_t w = kern->nr / 2;
+    return (group_cols(pl) + w - 1) / w * w;
+}
+
+/* Keys per tile: the score tile stays within 32 KiB (L1). */
+static int32_t tile_keys(const fa_cpu_kernels *kern, const fa_cpu_plan *pl)
+{
+    int32_t t = 8192 / group_cols_vec(kern, pl) / 16 * 16;
+    return t < 16 ? 16 : t > 256 ? 256 : t;
+}
+
 typedef struct dbufs {
-    float *q;     /* cols * dim: packed queries of one kv head */
-    float *o;     /* cols * dim: output accumulator */
-    float *m, *l; /* cols_vec */
-    float *st;    /* FA_DECODE_TILE * cols_pad: transposed scores */
-    float *alpha; /* cols_vec */
-    float *tmp;   /* dim */
+    float *q;             /* heads x cols x dim: packed queries */
+    float *o;             /* heads x cols x dim: output accumulators */
+    float *m, *l, *alpha; /* group_cols_vec */
+    float *st;            /* tile x group_cols_vec: transposed scores */
+    float *tmp;           /* dim */
 } dbufs;
 
-static int64_t carve(const fa_problem *p, const fa_cpu_plan *pl, float *base, dbufs *b)
+static int64_t carve(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_plan *pl,
+                     float *base, dbufs *b)
 {
-    int64_t n = 0;
+    int64_t n = 0, gc = group_cols(pl), gv = group_cols_vec(kern, pl);
 #define TAKE(field, count)                                                                     \
     do {                                                                                       \
         if (b)                                                                                 \
             b->field = base + n;                                                               \
         n += ((int64_t)(count) + 15) & ~(int64_t)15;                                           \
     } while (0)
-    TAKE(q, (int64_t)pl->cols * p->dim);
-    TAKE(o, (int64_t)pl->cols * p->dim);
-    TAKE(m, pl->cols_vec);
-    TAKE(l, pl->cols_vec);
-    TAKE(st, (int64_t)FA_DECODE_TILE * pl->cols_pad);
-    TAKE(alpha, pl->cols_vec);
+    TAKE(q, gc * p->dim);
+    TAKE(o, gc * p->dim);
+    TAKE(m, gv);
+    TAKE(l, gv);
+    TAKE(alpha, gv);
+    TAKE(st, (int64_t)tile_keys(kern, pl) * gv);
     TAKE(tmp, p->dim);
 #undef TAKE
     return n;
 }
 
-int64_t fa_cpu_decode_thread_floats(const fa_problem *p, const fa_cpu_plan *pl)
+int64_t fa_cpu_decode_thread_floats(const fa_cpu_kernels *kern, const fa_problem *p,
+                                    const fa_cpu_plan *pl)
 {
-    return carve(p, pl, NULL, NULL);
+    return carve(kern, p, pl, NULL, NULL);
 }
 
 /* Partial results of one (sequence, chunk): per kv head, m and l for each
@@ -62,7 +83,6 @@ int64_t fa_cpu_decode_slot_floats(const fa_problem *p, const fa_cpu_plan *pl)
     return (int64_t)p->heads_kv * pl->cols * (p->dim + 2);
 }
 
-/* Chunks of keys sequence b is split into (at least 1, even with no visible key). */
 int64_t fa_cpu_decode_chunks(const fa_problem *p, const fa_cpu_plan *pl, int32_t b, int64_t *lo,
                              int64_t *hi)
 {
@@ -85,44 +105,59 @@ static fa_cpu_cols seq_cols(const fa_problem *p, int32_t b, int32_t hk)
     return cc;
 }
 
-static const char *row_ptr(const fa_problem *p, const fa_tensor *t, const fa_cpu_cols *cc, int64_t j,
-                           int32_t hk)
+static const char *row_ptr(const fa_problem *p, const fa_tensor *t, const fa_cpu_cols *cc, int64_t j)
 {
-    return fa_elem_ptr(t, fa_row_offset(p, t, cc->b, cc->seq.k_start + j, hk));
+    return fa_elem_ptr(t, fa_row_offset(p, t, cc->b, cc->seq.k_start + j, cc->hk));
 }
 
-static void run_chunk(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_plan *pl,
-                      int32_t b, int64_t chunk, int32_t hk, float *slot, dbufs *bf)
+static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_plan *pl,
+                     int32_t b, int64_t chunk, int32_t h0, float *slot, dbufs *bf)
 {
     const fa_attention_desc *d = p->desc;
-    const int32_t dim = p->dim, cols = pl->cols, cv = pl->cols_vec, lds = pl->cols_pad;
+    const int32_t dim = p->dim, cols = pl->cols, heads = pl->decode_heads;
+    const int32_t gv = group_cols_vec(kern, pl), tile = tile_keys(kern, pl);
     const float qmul = p->softcap > 0.0f ? p->scale : p->scale * LOG2E;
-    fa_cpu_cols cc = seq_cols(p, b, hk);
+    fa_cpu_cols cc = seq_cols(p, b, h0);
     if (cc.ncols == 0)
         return;
     int64_t lo, hi;
     fa_cpu_decode_chunks(p, pl, b, &lo, &hi);
     int64_t c0 = lo + chunk * pl->block_k, c1 = c0 + pl->block_k < hi ? c0 + pl->block_k : hi;
 
-    fa_cpu_pack_q(kern, p, &cc, cc.ncols, 0, qmul, bf->q, bf->tmp);
-    for (int32_t c = 0; c < cv; c++) {
+    for (int32_t h = 0; h < heads; h++) {
+        cc.hk = h0 + h;
+        fa_cpu_pack_q(kern, p, &cc, cc.ncols, 0, qmul, bf->q + (int64_t)h * cols * dim, bf->tmp);
+    }
+    cc.hk = h0;
+    for (int32_t c = 0; c < gv; c++) {
         bf->m[c] = -INFINITY;
         bf->l[c] = 0.0f;
     }
-    memset(bf->o, 0, sizeof(float) * (size_t)cols * (size_t)dim);
-    for (int64_t j0 = c0; j0 < c1; j0 += FA_DECODE_TILE) {
-        int32_t n = (int32_t)(c1 - j0 < FA_DECODE_TILE ? c1 - j0 : FA_DECODE_TILE);
-        kern->dot(d->k.dtype, cc.ncols, n, dim, bf->q, dim, row_ptr(p, &d->k, &cc, j0, hk),
-                  d->k.stride_seq, bf->st, lds);
-        fa_cpu_cap_and_mask(p, &cc, j0, n, bf->st, lds, fa_cpu_tile_full(p, &cc, j0, j0 + n));
-        kern->softmax_update(n, cv, bf->st, lds, bf->m, bf->l, bf->alpha);
-        kern->axpy(d->v.dtype, cc.ncols, n, dim, bf->st, lds, row_ptr(p, &d->v, &cc, j0, hk),
+    memset(bf->o, 0, sizeof(float) * (size_t)heads * (size_t)cols * (size_t)dim);
+    /* head h's columns start at h * cols in the score tile and the statistics */
+    fa_cpu_heads hk = { heads, (ptrdiff_t)cols * dim, d->k.stride_head, cols, (ptrdiff_t)cols * dim,
+                        cols };
+    fa_cpu_heads hv = hk;
+    hv.kv = d->v.stride_head;
+
+    for (int64_t j0 = c0; j0 < c1; j0 += tile) {
+        int32_t n = (int32_t)(c1 - j0 < tile ? c1 - j0 : tile);
+        int full = fa_cpu_tile_full(p, &cc, j0, j0 + n);
+        kern->dot(d->k.dtype, &hk, cc.ncols, n, dim, bf->q, dim, row_ptr(p, &d->k, &cc, j0),
+                  d->k.stride_seq, bf->st, gv);
+        for (int32_t h = 0; h < heads; h++)
+            fa_cpu_cap_and_mask(p, &cc, j0, n, bf->st + h * cols, gv, full);
+        kern->softmax_update(n, gv, bf->st, gv, bf->m, bf->l, bf->alpha);
+        kern->axpy(d->v.dtype, &hv, cc.ncols, n, dim, bf->st, gv, row_ptr(p, &d->v, &cc, j0),
                    d->v.stride_seq, bf->o, dim, bf->alpha);
     }
-    float *h = slot + (int64_t)hk * cols * (dim + 2);
-    memcpy(h, bf->m, sizeof(float) * (size_t)cc.ncols);
-    memcpy(h + cols, bf->l, sizeof(float) * (size_t)cc.ncols);
-    memcpy(h + 2 * cols, bf->o, sizeof(float) * (size_t)cc.ncols * (size_t)dim);
+    for (int32_t h = 0; h < heads; h++) {
+        float *dst = slot + (int64_t)(h0 + h) * cols * (dim + 2);
+        memcpy(dst, bf->m + h * cols, sizeof(float) * (size_t)cc.ncols);
+        memcpy(dst + cols, bf->l + h * cols, sizeof(float) * (size_t)cc.ncols);
+        memcpy(dst + 2 * cols, bf->o + (int64_t)h * cols * dim,
+               sizeof(float) * (size_t)cc.ncols * (size_t)dim);
+    }
 }
 
 /* Combine the chunks of (b, hk) in chunk order and write o and lse. */
@@ -158,30 +193,32 @@ static void merge(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_
 fa_status fa_cpu_decode_forward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
                                 const fa_cpu_plan *pl)
 {
+    const fa_cpu_kernels *kern = s->kern;
+    const int32_t groups = p->heads_kv / pl->decode_heads;
+    const int64_t nslots = pl->task_count / groups; /* one per (sequence, chunk) */
+    const int64_t slot_floats = fa_cpu_decode_slot_floats(p, pl);
     size_t per = (size_t)pl->per_thread_floats;
-    int64_t slot_floats = fa_cpu_decode_slot_floats(p, pl);
-    const int64_t nslots = pl->task_count / p->heads_kv; /* one per (sequence, chunk) */
     float *ws = fa_alloc_aligned((size_t)pl->threads * per * sizeof(float));
     float *slots = fa_alloc_aligned((size_t)nslots * (size_t)slot_floats * sizeof(float));
     int64_t *first = malloc(sizeof(int64_t) * ((size_t)p->batch + 1));
-    int32_t *task_b = malloc(sizeof(int32_t) * (size_t)nslots);
-    if (!ws || !slots || !first || !task_b) {
+    int32_t *slot_b = malloc(sizeof(int32_t) * (size_t)nslots);
+    if (!ws || !slots || !first || !slot_b) {
         free(ws);
         free(slots);
         free(first);
-        free(task_b);
+        free(slot_b);
         return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating %llu bytes of workspace",
                         (unsigned long long)pl->workspace_bytes);
     }
+    /* Padded score columns are read by the softmax: keep them finite. */
     memset(ws, 0, (size_t)pl->threads * per * sizeof(float));
     first[0] = 0;
     for (int32_t b = 0; b < p->batch; b++) {
         int64_t lo, hi, n = fa_cpu_decode_chunks(p, pl, b, &lo, &hi);
         first[b + 1] = first[b] + n;
         for (int64_t k = first[b]; k < first[b + 1]; k++)
-            task_b[k] = b;
+            slot_b[k] = b;
     }
-    const fa_cpu_kernels *kern = s->kern;
     const int64_t nt = pl->task_count, pairs = (int64_t)p->batch * p->heads_kv;
 #pragma omp parallel num_threads(pl->threads)
     {
@@ -190,13 +227,13 @@ fa_status fa_cpu_decode_forward(fa_context_t ctx, const fa_cpu_state *s, const f
         tid = omp_get_thread_num();
 #endif
         dbufs bf;
-        carve(p, pl, ws + (size_t)tid * per, &bf);
+        carve(kern, p, pl, ws + (size_t)tid * per, &bf);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < nt; t++) {
-            int64_t sl = t / p->heads_kv;
-            int32_t b = task_b[sl];
-            run_chunk(kern, p, pl, b, sl - first[b], (int32_t)(t % p->heads_kv),
-                      slots + sl * slot_floats, &bf);
+            int64_t sl = t / groups;
+            int32_t b = slot_b[sl];
+            run_task(kern, p, pl, b, sl - first[b], (int32_t)(t % groups) * pl->decode_heads,
+                     slots + sl * slot_floats, &bf);
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < pairs; i++) {
@@ -207,6 +244,6 @@ fa_status fa_cpu_decode_forward(fa_context_t ctx, const fa_cpu_state *s, const f
     free(ws);
     free(slots);
     free(first);
-    free(task_b);
+    free(slot_b);
     return FA_OK;
 }

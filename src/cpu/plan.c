@@ -89,36 +89,43 @@ static void plan_columns(const fa_cpu_state *s, const fa_problem *p, fa_cpu_plan
         pl->threads = (int)(pl->task_count > 0 ? pl->task_count : 1);
 }
 
-/* Decode: keys per chunk, a function of the shape only (never of the thread
- * count) so the merge order, and so the bits, are always the same. About 64
- * tasks in all, so any core count up to that finds work, but no chunk under
- * 256 keys: each task must stream long enough to reach full bandwidth. */
-static fa_status plan_decode(fa_context_t ctx, const fa_problem *p, fa_cpu_plan *pl)
+/* Decode: a task is (sequence, chunk of keys, group of kv heads). Heads that
+ * share each key's row in memory ([seq, heads, dim], stride_head <
+ * stride_seq) are taken together so that row is read in one sweep; head-major
+ * caches go one head per task. Chunk sizes are a function of the shape only
+ * (never of the thread count), so the merge order, and so the bits, are
+ * always the same: about 64 tasks per call, no chunk under 256 keys. */
+static fa_status plan_decode(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
+                             fa_cpu_plan *pl)
 {
+    const fa_attention_desc *d = p->desc;
+    int interleaved = d->k.stride_head < d->k.stride_seq && d->v.stride_head < d->v.stride_seq;
+    pl->decode_heads = interleaved ? p->heads_kv : 1;
+    int64_t groups = p->heads_kv / pl->decode_heads;
     int32_t chunk = env_int("FLASHATTN_CPU_BLOCK_K");
     if (!chunk) {
-        int64_t streams = (int64_t)p->batch * p->heads_kv;
+        int64_t streams = (int64_t)p->batch * groups;
         int64_t per = streams >= 64 ? 1 : (64 + streams - 1) / streams;
         chunk = round_up((int32_t)((p->max_k + per - 1) / per), 64);
         if (chunk < 256)
             chunk = 256;
     }
     pl->block_k = chunk;
-    pl->task_count = 0;
+    int64_t nslots = 0;
     for (int32_t b = 0; b < p->batch; b++) {
         int64_t lo, hi;
-        pl->task_count += fa_cpu_decode_chunks(p, pl, b, &lo, &hi) * p->heads_kv;
+        nslots += fa_cpu_decode_chunks(p, pl, b, &lo, &hi);
     }
+    pl->task_count = nslots * groups;
     if (pl->threads > pl->task_count)
         pl->threads = (int)pl->task_count;
-    pl->per_thread_floats = fa_cpu_decode_thread_floats(p, pl);
-    int64_t slots;
-    if (!fa_mul_ok(pl->task_count / p->heads_kv, fa_cpu_decode_slot_floats(p, pl), &slots) ||
-        !fa_mul_ok(slots, 4, &slots))
+    pl->per_thread_floats = fa_cpu_decode_thread_floats(s->kern, p, pl);
+    int64_t bytes;
+    if (!fa_mul_ok(nslots, fa_cpu_decode_slot_floats(p, pl), &bytes) || !fa_mul_ok(bytes, 4, &bytes))
         return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "decode workspace for this shape overflows");
-    pl->workspace_bytes = (uint64_t)slots +
+    pl->workspace_bytes = (uint64_t)bytes +
                           (uint64_t)pl->threads * (uint64_t)pl->per_thread_floats * 4u +
-                          (uint64_t)(pl->task_count + p->batch + 1) * 12u;
+                          (uint64_t)(nslots + p->batch + 1) * 12u;
     return FA_OK;
 }
 
@@ -127,7 +134,7 @@ fa_status fa_cpu_plan_flash(fa_context_t ctx, const fa_cpu_state *s, const fa_pr
 {
     plan_columns(s, p, pl);
     if (pl->use_dot)
-        return plan_decode(ctx, p, pl);
+        return plan_decode(ctx, s, p, pl);
     int32_t bk = env_int("FLASHATTN_CPU_BLOCK_K");
     if (!bk) {
         bk = 128;

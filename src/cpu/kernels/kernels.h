@@ -11,6 +11,16 @@
 
 #include <stddef.h>
 
+/* Strides between consecutive heads for the decode kernels (count = 1: one head). */
+typedef struct fa_cpu_heads {
+    int count;
+    ptrdiff_t q;     /* floats between heads' query rows */
+    ptrdiff_t kv;    /* elements between heads' key / value rows */
+    ptrdiff_t st;    /* floats between heads' score columns */
+    ptrdiff_t o;     /* floats between heads' output rows */
+    ptrdiff_t alpha; /* floats between heads' rescale factors */
+} fa_cpu_heads;
+
 typedef struct fa_cpu_kernels {
     const char *name; /* "avx512", "avx2", "ref" */
     int mr;           /* most rows of C one gemm call computes */
@@ -39,15 +49,18 @@ typedef struct fa_cpu_kernels {
 
     /*
      * The decode path: few query rows, keys and values read straight from the
-     * caller's memory in dtype t (row pitch in elements), never copied.
-     *   dot:  st[j*lds + i] = q_i . k_j            for i < m, j < n
-     *   axpy: o_i = alpha[i] o_i + sum_j st[j*lds + i] v_j
-     * q and o are float32 rows of dim (ldq / ldo apart).
+     * caller's memory in dtype t (row pitch in elements), never copied. One
+     * call covers hs->count heads and walks the keys in the outer loop, so a
+     * [seq, heads, dim] cache is read row after row.
+     *   dot:  st_h[j*lds + i] = q_h,i . k_h,j                  i < m, j < n
+     *   axpy: o_h,i = alpha_h[i] o_h,i + sum_j st_h[j*lds + i] v_h,j
+     * with X_h = X + h * hs->X. q and o are float32 rows of dim (ldq / ldo apart).
      */
-    void (*dot)(fa_dtype t, int m, int n, int dim, const float *q, ptrdiff_t ldq, const void *k,
-                ptrdiff_t ldk, float *st, ptrdiff_t lds);
-    void (*axpy)(fa_dtype t, int m, int n, int dim, const float *st, ptrdiff_t lds, const void *v,
-                 ptrdiff_t ldv, float *o, ptrdiff_t ldo, const float *alpha);
+    void (*dot)(fa_dtype t, const fa_cpu_heads *hs, int m, int n, int dim, const float *q,
+                ptrdiff_t ldq, const void *k, ptrdiff_t ldk, float *st, ptrdiff_t lds);
+    void (*axpy)(fa_dtype t, const fa_cpu_heads *hs, int m, int n, int dim, const float *st,
+                 ptrdiff_t lds, const void *v, ptrdiff_t ldv, float *o, ptrdiff_t ldo,
+                 const float *alpha);
 
     /* dst[i] = mul * float(src[i]) for i < n, src of dtype t. */
     void (*load)(fa_dtype t, const void *src, float *dst, int n, float mul);

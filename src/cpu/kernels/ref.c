@@ -106,28 +106,33 @@ static float ref_elem(fa_dtype t, const void *base, ptrdiff_t i)
     return t == FA_DTYPE_F16 ? fa_f16_to_f32(h) : fa_bf16_to_f32(h);
 }
 
-static void ref_dot(fa_dtype t, int m, int n, int dim, const float *q, ptrdiff_t ldq, const void *k,
-                    ptrdiff_t ldk, float *st, ptrdiff_t lds)
+static void ref_dot(fa_dtype t, const fa_cpu_heads *hs, int m, int n, int dim, const float *q,
+                    ptrdiff_t ldq, const void *k, ptrdiff_t ldk, float *st, ptrdiff_t lds)
 {
     for (int j = 0; j < n; j++)
-        for (int i = 0; i < m; i++) {
-            float s = 0.0f;
-            for (int p = 0; p < dim; p++)
-                s += q[i * ldq + p] * ref_elem(t, k, j * ldk + p);
-            st[j * lds + i] = s;
-        }
+        for (int h = 0; h < hs->count; h++)
+            for (int i = 0; i < m; i++) {
+                float s = 0.0f;
+                for (int p = 0; p < dim; p++)
+                    s += q[h * hs->q + i * ldq + p] * ref_elem(t, k, j * ldk + h * hs->kv + p);
+                st[h * hs->st + j * lds + i] = s;
+            }
 }
 
-static void ref_axpy(fa_dtype t, int m, int n, int dim, const float *st, ptrdiff_t lds,
-                     const void *v, ptrdiff_t ldv, float *o, ptrdiff_t ldo, const float *alpha)
+static void ref_axpy(fa_dtype t, const fa_cpu_heads *hs, int m, int n, int dim, const float *st,
+                     ptrdiff_t lds, const void *v, ptrdiff_t ldv, float *o, ptrdiff_t ldo,
+                     const float *alpha)
 {
-    for (int i = 0; i < m; i++)
-        for (int p = 0; p < dim; p++)
-            o[i * ldo + p] *= alpha[i];
-    for (int j = 0; j < n; j++)
+    for (int h = 0; h < hs->count; h++)
         for (int i = 0; i < m; i++)
             for (int p = 0; p < dim; p++)
-                o[i * ldo + p] += st[j * lds + i] * ref_elem(t, v, j * ldv + p);
+                o[h * hs->o + i * ldo + p] *= alpha[h * hs->alpha + i];
+    for (int j = 0; j < n; j++)
+        for (int h = 0; h < hs->count; h++)
+            for (int i = 0; i < m; i++)
+                for (int p = 0; p < dim; p++)
+                    o[h * hs->o + i * ldo + p] +=
+                        st[h * hs->st + j * lds + i] * ref_elem(t, v, j * ldv + h * hs->kv + p);
 }
 
 static void ref_load(fa_dtype t, const void *src, float *dst, int n, float mul)
