@@ -70,9 +70,13 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
         bf->l[c] = 0.0f;
     }
 
+    /* Key tiles sit on a fixed grid (multiples of block_k), not at the block's
+     * first visible key: every row then sees the same tiles, and so gets the
+     * same bits, however the planner cut the rows into tasks (which depends on
+     * the thread count). */
     int64_t lo, hi;
     fa_problem_key_range(p, &cc.seq, cc.r0, cc.r0 + cc.npos, &lo, &hi);
-    for (int64_t j0 = lo; j0 < hi; j0 += pl->block_k) {
+    for (int64_t j0 = lo / pl->block_k * pl->block_k; j0 < hi; j0 += pl->block_k) {
         int32_t n = (int32_t)(hi - j0 < pl->block_k ? hi - j0 : pl->block_k);
 
         /* K and V tiles are copied into contiguous float32 rows: reading them in
