@@ -146,7 +146,7 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
         kern->dot(d->k.dtype, &hk, cc.ncols, n, dim, bf->q, dim, row_ptr(p, &d->k, &cc, j0),
                   d->k.stride_seq, bf->st, gv);
         for (int32_t h = 0; h < heads; h++)
-            fa_cpu_cap_and_mask(p, &cc, j0, n, bf->st + h * cols, gv, full);
+            fa_cpu_cap_and_mask(kern, p, &cc, j0, n, bf->st + h * cols, gv, full);
         kern->softmax_update(n, gv, bf->st, gv, bf->m, bf->l, bf->alpha);
         kern->axpy(d->v.dtype, &hv, cc.ncols, n, dim, bf->st, gv, row_ptr(p, &d->v, &cc, j0),
                    d->v.stride_seq, bf->o, dim, bf->alpha);

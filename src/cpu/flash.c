@@ -90,7 +90,7 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
                 kern->gemm(n - i0 < mr ? n - i0 : mr, dim, bf->k + (int64_t)i0 * dim, dim, 1,
                            bf->q + (int64_t)c0 * dim, nr, bf->st + (int64_t)i0 * lds + c0, lds,
                            NULL);
-        fa_cpu_cap_and_mask(p, &cc, j0, n, bf->st, lds, fa_cpu_tile_full(p, &cc, j0, j0 + n));
+        fa_cpu_cap_and_mask(kern, p, &cc, j0, n, bf->st, lds, fa_cpu_tile_full(p, &cc, j0, j0 + n));
         kern->softmax_update(n, pl->cols_vec, bf->st, lds, bf->m, bf->l, bf->alpha);
 
         /* O = diag(alpha) O + P V, P read through the transposed tile. */

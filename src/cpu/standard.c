@@ -73,7 +73,7 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
                 kern->gemm(n - i0 < mr ? n - i0 : mr, dim, bf->k + (int64_t)i0 * dim, dim, 1,
                            bf->q + (int64_t)c0 * dim, nr, s + (int64_t)i0 * lds + c0, lds, NULL);
     /* Pass 2: mask after the fact, then softmax over complete rows. */
-    fa_cpu_cap_and_mask(p, &cc, 0, n, s, lds, fa_cpu_tile_full(p, &cc, 0, n));
+    fa_cpu_cap_and_mask(kern, p, &cc, 0, n, s, lds, fa_cpu_tile_full(p, &cc, 0, n));
     kern->softmax_update(n, pl->cols_vec, s, lds, bf->m, bf->l, bf->alpha);
     /* Pass 3: O = P V. */
     for (int32_t i0 = 0; i0 < cc.ncols; i0 += mr)

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 #define FA_PREFETCH_ROWS 8
 
@@ -61,17 +60,11 @@ int fa_cpu_tile_full(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int
     return j0 >= last + off - p->win_left && j1 - 1 <= first + off + p->win_right;
 }
 
-void fa_cpu_cap_and_mask(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int32_t n,
-                         float *st, int32_t lds, int full_tile)
+void fa_cpu_cap_and_mask(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
+                         int64_t j0, int32_t n, float *st, int32_t lds, int full_tile)
 {
-    if (p->softcap > 0.0f) {
-        const float cap = p->softcap, inv = 1.0f / p->softcap;
-        for (int32_t j = 0; j < n; j++)
-            for (int32_t c = 0; c < cc->ncols; c++) {
-                float *s = st + (int64_t)j * lds + c;
-                *s = cap * tanhf(*s * inv) * LOG2E;
-            }
-    }
+    if (p->softcap > 0.0f)
+        kern->softcap(n, cc->ncols, st, lds, p->softcap);
     if (full_tile)
         return;
     int64_t off = (int64_t)cc->seq.k_len - cc->seq.q_len;

@@ -62,6 +62,10 @@ typedef struct fa_cpu_kernels {
                  ptrdiff_t lds, const void *v, ptrdiff_t ldv, float *o, ptrdiff_t ldo,
                  const float *alpha);
 
+    /* Logit softcap on a score tile, into the base-2 domain:
+     * st[j*lds + i] = cap * tanh(st[j*lds + i] / cap) * log2(e) for j < n, i < cols. */
+    void (*softcap)(int n, int cols, float *st, ptrdiff_t lds, float cap);
+
     /* dst[i] = mul * float(src[i]) for i < n, src of dtype t. */
     void (*load)(fa_dtype t, const void *src, float *dst, int n, float mul);
 

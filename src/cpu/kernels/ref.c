@@ -98,6 +98,13 @@ static void ref_softmax_update(int n, int cols, float *st, ptrdiff_t lds, float 
     }
 }
 
+static void ref_softcap(int n, int cols, float *st, ptrdiff_t lds, float cap)
+{
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < cols; i++)
+            st[j * lds + i] = cap * tanhf(st[j * lds + i] / cap) * 1.4426950408889634f;
+}
+
 static float ref_elem(fa_dtype t, const void *base, ptrdiff_t i)
 {
     if (t == FA_DTYPE_F32)
@@ -169,6 +176,7 @@ const fa_cpu_kernels fa_cpu_kernels_ref = {
     .softmax_update = ref_softmax_update,
     .dot = ref_dot,
     .axpy = ref_axpy,
+    .softcap = ref_softcap,
     .load = ref_load,
     .store = ref_store,
 };

@@ -1,0 +1,307 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The CPU microkernel contract (docs/kernels.md), checked per kernel table
+ * against double precision. The end-to-end grid compares flash with standard
+ * attention, which share these kernels; this is where a kernel's own error
+ * is pinned down.
+ */
+#include "kernels.h"
+#include "ref.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+static uint64_t seed;
+
+static int usable(const fa_cpu_kernels *k)
+{
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (strcmp(k->name, "avx512") == 0)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    if (strcmp(k->name, "avx2") == 0)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+#endif
+    return 1;
+}
+
+static const fa_cpu_kernels *const tables[] = {
+#ifdef FA_HAVE_X86_KERNELS
+    &fa_cpu_kernels_avx512,
+    &fa_cpu_kernels_avx2,
+#endif
+    &fa_cpu_kernels_ref,
+};
+
+#define FOR_EACH_TABLE(k)                                                                      \
+    for (size_t ti_ = 0; ti_ < sizeof(tables) / sizeof(tables[0]); ti_++)                       \
+        for (const fa_cpu_kernels *k = tables[ti_]; k && usable(k); k = NULL)
+
+static void test_gemm(void **state)
+{
+    (void)state;
+    fa_rng r = { seed };
+    FOR_EACH_TABLE(k)
+    {
+        const int mr = k->mr, nr = k->nr;
+        for (int m = 1; m <= mr; m++)
+            for (int kk = 0; kk <= 37; kk += 9) {
+                /* A through both stride patterns the framework uses */
+                for (int trans = 0; trans < 2; trans++) {
+                    float a[16 * 40], b[40 * 32], c[16 * 40], alpha[16];
+                    double want[16 * 32];
+                    ptrdiff_t rs = trans ? 1 : 40, cs = trans ? 16 : 1, ldb = nr + 3, ldc = nr + 5;
+                    for (int i = 0; i < 16 * 40; i++)
+                        a[i] = (float)fa_rng_uniform(&r);
+                    for (int i = 0; i < 40 * 32 && i < (int)(sizeof(b) / 4); i++)
+                        b[i] = (float)fa_rng_uniform(&r);
+                    for (int i = 0; i < 16 * 40; i++)
+                        c[i] = (float)fa_rng_uniform(&r);
+                    for (int i = 0; i < 16; i++)
+                        alpha[i] = (float)fa_rng_uniform(&r);
+                    int use_alpha = (m + kk) % 2;
+                    for (int i = 0; i < m; i++)
+                        for (int j = 0; j < nr; j++) {
+                            double s = use_alpha ? (double)alpha[i] * c[i * ldc + j] : 0.0;
+                            for (int p = 0; p < kk; p++)
+                                s += (double)a[i * rs + p * cs] * b[p * ldb + j];
+                            want[i * nr + j] = s;
+                        }
+                    if (kk * ldb > 40 * 32)
+                        continue;
+                    k->gemm(m, kk, a, rs, cs, b, ldb, c, ldc, use_alpha ? alpha : NULL);
+                    for (int i = 0; i < m; i++)
+                        for (int j = 0; j < nr; j++)
+                            if (fabs(c[i * ldc + j] - want[i * nr + j]) > 1e-5 * (1 + kk))
+                                fail_msg("%s gemm m%d k%d trans%d: C[%d][%d] = %g, want %g", k->name,
+                                         m, kk, trans, i, j, c[i * ldc + j], want[i * nr + j]);
+                }
+            }
+    }
+}
+
+static void test_softmax_update(void **state)
+{
+    (void)state;
+    fa_rng r = { seed + 1 };
+    FOR_EACH_TABLE(k)
+    {
+        enum { N = 37, LDS = 72 };
+        const int cols = k->nr / 2 * 2;
+        float st[N * LDS], m[64], l[64], alpha[64];
+        double p_want[N * LDS], l_want[64], a_want[64], m_want[64];
+        for (int i = 0; i < cols; i++) {
+            /* column 0: no visible key at all; column 1: none before, some now */
+            m[i] = i < 2 ? -INFINITY : (float)(20 * fa_rng_uniform(&r));
+            l[i] = i < 2 ? 0.0f : (float)(1 + fa_rng_uniform(&r));
+            for (int j = 0; j < N; j++) {
+                float s = (float)(30 * fa_rng_uniform(&r));
+                if (i == 0 || (j + i) % 5 == 0)
+                    s = -INFINITY;
+                if (i == 3 && j == 4)
+                    s = -140.0f; /* below 2^-126 after the shift: must give exactly 0 */
+                st[j * LDS + i] = s;
+            }
+            double mx = m[i];
+            for (int j = 0; j < N; j++)
+                mx = fmax(mx, st[j * LDS + i]);
+            double base = mx == -INFINITY ? 0.0 : mx, sum = 0.0;
+            for (int j = 0; j < N; j++) {
+                /* the contract's input is the float32 difference s - m */
+                p_want[j * LDS + i] = exp2((double)(st[j * LDS + i] - (float)base));
+                if (p_want[j * LDS + i] < 0x1p-126)
+                    p_want[j * LDS + i] = 0.0;
+                sum += p_want[j * LDS + i];
+            }
+            a_want[i] = exp2((double)(m[i] - (float)base));
+            l_want[i] = l[i] * a_want[i] + sum;
+            m_want[i] = mx;
+        }
+        k->softmax_update(N, cols, st, LDS, m, l, alpha);
+        for (int i = 0; i < cols; i++) {
+            assert_true(m[i] == (float)m_want[i]);
+            if (!(fabs(alpha[i] - a_want[i]) <= 4e-7 * a_want[i]) ||
+                !(fabs(l[i] - l_want[i]) <= 2e-6 * l_want[i] + 1e-30)) /* f32 sum of N terms */
+                fail_msg("%s softmax col %d: alpha %g (want %g) l %g (want %g)", k->name, i,
+                         alpha[i], a_want[i], l[i], l_want[i]);
+            for (int j = 0; j < N; j++) {
+                double g = st[j * LDS + i], w = p_want[j * LDS + i];
+                if (!(fabs(g - w) <= 3e-7 * w) && !(w == 0.0 && g == 0.0))
+                    fail_msg("%s softmax p[%d][%d] = %.9g, want %.9g", k->name, j, i, g, w);
+            }
+        }
+    }
+}
+
+static void test_softcap(void **state)
+{
+    (void)state;
+    FOR_EACH_TABLE(k)
+    {
+        enum { COLS = 40 };
+        float st[2 * COLS];
+        const float caps[] = { 1.0f, 30.0f };
+        for (int c = 0; c < 2; c++) {
+            /* |s/cap| over 1e-6 .. 100 both signs, across the series/exp switch at 0.5 */
+            double worst = 0;
+            for (int step = 0; step < 400; step++) {
+                double mag = pow(10.0, -6.0 + 8.0 * step / 399.0);
+                for (int i = 0; i < 2 * COLS; i++)
+                    st[i] = (float)((i % 2 ? -1 : 1) * mag * caps[c] * (1.0 + 0.001 * i));
+                float in[2 * COLS];
+                memcpy(in, st, sizeof(in));
+                k->softcap(2, COLS, st, COLS, caps[c]);
+                for (int i = 0; i < 2 * COLS; i++) {
+                    double want = caps[c] * tanh((double)in[i] / caps[c]) * 1.4426950408889634;
+                    double rel = fabs(st[i] - want) / fabs(want);
+                    worst = fmax(worst, rel);
+                }
+            }
+            print_message("%s softcap %g: worst relative error %.2g\n", k->name, caps[c], worst);
+            assert_true(worst < 1e-6);
+        }
+    }
+}
+
+static void test_dot_axpy(void **state)
+{
+    (void)state;
+    fa_rng r = { seed + 2 };
+    const fa_dtype types[] = { FA_DTYPE_F32, FA_DTYPE_F16, FA_DTYPE_BF16 };
+    FOR_EACH_TABLE(k)
+    for (int ti = 0; ti < 3; ti++)
+        for (int dim = 1; dim <= 75; dim += 37) {
+            enum { H = 3, M = 2, N = 11, LDS = 8 };
+            const fa_dtype t = types[ti];
+            const ptrdiff_t ldkv = H * 80; /* [seq, heads, dim] */
+            uint16_t kv16[2][N * H * 80];
+            float kv32[2][N * H * 80], q[H * M * 80], o[H * M * 80], o0[H * M * 80];
+            float st[H * M + N * LDS * 2], alpha[8];
+            for (int w = 0; w < 2; w++)
+                for (int i = 0; i < N * H * 80; i++) {
+                    double x = fa_rng_uniform(&r);
+                    fa_ref_encode(t, t == FA_DTYPE_F32 ? (void *)kv32[w] : (void *)kv16[w], i, x);
+                }
+            for (int i = 0; i < H * M * 80; i++) {
+                q[i] = (float)fa_rng_uniform(&r);
+                o[i] = o0[i] = (float)fa_rng_uniform(&r);
+            }
+            for (int i = 0; i < 8; i++)
+                alpha[i] = (float)(0.5 + 0.5 * fa_rng_uniform(&r));
+            const void *kp = t == FA_DTYPE_F32 ? (void *)kv32[0] : (void *)kv16[0];
+            const void *vp = t == FA_DTYPE_F32 ? (void *)kv32[1] : (void *)kv16[1];
+            /* heads' columns side by side in one score tile, as decode.c lays them */
+            fa_cpu_heads hs = { H, (ptrdiff_t)M * 80, 80, M, (ptrdiff_t)M * 80, M };
+            memset(st, 0, sizeof(st));
+            k->dot(t, &hs, M, N, dim, q, 80, kp, ldkv, st, LDS);
+            for (int h = 0; h < H; h++)
+                for (int j = 0; j < N; j++)
+                    for (int i = 0; i < M; i++) {
+                        double s = 0;
+                        for (int x = 0; x < dim; x++)
+                            s += (double)q[h * M * 80 + i * 80 + x] *
+                                 fa_ref_decode(t, kp, j * ldkv + h * 80 + x);
+                        double g = st[h * M + j * LDS + i];
+                        if (fabs(g - s) > 1e-5 * (1 + dim))
+                            fail_msg("%s dot %d: got %g want %g", k->name, (int)t, g, s);
+                    }
+            k->axpy(t, &hs, M, N, dim, st, LDS, vp, ldkv, o, 80, alpha);
+            for (int h = 0; h < H; h++)
+                for (int i = 0; i < M; i++)
+                    for (int x = 0; x < dim; x++) {
+                        double w = (double)alpha[h * M + i] * o0[h * M * 80 + i * 80 + x];
+                        for (int j = 0; j < N; j++)
+                            w += (double)st[h * M + j * LDS + i] *
+                                 fa_ref_decode(t, vp, j * ldkv + h * 80 + x);
+                        double g = o[h * M * 80 + i * 80 + x];
+                        if (fabs(g - w) > 1e-4 * (1 + dim))
+                            fail_msg("%s axpy %d: got %g want %g", k->name, (int)t, g, w);
+                    }
+        }
+}
+
+static void test_conversions(void **state)
+{
+    (void)state;
+    fa_rng r = { seed + 3 };
+    FOR_EACH_TABLE(k)
+    {
+        enum { N = 1000 };
+        uint16_t h[N], out[N];
+        float f[N], back[N];
+        /* every class of half: random bits, plus zeros, subnormals, inf, NaN */
+        for (int i = 0; i < N; i++)
+            h[i] = (uint16_t)fa_rng_next(&r);
+        h[0] = 0x0000, h[1] = 0x8000, h[2] = 0x0001, h[3] = 0x03ff, h[4] = 0x7c00, h[5] = 0xfc00;
+        for (int t = 1; t <= 2; t++) {
+            k->load((fa_dtype)t, h, f, N, 1.0f);
+            for (int i = 0; i < N; i++) {
+                double want = fa_ref_decode((fa_dtype)t, h, i);
+                assert_true((isnan(want) && isnan(f[i])) || f[i] == (float)want);
+            }
+        }
+        /* store: rounding to nearest even, checked against the scalar converters
+         * on values between representable halves, ties included */
+        for (int i = 0; i < N; i++) {
+            uint32_t bits = (uint32_t)fa_rng_next(&r);
+            if (i % 3 == 0)
+                bits = (bits & 0xffffe000u) | 0x1000u; /* f16 tie */
+            if (i % 3 == 1)
+                bits = (bits & 0xffff0000u) | 0x8000u; /* bf16 tie */
+            memcpy(&f[i], &bits, 4);
+            if (!isfinite(f[i]) || fabsf(f[i]) > 6e4f)
+                f[i] = (float)fa_rng_uniform(&r) * 100.0f;
+        }
+        k->store(FA_DTYPE_F16, f, out, N, 1.0f);
+        for (int i = 0; i < N; i++)
+            if (out[i] != fa_f32_to_f16(f[i]))
+                fail_msg("%s store f16 %.9g: %04x, want %04x", k->name, f[i], out[i],
+                         fa_f32_to_f16(f[i]));
+        k->store(FA_DTYPE_BF16, f, out, N, 1.0f);
+        for (int i = 0; i < N; i++)
+            assert_int_equal(out[i], fa_f32_to_bf16(f[i]));
+        /* and the scalar converter itself is nearest-even against double */
+        for (int i = 0; i < N; i++) {
+            uint16_t got = fa_f32_to_f16(f[i]), up = (uint16_t)(got + 1), dn = (uint16_t)(got - 1);
+            double x = f[i], g = fa_ref_decode(FA_DTYPE_F16, &got, 0);
+            /* neighbours one unit in the last place away (NaN patterns are no neighbours) */
+            double da = fabs(fa_ref_decode(FA_DTYPE_F16, &up, 0) - x);
+            double db = fabs(fa_ref_decode(FA_DTYPE_F16, &dn, 0) - x);
+            da = isnan(da) ? INFINITY : da;
+            db = isnan(db) ? INFINITY : db;
+            assert_true(fabs(g - x) <= da && fabs(g - x) <= db);
+            if ((fabs(g - x) == da || fabs(g - x) == db) && (got & 0x7fff) != 0)
+                assert_int_equal(got & 1, 0);
+        }
+        k->load(FA_DTYPE_F32, f, back, N, 2.0f);
+        for (int i = 0; i < N; i++)
+            assert_true(back[i] == 2.0f * f[i]);
+    }
+}
+
+int main(void)
+{
+    const char *s = getenv("FLASHATTN_TEST_SEED");
+    seed = s && *s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
+    printf("kernels: seed %llu (replay: FLASHATTN_TEST_SEED=%llu)\n", (unsigned long long)seed,
+           (unsigned long long)seed);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_softmax_update),
+        cmocka_unit_test(test_softcap),
+        cmocka_unit_test(test_dot_axpy),
+        cmocka_unit_test(test_conversions),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
