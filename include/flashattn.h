@@ -38,6 +38,12 @@ extern "C" {
 
 /* Largest head_dim any backend accepts. */
 #define FA_MAX_HEAD_DIM 256
+/* Largest num_heads_q / num_heads_kv. */
+#define FA_MAX_HEADS 65536
+/* Largest fa_context_options.num_threads. */
+#define FA_MAX_THREADS 1024
+/* Largest |scale| and softcap: scaled scores must stay representable in float32. */
+#define FA_MAX_SCALE 1e37f
 
 typedef enum fa_status {
     FA_OK = 0,
@@ -113,8 +119,12 @@ typedef struct fa_tensor {
  * Variable-length batches (TND layout): set cu_seqlens_q and cu_seqlens_k
  * (batch + 1 int32 cumulative offsets each, starting at 0, non-decreasing).
  * Then seqlen_q / seqlen_k are the total packed token counts (the extent of
- * the tensors along seq), sequence b owns rows cu[b] .. cu[b+1]-1, and
- * stride_batch is ignored.
+ * the tensors along seq, 0 allowed), sequence b owns rows cu[b] .. cu[b+1]-1,
+ * and stride_batch is ignored.
+ *
+ * Inputs must be finite: NaN or inf in q, k or v gives unspecified output
+ * (it may reach rows that do not see the offending key, as in other
+ * implementations). o must not overlap q, k, v or lse.
  *
  * lse (optional, float32): log-sum-exp of the capped, scaled scores of each
  * row, the natural-log softmax normaliser. Element (b, h, i) lives at
@@ -143,11 +153,11 @@ typedef struct fa_attention_desc {
     int64_t lse_stride_head;
     int64_t lse_stride_seq;
 
-    float scale;          /* 0 = default 1/sqrt(head_dim); otherwise finite */
+    float scale;          /* 0 = default 1/sqrt(head_dim); else |scale| <= FA_MAX_SCALE */
     int32_t causal;       /* 0 or 1 */
     int32_t window_left;  /* -1 = unbounded, else >= 0 */
     int32_t window_right; /* -1 = unbounded, else >= 0 */
-    float softcap;        /* 0 = off; else scores become softcap*tanh(s/softcap) */
+    float softcap;        /* 0 = off; else scores become softcap*tanh(s/softcap), <= FA_MAX_SCALE */
 
     const int32_t *cu_seqlens_q; /* varlen offsets, batch + 1 entries, or NULL */
     const int32_t *cu_seqlens_k; /* set both or neither */
@@ -176,7 +186,7 @@ typedef struct fa_run_info {
 typedef struct fa_context_options {
     size_t size;        /* sizeof(fa_context_options) */
     fa_backend backend; /* FA_BACKEND_AUTO picks the best usable one */
-    int32_t num_threads; /* CPU threads; 0 = OpenMP's default */
+    int32_t num_threads; /* CPU threads, 0..FA_MAX_THREADS; 0 = OpenMP's default */
 } fa_context_options;
 
 typedef struct fa_context *fa_context_t;
@@ -248,7 +258,8 @@ FA_API fa_status fa_forward_plan(fa_context_t ctx, const fa_attention_desc *desc
  */
 FA_API fa_status fa_forward(fa_context_t ctx, const fa_attention_desc *desc);
 
-/* Report of the last successful fa_forward / fa_forward_plan on ctx. */
+/* Report of the last successful fa_forward / fa_forward_plan on ctx. Clears the
+ * context's error message on success. */
 FA_API fa_status fa_context_last_run(fa_context_t ctx, fa_run_info *info);
 
 #ifdef __cplusplus

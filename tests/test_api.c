@@ -167,6 +167,16 @@ static void test_scalars(void **state)
     MUTATE(d.dropout_p = NAN, FA_ERR_INVALID_VALUE, "dropout_p");
     MUTATE(d.dropout_p = 0.1f, FA_ERR_UNSUPPORTED, "dropout_p");
     MUTATE(d.algorithm = (fa_algorithm)9, FA_ERR_INVALID_VALUE, "algorithm");
+    /* scaled scores must stay representable: scale * log2(e) and softcap * log2(e) */
+    MUTATE(d.scale = 3e38f, FA_ERR_INVALID_VALUE, "scale");
+    MUTATE(d.scale = -2e37f, FA_ERR_INVALID_VALUE, "scale");
+    MUTATE(d.softcap = 3e38f, FA_ERR_INVALID_VALUE, "softcap");
+    MUTATE(d.num_heads_q = FA_MAX_HEADS * 2, FA_ERR_INVALID_SHAPE, "num_heads_q");
+    /* strides of an absent LSE are not looked at */
+    fa_attention_desc d = f->d;
+    d.lse = NULL;
+    d.lse_stride_seq = -1;
+    assert_int_equal(fa_forward(f->ctx, &d), FA_OK);
 }
 
 static void test_varlen(void **state)
@@ -192,6 +202,41 @@ static void test_varlen(void **state)
     d = base;
     d.cu_seqlens_k = big;
     expect_error(f, &d, FA_ERR_INVALID_SHAPE, "seqlen_k");
+    /* a batch whose sequences are all empty holds no token: valid, nothing to write */
+    int32_t none[B + 1] = { 0, 0, 0 };
+    d = base;
+    d.cu_seqlens_q = d.cu_seqlens_k = none;
+    d.seqlen_q = d.seqlen_k = 0;
+    assert_int_equal(fa_forward(f->ctx, &d), FA_OK);
+    d.algorithm = FA_ALGORITHM_STANDARD;
+    assert_int_equal(fa_forward(f->ctx, &d), FA_OK);
+    d.seqlen_q = -1;
+    expect_error(f, &d, FA_ERR_INVALID_SHAPE, "seqlen_q");
+}
+
+/* Sizes near the int32 limits must plan without overflow (checked under UBSan in CI). */
+static void test_huge_shapes_plan(void **state)
+{
+    fixture *f = *state;
+    fa_attention_desc d = f->d;
+    d.batch = 1;
+    d.seqlen_q = INT32_MAX;
+    d.seqlen_k = 1;
+    d.num_heads_q = d.num_heads_kv = 1;
+    d.head_dim = 1;
+    d.lse = NULL;
+    d.q = fa_tensor_contiguous(f->q, FA_DTYPE_F16, FA_LAYOUT_BSHD, d.seqlen_q, 1, 1);
+    d.o = d.q;
+    d.k = fa_tensor_contiguous(f->k, FA_DTYPE_F16, FA_LAYOUT_BSHD, 1, 1, 1);
+    d.v = d.k;
+    fa_run_info ri = { .size = sizeof(ri) };
+    assert_int_equal(fa_forward_plan(f->ctx, &d, &ri), FA_OK);
+    assert_true(ri.workspace_bytes < ((uint64_t)1 << 40));
+    d.num_heads_q = FA_MAX_HEADS;
+    d.seqlen_q = 3;
+    d.q = fa_tensor_contiguous(f->q, FA_DTYPE_F16, FA_LAYOUT_BSHD, 3, FA_MAX_HEADS, 1);
+    d.o = d.q;
+    assert_int_equal(fa_forward_plan(f->ctx, &d, &ri), FA_OK);
 }
 
 static void test_lse_strides(void **state)
@@ -220,6 +265,9 @@ static void test_context_calls(void **state)
     fa_context_options neg = { sizeof(neg), FA_BACKEND_CPU, -1 };
     assert_int_equal(fa_context_create(&neg, &ctx), FA_ERR_INVALID_VALUE);
     assert_non_null(strstr(fa_last_create_error(), "num_threads"));
+    fa_context_options many = { sizeof(many), FA_BACKEND_CPU, FA_MAX_THREADS + 1 };
+    assert_int_equal(fa_context_create(&many, &ctx), FA_ERR_INVALID_VALUE);
+    assert_non_null(strstr(fa_last_create_error(), "num_threads"));
     fa_context_options weird = { sizeof(weird), (fa_backend)42, 0 };
     assert_int_equal(fa_context_create(&weird, &ctx), FA_ERR_INVALID_ARGUMENT);
     if (!fa_backend_is_built(FA_BACKEND_GLES)) {
@@ -236,6 +284,21 @@ static void test_context_calls(void **state)
     ri.size = 1;
     assert_int_equal(fa_context_last_run(ctx, &ri), FA_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(fa_context_last_error(ctx), "info->size"));
+    /* a successful call clears the message */
+    ri.size = sizeof(ri);
+    fa_attention_desc d;
+    fa_attention_desc_init(&d);
+    float buf[64] = { 0 };
+    d.batch = d.seqlen_q = d.seqlen_k = d.num_heads_q = d.num_heads_kv = 1;
+    d.head_dim = 4;
+    d.q = d.k = d.v = fa_tensor_contiguous(buf, FA_DTYPE_F32, FA_LAYOUT_BSHD, 1, 1, 4);
+    d.o = fa_tensor_contiguous(buf + 32, FA_DTYPE_F32, FA_LAYOUT_BSHD, 1, 1, 4);
+    assert_int_equal(fa_forward(ctx, &d), FA_OK);
+    ri.size = 1;
+    assert_int_equal(fa_context_last_run(ctx, &ri), FA_ERR_INVALID_ARGUMENT);
+    ri.size = sizeof(ri);
+    assert_int_equal(fa_context_last_run(ctx, &ri), FA_OK);
+    assert_string_equal(fa_context_last_error(ctx), "");
     size_t need = 0;
     assert_int_equal(fa_context_info(ctx, NULL, 0, &need), FA_OK);
     assert_true(need > 1);
@@ -263,6 +326,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_scalars, setup, teardown),
         cmocka_unit_test_setup_teardown(test_varlen, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lse_strides, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_huge_shapes_plan, setup, teardown),
         cmocka_unit_test(test_context_calls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

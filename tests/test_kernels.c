@@ -149,7 +149,7 @@ static void test_softcap(void **state)
     (void)state;
     FOR_EACH_TABLE(k)
     {
-        enum { COLS = 40 };
+        enum { COLS = 64 }; /* a multiple of every table's nr / 2 */
         float st[2 * COLS];
         const float caps[] = { 1.0f, 30.0f };
         for (int c = 0; c < 2; c++) {

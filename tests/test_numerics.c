@@ -167,13 +167,16 @@ static void test_deterministic_across_threads(void **state)
     /* The second shape has few tasks, so the planner cuts it into smaller query
      * blocks for more threads; a left window makes each block's first visible
      * key differ. Neither may change a bit. */
-    const int32_t shapes[2][5] = { { 2, 333, 517, 8, 2 }, { 1, 700, 900, 1, 1 } };
-    for (int s = 0; s < 2; s++) {
+    /* The third has softcap, and blocks whose column counts end mid-vector
+     * differently for 1 and 2 threads. */
+    const int32_t shapes[3][5] = { { 2, 333, 517, 8, 2 }, { 1, 700, 900, 1, 1 }, { 1, 200, 200, 3, 1 } };
+    for (int s = 0; s < 3; s++) {
         const int32_t b = shapes[s][0], sq = shapes[s][1], sk = shapes[s][2], hq = shapes[s][3];
         problem p;
         problem_make(&p, b, sq, sk, hq, shapes[s][4], 96, 1.0, seed + 2 + (uint64_t)s);
-        p.d.causal = 1;
-        p.d.window_left = 200;
+        p.d.causal = s < 2;
+        p.d.window_left = s < 2 ? 200 : -1;
+        p.d.softcap = s == 2 ? 5.0f : 0.0f;
         size_t n = (size_t)b * sq * hq * 96, nl = (size_t)b * hq * sq;
         float *first = malloc(n * 4), *lse = malloc(nl * 4);
         assert_non_null(first && lse);
@@ -228,6 +231,46 @@ static void test_decode_split(void **state)
     fa_context_destroy(one);
     fa_context_destroy(two);
     fa_context_destroy(many);
+}
+
+/* A query block smaller than the sequence forced through the tuning knob, on a
+ * decode-sized shape: the split-KV path must not be taken for partial blocks. */
+static void test_block_override(void **state)
+{
+    (void)state;
+    setenv("FLASHATTN_CPU_BLOCK_Q", "1", 1);
+    fa_context_t ctx = make_ctx(2);
+    problem p;
+    problem_make(&p, 1, 4, 64, 1, 1, 16, 1.0, seed + 5);
+    assert_int_equal(fa_forward(ctx, &p.d), FA_OK);
+    assert_true(max_err(&p) < 1e-5);
+    unsetenv("FLASHATTN_CPU_BLOCK_Q");
+    problem_free(&p);
+    fa_context_destroy(ctx);
+}
+
+/* Rows with no visible key are exact zeros even when a key they cannot see
+ * holds NaN (the accumulator of their tile may be poisoned by 0 * NaN). */
+static void test_masked_rows_ignore_nan(void **state)
+{
+    (void)state;
+    fa_context_t ctx = make_ctx(0);
+    problem p;
+    problem_make(&p, 1, 64, 48, 1, 1, 64, 1.0, seed + 6);
+    p.d.causal = 1; /* rows 0..15 see nothing */
+    for (int x = 0; x < 64; x++)
+        p.v[10 * 64 + x] = NAN; /* seen by rows 26.. only, but in the tiles of rows 0..15 */
+    for (int algo = 0; algo < 2; algo++) {
+        p.d.algorithm = (fa_algorithm)algo;
+        assert_int_equal(fa_forward(ctx, &p.d), FA_OK);
+        for (int i = 0; i < 16; i++) {
+            for (int x = 0; x < 64; x++)
+                assert_true(p.o[i * 64 + x] == 0.0f);
+            assert_true(p.lse[i] == -INFINITY);
+        }
+    }
+    problem_free(&p);
+    fa_context_destroy(ctx);
 }
 
 /* The f16/bf16 output must be the f32 result rounded to nearest (even on ties). */
@@ -292,6 +335,8 @@ int main(void)
         cmocka_unit_test(test_deterministic_across_threads),
         cmocka_unit_test(test_output_rounding),
         cmocka_unit_test(test_decode_split),
+        cmocka_unit_test(test_block_override),
+        cmocka_unit_test(test_masked_rows_ignore_nan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

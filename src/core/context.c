@@ -126,9 +126,9 @@ fa_status fa_context_create(const fa_context_options *opts, fa_context_t *out)
                             opts->size, sizeof(*opts));
         o = *opts;
     }
-    if (o.num_threads < 0)
-        return fa_error(NULL, FA_ERR_INVALID_VALUE, "opts->num_threads (%d) must be >= 0",
-                        (int)o.num_threads);
+    if (o.num_threads < 0 || o.num_threads > FA_MAX_THREADS)
+        return fa_error(NULL, FA_ERR_INVALID_VALUE, "opts->num_threads (%d) must be in 0..%d",
+                        (int)o.num_threads, FA_MAX_THREADS);
     if ((int)o.backend < 0 || (int)o.backend >= FA_BACKEND_COUNT)
         return fa_error(NULL, FA_ERR_INVALID_ARGUMENT, "opts->backend (%d) is not a fa_backend",
                         (int)o.backend);
@@ -255,5 +255,6 @@ fa_status fa_context_last_run(fa_context_t ctx, fa_run_info *info)
     if (!ctx->has_last_run)
         return fa_error(ctx, FA_ERR_INVALID_ARGUMENT, "no call has run on this context yet");
     *info = ctx->last_run;
+    ctx->error[0] = '\0';
     return FA_OK;
 }

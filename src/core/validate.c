@@ -54,6 +54,9 @@ static int64_t max_offset(const axis *ax, int n)
  * stride, each stride must step over everything the smaller axes span. */
 static int first_overlap(axis *ax, int n)
 {
+    for (int i = 0; i < n; i++)
+        if (ax[i].extent == 0) /* no element at all */
+            return -1;
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && ax[j].stride < ax[j - 1].stride; j--) {
             axis t = ax[j];
@@ -125,19 +128,26 @@ static fa_status check_cu(fa_context_t ctx, const char *name, const int32_t *cu,
 
 static fa_status check_shape(fa_context_t ctx, const fa_attention_desc *d)
 {
+    /* packed varlen tensors may hold no token at all (every sequence empty) */
+    const int32_t min_seq = d->cu_seqlens_q && d->cu_seqlens_k ? 0 : 1;
     struct {
         const char *name;
-        int32_t v;
-    } dims[] = { { "batch", d->batch },
-                 { "seqlen_q", d->seqlen_q },
-                 { "seqlen_k", d->seqlen_k },
-                 { "num_heads_q", d->num_heads_q },
-                 { "num_heads_kv", d->num_heads_kv },
-                 { "head_dim", d->head_dim } };
+        int32_t v, min;
+    } dims[] = { { "batch", d->batch, 1 },
+                 { "seqlen_q", d->seqlen_q, min_seq },
+                 { "seqlen_k", d->seqlen_k, min_seq },
+                 { "num_heads_q", d->num_heads_q, 1 },
+                 { "num_heads_kv", d->num_heads_kv, 1 },
+                 { "head_dim", d->head_dim, 1 } };
     for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++)
-        if (dims[i].v < 1)
-            return fa_error(ctx, FA_ERR_INVALID_SHAPE, "%s (%d) must be at least 1",
-                            dims[i].name, (int)dims[i].v);
+        if (dims[i].v < dims[i].min)
+            return fa_error(ctx, FA_ERR_INVALID_SHAPE, "%s (%d) must be at least %d",
+                            dims[i].name, (int)dims[i].v, (int)dims[i].min);
+    if (d->num_heads_q > FA_MAX_HEADS || d->num_heads_kv > FA_MAX_HEADS)
+        return fa_error(ctx, FA_ERR_INVALID_SHAPE, "%s (%d) must be at most %d",
+                        d->num_heads_q > FA_MAX_HEADS ? "num_heads_q" : "num_heads_kv",
+                        (int)(d->num_heads_q > FA_MAX_HEADS ? d->num_heads_q : d->num_heads_kv),
+                        FA_MAX_HEADS);
     if (d->head_dim > FA_MAX_HEAD_DIM)
         return fa_error(ctx, FA_ERR_INVALID_SHAPE, "head_dim (%d) must be at most %d",
                         (int)d->head_dim, FA_MAX_HEAD_DIM);
@@ -150,9 +160,10 @@ static fa_status check_shape(fa_context_t ctx, const fa_attention_desc *d)
 
 static fa_status check_scalars(fa_context_t ctx, const fa_attention_desc *d)
 {
-    if (!isfinite(d->scale))
-        return fa_error(ctx, FA_ERR_INVALID_VALUE, "scale (%g) must be finite (0 = 1/sqrt(head_dim))",
-                        (double)d->scale);
+    if (!(fabsf(d->scale) <= FA_MAX_SCALE))
+        return fa_error(ctx, FA_ERR_INVALID_VALUE,
+                        "scale (%g) must be finite with magnitude at most %g (0 = 1/sqrt(head_dim))",
+                        (double)d->scale, (double)FA_MAX_SCALE);
     if (d->causal != 0 && d->causal != 1)
         return fa_error(ctx, FA_ERR_INVALID_VALUE, "causal (%d) must be 0 or 1", (int)d->causal);
     if (d->window_left < -1)
@@ -161,9 +172,9 @@ static fa_status check_scalars(fa_context_t ctx, const fa_attention_desc *d)
     if (d->window_right < -1)
         return fa_error(ctx, FA_ERR_INVALID_VALUE,
                         "window_right (%d) must be -1 (unbounded) or >= 0", (int)d->window_right);
-    if (!isfinite(d->softcap) || d->softcap < 0)
-        return fa_error(ctx, FA_ERR_INVALID_VALUE, "softcap (%g) must be finite and >= 0 (0 = off)",
-                        (double)d->softcap);
+    if (!(d->softcap >= 0.0f && d->softcap <= FA_MAX_SCALE))
+        return fa_error(ctx, FA_ERR_INVALID_VALUE, "softcap (%g) must be in [0, %g] (0 = off)",
+                        (double)d->softcap, (double)FA_MAX_SCALE);
     if (!(d->dropout_p >= 0.0f && d->dropout_p < 1.0f))
         return fa_error(ctx, FA_ERR_INVALID_VALUE, "dropout_p (%g) must be in [0, 1)",
                         (double)d->dropout_p);
@@ -207,7 +218,7 @@ static fa_status check_lse(fa_context_t ctx, const fa_attention_desc *d, fa_prob
         p->lse_ss = 1;
         p->lse_sh = rows;
         p->lse_sb = p->varlen ? 0 : rows * d->num_heads_q;
-    } else {
+    } else if (d->lse) { /* strides of an absent output are not looked at */
         p->lse_sb = d->lse_stride_batch;
         p->lse_sh = d->lse_stride_head;
         p->lse_ss = d->lse_stride_seq;

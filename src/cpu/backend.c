@@ -4,6 +4,9 @@
 
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static const fa_cpu_kernels *const all_kernels[] = {
 #ifdef FA_HAVE_X86_KERNELS
@@ -29,6 +32,11 @@ static fa_status cpu_init(fa_context_t ctx, int32_t num_threads, void **state)
         return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the CPU backend");
     fa_cpu_machine_probe(&s->mach);
     s->threads = num_threads > 0 ? num_threads : s->mach.max_threads;
+#ifdef _OPENMP
+    /* OpenMP exits the process when it cannot start the threads a region asks for. */
+    if (s->threads > omp_get_thread_limit())
+        s->threads = omp_get_thread_limit();
+#endif
     if (s->threads < 1)
         s->threads = 1;
 

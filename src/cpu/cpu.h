@@ -112,9 +112,10 @@ void fa_cpu_pack_q(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu
 void fa_cpu_load_rows(const fa_cpu_kernels *kern, const fa_problem *p, const fa_tensor *t,
                       const fa_cpu_cols *cc, int64_t j0, int32_t n, int32_t ld, float *dst);
 
-/* Softcap and masks on a transposed score tile st[j*lds + c], keys [j0, j0+n). full_tile: skip the mask. */
-void fa_cpu_cap_and_mask(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
-                         int64_t j0, int32_t n, float *st, int32_t lds, int full_tile);
+/* Masks on a transposed score tile st[j*lds + c], keys [j0, j0+n): -inf where a
+ * column's row may not see the key. full_tile: nothing to do. */
+void fa_cpu_mask(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int32_t n, float *st,
+                 int32_t lds, int full_tile);
 
 /* Divide by l, convert, write o rows and lse for every column. */
 void fa_cpu_store_out(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,

@@ -145,8 +145,10 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
         int full = fa_cpu_tile_full(p, &cc, j0, j0 + n);
         kern->dot(d->k.dtype, &hk, cc.ncols, n, dim, bf->q, dim, row_ptr(p, &d->k, &cc, j0),
                   d->k.stride_seq, bf->st, gv);
+        if (p->softcap > 0.0f) /* one call over every head's columns, padding included */
+            kern->softcap(n, gv, bf->st, gv, p->softcap);
         for (int32_t h = 0; h < heads; h++)
-            fa_cpu_cap_and_mask(kern, p, &cc, j0, n, bf->st + h * cols, gv, full);
+            fa_cpu_mask(p, &cc, j0, n, bf->st + h * cols, gv, full);
         kern->softmax_update(n, gv, bf->st, gv, bf->m, bf->l, bf->alpha);
         kern->axpy(d->v.dtype, &hv, cc.ncols, n, dim, bf->st, gv, row_ptr(p, &d->v, &cc, j0),
                    d->v.stride_seq, bf->o, dim, bf->alpha);
@@ -201,7 +203,7 @@ fa_status fa_cpu_decode_forward(fa_context_t ctx, const fa_cpu_state *s, const f
     float *ws = fa_alloc_aligned((size_t)pl->threads * per * sizeof(float));
     float *slots = fa_alloc_aligned((size_t)nslots * (size_t)slot_floats * sizeof(float));
     int64_t *first = malloc(sizeof(int64_t) * ((size_t)p->batch + 1));
-    int32_t *slot_b = malloc(sizeof(int32_t) * (size_t)nslots);
+    int32_t *slot_b = malloc(sizeof(int32_t) * (size_t)(nslots ? nslots : 1));
     if (!ws || !slots || !first || !slot_b) {
         free(ws);
         free(slots);

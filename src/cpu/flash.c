@@ -90,7 +90,9 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
                 kern->gemm(n - i0 < mr ? n - i0 : mr, dim, bf->k + (int64_t)i0 * dim, dim, 1,
                            bf->q + (int64_t)c0 * dim, nr, bf->st + (int64_t)i0 * lds + c0, lds,
                            NULL);
-        fa_cpu_cap_and_mask(kern, p, &cc, j0, n, bf->st, lds, fa_cpu_tile_full(p, &cc, j0, j0 + n));
+        if (p->softcap > 0.0f)
+            kern->softcap(n, pl->cols_vec, bf->st, lds, p->softcap);
+        fa_cpu_mask(p, &cc, j0, n, bf->st, lds, fa_cpu_tile_full(p, &cc, j0, j0 + n));
         kern->softmax_update(n, pl->cols_vec, bf->st, lds, bf->m, bf->l, bf->alpha);
 
         /* O = diag(alpha) O + P V, P read through the transposed tile. */
@@ -107,7 +109,7 @@ fa_status fa_cpu_flash_forward(fa_context_t ctx, const fa_cpu_state *s, const fa
 {
     size_t per = (size_t)pl->per_thread_floats;
     float *ws = fa_alloc_aligned((size_t)pl->threads * per * sizeof(float));
-    fa_cpu_task *tasks = malloc((size_t)pl->task_count * sizeof(*tasks));
+    fa_cpu_task *tasks = malloc((size_t)(pl->task_count ? pl->task_count : 1) * sizeof(*tasks));
     if (!ws || !tasks) {
         free(ws);
         free(tasks);

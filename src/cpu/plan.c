@@ -32,7 +32,7 @@ static int64_t count_tasks(const fa_problem *p, int32_t pos)
 {
     int64_t n = 0;
     for (int32_t b = 0; b < p->batch; b++)
-        n += (fa_problem_seq(p, b).q_len + pos - 1) / pos;
+        n += ((int64_t)fa_problem_seq(p, b).q_len + pos - 1) / pos;
     return n * p->heads_kv;
 }
 
@@ -71,8 +71,23 @@ static void plan_columns(const fa_cpu_state *s, const fa_problem *p, fa_cpu_plan
         pos = 1;
     if (pos > p->max_q)
         pos = p->max_q > 0 ? p->max_q : 1;
-    /* Enough tasks for every thread to stay busy: at least 3 per thread. */
-    while (pos > 1 && pos * p->group > nr && count_tasks(p, pos) < 3 * (int64_t)s->threads)
+    /* Key tile for the flash path, from the block width before any split for
+     * threads below: tile boundaries set the rounding, and must not depend on
+     * the thread count. */
+    int32_t bk = env_int("FLASHATTN_CPU_BLOCK_K");
+    if (!bk) {
+        bk = 128;
+        while (bk > 32 && tile_bytes(round_up(pos * p->group, nr), bk, dim, dpad) > budget)
+            bk /= 2;
+    }
+    pl->block_k = bk < p->max_k || p->max_k == 0 ? bk : p->max_k;
+    /* Decode: every query row of a sequence in one task (the split-KV path
+     * takes whole sequences), and at most half a register block of them. */
+    pl->use_dot = pos >= p->max_q && pos * p->group * 2 <= nr;
+    /* Enough tasks for every thread to stay busy: at least 3 per thread. This
+     * only regroups rows; each row's arithmetic is the same either way. */
+    while (!pl->use_dot && pos > 1 && pos * p->group > nr &&
+           count_tasks(p, pos) < 3 * (int64_t)s->threads)
         pos = (pos + 1) / 2;
 
     pl->pos_per_task = pos;
@@ -80,9 +95,6 @@ static void plan_columns(const fa_cpu_state *s, const fa_problem *p, fa_cpu_plan
     pl->cols_pad = round_up(pl->cols, nr);
     pl->cols_vec = round_up(pl->cols, nr / 2);
     pl->dim_pad = dpad;
-    /* At most half a register block of queries (decode): dot products and a split
-     * over the keys beat a mostly padded gemm. */
-    pl->use_dot = pl->cols * 2 <= nr;
     pl->task_count = count_tasks(p, pos);
     pl->threads = s->threads;
     if (pl->task_count < pl->threads)
@@ -135,15 +147,6 @@ fa_status fa_cpu_plan_flash(fa_context_t ctx, const fa_cpu_state *s, const fa_pr
     plan_columns(s, p, pl);
     if (pl->use_dot)
         return plan_decode(ctx, s, p, pl);
-    int32_t bk = env_int("FLASHATTN_CPU_BLOCK_K");
-    if (!bk) {
-        bk = 128;
-        while (bk > 32 && tile_bytes(pl->cols_pad, bk, p->dim, pl->dim_pad) > s->mach.l2_bytes / 2)
-            bk /= 2;
-    }
-    if (bk > p->max_k && p->max_k > 0)
-        bk = p->max_k;
-    pl->block_k = bk;
     pl->per_thread_floats = fa_cpu_flash_thread_floats(p, pl);
     pl->workspace_bytes = (uint64_t)pl->threads * (uint64_t)pl->per_thread_floats * 4u +
                           (uint64_t)pl->task_count * sizeof(fa_cpu_task);

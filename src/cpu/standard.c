@@ -73,7 +73,9 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
                 kern->gemm(n - i0 < mr ? n - i0 : mr, dim, bf->k + (int64_t)i0 * dim, dim, 1,
                            bf->q + (int64_t)c0 * dim, nr, s + (int64_t)i0 * lds + c0, lds, NULL);
     /* Pass 2: mask after the fact, then softmax over complete rows. */
-    fa_cpu_cap_and_mask(kern, p, &cc, 0, n, s, lds, fa_cpu_tile_full(p, &cc, 0, n));
+    if (p->softcap > 0.0f)
+        kern->softcap(n, pl->cols_vec, s, lds, p->softcap);
+    fa_cpu_mask(p, &cc, 0, n, s, lds, fa_cpu_tile_full(p, &cc, 0, n));
     kern->softmax_update(n, pl->cols_vec, s, lds, bf->m, bf->l, bf->alpha);
     /* Pass 3: O = P V. */
     for (int32_t i0 = 0; i0 < cc.ncols; i0 += mr)
@@ -103,8 +105,9 @@ fa_status fa_cpu_standard_forward(fa_context_t ctx, const fa_cpu_state *s, const
     size_t scores = (size_t)fa_cpu_standard_scores(p, pl);
     float *ws = fa_alloc_aligned((size_t)pl->threads * per * sizeof(float));
     float *sbuf = fa_alloc_aligned(scores * sizeof(float));
-    fa_cpu_task *tasks = malloc((size_t)pl->task_count * sizeof(*tasks));
-    int64_t *at = malloc((size_t)pl->task_count * sizeof(*at));
+    size_t ntask = (size_t)(pl->task_count ? pl->task_count : 1);
+    fa_cpu_task *tasks = malloc(ntask * sizeof(*tasks));
+    int64_t *at = malloc(ntask * sizeof(*at));
     if (!ws || !sbuf || !tasks || !at) {
         free(ws);
         free(sbuf);

@@ -60,11 +60,9 @@ int fa_cpu_tile_full(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int
     return j0 >= last + off - p->win_left && j1 - 1 <= first + off + p->win_right;
 }
 
-void fa_cpu_cap_and_mask(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
-                         int64_t j0, int32_t n, float *st, int32_t lds, int full_tile)
+void fa_cpu_mask(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int32_t n, float *st,
+                 int32_t lds, int full_tile)
 {
-    if (p->softcap > 0.0f)
-        kern->softcap(n, cc->ncols, st, lds, p->softcap);
     if (full_tile)
         return;
     int64_t off = (int64_t)cc->seq.k_len - cc->seq.q_len;
@@ -84,9 +82,11 @@ void fa_cpu_store_out(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
     for (int32_t c = 0; c < cc->ncols; c++) {
         int64_t row = cc->seq.q_start + cc->r0 + c / p->group;
         int32_t h = cc->hk * p->group + c % p->group;
-        float inv = l[c] > 0.0f ? 1.0f / l[c] : 0.0f;
         char *dst = (char *)fa_elem_ptr(&d->o, fa_row_offset(p, &d->o, cc->b, row, h));
-        kern->store(d->o.dtype, acc + (int64_t)c * ld, dst, p->dim, inv);
+        if (l[c] > 0.0f) /* else no visible key: exact zeros, whatever the accumulator holds */
+            kern->store(d->o.dtype, acc + (int64_t)c * ld, dst, p->dim, 1.0f / l[c]);
+        else
+            memset(dst, 0, (size_t)p->dim * (d->o.dtype == FA_DTYPE_F32 ? 4 : 2));
         if (d->lse) {
             int64_t at = (p->varlen ? 0 : (int64_t)cc->b * p->lse_sb) + (int64_t)h * p->lse_sh +
                          row * p->lse_ss;
@@ -112,7 +112,7 @@ int64_t fa_cpu_build_tasks(const fa_problem *p, const fa_cpu_plan *pl, fa_cpu_ta
     int64_t nt = 0;
     for (int32_t b = 0; b < p->batch; b++) {
         fa_seq sq = fa_problem_seq(p, b);
-        int32_t blocks = (sq.q_len + pl->pos_per_task - 1) / pl->pos_per_task;
+        int64_t blocks = ((int64_t)sq.q_len + pl->pos_per_task - 1) / pl->pos_per_task;
         for (int32_t blk = 0; blk < blocks; blk++) {
             int64_t r0 = (int64_t)blk * pl->pos_per_task, r1 = r0 + pl->pos_per_task, lo, hi;
             if (r1 > sq.q_len)

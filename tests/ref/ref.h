@@ -61,7 +61,7 @@ typedef struct fa_case_result {
     double err_standard; /* same for the standard algorithm in the same precision */
     double tolerance;
     double lse_err_flash, lse_err_standard;
-    char message[256];
+    char message[512];
 } fa_case_result;
 
 /* Describe a case in one line (for replays): "f16 b2 sq17 sk129 hq8 hkv1 d80 causal ...". */

@@ -63,7 +63,9 @@ typedef struct fa_cpu_kernels {
                  const float *alpha);
 
     /* Logit softcap on a score tile, into the base-2 domain:
-     * st[j*lds + i] = cap * tanh(st[j*lds + i] / cap) * log2(e) for j < n, i < cols. */
+     * st[j*lds + i] = cap * tanh(st[j*lds + i] / cap) * log2(e) for j < n, i < cols,
+     * cols a multiple of nr / 2 (every column takes the same path, so a score's
+     * bits never depend on where a task's columns end). */
     void (*softcap)(int n, int cols, float *st, ptrdiff_t lds, float cap);
 
     /* dst[i] = mul * float(src[i]) for i < n, src of dtype t. */
