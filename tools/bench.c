@@ -333,7 +333,12 @@ static int parse(int argc, char **argv, opts *o)
             return cli_usage_error("bench", "%s needs a value", a);                            \
         i++;                                                                                   \
     } while (0)
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        int used = cli_backend_option("bench", argc, argv, &i, &o->backend, &o->threads);
+        if (used == CLI_EXIT_USAGE)
+            return used;
+        if (used) {
+            continue;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(help, stdout);
             return -1;
         } else if (strcmp(a, "--seq") == 0) {
@@ -392,14 +397,6 @@ static int parse(int argc, char **argv, opts *o)
                 o->layout = FA_LAYOUT_BHSD;
             else
                 return cli_usage_error("bench", "--layout needs bshd or bhsd");
-        } else if (strcmp(a, "--backend") == 0) {
-            NEED_VALUE();
-            if (cli_parse_backend(v, &o->backend))
-                return cli_usage_error("bench", "--backend needs auto, cpu, cuda or gles");
-        } else if (strcmp(a, "--threads") == 0) {
-            NEED_VALUE();
-            if (cli_parse_int(v, 0, 4096, &o->threads))
-                return cli_usage_error("bench", "--threads needs an integer in 0..4096");
         } else if (strcmp(a, "--reps") == 0) {
             NEED_VALUE();
             if (cli_parse_int(v, 1, 64, &o->reps))

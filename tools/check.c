@@ -31,17 +31,14 @@ int cmd_check(int argc, char **argv)
     unsigned long long seed = (unsigned long long)time(NULL);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        int used = cli_backend_option("check", argc, argv, &i, &backend, &threads);
+        if (used == CLI_EXIT_USAGE)
+            return used;
+        if (used) {
+            continue;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(help, stdout);
             return 0;
-        } else if (strcmp(a, "--backend") == 0) {
-            if (!v || cli_parse_backend(v, &backend) != 0)
-                return cli_usage_error("check", "--backend needs auto, cpu, cuda or gles");
-            i++;
-        } else if (strcmp(a, "--threads") == 0) {
-            if (cli_parse_int(v, 0, 4096, &threads) != 0)
-                return cli_usage_error("check", "--threads needs an integer in 0..4096");
-            i++;
         } else if (strcmp(a, "--seed") == 0) {
             char *end;
             if (!v || !*v || (seed = strtoull(v, &end, 10), *end))

@@ -29,6 +29,12 @@ int cli_parse_backend(const char *s, fa_backend *out);
 int cli_parse_dtype(const char *s, fa_dtype *out);
 const char *cli_dtype_name(fa_dtype t);
 
+/* The options every command takes: --backend NAME and --threads N. Returns 1
+ * when argv[*i] was one of them (its value consumed, *i advanced), 0 when it
+ * was not, CLI_EXIT_USAGE after printing the error. */
+int cli_backend_option(const char *cmd, int argc, char **argv, int *i, fa_backend *backend,
+                       long *threads);
+
 /* Monotonic seconds. */
 double cli_now(void);
 

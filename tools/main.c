@@ -102,6 +102,23 @@ const char *cli_dtype_name(fa_dtype t)
     return t == FA_DTYPE_F32 ? "f32" : t == FA_DTYPE_F16 ? "f16" : "bf16";
 }
 
+int cli_backend_option(const char *cmd, int argc, char **argv, int *i, fa_backend *backend,
+                       long *threads)
+{
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (strcmp(a, "--backend") == 0) {
+        if (!v || cli_parse_backend(v, backend) != 0)
+            return cli_usage_error(cmd, "--backend needs auto, cpu, cuda or gles");
+    } else if (strcmp(a, "--threads") == 0) {
+        if (cli_parse_int(v, 0, FA_MAX_THREADS, threads) != 0)
+            return cli_usage_error(cmd, "--threads needs an integer in 0..%d", FA_MAX_THREADS);
+    } else {
+        return 0;
+    }
+    (*i)++;
+    return 1;
+}
+
 double cli_now(void)
 {
     struct timespec ts;

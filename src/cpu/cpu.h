@@ -55,6 +55,15 @@ fa_status fa_cpu_decode_forward(fa_context_t ctx, const fa_cpu_state *s, const f
 fa_status fa_cpu_standard_forward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
                                   const fa_cpu_plan *plan);
 
+/* Carve `count` floats from a per-thread block at offset *n (64-byte aligned
+ * pieces); with base NULL it only advances *n, to size the block. */
+static inline float *fa_ws_take(float *base, int64_t *n, int64_t count)
+{
+    float *p = base ? base + *n : NULL;
+    *n += (count + 15) & ~(int64_t)15;
+    return p;
+}
+
 /* Floats of per-thread workspace each algorithm carves from one block. */
 int64_t fa_cpu_flash_thread_floats(const fa_problem *p, const fa_cpu_plan *plan);
 int64_t fa_cpu_decode_thread_floats(const fa_cpu_kernels *kern, const fa_problem *p,

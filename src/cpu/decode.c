@@ -53,20 +53,14 @@ static int64_t carve(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
                      float *base, dbufs *b)
 {
     int64_t n = 0, gc = group_cols(pl), gv = group_cols_vec(kern, pl);
-#define TAKE(field, count)                                                                     \
-    do {                                                                                       \
-        if (b)                                                                                 \
-            b->field = base + n;                                                               \
-        n += ((int64_t)(count) + 15) & ~(int64_t)15;                                           \
-    } while (0)
-    TAKE(q, gc * p->dim);
-    TAKE(o, gc * p->dim);
-    TAKE(m, gv);
-    TAKE(l, gv);
-    TAKE(alpha, gv);
-    TAKE(st, (int64_t)tile_keys(kern, pl) * gv);
-    TAKE(tmp, p->dim);
-#undef TAKE
+    dbufs scratch, *out = b ? b : &scratch;
+    out->q = fa_ws_take(base, &n, gc * p->dim);
+    out->o = fa_ws_take(base, &n, gc * p->dim);
+    out->m = fa_ws_take(base, &n, gv);
+    out->l = fa_ws_take(base, &n, gv);
+    out->alpha = fa_ws_take(base, &n, gv);
+    out->st = fa_ws_take(base, &n, (int64_t)tile_keys(kern, pl) * gv);
+    out->tmp = fa_ws_take(base, &n, p->dim);
     return n;
 }
 

@@ -24,21 +24,15 @@ typedef struct sbufs {
 static int64_t carve(const fa_problem *p, const fa_cpu_plan *pl, float *base, sbufs *b)
 {
     int64_t n = 0;
-#define TAKE(field, count)                                                                     \
-    do {                                                                                       \
-        if (b)                                                                                 \
-            b->field = base + n;                                                               \
-        n += ((int64_t)(count) + 15) & ~(int64_t)15;                                           \
-    } while (0)
-    TAKE(q, (int64_t)pl->cols_pad * p->dim);
-    TAKE(k, (int64_t)p->max_k * p->dim);
-    TAKE(v, (int64_t)p->max_k * pl->dim_pad);
-    TAKE(o, (int64_t)pl->cols_pad * pl->dim_pad);
-    TAKE(m, pl->cols_pad);
-    TAKE(l, pl->cols_pad);
-    TAKE(alpha, pl->cols_pad);
-    TAKE(tmp, p->dim);
-#undef TAKE
+    sbufs scratch, *out = b ? b : &scratch;
+    out->q = fa_ws_take(base, &n, (int64_t)pl->cols_pad * p->dim);
+    out->k = fa_ws_take(base, &n, (int64_t)p->max_k * p->dim);
+    out->v = fa_ws_take(base, &n, (int64_t)p->max_k * pl->dim_pad);
+    out->o = fa_ws_take(base, &n, (int64_t)pl->cols_pad * pl->dim_pad);
+    out->m = fa_ws_take(base, &n, pl->cols_pad);
+    out->l = fa_ws_take(base, &n, pl->cols_pad);
+    out->alpha = fa_ws_take(base, &n, pl->cols_pad);
+    out->tmp = fa_ws_take(base, &n, p->dim);
     return n;
 }
 
