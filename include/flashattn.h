@@ -162,8 +162,11 @@ typedef struct fa_attention_desc {
     const int32_t *cu_seqlens_q; /* varlen offsets, batch + 1 entries, or NULL */
     const int32_t *cu_seqlens_k; /* set both or neither */
 
-    /* Dropout on the attention probabilities (training). p in [0, 1);
-     * the mask is a function of (seed, offset, batch, head, row, column). */
+    /* Dropout on the attention probabilities (training): p in [0, 1). Kept
+     * probabilities are scaled by 1/(1-p); lse stays that of the undropped
+     * softmax. The keep mask is a pure function of (seed, offset, batch,
+     * query head, query row, key column), defined by fa_dropout_mask, so the
+     * backward pass and every backend regenerate the same bits. */
     float dropout_p;
     uint64_t dropout_seed;
     uint64_t dropout_offset;
@@ -257,6 +260,24 @@ FA_API fa_status fa_forward_plan(fa_context_t ctx, const fa_attention_desc *desc
  * same bits whatever the thread count.
  */
 FA_API fa_status fa_forward(fa_context_t ctx, const fa_attention_desc *desc);
+
+/*
+ * The dropout keep mask, materialised: mask[r*ld + c] = 1 when the
+ * probability of (batch, head, query row row0 + r, key column col0 + c) is
+ * kept for probability p, 0 when it is dropped. Rows and columns count from
+ * the start of their sequence (varlen: within the sequence). Definition,
+ * identical on every backend: with Philox4x32-10 (Salmon et al., 2011),
+ *   key     = { lo32(seed) ^ (head * 0x9E3779B9), hi32(seed) ^ (batch * 0xBB67AE85) }
+ *   counter = { col / 4, row, lo32(offset), hi32(offset) }
+ *   r       = word (col % 4) of philox(counter, key)
+ *   keep    = (r >> 8) >= ceil(p * 2^24)
+ * so the kept fraction is 1 - p (to 2^-24) and p = 0 keeps everything.
+ * Returns FA_ERR_INVALID_VALUE / _SHAPE / _NULL_POINTER on bad arguments
+ * (nothing written). Thread-safe; needs no context.
+ */
+FA_API fa_status fa_dropout_mask(float p, uint64_t seed, uint64_t offset, int32_t batch, int32_t head,
+                                 int32_t row0, int32_t rows, int32_t col0, int32_t cols,
+                                 uint8_t *mask, int64_t ld);
 
 /* Report of the last successful fa_forward / fa_forward_plan on ctx. Clears the
  * context's error message on success. */

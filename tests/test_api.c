@@ -165,7 +165,6 @@ static void test_scalars(void **state)
     MUTATE(d.dropout_p = 1.0f, FA_ERR_INVALID_VALUE, "dropout_p");
     MUTATE(d.dropout_p = -0.1f, FA_ERR_INVALID_VALUE, "dropout_p");
     MUTATE(d.dropout_p = NAN, FA_ERR_INVALID_VALUE, "dropout_p");
-    MUTATE(d.dropout_p = 0.1f, FA_ERR_UNSUPPORTED, "dropout_p");
     MUTATE(d.algorithm = (fa_algorithm)9, FA_ERR_INVALID_VALUE, "algorithm");
     /* scaled scores must stay representable: scale * log2(e) and softcap * log2(e) */
     MUTATE(d.scale = 3e38f, FA_ERR_INVALID_VALUE, "scale");

@@ -33,6 +33,10 @@ typedef struct fa_problem {
     int64_t win_left;    /* resolved, FA_WINDOW_INF when unbounded */
     int64_t win_right;   /* causal folds into this */
     fa_dtype in_dtype, out_dtype;
+    float dropout_p;          /* 0 = no dropout */
+    float dropout_scale;      /* 1 / (1 - p) */
+    uint32_t dropout_threshold;
+    uint64_t dropout_seed, dropout_offset;
     int64_t lse_sb, lse_sh, lse_ss; /* resolved LSE strides */
 } fa_problem;
 

@@ -2,6 +2,8 @@
 /* Validation of an attention descriptor: every field checked before any work starts. */
 #include "internal.h"
 
+#include "dropout.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,10 +180,6 @@ static fa_status check_scalars(fa_context_t ctx, const fa_attention_desc *d)
     if (!(d->dropout_p >= 0.0f && d->dropout_p < 1.0f))
         return fa_error(ctx, FA_ERR_INVALID_VALUE, "dropout_p (%g) must be in [0, 1)",
                         (double)d->dropout_p);
-    if (d->dropout_p > 0.0f)
-        return fa_error(ctx, FA_ERR_UNSUPPORTED,
-                        "dropout_p (%g): dropout is not implemented yet; pass 0",
-                        (double)d->dropout_p);
     if (d->algorithm != FA_ALGORITHM_FLASH && d->algorithm != FA_ALGORITHM_STANDARD)
         return fa_error(ctx, FA_ERR_INVALID_VALUE, "algorithm (%d) is not a fa_algorithm",
                         (int)d->algorithm);
@@ -295,6 +293,11 @@ fa_status fa_validate_forward(fa_context_t ctx, const fa_attention_desc *d, fa_p
     p->win_right = d->window_right < 0 ? FA_WINDOW_INF : d->window_right;
     if (d->causal)
         p->win_right = 0;
+    p->dropout_p = d->dropout_p;
+    p->dropout_scale = 1.0f / (1.0f - d->dropout_p);
+    p->dropout_threshold = fa_dropout_threshold(d->dropout_p);
+    p->dropout_seed = d->dropout_seed;
+    p->dropout_offset = d->dropout_offset;
     p->in_dtype = d->q.dtype;
     p->out_dtype = d->o.dtype;
     p->max_q = p->max_k = 0;

@@ -47,6 +47,7 @@ typedef struct dbufs {
     float *m, *l, *alpha; /* group_cols_vec */
     float *st;            /* tile x group_cols_vec: transposed scores */
     float *tmp;           /* dim */
+    uint8_t *keep;        /* tile: dropout decisions of one row */
 } dbufs;
 
 static int64_t carve(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_plan *pl,
@@ -61,6 +62,7 @@ static int64_t carve(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
     out->alpha = fa_ws_take(base, &n, gv);
     out->st = fa_ws_take(base, &n, (int64_t)tile_keys(kern, pl) * gv);
     out->tmp = fa_ws_take(base, &n, p->dim);
+    out->keep = (uint8_t *)fa_ws_take(base, &n, p->dropout_p > 0.0f ? tile_keys(kern, pl) / 4 + 1 : 0);
     return n;
 }
 
@@ -144,6 +146,11 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
         for (int32_t h = 0; h < heads; h++)
             fa_cpu_mask(p, &cc, j0, n, bf->st + h * cols, gv, full);
         kern->softmax_update(n, gv, bf->st, gv, bf->m, bf->l, bf->alpha);
+        for (int32_t h = 0; p->dropout_p > 0.0f && h < heads; h++) {
+            cc.hk = h0 + h;
+            fa_cpu_dropout(p, &cc, j0, n, bf->st + h * cols, gv, bf->keep);
+        }
+        cc.hk = h0;
         kern->axpy(d->v.dtype, &hv, cc.ncols, n, dim, bf->st, gv, row_ptr(p, &d->v, &cc, j0),
                    d->v.stride_seq, bf->o, dim, bf->alpha);
     }

@@ -28,12 +28,13 @@ void fa_case_format(const fa_case *c, char *buf, size_t cap)
     static const char *layouts[] = { "bshd", "bhsd", "qkv-packed" };
     snprintf(buf, cap,
              "%s%s b%d sq%d sk%d hq%d hkv%d d%d causal%d window(%d,%d) softcap%g scale%g %s%s%s "
-             "logits%g seed=%llu",
+             "logits%g dropout%g seed=%llu",
              dtype_name(c->dtype), c->o_f32 ? "->f32" : "", (int)c->batch, (int)c->seqlen_q,
              (int)c->seqlen_k, (int)c->heads_q, (int)c->heads_kv, (int)c->head_dim,
              (int)c->causal, (int)c->window_left, (int)c->window_right, (double)c->softcap,
              (double)c->scale, layouts[c->layout], c->varlen ? " varlen" : "",
-             c->with_lse ? " lse" : "", (double)c->logit_scale, (unsigned long long)c->seed);
+             c->with_lse ? " lse" : "", (double)c->logit_scale, (double)c->dropout_p,
+             (unsigned long long)c->seed);
 }
 
 typedef struct bufs {
@@ -195,6 +196,9 @@ int fa_case_run(fa_context_t ctx, const fa_case *c, fa_case_result *res)
     d.softcap = c->softcap;
     d.cu_seqlens_q = bf.cu_q;
     d.cu_seqlens_k = bf.cu_k;
+    d.dropout_p = c->dropout_p;
+    d.dropout_seed = c->seed * 31 + 7;
+    d.dropout_offset = c->seed >> 7;
 
     int64_t q_n = nb * tq * hq * dim, o_n = q_n, kv_n;
     int one_buffer = c->layout == FA_CASE_QKV_PACKED && c->seqlen_q == c->seqlen_k && !c->varlen;
@@ -337,6 +341,7 @@ int fa_grid_build(int level, uint64_t seed, fa_case *out, int cap)
                 c.o_f32 = c.dtype != FA_DTYPE_F32 && k % 7 == 1;
                 c.scale = k % 11 == 5 ? 0.5f : 0.0f;
                 c.logit_scale = k % 13 == 4 ? 300.0f : 1.0f; /* logits of several thousand */
+                c.dropout_p = k % 6 == 1 ? 0.17f : k % 17 == 3 ? 0.6f : 0.0f;
                 /* keep each case's float64 reference under ~1e9 multiply-adds */
                 double work = (double)c.batch * c.heads_q * c.seqlen_q * c.seqlen_k * c.head_dim;
                 while (work > 1e9 && (c.batch > 1 || c.heads_kv > 1)) {

@@ -82,8 +82,12 @@ int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, 
     const int64_t wl = d->window_left < 0 ? INT64_MAX / 4 : d->window_left;
     const int64_t wr = d->causal ? 0 : d->window_right < 0 ? INT64_MAX / 4 : d->window_right;
     double *s = malloc(sizeof(double) * (size_t)(d->seqlen_k > 0 ? d->seqlen_k : 1));
-    if (!s)
+    uint8_t *keep = malloc((size_t)(d->seqlen_k > 0 ? d->seqlen_k : 1));
+    if (!s || !keep) {
+        free(s);
+        free(keep);
         return -1;
+    }
     for (int32_t b = 0; b < d->batch; b++) {
         int64_t q0 = d->cu_seqlens_q ? d->cu_seqlens_q[b] : (int64_t)b * d->seqlen_q;
         int64_t k0 = d->cu_seqlens_k ? d->cu_seqlens_k[b] : 0;
@@ -123,15 +127,28 @@ int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, 
                         lse[row * hq + h] = -INFINITY;
                     continue;
                 }
-                double l = 0.0;
+                /* dropout keeps p_j with probability 1 - p and rescales it; the
+                 * mask is the documented one, fa_dropout_mask (checked on its own
+                 * against Philox test vectors in test_dropout) */
+                double l = 0.0, kept = 1.0 / (1.0 - (double)d->dropout_p);
+                memset(keep, 1, (size_t)(sk > 0 ? sk : 1));
+                if (d->dropout_p > 0.0f &&
+                    fa_dropout_mask(d->dropout_p, d->dropout_seed, d->dropout_offset, b, h,
+                                    (int32_t)i, 1, 0, (int32_t)sk, keep, sk) != FA_OK) {
+                    free(s);
+                    free(keep);
+                    return -1;
+                }
                 for (int64_t j = 0; j < sk; j++) {
                     if (s[j] == -INFINITY)
                         continue;
                     double pj = exp(s[j] - mx);
                     l += pj;
+                    if (!keep[j])
+                        continue;
                     int64_t va = elem(d, &d->v, b, k0 + j, hk);
                     for (int32_t x = 0; x < dim; x++)
-                        orow[x] += pj * fa_ref_decode(d->v.dtype, d->v.data, va + x);
+                        orow[x] += pj * kept * fa_ref_decode(d->v.dtype, d->v.data, va + x);
                 }
                 for (int32_t x = 0; x < dim; x++)
                     orow[x] /= l;
@@ -141,5 +158,6 @@ int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, 
         }
     }
     free(s);
+    free(keep);
     return 0;
 }

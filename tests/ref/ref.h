@@ -52,6 +52,7 @@ typedef struct fa_case {
     int varlen; /* per-sequence lengths drawn at random up to seqlen_q/k */
     int with_lse;
     float logit_scale; /* inputs drawn in [-logit_scale, logit_scale) for q (large logits) */
+    float dropout_p;   /* 0 = off */
     uint64_t seed;
 } fa_case;
 

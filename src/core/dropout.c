@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: MIT */
+/* Counter-based dropout: the backward pass regenerates the forward's mask instead of storing it. */
+#include "dropout.h"
+
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+void fa_philox4x32_10(const uint32_t c[4], const uint32_t k[2], uint32_t out[4])
+{
+    uint32_t x0 = c[0], x1 = c[1], x2 = c[2], x3 = c[3], k0 = k[0], k1 = k[1];
+    for (int round = 0; round < 10; round++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * x0, p1 = (uint64_t)0xCD9E8D57u * x2;
+        uint32_t y0 = (uint32_t)(p1 >> 32) ^ x1 ^ k0, y1 = (uint32_t)p1;
+        uint32_t y2 = (uint32_t)(p0 >> 32) ^ x3 ^ k1, y3 = (uint32_t)p0;
+        x0 = y0, x1 = y1, x2 = y2, x3 = y3;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    out[0] = x0, out[1] = x1, out[2] = x2, out[3] = x3;
+}
+
+uint32_t fa_dropout_threshold(float p) { return (uint32_t)ceil((double)p * 16777216.0); }
+
+void fa_dropout_row(uint64_t seed, uint64_t offset, int32_t batch, int32_t head, int64_t row,
+                    int64_t col0, int32_t n, uint32_t threshold, uint8_t *keep)
+{
+    const uint32_t key[2] = { (uint32_t)seed ^ ((uint32_t)head * 0x9E3779B9u),
+                              (uint32_t)(seed >> 32) ^ ((uint32_t)batch * 0xBB67AE85u) };
+    uint32_t ctr[4] = { 0, (uint32_t)row, (uint32_t)offset, (uint32_t)(offset >> 32) }, r[4];
+    int64_t block = -1;
+    for (int32_t c = 0; c < n; c++) {
+        int64_t col = col0 + c;
+        if (col >> 2 != block) {
+            block = col >> 2;
+            ctr[0] = (uint32_t)block;
+            fa_philox4x32_10(ctr, key, r);
+        }
+        keep[c] = (r[col & 3] >> 8) >= threshold;
+    }
+}
+
+fa_status fa_dropout_mask(float p, uint64_t seed, uint64_t offset, int32_t batch, int32_t head,
+                          int32_t row0, int32_t rows, int32_t col0, int32_t cols, uint8_t *mask,
+                          int64_t ld)
+{
+    if (!(p >= 0.0f && p < 1.0f))
+        return fa_error(NULL, FA_ERR_INVALID_VALUE, "p (%g) must be in [0, 1)", (double)p);
+    if (batch < 0 || head < 0 || row0 < 0 || col0 < 0 || rows < 0 || cols < 0)
+        return fa_error(NULL, FA_ERR_INVALID_SHAPE,
+                        "batch, head, row0, col0, rows and cols must all be >= 0");
+    if (ld < cols)
+        return fa_error(NULL, FA_ERR_INVALID_STRIDE, "ld (%lld) must be >= cols (%d)", (long long)ld,
+                        (int)cols);
+    if (rows > 0 && cols > 0 && !mask)
+        return fa_error(NULL, FA_ERR_NULL_POINTER, "mask must not be NULL");
+    uint32_t t = fa_dropout_threshold(p);
+    for (int32_t r = 0; r < rows; r++)
+        fa_dropout_row(seed, offset, batch, head, (int64_t)row0 + r, col0, cols, t, mask + r * ld);
+    return FA_OK;
+}
