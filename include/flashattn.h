@@ -262,6 +262,40 @@ FA_API fa_status fa_forward_plan(fa_context_t ctx, const fa_attention_desc *desc
 FA_API fa_status fa_forward(fa_context_t ctx, const fa_attention_desc *desc);
 
 /*
+ * Gradients of one attention call (training). The forward descriptor is
+ * reused as is: its q, k, v, o and lse (required: pass the forward's
+ * log-sum-exp) and every mask, softcap, varlen and dropout setting; the
+ * backward regenerates the dropout mask from the same seed and offset.
+ *   d_o        [batch, seqlen_q, heads_q, dim]: gradient of o (input)
+ *   d_q        like q;  d_k, d_v like k, v (outputs; with GQA, d_k and d_v
+ *              sum over the query heads of each group)
+ * Each gradient tensor has its own strides and is q's dtype or FA_DTYPE_F32.
+ * Accumulation is float32. forward->algorithm picks flash (O(n) workspace)
+ * or standard (stores P: the baseline).
+ */
+typedef struct fa_backward_desc {
+    size_t size; /* sizeof(fa_backward_desc) */
+    const fa_attention_desc *forward;
+    fa_tensor d_o;
+    fa_tensor d_q, d_k, d_v;
+} fa_backward_desc;
+
+/* Set size, everything else zero/NULL. */
+FA_API void fa_backward_desc_init(fa_backward_desc *desc);
+
+/* Validate and report the kernel, tiles and workspace fa_backward would use. */
+FA_API fa_status fa_backward_plan(fa_context_t ctx, const fa_backward_desc *desc, fa_run_info *info);
+
+/*
+ * Attention backward: writes d_q, d_k, d_v. Blocks until done (CPU). On error
+ * nothing is written. Deterministic: the same inputs give the same bits for
+ * any thread count (no floating-point atomics; dK/dV and dQ are produced by
+ * two passes that each own their outputs, at the cost of computing the
+ * score and probability tiles twice).
+ */
+FA_API fa_status fa_backward(fa_context_t ctx, const fa_backward_desc *desc);
+
+/*
  * The dropout keep mask, materialised: mask[r*ld + c] = 1 when the
  * probability of (batch, head, query row row0 + r, key column col0 + c) is
  * kept for probability p, 0 when it is dropped. Rows and columns count from

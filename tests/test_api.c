@@ -253,6 +253,64 @@ static void test_lse_strides(void **state)
     assert_int_equal(fa_forward(f->ctx, &d), FA_OK);
 }
 
+/* Backward: every field checked, gradients poisoned and left untouched on error. */
+static void test_backward_validation(void **state)
+{
+    fixture *f = *state;
+    static float go[B * SQ * HQ * D], dq[B * SQ * HQ * D], dk[B * SK * HK * D], dv[B * SK * HK * D];
+    assert_int_equal(fa_forward(f->ctx, &f->d), FA_OK);
+    fa_backward_desc bd;
+    fa_backward_desc_init(&bd);
+    bd.forward = &f->d;
+    bd.d_o = fa_tensor_contiguous(go, FA_DTYPE_F32, FA_LAYOUT_BSHD, SQ, HQ, D);
+    bd.d_q = fa_tensor_contiguous(dq, FA_DTYPE_F32, FA_LAYOUT_BSHD, SQ, HQ, D);
+    bd.d_k = fa_tensor_contiguous(dk, FA_DTYPE_F32, FA_LAYOUT_BSHD, SK, HK, D);
+    bd.d_v = fa_tensor_contiguous(dv, FA_DTYPE_F32, FA_LAYOUT_BSHD, SK, HK, D);
+    assert_int_equal(fa_backward(f->ctx, &bd), FA_OK);
+
+    fa_attention_desc no_lse = f->d;
+    no_lse.lse = NULL;
+    fa_attention_desc bad_fwd = f->d;
+    bad_fwd.head_dim = 0;
+    struct {
+        fa_backward_desc bd;
+        fa_status want;
+        const char *field;
+    } cases[] = {
+        { bd, FA_ERR_INVALID_ARGUMENT, "desc->size" },
+        { bd, FA_ERR_NULL_POINTER, "forward" },
+        { bd, FA_ERR_NULL_POINTER, "forward->lse" },
+        { bd, FA_ERR_INVALID_SHAPE, "head_dim" },
+        { bd, FA_ERR_NULL_POINTER, "d_o.data" },
+        { bd, FA_ERR_INVALID_DTYPE, "d_q.dtype" },
+        { bd, FA_ERR_INVALID_STRIDE, "d_k.stride_head" },
+        { bd, FA_ERR_INVALID_STRIDE, "d_v.stride_seq" },
+    };
+    cases[0].bd.size = 3;
+    cases[1].bd.forward = NULL;
+    cases[2].bd.forward = &no_lse;
+    cases[3].bd.forward = &bad_fwd;
+    cases[4].bd.d_o.data = NULL;
+    cases[5].bd.d_q.dtype = FA_DTYPE_F16; /* inputs are f32: f16 gradients are not offered */
+    cases[6].bd.d_k.stride_head = 2;      /* overlapping output rows */
+    cases[7].bd.d_v.stride_seq = 0;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        memset(dq, 0x5a, sizeof(dq)), memset(dk, 0x5a, sizeof(dk)), memset(dv, 0x5a, sizeof(dv));
+        fa_status st = fa_backward(f->ctx, &cases[i].bd);
+        const char *msg = fa_context_last_error(f->ctx);
+        if (st != cases[i].want || !strstr(msg, cases[i].field))
+            fail_msg("backward %s: got %s \"%s\"", cases[i].field, fa_status_string(st), msg);
+        for (size_t j = 0; j < sizeof(dq) / 4; j++)
+            assert_int_equal(((uint32_t *)dq)[j], 0x5a5a5a5au);
+        for (size_t j = 0; j < sizeof(dk) / 4; j++)
+            assert_true(((uint32_t *)dk)[j] == 0x5a5a5a5au && ((uint32_t *)dv)[j] == 0x5a5a5a5au);
+        fa_run_info ri = { .size = sizeof(ri) };
+        assert_int_equal(fa_backward_plan(f->ctx, &cases[i].bd, &ri), cases[i].want);
+    }
+    assert_int_equal(fa_backward(NULL, &bd), FA_ERR_NULL_POINTER);
+    assert_int_equal(fa_backward(f->ctx, NULL), FA_ERR_NULL_POINTER);
+}
+
 static void test_context_calls(void **state)
 {
     (void)state;
@@ -326,6 +384,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_varlen, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lse_strides, setup, teardown),
         cmocka_unit_test_setup_teardown(test_huge_shapes_plan, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_backward_validation, setup, teardown),
         cmocka_unit_test(test_context_calls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -54,6 +54,14 @@ void fa_attention_desc_init(fa_attention_desc *desc)
     desc->algorithm = FA_ALGORITHM_FLASH;
 }
 
+void fa_backward_desc_init(fa_backward_desc *desc)
+{
+    if (!desc)
+        return;
+    memset(desc, 0, sizeof(*desc));
+    desc->size = sizeof(*desc);
+}
+
 fa_tensor fa_tensor_contiguous(void *data, fa_dtype dtype, fa_layout layout, int32_t seqlen,
                                int32_t heads, int32_t head_dim)
 {
@@ -238,6 +246,40 @@ fa_status fa_forward(fa_context_t ctx, const fa_attention_desc *desc)
     fa_run_info ri;
     run_info_start(ctx, &ri);
     if ((st = ctx->iface->forward(ctx, ctx->state, &p, &ri)) != FA_OK)
+        return st;
+    remember(ctx, &ri, NULL);
+    return FA_OK;
+}
+
+fa_status fa_backward_plan(fa_context_t ctx, const fa_backward_desc *desc, fa_run_info *info)
+{
+    if (!ctx)
+        return FA_ERR_NULL_POINTER;
+    fa_status st = check_info_arg(ctx, info);
+    if (st != FA_OK)
+        return st;
+    fa_problem p;
+    if ((st = fa_validate_backward(ctx, desc, &p)) != FA_OK)
+        return st;
+    fa_run_info ri;
+    run_info_start(ctx, &ri);
+    if ((st = ctx->iface->plan_backward(ctx, ctx->state, &p, &ri)) != FA_OK)
+        return st;
+    remember(ctx, &ri, info);
+    return FA_OK;
+}
+
+fa_status fa_backward(fa_context_t ctx, const fa_backward_desc *desc)
+{
+    if (!ctx)
+        return FA_ERR_NULL_POINTER;
+    fa_problem p;
+    fa_status st = fa_validate_backward(ctx, desc, &p);
+    if (st != FA_OK)
+        return st;
+    fa_run_info ri;
+    run_info_start(ctx, &ri);
+    if ((st = ctx->iface->backward(ctx, ctx->state, &p, &ri)) != FA_OK)
         return st;
     remember(ctx, &ri, NULL);
     return FA_OK;

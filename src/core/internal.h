@@ -25,6 +25,7 @@ typedef struct fa_seq {
 /* A validated call with every default resolved. Backends read only this. */
 typedef struct fa_problem {
     const fa_attention_desc *desc;
+    const fa_backward_desc *bwd; /* backward calls only */
     int32_t batch, heads_q, heads_kv, group, dim;
     int32_t max_q, max_k; /* longest sequence */
     int varlen;
@@ -61,6 +62,10 @@ typedef struct fa_backend_iface {
     /* Decide kernel, tiles and workspace for p; fills info. FA_ERR_UNSUPPORTED with a message if not. */
     fa_status (*plan)(struct fa_context *ctx, void *state, const fa_problem *p, fa_run_info *info);
     fa_status (*forward)(struct fa_context *ctx, void *state, const fa_problem *p, fa_run_info *info);
+    /* Backward (p->bwd set): plan and run, as plan / forward. */
+    fa_status (*plan_backward)(struct fa_context *ctx, void *state, const fa_problem *p,
+                               fa_run_info *info);
+    fa_status (*backward)(struct fa_context *ctx, void *state, const fa_problem *p, fa_run_info *info);
 } fa_backend_iface;
 
 struct fa_context {
@@ -78,6 +83,9 @@ fa_status fa_error(struct fa_context *ctx, fa_status status, const char *fmt, ..
 /* Validate desc and fill p. On error ctx's message names the field. */
 fa_status fa_validate_forward(struct fa_context *ctx, const fa_attention_desc *desc,
                               fa_problem *p);
+
+/* Validate a backward call: its forward descriptor, the LSE, d_o and the gradients. */
+fa_status fa_validate_backward(struct fa_context *ctx, const fa_backward_desc *desc, fa_problem *p);
 
 /* Built-in backends, NULL when not compiled in. */
 const fa_backend_iface *fa_registry_get(fa_backend id);

@@ -336,3 +336,47 @@ void fa_problem_key_range(const fa_problem *p, const fa_seq *s, int64_t r0, int6
     *lo = a < 0 ? 0 : a;
     *hi = b > s->k_len ? s->k_len : b;
 }
+
+fa_status fa_validate_backward(fa_context_t ctx, const fa_backward_desc *bd, fa_problem *p)
+{
+    if (!bd)
+        return fa_error(ctx, FA_ERR_NULL_POINTER, "desc must not be NULL");
+    if (bd->size != sizeof(*bd))
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                        "desc->size (%zu) must be sizeof(fa_backward_desc) (%zu); call "
+                        "fa_backward_desc_init first",
+                        bd->size, sizeof(*bd));
+    if (!bd->forward)
+        return fa_error(ctx, FA_ERR_NULL_POINTER, "forward must point to the forward call's descriptor");
+    fa_status st = fa_validate_forward(ctx, bd->forward, p);
+    if (st != FA_OK)
+        return st;
+    const fa_attention_desc *d = bd->forward;
+    if (!d->lse)
+        return fa_error(ctx, FA_ERR_NULL_POINTER,
+                        "forward->lse must be set: the backward needs the forward's log-sum-exp");
+    const struct {
+        const char *name;
+        const fa_tensor *t;
+        int64_t seq, heads;
+        int out;
+    } grads[] = { { "d_o", &bd->d_o, d->seqlen_q, d->num_heads_q, 0 },
+                  { "d_q", &bd->d_q, d->seqlen_q, d->num_heads_q, 1 },
+                  { "d_k", &bd->d_k, d->seqlen_k, d->num_heads_kv, 1 },
+                  { "d_v", &bd->d_v, d->seqlen_k, d->num_heads_kv, 1 } };
+    for (size_t i = 0; i < 4; i++) {
+        fa_dtype t = grads[i].t->dtype;
+        if (!dtype_valid(t))
+            return fa_error(ctx, FA_ERR_INVALID_DTYPE, "%s.dtype (%d) is not a fa_dtype", grads[i].name,
+                            (int)t);
+        if (t != d->q.dtype && t != FA_DTYPE_F32)
+            return fa_error(ctx, FA_ERR_INVALID_DTYPE,
+                            "%s.dtype (%d) must equal q.dtype (%d) or be FA_DTYPE_F32",
+                            grads[i].name, (int)t, (int)d->q.dtype);
+        if ((st = check_tensor(ctx, grads[i].name, grads[i].t, d->batch, grads[i].seq,
+                               grads[i].heads, d->head_dim, p->varlen, grads[i].out)) != FA_OK)
+            return st;
+    }
+    p->bwd = bd;
+    return FA_OK;
+}

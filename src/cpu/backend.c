@@ -137,6 +137,41 @@ static fa_status cpu_forward(fa_context_t ctx, void *state, const fa_problem *p,
     return fa_cpu_flash_forward(ctx, state, p, &pl);
 }
 
+static fa_status backward_plan(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
+                               fa_cpu_plan *pl, fa_run_info *info)
+{
+    static const char *const names[3][2] = {
+        { "backward-avx512", "backward-standard-avx512" },
+        { "backward-avx2", "backward-standard-avx2" },
+        { "backward-ref", "backward-standard-ref" },
+    };
+    memset(pl, 0, sizeof(*pl));
+    fa_status st = fa_cpu_plan_backward(ctx, s, p, pl);
+    if (st != FA_OK)
+        return st;
+    int k = strcmp(s->kern->name, "avx512") == 0 ? 0 : strcmp(s->kern->name, "avx2") == 0 ? 1 : 2;
+    info->kernel = names[k][p->desc->algorithm == FA_ALGORITHM_STANDARD];
+    info->block_q = pl->cols;
+    info->block_k = pl->block_k;
+    info->threads = pl->threads;
+    info->workspace_bytes = pl->workspace_bytes;
+    return FA_OK;
+}
+
+static fa_status cpu_plan_backward(fa_context_t ctx, void *state, const fa_problem *p,
+                                   fa_run_info *info)
+{
+    fa_cpu_plan pl;
+    return backward_plan(ctx, state, p, &pl, info);
+}
+
+static fa_status cpu_backward(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
+{
+    fa_cpu_plan pl;
+    fa_status st = backward_plan(ctx, state, p, &pl, info);
+    return st != FA_OK ? st : fa_cpu_backward(ctx, state, p, &pl);
+}
+
 const fa_backend_iface fa_cpu_backend = {
     .id = FA_BACKEND_CPU,
     .name = "cpu",
@@ -145,4 +180,6 @@ const fa_backend_iface fa_cpu_backend = {
     .info = cpu_info,
     .plan = cpu_plan,
     .forward = cpu_forward,
+    .plan_backward = cpu_plan_backward,
+    .backward = cpu_backward,
 };

@@ -41,6 +41,16 @@ typedef struct fa_cpu_plan {
 
 void fa_cpu_machine_probe(fa_cpu_machine *m);
 
+/* Query columns per task, key tile, task count and threads (the part of a plan
+ * every algorithm shares). */
+void fa_cpu_plan_columns(const fa_cpu_state *s, const fa_problem *p, fa_cpu_plan *plan);
+
+/* Backward (backward.c): plan and run. */
+fa_status fa_cpu_plan_backward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
+                               fa_cpu_plan *plan);
+fa_status fa_cpu_backward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
+                          const fa_cpu_plan *plan);
+
 /* Choose tiles for p on this machine. FA_ERR_SIZE_OVERFLOW if the workspace cannot be sized. */
 fa_status fa_cpu_plan_flash(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
                             fa_cpu_plan *plan);
@@ -112,8 +122,14 @@ int64_t fa_cpu_build_tasks(const fa_problem *p, const fa_cpu_plan *plan, fa_cpu_
 
 fa_cpu_cols fa_cpu_task_cols(const fa_problem *p, const fa_cpu_plan *plan, const fa_cpu_task *t);
 
-/* Load the columns' query rows scaled by mul: transposed into nr-wide panels
- * [cols_pad/nr][dim][nr] (gemm path) or row-major [ncols][dim] (dot path). */
+/* Load the columns' rows of a query-shaped tensor t (q, d_o, o) scaled by mul:
+ * transposed into nr-wide panels [cols_pad/nr][dim][nr], or row-major rows of
+ * ld floats (zero-padded, cols_pad rows). */
+void fa_cpu_pack_cols(const fa_cpu_kernels *kern, const fa_problem *p, const fa_tensor *t,
+                      const fa_cpu_cols *cc, int32_t cols_pad, int transposed, int32_t ld, float mul,
+                      float *dst, float *tmp);
+
+/* Queries: transposed panels (gemm path) or row-major [ncols][dim] (dot path). */
 void fa_cpu_pack_q(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
                    int32_t cols_pad, int transposed, float mul, float *dst, float *tmp);
 

@@ -36,8 +36,8 @@ static int64_t count_tasks(const fa_problem *p, int32_t pos)
     return n * p->heads_kv;
 }
 
-/* Shared by both algorithms: how query rows are grouped into tasks. */
-static void plan_columns(const fa_cpu_state *s, const fa_problem *p, fa_cpu_plan *pl)
+/* Shared by every algorithm: how query rows are grouped into tasks. */
+void fa_cpu_plan_columns(const fa_cpu_state *s, const fa_problem *p, fa_cpu_plan *pl)
 {
     const int32_t nr = s->kern->nr, dim = p->dim;
     const int32_t dpad = round_up(dim, nr);
@@ -144,7 +144,7 @@ static fa_status plan_decode(fa_context_t ctx, const fa_cpu_state *s, const fa_p
 fa_status fa_cpu_plan_flash(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
                             fa_cpu_plan *pl)
 {
-    plan_columns(s, p, pl);
+    fa_cpu_plan_columns(s, p, pl);
     if (pl->use_dot)
         return plan_decode(ctx, s, p, pl);
     pl->per_thread_floats = fa_cpu_flash_thread_floats(p, pl);
@@ -156,7 +156,7 @@ fa_status fa_cpu_plan_flash(fa_context_t ctx, const fa_cpu_state *s, const fa_pr
 fa_status fa_cpu_plan_standard(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
                                fa_cpu_plan *pl)
 {
-    plan_columns(s, p, pl);
+    fa_cpu_plan_columns(s, p, pl);
     pl->block_k = p->max_k;
     pl->per_thread_floats = fa_cpu_standard_thread_floats(p, pl);
     int64_t scores = fa_cpu_standard_scores(p, pl), bytes;

@@ -11,21 +11,24 @@
 #define LN2 0.6931471805599453f
 #define FA_PREFETCH_ROWS 8
 
-void fa_cpu_pack_q(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
-                   int32_t cols_pad, int transposed, float mul, float *dst, float *tmp)
+void fa_cpu_pack_cols(const fa_cpu_kernels *kern, const fa_problem *p, const fa_tensor *t,
+                      const fa_cpu_cols *cc, int32_t cols_pad, int transposed, int32_t ld, float mul,
+                      float *dst, float *tmp)
 {
-    const fa_tensor *q = &p->desc->q;
     const int32_t dim = p->dim, nr = kern->nr;
     for (int32_t c = 0; c < cols_pad; c++) {
+        float *row = transposed ? tmp : dst + (int64_t)c * ld;
         if (c < cc->ncols) {
             int64_t pos = cc->r0 + c / p->group;
             int32_t h = cc->hk * p->group + c % p->group;
-            const char *src = fa_elem_ptr(q, fa_row_offset(p, q, cc->b, cc->seq.q_start + pos, h));
-            kern->load(q->dtype, src, transposed ? tmp : dst + (int64_t)c * dim, dim, mul);
+            const char *src = fa_elem_ptr(t, fa_row_offset(p, t, cc->b, cc->seq.q_start + pos, h));
+            kern->load(t->dtype, src, row, dim, mul);
+            if (!transposed && ld > dim)
+                memset(row + dim, 0, sizeof(float) * (size_t)(ld - dim));
         } else if (transposed) {
             memset(tmp, 0, sizeof(float) * (size_t)dim);
         } else {
-            continue;
+            memset(row, 0, sizeof(float) * (size_t)ld);
         }
         if (transposed) {
             float *panel = dst + (int64_t)(c / nr) * dim * nr + c % nr;
@@ -33,6 +36,13 @@ void fa_cpu_pack_q(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu
                 panel[(int64_t)i * nr] = tmp[i];
         }
     }
+}
+
+void fa_cpu_pack_q(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
+                   int32_t cols_pad, int transposed, float mul, float *dst, float *tmp)
+{
+    fa_cpu_pack_cols(kern, p, &p->desc->q, cc, transposed ? cols_pad : cc->ncols, transposed, p->dim,
+                     mul, dst, tmp);
 }
 
 void fa_cpu_load_rows(const fa_cpu_kernels *kern, const fa_problem *p, const fa_tensor *t,

@@ -17,8 +17,7 @@ static const char *dtype_name(fa_dtype t)
     return t == FA_DTYPE_F32 ? "f32" : t == FA_DTYPE_F16 ? "f16" : "bf16";
 }
 
-/* Unit roundoff of the output type: the floor of the tolerance scales with it. */
-static double unit_roundoff(fa_dtype t)
+double fa_unit_roundoff(fa_dtype t)
 {
     return t == FA_DTYPE_F32 ? 0x1p-24 : t == FA_DTYPE_F16 ? 0x1p-11 : 0x1p-8;
 }
@@ -37,28 +36,7 @@ void fa_case_format(const fa_case *c, char *buf, size_t cap)
              (unsigned long long)c->seed);
 }
 
-typedef struct bufs {
-    void *q, *kv, *o;
-    float *lse;
-    int32_t *cu_q, *cu_k;
-    double *o_ref, *lse_ref, *o_got, *lse_got;
-} bufs;
-
-static void free_bufs(bufs *b)
-{
-    free(b->q);
-    free(b->kv);
-    free(b->o);
-    free(b->lse);
-    free(b->cu_q);
-    free(b->cu_k);
-    free(b->o_ref);
-    free(b->lse_ref);
-    free(b->o_got);
-    free(b->lse_got);
-}
-
-static void fill(fa_rng *r, fa_dtype t, void *p, int64_t n, double amp)
+void fa_ref_fill(fa_rng *r, fa_dtype t, void *p, int64_t n, double amp)
 {
     for (int64_t i = 0; i < n; i++)
         fa_ref_encode(t, p, i, amp * fa_rng_uniform(r));
@@ -148,11 +126,21 @@ static int run_algo(fa_context_t ctx, fa_attention_desc *d, fa_algorithm a, int6
     return 0;
 }
 
-int fa_case_run(fa_context_t ctx, const fa_case *c, fa_case_result *res)
+void fa_case_inputs_free(fa_case_inputs *in)
 {
-    memset(res, 0, sizeof(*res));
+    free(in->q);
+    free(in->kv);
+    free(in->o);
+    free(in->lse);
+    free(in->cu_q);
+    free(in->cu_k);
+    memset(in, 0, sizeof(*in));
+}
+
+int fa_case_inputs_make(const fa_case *c, int with_lse, fa_case_inputs *in)
+{
+    memset(in, 0, sizeof(*in));
     fa_rng rng = { c->seed };
-    bufs bf = { 0 };
     const int64_t dim = c->head_dim, hq = c->heads_q, hk = c->heads_kv, B = c->batch;
     const int64_t esz = c->dtype == FA_DTYPE_F32 ? 4 : 2;
     const fa_dtype odt = c->o_f32 ? FA_DTYPE_F32 : c->dtype;
@@ -160,11 +148,11 @@ int fa_case_run(fa_context_t ctx, const fa_case *c, fa_case_result *res)
     /* Sequence extents: per-batch (fixed) or packed totals (varlen). */
     int64_t tq = c->seqlen_q, tk = c->seqlen_k, nb = B;
     if (c->varlen) {
-        bf.cu_q = malloc(sizeof(int32_t) * (size_t)(B + 1));
-        bf.cu_k = malloc(sizeof(int32_t) * (size_t)(B + 1));
-        if (!bf.cu_q || !bf.cu_k)
+        in->cu_q = malloc(sizeof(int32_t) * (size_t)(B + 1));
+        in->cu_k = malloc(sizeof(int32_t) * (size_t)(B + 1));
+        if (!in->cu_q || !in->cu_k)
             goto oom;
-        bf.cu_q[0] = bf.cu_k[0] = 0;
+        in->cu_q[0] = in->cu_k[0] = 0;
         for (int64_t b = 0; b < B; b++) {
             /* lengths in [0, max]: empty sequences are legal and must be handled */
             int32_t lq = (int32_t)(fa_rng_next(&rng) % (uint64_t)(c->seqlen_q + 1));
@@ -173,124 +161,154 @@ int fa_case_run(fa_context_t ctx, const fa_case *c, fa_case_result *res)
                 lq = c->seqlen_q;
                 lk = c->seqlen_k;
             }
-            bf.cu_q[b + 1] = bf.cu_q[b] + lq;
-            bf.cu_k[b + 1] = bf.cu_k[b] + lk;
+            in->cu_q[b + 1] = in->cu_q[b] + lq;
+            in->cu_k[b + 1] = in->cu_k[b] + lk;
         }
-        tq = bf.cu_q[B];
-        tk = bf.cu_k[B];
+        tq = in->cu_q[B];
+        tk = in->cu_k[B];
         nb = 1;
     }
+    in->rows = nb * tq;
+    in->krows = nb * tk;
 
-    fa_attention_desc d;
-    fa_attention_desc_init(&d);
-    d.batch = (int32_t)B;
-    d.seqlen_q = (int32_t)tq;
-    d.seqlen_k = (int32_t)tk;
-    d.num_heads_q = (int32_t)hq;
-    d.num_heads_kv = (int32_t)hk;
-    d.head_dim = (int32_t)dim;
-    d.scale = c->scale;
-    d.causal = c->causal;
-    d.window_left = c->window_left;
-    d.window_right = c->window_right;
-    d.softcap = c->softcap;
-    d.cu_seqlens_q = bf.cu_q;
-    d.cu_seqlens_k = bf.cu_k;
-    d.dropout_p = c->dropout_p;
-    d.dropout_seed = c->seed * 31 + 7;
-    d.dropout_offset = c->seed >> 7;
+    fa_attention_desc *d = &in->d;
+    fa_attention_desc_init(d);
+    d->batch = (int32_t)B;
+    d->seqlen_q = (int32_t)tq;
+    d->seqlen_k = (int32_t)tk;
+    d->num_heads_q = (int32_t)hq;
+    d->num_heads_kv = (int32_t)hk;
+    d->head_dim = (int32_t)dim;
+    d->scale = c->scale;
+    d->causal = c->causal;
+    d->window_left = c->window_left;
+    d->window_right = c->window_right;
+    d->softcap = c->softcap;
+    d->cu_seqlens_q = in->cu_q;
+    d->cu_seqlens_k = in->cu_k;
+    d->dropout_p = c->dropout_p;
+    d->dropout_seed = c->seed * 31 + 7;
+    d->dropout_offset = c->seed >> 7;
 
-    int64_t q_n = nb * tq * hq * dim, o_n = q_n, kv_n;
+    int64_t q_n = nb * tq * hq * dim, kv_n;
     int one_buffer = c->layout == FA_CASE_QKV_PACKED && c->seqlen_q == c->seqlen_k && !c->varlen;
     if (one_buffer) {
         /* [b, s, hq + 2*hk, d]: q, k, v heads side by side in one row */
         int64_t w = (hq + 2 * hk) * dim;
         kv_n = nb * tq * w;
-        bf.kv = malloc((size_t)(kv_n * esz));
-        if (!bf.kv)
+        in->kv = malloc((size_t)(kv_n * esz));
+        if (!in->kv)
             goto oom;
-        fill(&rng, c->dtype, bf.kv, kv_n, 1.0);
-        char *base = bf.kv;
-        d.q = (fa_tensor){ base, c->dtype, tq * w, w, dim };
-        d.k = (fa_tensor){ base + hq * dim * esz, c->dtype, tq * w, w, dim };
-        d.v = (fa_tensor){ base + (hq + hk) * dim * esz, c->dtype, tq * w, w, dim };
+        fa_ref_fill(&rng, c->dtype, in->kv, kv_n, 1.0);
+        char *base = in->kv;
+        d->q = (fa_tensor){ base, c->dtype, tq * w, w, dim };
+        d->k = (fa_tensor){ base + hq * dim * esz, c->dtype, tq * w, w, dim };
+        d->v = (fa_tensor){ base + (hq + hk) * dim * esz, c->dtype, tq * w, w, dim };
         for (int64_t i = 0; i < nb * tq; i++) /* scale the q part for large-logit cases */
             for (int64_t x = 0; x < hq * dim; x++)
-                fa_ref_encode(c->dtype, bf.kv, i * w + x, c->logit_scale * fa_rng_uniform(&rng));
+                fa_ref_encode(c->dtype, in->kv, i * w + x, c->logit_scale * fa_rng_uniform(&rng));
     } else {
-        bf.q = malloc((size_t)((q_n ? q_n : 1) * esz));
+        in->q = malloc((size_t)((q_n ? q_n : 1) * esz));
         kv_n = 2 * nb * tk * hk * dim;
-        bf.kv = malloc((size_t)((kv_n ? kv_n : 1) * esz));
-        if (!bf.q || !bf.kv)
+        in->kv = malloc((size_t)((kv_n ? kv_n : 1) * esz));
+        if (!in->q || !in->kv)
             goto oom;
-        fill(&rng, c->dtype, bf.q, q_n, c->logit_scale);
-        fill(&rng, c->dtype, bf.kv, kv_n, 1.0);
+        fa_ref_fill(&rng, c->dtype, in->q, q_n, c->logit_scale);
+        fa_ref_fill(&rng, c->dtype, in->kv, kv_n, 1.0);
         fa_layout lay = c->layout == FA_CASE_BHSD ? FA_LAYOUT_BHSD : FA_LAYOUT_BSHD;
-        d.q = fa_tensor_contiguous(bf.q, c->dtype, lay, (int32_t)tq, (int32_t)hq, (int32_t)dim);
+        d->q = fa_tensor_contiguous(in->q, c->dtype, lay, (int32_t)tq, (int32_t)hq, (int32_t)dim);
         if (c->layout == FA_CASE_QKV_PACKED) {
             /* packed KV: [b, sk, 2, hk, d] */
             int64_t w = 2 * hk * dim;
-            char *base = bf.kv;
-            d.k = (fa_tensor){ base, c->dtype, tk * w, w, dim };
-            d.v = (fa_tensor){ base + hk * dim * esz, c->dtype, tk * w, w, dim };
+            char *base = in->kv;
+            d->k = (fa_tensor){ base, c->dtype, tk * w, w, dim };
+            d->v = (fa_tensor){ base + hk * dim * esz, c->dtype, tk * w, w, dim };
         } else {
-            d.k = fa_tensor_contiguous(bf.kv, c->dtype, lay, (int32_t)tk, (int32_t)hk, (int32_t)dim);
-            d.v = fa_tensor_contiguous((char *)bf.kv + kv_n / 2 * esz, c->dtype, lay, (int32_t)tk,
-                                       (int32_t)hk, (int32_t)dim);
+            d->k = fa_tensor_contiguous(in->kv, c->dtype, lay, (int32_t)tk, (int32_t)hk, (int32_t)dim);
+            d->v = fa_tensor_contiguous((char *)in->kv + kv_n / 2 * esz, c->dtype, lay, (int32_t)tk,
+                                        (int32_t)hk, (int32_t)dim);
         }
     }
-    int64_t o_bytes = o_n * (odt == FA_DTYPE_F32 ? 4 : 2);
-    bf.o = malloc((size_t)(o_bytes ? o_bytes : 1));
-    int64_t rows = nb * tq, lse_n = rows * hq;
-    bf.o_ref = malloc(sizeof(double) * (size_t)(o_n ? o_n : 1));
-    bf.o_got = malloc(sizeof(double) * (size_t)(o_n ? o_n : 1));
-    bf.lse_ref = malloc(sizeof(double) * (size_t)(lse_n ? lse_n : 1));
-    bf.lse_got = malloc(sizeof(double) * (size_t)(lse_n ? lse_n : 1));
-    if (c->with_lse)
-        bf.lse = malloc(sizeof(float) * (size_t)(lse_n ? lse_n : 1));
-    if (!bf.o || !bf.o_ref || !bf.o_got || !bf.lse_ref || !bf.lse_got || (c->with_lse && !bf.lse))
+    in->o_bytes = q_n * (odt == FA_DTYPE_F32 ? 4 : 2);
+    in->o = malloc((size_t)(in->o_bytes ? in->o_bytes : 1));
+    if (with_lse)
+        in->lse = malloc(sizeof(float) * (size_t)(in->rows * hq > 0 ? in->rows * hq : 1));
+    if (!in->o || (with_lse && !in->lse))
         goto oom;
-    d.o = fa_tensor_contiguous(bf.o, odt, c->layout == FA_CASE_BHSD ? FA_LAYOUT_BHSD : FA_LAYOUT_BSHD,
-                               (int32_t)tq, (int32_t)hq, (int32_t)dim);
-    d.lse = bf.lse;
+    d->o = fa_tensor_contiguous(in->o, odt, c->layout == FA_CASE_BHSD ? FA_LAYOUT_BHSD : FA_LAYOUT_BSHD,
+                                (int32_t)tq, (int32_t)hq, (int32_t)dim);
+    d->lse = in->lse;
+    return 0;
+oom:
+    fa_case_inputs_free(in);
+    return -1;
+}
+
+int fa_case_run(fa_context_t ctx, const fa_case *c, fa_case_result *res)
+{
+    memset(res, 0, sizeof(*res));
+    fa_case_inputs in;
+    double *o_ref = NULL, *o_got = NULL, *lse_ref = NULL, *lse_got = NULL;
+    if (fa_case_inputs_make(c, c->with_lse, &in) != 0)
+        goto oom;
+    fa_attention_desc *d = &in.d;
+    const int64_t hq = c->heads_q, dim = c->head_dim, rows = in.rows, lse_n = rows * hq;
+    const int64_t o_n = rows * hq * dim;
+    const fa_dtype odt = d->o.dtype;
+    o_ref = malloc(sizeof(double) * (size_t)(o_n ? o_n : 1));
+    o_got = malloc(sizeof(double) * (size_t)(o_n ? o_n : 1));
+    lse_ref = malloc(sizeof(double) * (size_t)(lse_n ? lse_n : 1));
+    lse_got = malloc(sizeof(double) * (size_t)(lse_n ? lse_n : 1));
+    if (!o_ref || !o_got || !lse_ref || !lse_got)
+        goto oom;
 
     /* Sample rows of very large shapes: the float64 reference is O(n^2 d). */
-    double work = (double)rows * (double)hq * (double)(c->varlen ? tk : c->seqlen_k) * (double)dim;
+    double work = (double)rows * (double)hq * (double)(c->varlen ? in.krows : c->seqlen_k) * (double)dim;
     int64_t every = work > 4e9 ? (int64_t)ceil(work / 4e9) : 1;
-    if (fa_ref_attention(&d, every, bf.o_ref, bf.lse_ref) != 0)
+    if (fa_ref_attention(d, every, o_ref, lse_ref) != 0)
         goto oom;
 
-    double *lg = c->with_lse ? bf.lse_got : NULL;
-    if (run_algo(ctx, &d, FA_ALGORITHM_STANDARD, o_bytes, lse_n, bf.o_got, lg, res) != 0)
+    double *lg = c->with_lse ? lse_got : NULL;
+    if (run_algo(ctx, d, FA_ALGORITHM_STANDARD, in.o_bytes, lse_n, o_got, lg, res) != 0)
         goto fail;
-    errs es = compare(rows, (int32_t)hq, (int32_t)dim, every, bf.o_ref, bf.o_got, bf.lse_ref, lg);
-    if (run_algo(ctx, &d, FA_ALGORITHM_FLASH, o_bytes, lse_n, bf.o_got, lg, res) != 0)
+    errs es = compare(rows, (int32_t)hq, (int32_t)dim, every, o_ref, o_got, lse_ref, lg);
+    if (run_algo(ctx, d, FA_ALGORITHM_FLASH, in.o_bytes, lse_n, o_got, lg, res) != 0)
         goto fail;
-    errs ef = compare(rows, (int32_t)hq, (int32_t)dim, every, bf.o_ref, bf.o_got, bf.lse_ref, lg);
+    errs ef = compare(rows, (int32_t)hq, (int32_t)dim, every, o_ref, o_got, lse_ref, lg);
 
     res->err_flash = ef.o;
     res->err_standard = es.o;
     res->lse_err_flash = ef.lse;
     res->lse_err_standard = es.lse;
-    res->tolerance = 2.0 * es.o + 16.0 * unit_roundoff(odt) * fmax(ef.ref_max, 1e-3);
+    res->tolerance = 2.0 * es.o + 16.0 * fa_unit_roundoff(odt) * fmax(ef.ref_max, 1e-3);
     double lse_tol = 2.0 * es.lse + 16.0 * 0x1p-24 * fmax(ef.lse_max, 1.0);
-    res->passed = !ef.non_finite && !ef.bad_masked && ef.o <= res->tolerance &&
+    /* flash and standard share kernels and tile code: the standard's own error
+     * must stay a rounding error, or a shared mistake would pass unseen */
+    double gross = 1e-2 * fmax(ef.ref_max, 1e-3) + 4.0 * fa_unit_roundoff(odt) * ef.ref_max;
+    res->passed = !ef.non_finite && !ef.bad_masked && ef.o <= res->tolerance && es.o <= gross &&
                   (!c->with_lse || ef.lse <= lse_tol);
     if (!res->passed) {
-        char desc[200];
+        char desc[256];
         fa_case_format(c, desc, sizeof(desc));
-        snprintf(res->message, sizeof(res->message), "%s%s%s err %.3g (standard %.3g, tol %.3g) lse err %.3g (tol %.3g): %s",
+        snprintf(res->message, sizeof(res->message),
+                 "%s%serr %.3g (standard %.3g, tol %.3g) lse err %.3g (tol %.3g): %s",
                  ef.non_finite ? "non-finite output; " : "",
-                 ef.bad_masked ? "masked row not 0/-inf; " : "", "", ef.o, es.o, res->tolerance,
-                 ef.lse, lse_tol, desc);
+                 ef.bad_masked ? "masked row not 0/-inf; " : "", ef.o, es.o, res->tolerance, ef.lse,
+                 lse_tol, desc);
     }
-    free_bufs(&bf);
-    return 0;
+    int rc = 0;
+    goto done;
 oom:
     snprintf(res->message, sizeof(res->message), "out of memory setting up the case");
 fail:
-    free_bufs(&bf);
-    return -1;
+    rc = -1;
+done:
+    fa_case_inputs_free(&in);
+    free(o_ref);
+    free(o_got);
+    free(lse_ref);
+    free(lse_got);
+    return rc;
 }
 
 /* ---- the grid ---- */

@@ -161,3 +161,109 @@ int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, 
     free(keep);
     return 0;
 }
+
+int fa_ref_backward(const fa_backward_desc *bd, double *dq, double *dk, double *dv)
+{
+    const fa_attention_desc *d = bd->forward;
+    const int32_t hq = d->num_heads_q, hkv = d->num_heads_kv, dim = d->head_dim, group = hq / hkv;
+    const double scale = d->scale != 0.0f ? d->scale : 1.0 / sqrt((double)dim);
+    const int64_t wl = d->window_left < 0 ? INT64_MAX / 4 : d->window_left;
+    const int64_t wr = d->causal ? 0 : d->window_right < 0 ? INT64_MAX / 4 : d->window_right;
+    const int varlen = d->cu_seqlens_q != NULL;
+    const int64_t qrows = varlen ? d->seqlen_q : (int64_t)d->batch * d->seqlen_q;
+    const int64_t krows = varlen ? d->seqlen_k : (int64_t)d->batch * d->seqlen_k;
+    memset(dq, 0, sizeof(double) * (size_t)(qrows * hq * dim));
+    memset(dk, 0, sizeof(double) * (size_t)(krows * hkv * dim));
+    memset(dv, 0, sizeof(double) * (size_t)(krows * hkv * dim));
+    size_t n = (size_t)(d->seqlen_k > 0 ? d->seqlen_k : 1);
+    double *s = malloc(sizeof(double) * n), *t = malloc(sizeof(double) * n);
+    double *o = malloc(sizeof(double) * (size_t)dim), *go = malloc(sizeof(double) * (size_t)dim);
+    uint8_t *keep = malloc(n);
+    if (!s || !t || !o || !go || !keep) {
+        free(s), free(t), free(o), free(go), free(keep);
+        return -1;
+    }
+    const double kept = 1.0 / (1.0 - (double)d->dropout_p);
+    for (int32_t b = 0; b < d->batch; b++) {
+        int64_t q0 = varlen ? d->cu_seqlens_q[b] : (int64_t)b * d->seqlen_q;
+        int64_t k0 = varlen ? d->cu_seqlens_k[b] : (int64_t)b * d->seqlen_k;
+        int64_t qt = varlen ? q0 : 0, kt = varlen ? k0 : 0; /* first row inside the tensors */
+        int64_t sq = varlen ? d->cu_seqlens_q[b + 1] - q0 : d->seqlen_q;
+        int64_t sk = varlen ? d->cu_seqlens_k[b + 1] - k0 : d->seqlen_k;
+        for (int32_t h = 0; h < hq; h++) {
+            int32_t hk = h / group;
+            for (int64_t i = 0; i < sq; i++) {
+                /* forward of row i: scores, capped scores, probabilities, output */
+                double mx = -INFINITY;
+                int64_t qa = elem(d, &d->q, b, qt + i, h);
+                for (int64_t j = 0; j < sk; j++) {
+                    int64_t rel = j - i - (sk - sq);
+                    if (rel < -wl || rel > wr) {
+                        s[j] = -INFINITY;
+                        continue;
+                    }
+                    int64_t ka = elem(d, &d->k, b, kt + j, hk);
+                    double acc = 0.0;
+                    for (int32_t x = 0; x < dim; x++)
+                        acc += fa_ref_decode(d->q.dtype, d->q.data, qa + x) *
+                               fa_ref_decode(d->k.dtype, d->k.data, ka + x);
+                    acc *= scale;
+                    t[j] = d->softcap > 0.0f ? tanh(acc / d->softcap) : 0.0;
+                    s[j] = d->softcap > 0.0f ? d->softcap * t[j] : acc;
+                    mx = s[j] > mx ? s[j] : mx;
+                }
+                if (mx == -INFINITY)
+                    continue; /* no visible key: no gradient */
+                memset(keep, 1, n);
+                if (d->dropout_p > 0.0f &&
+                    fa_dropout_mask(d->dropout_p, d->dropout_seed, d->dropout_offset, b, h,
+                                    (int32_t)i, 1, 0, (int32_t)sk, keep, sk) != FA_OK) {
+                    free(s), free(t), free(o), free(go), free(keep);
+                    return -1;
+                }
+                double l = 0.0;
+                for (int64_t j = 0; j < sk; j++)
+                    l += s[j] == -INFINITY ? 0.0 : exp(s[j] - mx);
+                int64_t goa = elem(d, &bd->d_o, b, qt + i, h);
+                for (int32_t x = 0; x < dim; x++) {
+                    o[x] = 0.0;
+                    go[x] = fa_ref_decode(bd->d_o.dtype, bd->d_o.data, goa + x);
+                }
+                for (int64_t j = 0; j < sk; j++) {
+                    if (s[j] == -INFINITY || !keep[j])
+                        continue;
+                    double pz = exp(s[j] - mx) / l * kept;
+                    int64_t va = elem(d, &d->v, b, kt + j, hk);
+                    for (int32_t x = 0; x < dim; x++)
+                        o[x] += pz * fa_ref_decode(d->v.dtype, d->v.data, va + x);
+                }
+                double dsum = 0.0; /* dO . o, with o exact */
+                for (int32_t x = 0; x < dim; x++)
+                    dsum += go[x] * o[x];
+                /* dS_j = P_j (dO . v_j Z_j - dO . o), through the cap: * (1 - tanh^2) */
+                for (int64_t j = 0; j < sk; j++) {
+                    if (s[j] == -INFINITY)
+                        continue;
+                    double pj = exp(s[j] - mx) / l, z = keep[j] ? kept : 0.0;
+                    int64_t va = elem(d, &d->v, b, kt + j, hk), ka = elem(d, &d->k, b, kt + j, hk);
+                    double dp = 0.0;
+                    for (int32_t x = 0; x < dim; x++)
+                        dp += go[x] * fa_ref_decode(d->v.dtype, d->v.data, va + x);
+                    double ds = pj * (dp * z - dsum);
+                    if (d->softcap > 0.0f)
+                        ds *= 1.0 - t[j] * t[j];
+                    double *dqr = dq + ((q0 + i) * hq + h) * dim;
+                    double *dkr = dk + ((k0 + j) * hkv + hk) * dim;
+                    double *dvr = dv + ((k0 + j) * hkv + hk) * dim;
+                    for (int32_t x = 0; x < dim; x++) {
+                        dqr[x] += scale * ds * fa_ref_decode(d->k.dtype, d->k.data, ka + x);
+                        dkr[x] += scale * ds * fa_ref_decode(d->q.dtype, d->q.data, qa + x);
+                        dvr[x] += pj * z * go[x];
+                    }
+                }
+            }
+        }
+    }
+    free(s), free(t), free(o), free(go), free(keep);
+    return 0;
+}

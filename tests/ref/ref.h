@@ -37,6 +37,14 @@ double fa_rng_uniform(fa_rng *r); /* [-1, 1) */
  */
 int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, double *lse);
 
+/*
+ * Naive float64 backward of the call bd->forward describes, with d_o read
+ * through its strides. Rows in packed order as fa_ref_attention:
+ * dq[(row*hq + h)*dim + x], dk and dv [(krow*hkv + hk)*dim + x]. Returns 0,
+ * or -1 when out of memory.
+ */
+int fa_ref_backward(const fa_backward_desc *bd, double *dq, double *dk, double *dv);
+
 /* ---- conformance ---- */
 
 typedef enum fa_case_layout { FA_CASE_BSHD = 0, FA_CASE_BHSD = 1, FA_CASE_QKV_PACKED = 2 } fa_case_layout;
@@ -65,12 +73,42 @@ typedef struct fa_case_result {
     char message[512];
 } fa_case_result;
 
+/* A case's tensors and descriptor (o and lse allocated, not computed). */
+typedef struct fa_case_inputs {
+    fa_attention_desc d;
+    void *q, *kv, *o;
+    float *lse;
+    int32_t *cu_q, *cu_k;
+    int64_t rows, krows; /* packed query / key rows */
+    int64_t o_bytes;
+} fa_case_inputs;
+
+/* Build the inputs of c (fresh random values from c->seed). 0, or -1 when out of memory. */
+int fa_case_inputs_make(const fa_case *c, int with_lse, fa_case_inputs *in);
+void fa_case_inputs_free(fa_case_inputs *in);
+
+/* Fill n elements of dtype t with uniform values in [-amp, amp). */
+void fa_ref_fill(fa_rng *r, fa_dtype t, void *p, int64_t n, double amp);
+
+/* Unit roundoff of a dtype: tolerance floors scale with it. */
+double fa_unit_roundoff(fa_dtype t);
+
 /* Describe a case in one line (for replays): "f16 b2 sq17 sk129 hq8 hkv1 d80 causal ...". */
 void fa_case_format(const fa_case *c, char *buf, size_t cap);
 
 /* Run one case on ctx: flash and standard against float64. Returns 0 when it
  * could run (see result.passed), -1 on an API error (message filled). */
 int fa_case_run(fa_context_t ctx, const fa_case *c, fa_case_result *res);
+
+typedef struct fa_bwd_result {
+    int passed;
+    double err_flash[3], err_standard[3], tolerance[3]; /* dq, dk, dv */
+    char message[640];
+} fa_bwd_result;
+
+/* Run one case's backward on ctx (after its flash forward): flash and standard
+ * backward against float64. 0 when it could run, -1 on an API error. */
+int fa_case_run_backward(fa_context_t ctx, const fa_case *c, fa_bwd_result *res);
 
 /* The conformance grid. level 0 = quick (short sequences), 1 = full.
  * Returns the number of cases written (at most cap), derived from seed. */

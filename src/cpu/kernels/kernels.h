@@ -62,6 +62,10 @@ typedef struct fa_cpu_kernels {
                  ptrdiff_t lds, const void *v, ptrdiff_t ldv, float *o, ptrdiff_t ldo,
                  const float *alpha);
 
+    /* Backward probabilities: st[j*lds + i] = 2^(st[j*lds + i] - sub[i]) for j < n,
+     * i < cols (a multiple of nr / 2); sub = +inf gives 0. */
+    void (*exp2_sub)(int n, int cols, float *st, ptrdiff_t lds, const float *sub);
+
     /* Logit softcap on a score tile, into the base-2 domain:
      * st[j*lds + i] = cap * tanh(st[j*lds + i] / cap) * log2(e) for j < n, i < cols,
      * cols a multiple of nr / 2 (every column takes the same path, so a score's

@@ -98,6 +98,13 @@ static void ref_softmax_update(int n, int cols, float *st, ptrdiff_t lds, float 
     }
 }
 
+static void ref_exp2_sub(int n, int cols, float *st, ptrdiff_t lds, const float *sub)
+{
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < cols; i++)
+            st[j * lds + i] = exp2f(st[j * lds + i] - sub[i]);
+}
+
 static void ref_softcap(int n, int cols, float *st, ptrdiff_t lds, float cap)
 {
     for (int j = 0; j < n; j++)
@@ -177,6 +184,7 @@ const fa_cpu_kernels fa_cpu_kernels_ref = {
     .dot = ref_dot,
     .axpy = ref_axpy,
     .softcap = ref_softcap,
+    .exp2_sub = ref_exp2_sub,
     .load = ref_load,
     .store = ref_store,
 };

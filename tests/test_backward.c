@@ -1,0 +1,185 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The backward pass: the grid against the float64 backward, a finite
+ * difference check of that float64 backward itself, bit-identical results
+ * across thread counts, and bad input.
+ */
+#include "ref.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#define MAX_CASES 256
+static uint64_t seed;
+
+static void run_dtype(fa_dtype dt)
+{
+    fa_context_t ctx;
+    fa_context_options opts = { sizeof(opts), FA_BACKEND_CPU, 0 };
+    if (fa_context_create(&opts, &ctx) != FA_OK)
+        fail_msg("context: %s", fa_last_create_error());
+    static fa_case cases[MAX_CASES];
+    int n = fa_grid_build(0, seed, cases, MAX_CASES), ran = 0, failed = 0;
+    for (int i = 0; i < n; i++) {
+        if (cases[i].dtype != dt)
+            continue;
+        fa_bwd_result r;
+        if (fa_case_run_backward(ctx, &cases[i], &r) != 0 || !r.passed) {
+            print_error("case %d FAILED: %s\n", i, r.message);
+            failed++;
+        }
+        ran++;
+    }
+    fa_context_destroy(ctx);
+    print_message("%d cases, %d failed (seed %llu)\n", ran, failed, (unsigned long long)seed);
+    assert_true(ran > 0);
+    assert_int_equal(failed, 0);
+}
+
+static void test_grid_f32(void **state) { (void)state; run_dtype(FA_DTYPE_F32); }
+static void test_grid_f16(void **state) { (void)state; run_dtype(FA_DTYPE_F16); }
+static void test_grid_bf16(void **state) { (void)state; run_dtype(FA_DTYPE_BF16); }
+
+/* L = sum(o * G) in float64 through the reference forward. */
+static double loss(const fa_attention_desc *d, const double *g, size_t n)
+{
+    double *o = malloc(n * sizeof(double)), l = 0.0;
+    assert_non_null(o);
+    assert_int_equal(fa_ref_attention(d, 1, o, NULL), 0);
+    for (size_t i = 0; i < n; i++)
+        l += o[i] * g[i];
+    free(o);
+    return l;
+}
+
+/* The float64 backward against central differences of the float64 forward, on a
+ * tiny shape with every feature: causal + window, softcap, GQA, dropout. */
+static void test_reference_finite_differences(void **state)
+{
+    (void)state;
+    enum { SQ = 5, SK = 7, HQ = 4, HK = 2, D = 3 };
+    float q[SQ * HQ * D], k[SK * HK * D], v[SK * HK * D], go[SQ * HQ * D];
+    double g[SQ * HQ * D], dq[SQ * HQ * D], dk[SK * HK * D], dv[SK * HK * D];
+    fa_rng r = { seed };
+    for (int i = 0; i < SQ * HQ * D; i++)
+        q[i] = (float)fa_rng_uniform(&r), go[i] = (float)fa_rng_uniform(&r), g[i] = go[i];
+    for (int i = 0; i < SK * HK * D; i++)
+        k[i] = (float)fa_rng_uniform(&r), v[i] = (float)fa_rng_uniform(&r);
+    fa_attention_desc d;
+    fa_attention_desc_init(&d);
+    d.batch = 1, d.seqlen_q = SQ, d.seqlen_k = SK, d.num_heads_q = HQ, d.num_heads_kv = HK;
+    d.head_dim = D;
+    d.causal = 1, d.window_left = 3, d.softcap = 1.5f, d.scale = 0.9f;
+    d.dropout_p = 0.3f, d.dropout_seed = 1234, d.dropout_offset = 99;
+    d.q = fa_tensor_contiguous(q, FA_DTYPE_F32, FA_LAYOUT_BSHD, SQ, HQ, D);
+    d.k = fa_tensor_contiguous(k, FA_DTYPE_F32, FA_LAYOUT_BSHD, SK, HK, D);
+    d.v = fa_tensor_contiguous(v, FA_DTYPE_F32, FA_LAYOUT_BSHD, SK, HK, D);
+    fa_backward_desc bd;
+    fa_backward_desc_init(&bd);
+    bd.forward = &d;
+    bd.d_o = fa_tensor_contiguous(go, FA_DTYPE_F32, FA_LAYOUT_BSHD, SQ, HQ, D);
+    assert_int_equal(fa_ref_backward(&bd, dq, dk, dv), 0);
+    struct {
+        float *x;
+        const double *grad;
+        int n;
+    } in[3] = { { q, dq, SQ * HQ * D }, { k, dk, SK * HK * D }, { v, dv, SK * HK * D } };
+    double worst = 0.0;
+    for (int t = 0; t < 3; t++)
+        for (int i = 0; i < in[t].n; i++) {
+            float x0 = in[t].x[i];
+            float up = x0 + 1e-3f, dn = x0 - 1e-3f; /* the perturbations f32 can hold */
+            in[t].x[i] = up;
+            double lu = loss(&d, g, SQ * HQ * D);
+            in[t].x[i] = dn;
+            double ld = loss(&d, g, SQ * HQ * D);
+            in[t].x[i] = x0;
+            double num = (lu - ld) / ((double)up - (double)dn);
+            double err = fabs(num - in[t].grad[i]) / (1.0 + fabs(in[t].grad[i]));
+            worst = fmax(worst, err);
+        }
+    print_message("finite differences: worst relative error %.3g\n", worst);
+    assert_true(worst < 1e-5);
+}
+
+/* Same bits for 1, 2 and 7 threads, flash and standard. */
+static void test_backward_deterministic(void **state)
+{
+    (void)state;
+    fa_context_t ctx[3];
+    const int threads[3] = { 1, 2, 7 };
+    for (int i = 0; i < 3; i++) {
+        fa_context_options o = { sizeof(o), FA_BACKEND_CPU, threads[i] };
+        assert_int_equal(fa_context_create(&o, &ctx[i]), FA_OK);
+    }
+    fa_case c;
+    memset(&c, 0, sizeof(c));
+    c.dtype = FA_DTYPE_BF16, c.batch = 2, c.seqlen_q = 300, c.seqlen_k = 333;
+    c.heads_q = 4, c.heads_kv = 2, c.head_dim = 72, c.causal = 1, c.window_left = 150;
+    c.window_right = -1, c.softcap = 10.0f, c.dropout_p = 0.2f, c.logit_scale = 1.0f;
+    c.seed = seed;
+    fa_case_inputs in;
+    assert_int_equal(fa_case_inputs_make(&c, 1, &in), 0);
+    assert_int_equal(fa_forward(ctx[0], &in.d), FA_OK);
+    size_t nq = (size_t)in.rows * 4 * 72, nk = (size_t)in.krows * 2 * 72;
+    uint16_t *go = malloc(nq * 2);
+    float *g = malloc((nq + 2 * nk) * 4), *first = malloc((nq + 2 * nk) * 4);
+    assert_non_null(go && g && first);
+    fa_rng r = { seed + 9 };
+    fa_ref_fill(&r, FA_DTYPE_BF16, go, (int64_t)nq, 1.0);
+    fa_backward_desc bd;
+    fa_backward_desc_init(&bd);
+    bd.forward = &in.d;
+    bd.d_o = fa_tensor_contiguous(go, FA_DTYPE_BF16, FA_LAYOUT_BSHD, 300, 4, 72);
+    bd.d_q = fa_tensor_contiguous(g, FA_DTYPE_F32, FA_LAYOUT_BSHD, 300, 4, 72);
+    bd.d_k = fa_tensor_contiguous(g + nq, FA_DTYPE_F32, FA_LAYOUT_BSHD, 333, 2, 72);
+    bd.d_v = fa_tensor_contiguous(g + nq + nk, FA_DTYPE_F32, FA_LAYOUT_BSHD, 333, 2, 72);
+    for (int a = 0; a < 2; a++) {
+        in.d.algorithm = (fa_algorithm)a;
+        for (int i = 0; i < 3; i++) {
+            memset(g, 0, (nq + 2 * nk) * 4);
+            assert_int_equal(fa_backward(ctx[i], &bd), FA_OK);
+            if (i == 0)
+                memcpy(first, g, (nq + 2 * nk) * 4);
+            else
+                assert_memory_equal(first, g, (nq + 2 * nk) * 4);
+        }
+    }
+    free(go), free(g), free(first);
+    fa_case_inputs_free(&in);
+    for (int i = 0; i < 3; i++)
+        fa_context_destroy(ctx[i]);
+}
+
+int main(void)
+{
+    const char *s = getenv("FLASHATTN_TEST_SEED");
+    seed = s && *s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
+    const char *k = getenv("FLASHATTN_CPU_KERNELS");
+    printf("backward: kernels=%s seed=%llu (replay: FLASHATTN_TEST_SEED=%llu)\n", k && *k ? k : "auto",
+           (unsigned long long)seed, (unsigned long long)seed);
+    fa_context_t probe;
+    fa_context_options opts = { sizeof(opts), FA_BACKEND_CPU, 0 };
+    if (fa_context_create(&opts, &probe) == FA_ERR_BACKEND_UNAVAILABLE) {
+        printf("skipped: %s\n", fa_last_create_error());
+        return 77;
+    }
+    fa_context_destroy(probe);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reference_finite_differences),
+        cmocka_unit_test(test_backward_deterministic),
+        cmocka_unit_test(test_grid_f32),
+        cmocka_unit_test(test_grid_f16),
+        cmocka_unit_test(test_grid_bf16),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
