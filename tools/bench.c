@@ -40,6 +40,8 @@ static const char *help =
     "  --backend auto|cpu|cuda|gles                                 [auto]\n"
     "  --threads N           0 = all cores                          [0]\n"
     "  --reps N              timed runs per measurement (median)    [adaptive, >= 3]\n"
+    "  --backward            also time the backward pass (flash and standard) and check the\n"
+    "                        gradients against float64 on batch 0, kv head 0\n"
     "  --no-standard         skip the standard baseline\n"
     "  --no-sgemm            skip the sgemm ceiling\n"
     "output:\n"
@@ -57,7 +59,7 @@ typedef struct opts {
     fa_dtype dtype;
     fa_layout layout;
     fa_backend backend;
-    int no_standard, no_sgemm;
+    int no_standard, no_sgemm, backward;
     const char *json, *plot;
 } opts;
 
@@ -69,10 +71,11 @@ typedef struct row {
     uint64_t bytes_flash, bytes_std;
     double max_err, mean_err, frac_err, rel_l2;
     int64_t sampled_rows, rows;
-    int has_std;
+    int has_std, has_bwd;
+    cli_bwd_row bwd;
 } row;
 
-static double median(double *v, int n)
+double cli_median(double *v, int n)
 {
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
@@ -83,11 +86,10 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* One warm-up, then at least 3 timed runs (more while under ~0.4 s); median ms. */
-static int time_call(fa_context_t ctx, const fa_attention_desc *d, long reps, double *ms)
+int cli_time(int (*fn)(void *), void *arg, long reps, double *ms)
 {
     double t0 = cli_now();
-    if (fa_forward(ctx, d) != FA_OK)
+    if (fn(arg) != 0)
         return -1;
     double once = cli_now() - t0;
     int n = reps > 0 ? (int)reps : (int)fmin(15.0, fmax(3.0, 0.4 / fmax(once, 1e-6)));
@@ -96,12 +98,29 @@ static int time_call(fa_context_t ctx, const fa_attention_desc *d, long reps, do
         n = 64;
     for (int i = 0; i < n; i++) {
         t0 = cli_now();
-        if (fa_forward(ctx, d) != FA_OK)
+        if (fn(arg) != 0)
             return -1;
         ts[i] = (cli_now() - t0) * 1e3;
     }
-    *ms = median(ts, n);
+    *ms = cli_median(ts, n);
     return 0;
+}
+
+typedef struct fwd_call {
+    fa_context_t ctx;
+    const fa_attention_desc *d;
+} fwd_call;
+
+static int run_forward(void *arg)
+{
+    fwd_call *c = arg;
+    return fa_forward(c->ctx, c->d) == FA_OK ? 0 : -1;
+}
+
+static int time_call(fa_context_t ctx, const fa_attention_desc *d, long reps, double *ms)
+{
+    fwd_call c = { ctx, d };
+    return cli_time(run_forward, &c, reps, ms);
 }
 
 static double sgemm_gflops(int threads)
@@ -135,7 +154,7 @@ static double sgemm_gflops(int threads)
     /* OpenBLAS worker threads keep spinning for a while after a call; let them
      * go to sleep before timing anything else on the same cores. */
     usleep(300000);
-    return 2.0 * n * (double)n * n / median(ts, 5) / 1e9;
+    return 2.0 * n * (double)n * n / cli_median(ts, 5) / 1e9;
 }
 
 static void errors(const fa_attention_desc *d, row *r)
@@ -221,6 +240,8 @@ static int run_row(fa_context_t ctx, const opts *o, long sq, long sk, long h, lo
     desc.k = fa_tensor_contiguous(k, o->dtype, o->layout, (int32_t)sk, (int32_t)hk, (int32_t)d);
     desc.v = fa_tensor_contiguous(v, o->dtype, o->layout, (int32_t)sk, (int32_t)hk, (int32_t)d);
     desc.o = fa_tensor_contiguous(out, o->dtype, o->layout, (int32_t)sq, (int32_t)h, (int32_t)d);
+    float *lse = o->backward ? malloc(sizeof(float) * (size_t)(b * h * sq)) : NULL;
+    desc.lse = lse; /* the backward needs the forward's log-sum-exp */
 
     memset(r, 0, sizeof(*r));
     r->b = b, r->h = h, r->hk = hk, r->sq = sq, r->sk = sk, r->d = d, r->causal = causal;
@@ -244,6 +265,16 @@ static int run_row(fa_context_t ctx, const opts *o, long sq, long sk, long h, lo
     r->gflops = flops / (r->ms_flash * 1e-3) / 1e9;
     r->pct_sgemm = sgemm > 0 ? 100.0 * r->gflops / sgemm : NAN;
     errors(&desc, r);
+    if (o->backward) {
+        if (!lse) {
+            fprintf(stderr, "flashattn bench: out of memory for the LSE\n");
+            rc = CLI_EXIT_FAIL;
+            goto done;
+        }
+        if ((rc = cli_bench_backward(ctx, &desc, o->reps, o->no_standard, flops, &r->bwd)) != 0)
+            goto done;
+        r->has_bwd = 1;
+    }
     goto done;
 api_error:
     fprintf(stderr, "flashattn bench: %s\n", fa_context_last_error(ctx));
@@ -253,6 +284,7 @@ done:
     free(k);
     free(v);
     free(out);
+    free(lse);
     return rc;
 }
 
@@ -278,6 +310,20 @@ static void print_row(const opts *o, const row *r)
            r->causal ? "yes" : "no", r->ms_flash, std_ms, speed, r->gflops, r->pct_sgemm,
            (double)r->bytes_flash / 1048576.0, std_mib, r->max_err, r->mean_err,
            100.0 * r->frac_err, r->rel_l2, r->sampled_rows < r->rows ? " *" : "");
+    if (r->has_bwd) {
+        const cli_bwd_row *w = &r->bwd;
+        printf("     backward: flash %.3f ms", w->ms);
+        if (w->has_std)
+            printf(", standard %.3f ms (%.2fx)", w->ms_std, w->ms_std / w->ms);
+        printf(", %.1f GFLOP/s (%.0f%% of the forward's), %.2f MiB", w->gflops,
+               100.0 * w->gflops / r->gflops, (double)w->bytes / 1048576.0);
+        if (w->has_std)
+            printf(" vs %.2f MiB", (double)w->bytes_std / 1048576.0);
+        if (w->checked)
+            printf("; rel L2 dq %.1e dk %.1e dv %.1e (batch 0, kv head 0)", w->rel_l2[0], w->rel_l2[1],
+                   w->rel_l2[2]);
+        printf("\n");
+    }
     fflush(stdout);
 }
 
@@ -301,9 +347,28 @@ static void json_row(FILE *f, const opts *o, const row *r, double sgemm)
     fprintf(f,
             "\"max_abs_err\":%.6g,\"mean_abs_err\":%.6g,\"frac_err_ge_1e3\":%.6g,\"rel_l2_err\":%.6g,"
             "\"sgemm_gflops\":%.3f,\"window_left\":%ld,\"window_right\":%ld,\"softcap\":%g,"
-            "\"err_rows_sampled\":%lld,\"rows\":%lld}\n",
+            "\"err_rows_sampled\":%lld,\"rows\":%lld",
             r->max_err, r->mean_err, r->frac_err, r->rel_l2, sgemm, o->wl, o->wr, o->softcap,
             (long long)r->sampled_rows, (long long)r->rows);
+    if (r->has_bwd) {
+        const cli_bwd_row *w = &r->bwd;
+        fprintf(f, ",\"ms_backward\":%.6f,\"gflops_backward\":%.3f,\"bytes_backward\":%llu", w->ms,
+                w->gflops, (unsigned long long)w->bytes);
+        if (w->has_std)
+            fprintf(f, ",\"ms_backward_standard\":%.6f,\"bytes_backward_standard\":%llu", w->ms_std,
+                    (unsigned long long)w->bytes_std);
+        else
+            fprintf(f, ",\"ms_backward_standard\":null,\"bytes_backward_standard\":null");
+        static const char *g[3] = { "dq", "dk", "dv" };
+        for (int i = 0; i < 3; i++) {
+            if (w->checked)
+                fprintf(f, ",\"%s_rel_l2_err\":%.6g,\"%s_max_abs_err\":%.6g", g[i], w->rel_l2[i], g[i],
+                        w->max_err[i]);
+            else
+                fprintf(f, ",\"%s_rel_l2_err\":null,\"%s_max_abs_err\":null", g[i], g[i]);
+        }
+    }
+    fprintf(f, "}\n");
     fflush(f);
 }
 
@@ -407,6 +472,8 @@ static int parse(int argc, char **argv, opts *o)
         } else if (strcmp(a, "--plot") == 0) {
             NEED_VALUE();
             o->plot = v;
+        } else if (strcmp(a, "--backward") == 0) {
+            o->backward = 1;
         } else if (strcmp(a, "--no-standard") == 0) {
             o->no_standard = 1;
         } else if (strcmp(a, "--no-sgemm") == 0) {

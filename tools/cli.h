@@ -35,6 +35,26 @@ const char *cli_dtype_name(fa_dtype t);
 int cli_backend_option(const char *cmd, int argc, char **argv, int *i, fa_backend *backend,
                        long *threads);
 
+/* Median of v[0..n) (sorts v). */
+double cli_median(double *v, int n);
+
+/* One warm-up call of fn, then reps timed calls (0: adaptive, at least 3, more
+ * while under ~0.4 s); median milliseconds into *ms. -1 when fn fails. */
+int cli_time(int (*fn)(void *), void *arg, long reps, double *ms);
+
+/* Backward of a forward descriptor that has been run (o and lse filled). */
+typedef struct cli_bwd_row {
+    double ms, ms_std, gflops;
+    uint64_t bytes, bytes_std;
+    int has_std, checked;
+    double max_err[3], rel_l2[3]; /* dq, dk, dv against float64 (batch 0, kv head 0) */
+} cli_bwd_row;
+
+/* Time flash and (unless no_standard) standard backward, check errors. 0, or
+ * CLI_EXIT_FAIL after printing the library's error. */
+int cli_bench_backward(fa_context_t ctx, fa_attention_desc *d, long reps, int no_standard,
+                       double fwd_flops, cli_bwd_row *r);
+
 /* Monotonic seconds. */
 double cli_now(void);
 

@@ -39,6 +39,7 @@ typedef struct bbufs {
     float *qr, *dor;     /* cols_pad x dpad rows: scale*q (for dK), dO (for dV) */
     float *dq;           /* cols_pad x dpad: dQ accumulator */
     float *s, *dp, *cap; /* kt x cols_pad: scores then P, dP then dS, capped scores */
+    float *z;            /* kt x cols_pad: dropout factors (0 or 1/(1-p)) */
     float *lse2, *dd;    /* cols_pad: base-2 LSE (+inf: no visible key), D */
     float *ones;         /* cols_pad: alpha = 1 for accumulating gemms */
     float *tmp;          /* dim */
@@ -63,6 +64,7 @@ static int64_t carve(const fa_problem *p, const fa_cpu_plan *pl, int32_t kt, int
     o->s = fa_ws_take(base, &n, tile);
     o->dp = fa_ws_take(base, &n, tile);
     o->cap = fa_ws_take(base, &n, p->softcap > 0.0f ? tile : 0);
+    o->z = fa_ws_take(base, &n, p->dropout_p > 0.0f ? tile : 0);
     o->lse2 = fa_ws_take(base, &n, cols_pad);
     o->dd = fa_ws_take(base, &n, cols_pad);
     o->ones = fa_ws_take(base, &n, cols_pad > kt ? cols_pad : kt);
@@ -129,32 +131,42 @@ static void tile_grads(const fa_cpu_kernels *kern, const fa_problem *p, const fa
     kern->exp2_sub(n, cv, bf->s, lds, bf->lse2); /* P^T */
 
     /* dS = P * (dP Z - D) [* (1 - tanh^2)], and P Z for dV */
-    const float capl = p->softcap * LOG2E;
-    for (int32_t c = 0; c < cc->ncols; c++) {
-        const float dd = bf->dd[c];
-        int use_drop = p->dropout_p > 0.0f;
-        if (use_drop) {
+    if (p->dropout_p > 0.0f) {
+        /* Z per (query column, key): the mask is generated along a query's keys */
+        for (int32_t c = 0; c < cc->ncols; c++) {
             int64_t pos = cc->r0 + c / p->group;
             int32_t h = cc->hk * p->group + c % p->group;
             fa_dropout_row(p->dropout_seed, p->dropout_offset, cc->b, h, pos, j0, n,
                            p->dropout_threshold, bf->keep);
-        }
-        for (int32_t j = 0; j < n; j++) {
-            float *sp = bf->s + (int64_t)j * lds + c, *dpp = bf->dp + (int64_t)j * lds + c;
-            float z = use_drop ? (bf->keep[j] ? p->dropout_scale : 0.0f) : 1.0f;
-            float ds = *sp * (*dpp * z - dd);
-            if (p->softcap > 0.0f) {
-                float t = bf->cap[(int64_t)j * lds + c] / capl;
-                ds *= 1.0f - t * t;
+            for (int32_t j = 0; j < n; j++) {
+                float z = bf->keep[j] ? p->dropout_scale : 0.0f;
+                bf->dp[(int64_t)j * lds + c] *= z;
+                bf->z[(int64_t)j * lds + c] = z;
             }
-            *dpp = ds;
-            *sp *= z;
         }
     }
-    /* padded columns carry no gradient */
-    for (int32_t j = 0; j < n; j++)
+    const float inv_capl = p->softcap > 0.0f ? 1.0f / (p->softcap * LOG2E) : 0.0f;
+    for (int32_t j = 0; j < n; j++) {
+        float *restrict s = bf->s + (int64_t)j * lds, *restrict dp = bf->dp + (int64_t)j * lds;
+        const float *restrict dd = bf->dd;
+        for (int32_t c = 0; c < cv; c++)
+            dp[c] = s[c] * (dp[c] - dd[c]);
+        if (p->softcap > 0.0f) {
+            const float *restrict cap = bf->cap + (int64_t)j * lds;
+            for (int32_t c = 0; c < cv; c++) {
+                float t = cap[c] * inv_capl;
+                dp[c] *= 1.0f - t * t;
+            }
+        }
+        if (p->dropout_p > 0.0f) {
+            const float *restrict z = bf->z + (int64_t)j * lds;
+            for (int32_t c = 0; c < cv; c++)
+                s[c] *= z[c];
+        }
+        /* padded columns carry no gradient */
         for (int32_t c = cc->ncols; c < cols_pad; c++)
-            bf->s[(int64_t)j * lds + c] = bf->dp[(int64_t)j * lds + c] = 0.0f;
+            s[c] = dp[c] = 0.0f;
+    }
 }
 
 static void store_rows(const fa_cpu_kernels *kern, const fa_problem *p, const fa_tensor *t, int32_t b,
