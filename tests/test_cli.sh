@@ -58,5 +58,11 @@ done
 if grep -q '"max_abs_err":\(nan\|inf\)' "$tmp/b.json"; then echo "FAIL: non-finite error in bench"; fails=$((fails + 1)); fi
 grep -q "<svg" "$tmp/b.svg" || { echo "FAIL: no SVG plot"; fails=$((fails + 1)); }
 
+expect_rc 0 "bench --backward" "$fa" bench --seq 80 --heads 2 --dim 16 --causal yes --backward \
+  --reps 3 --no-sgemm --json "$tmp/bw.json"
+for field in ms_backward ms_backward_standard gflops_backward dq_rel_l2_err dk_rel_l2_err dv_rel_l2_err; do
+  grep -q "\"$field\":[0-9]" "$tmp/bw.json" || { echo "FAIL: backward JSON lacks $field"; fails=$((fails + 1)); }
+done
+
 echo "cli: $pass passed, $fails failed"
 [ "$fails" -eq 0 ]
