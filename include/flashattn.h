@@ -120,7 +120,7 @@ typedef struct fa_tensor {
  * (batch + 1 int32 cumulative offsets each, starting at 0, non-decreasing).
  * Then seqlen_q / seqlen_k are the total packed token counts (the extent of
  * the tensors along seq, 0 allowed), sequence b owns rows cu[b] .. cu[b+1]-1,
- * and stride_batch is ignored.
+ * rows past cu[batch] are left untouched, and stride_batch is ignored.
  *
  * Inputs must be finite: NaN or inf in q, k or v gives unspecified output
  * (it may reach rows that do not see the offending key, as in other
@@ -270,6 +270,9 @@ FA_API fa_status fa_forward(fa_context_t ctx, const fa_attention_desc *desc);
  *   d_q        like q;  d_k, d_v like k, v (outputs; with GQA, d_k and d_v
  *              sum over the query heads of each group)
  * Each gradient tensor has its own strides and is q's dtype or FA_DTYPE_F32.
+ * Gradients must not overlap each other or any input (packed dQKV with
+ * interleaved heads is fine: distinct elements). Varlen rows past the last
+ * sequence (cu_seqlens[batch] ..) are not written, as in the forward.
  * Accumulation is float32. forward->algorithm picks flash (O(n) workspace)
  * or standard (stores P: the baseline).
  */
@@ -306,15 +309,16 @@ FA_API fa_status fa_backward(fa_context_t ctx, const fa_backward_desc *desc);
  *   r       = word (col % 4) of philox(counter, key)
  *   keep    = (r >> 8) >= ceil(p * 2^24)
  * so the kept fraction is 1 - p (to 2^-24) and p = 0 keeps everything.
- * Returns FA_ERR_INVALID_VALUE / _SHAPE / _NULL_POINTER on bad arguments
- * (nothing written). Thread-safe; needs no context.
+ * Returns FA_ERR_INVALID_VALUE / _SHAPE / _STRIDE / _NULL_POINTER on bad
+ * arguments (nothing written; the message is fa_last_create_error()'s, on
+ * this thread). Thread-safe; needs no context.
  */
 FA_API fa_status fa_dropout_mask(float p, uint64_t seed, uint64_t offset, int32_t batch, int32_t head,
                                  int32_t row0, int32_t rows, int32_t col0, int32_t cols,
                                  uint8_t *mask, int64_t ld);
 
-/* Report of the last successful fa_forward / fa_forward_plan on ctx. Clears the
- * context's error message on success. */
+/* Report of the last successful fa_forward / fa_forward_plan / fa_backward /
+ * fa_backward_plan on ctx. Clears the context's error message on success. */
 FA_API fa_status fa_context_last_run(fa_context_t ctx, fa_run_info *info);
 
 #ifdef __cplusplus

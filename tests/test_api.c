@@ -307,6 +307,17 @@ static void test_backward_validation(void **state)
         fa_run_info ri = { .size = sizeof(ri) };
         assert_int_equal(fa_backward_plan(f->ctx, &cases[i].bd, &ri), cases[i].want);
     }
+    /* the standard backward holds whole-sequence tiles per thread: never more
+     * threads than its batch x kv-head tasks, whatever the context asks for */
+    fa_context_options many = { sizeof(many), FA_BACKEND_CPU, 16 };
+    fa_context_t wide;
+    assert_int_equal(fa_context_create(&many, &wide), FA_OK);
+    f->d.algorithm = FA_ALGORITHM_STANDARD;
+    fa_run_info ri = { .size = sizeof(ri) };
+    assert_int_equal(fa_backward_plan(wide, &bd, &ri), FA_OK);
+    assert_true(ri.threads <= B * HK);
+    f->d.algorithm = FA_ALGORITHM_FLASH;
+    fa_context_destroy(wide);
     assert_int_equal(fa_backward(NULL, &bd), FA_ERR_NULL_POINTER);
     assert_int_equal(fa_backward(f->ctx, NULL), FA_ERR_NULL_POINTER);
 }

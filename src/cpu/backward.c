@@ -281,7 +281,8 @@ static void row_dots(const fa_cpu_kernels *kern, const fa_problem *p, float *dsu
 {
     const fa_attention_desc *d = p->desc;
     const fa_backward_desc *bd = p->bwd;
-    const int64_t rows = p->varlen ? d->seqlen_q : (int64_t)p->batch * d->seqlen_q;
+    /* varlen: rows past the last sequence belong to no one and are never read */
+    const int64_t rows = p->varlen ? d->cu_seqlens_q[p->batch] : (int64_t)p->batch * d->seqlen_q;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         int32_t b = p->varlen ? 0 : (int32_t)(r / d->seqlen_q);
@@ -305,11 +306,14 @@ typedef struct bplan {
     int64_t a_tasks, per_thread;
 } bplan;
 
-static void plan_backward(const fa_problem *p, const fa_cpu_plan *pl, int standard, int32_t nr,
-                          bplan *bp)
+/* 0, or -1 when the standard backward's whole-sequence tiles cannot be sized. */
+static int plan_backward(const fa_problem *p, const fa_cpu_plan *pl, int standard, int32_t nr,
+                         bplan *bp)
 {
     bp->qpos = standard ? (p->max_q > 0 ? p->max_q : 1) : pass_a_positions(p);
     bp->kt = standard ? (p->max_k > 0 ? p->max_k : 1) : pl->block_k;
+    if ((int64_t)bp->qpos * p->group > (1 << 28))
+        return -1;
     int32_t a_cols = round_up(bp->qpos * p->group, nr);
     bp->cols_pad = a_cols > pl->cols_pad ? a_cols : pl->cols_pad;
     bp->a_tasks = 0;
@@ -319,6 +323,7 @@ static void plan_backward(const fa_problem *p, const fa_cpu_plan *pl, int standa
     }
     bp->a_tasks *= p->heads_kv;
     bp->per_thread = carve(p, pl, bp->kt, bp->cols_pad, NULL, NULL) + 2 * (int64_t)p->dim;
+    return 0;
 }
 
 fa_status fa_cpu_plan_backward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
@@ -329,11 +334,16 @@ fa_status fa_cpu_plan_backward(fa_context_t ctx, const fa_cpu_state *s, const fa
     pl->use_dot = 0;
     int standard = p->desc->algorithm == FA_ALGORITHM_STANDARD;
     bplan bp;
-    plan_backward(p, pl, standard, s->kern->nr, &bp);
+    if (plan_backward(p, pl, standard, s->kern->nr, &bp) != 0)
+        return fa_error(ctx, FA_ERR_SIZE_OVERFLOW,
+                        "standard backward tiles for this shape overflow; use the flash algorithm");
+    /* threads: no more than the passes have tasks (the standard one has few, and
+     * each thread holds whole-sequence tiles) */
+    int64_t most = standard ? bp.a_tasks : bp.a_tasks > pl->task_count ? bp.a_tasks : pl->task_count;
+    pl->threads = s->threads < most ? s->threads : (int)(most > 0 ? most : 1);
     int64_t rows = p->varlen ? p->desc->seqlen_q : (int64_t)p->batch * p->desc->seqlen_q, bytes;
     if (!fa_mul_ok(bp.per_thread, (int64_t)pl->threads * 4, &bytes) ||
-        !fa_add_ok(bytes, rows * p->heads_q * 4, &bytes) ||
-        (standard && !fa_mul_ok((int64_t)bp.kt * bp.cols_pad, 4, &rows)))
+        !fa_add_ok(bytes, rows * p->heads_q * 4, &bytes))
         return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "backward workspace for this shape overflows");
     pl->per_thread_floats = bp.per_thread;
     pl->workspace_bytes = (uint64_t)bytes + (uint64_t)pl->task_count * sizeof(fa_cpu_task);
@@ -346,7 +356,7 @@ fa_status fa_cpu_backward(fa_context_t ctx, const fa_cpu_state *s, const fa_prob
     const fa_cpu_kernels *kern = s->kern;
     const int standard = p->desc->algorithm == FA_ALGORITHM_STANDARD;
     bplan bp;
-    plan_backward(p, pl, standard, kern->nr, &bp);
+    plan_backward(p, pl, standard, kern->nr, &bp); /* sized and checked by the plan */
     const int64_t rows = p->varlen ? p->desc->seqlen_q : (int64_t)p->batch * p->desc->seqlen_q;
     size_t per = (size_t)bp.per_thread;
     float *ws = fa_alloc_aligned((size_t)pl->threads * per * sizeof(float));
@@ -363,16 +373,21 @@ fa_status fa_cpu_backward(fa_context_t ctx, const fa_cpu_state *s, const fa_prob
     int64_t nb = standard ? 0 : fa_cpu_build_tasks(p, pl, tasks);
     /* pass A task i -> (b, hk, key block): blocks of each sequence, kv heads inside */
     int64_t *a_first = malloc(sizeof(int64_t) * ((size_t)p->batch + 1));
-    if (!a_first) {
+    int32_t *a_seq = malloc(sizeof(int32_t) * (size_t)(bp.a_tasks ? bp.a_tasks : 1));
+    if (!a_first || !a_seq) {
         free(ws);
         free(dsum);
         free(tasks);
+        free(a_first);
+        free(a_seq);
         return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the task list");
     }
     a_first[0] = 0;
     for (int32_t b = 0; b < p->batch; b++) {
         int64_t k = fa_problem_seq(p, b).k_len;
         a_first[b + 1] = a_first[b] + (standard ? 1 : (k + bp.kt - 1) / bp.kt) * p->heads_kv;
+        for (int64_t t = a_first[b]; t < a_first[b + 1]; t++)
+            a_seq[t] = b;
     }
 #pragma omp parallel num_threads(pl->threads)
     {
@@ -386,9 +401,7 @@ fa_status fa_cpu_backward(fa_context_t ctx, const fa_cpu_state *s, const fa_prob
         row_dots(kern, p, dsum, mine + per - 2 * (size_t)p->dim);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < bp.a_tasks; t++) {
-            int32_t b = 0;
-            while (t >= a_first[b + 1])
-                b++;
+            int32_t b = a_seq[t];
             int64_t local = t - a_first[b];
             int32_t hk = (int32_t)(local % p->heads_kv);
             int64_t k0 = standard ? 0 : (local / p->heads_kv) * bp.kt;
@@ -404,5 +417,6 @@ fa_status fa_cpu_backward(fa_context_t ctx, const fa_cpu_state *s, const fa_prob
     free(dsum);
     free(tasks);
     free(a_first);
+    free(a_seq);
     return FA_OK;
 }
