@@ -7,20 +7,6 @@
 #include <math.h>
 #include <string.h>
 
-void fa_philox4x32_10(const uint32_t c[4], const uint32_t k[2], uint32_t out[4])
-{
-    uint32_t x0 = c[0], x1 = c[1], x2 = c[2], x3 = c[3], k0 = k[0], k1 = k[1];
-    for (int round = 0; round < 10; round++) {
-        uint64_t p0 = (uint64_t)0xD2511F53u * x0, p1 = (uint64_t)0xCD9E8D57u * x2;
-        uint32_t y0 = (uint32_t)(p1 >> 32) ^ x1 ^ k0, y1 = (uint32_t)p1;
-        uint32_t y2 = (uint32_t)(p0 >> 32) ^ x3 ^ k1, y3 = (uint32_t)p0;
-        x0 = y0, x1 = y1, x2 = y2, x3 = y3;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    out[0] = x0, out[1] = x1, out[2] = x2, out[3] = x3;
-}
-
 uint32_t fa_dropout_threshold(float p) { return (uint32_t)ceil((double)p * 16777216.0); }
 
 void fa_dropout_row(uint64_t seed, uint64_t offset, int32_t batch, int32_t head, int64_t row,

@@ -5,8 +5,28 @@
 
 #include <stdint.h>
 
-/* Philox4x32-10 of counter c under key k into out. */
-void fa_philox4x32_10(const uint32_t c[4], const uint32_t k[2], uint32_t out[4]);
+/* Device code (CUDA) compiles the same function: the mask must match bit for bit. */
+#ifdef __CUDACC__
+#define FA_HOST_DEVICE __host__ __device__
+#else
+#define FA_HOST_DEVICE
+#endif
+
+/* Philox4x32-10 (Salmon et al., SC 2011) of counter c under key k into out. */
+static inline FA_HOST_DEVICE void fa_philox4x32_10(const uint32_t c[4], const uint32_t k[2],
+                                                   uint32_t out[4])
+{
+    uint32_t x0 = c[0], x1 = c[1], x2 = c[2], x3 = c[3], k0 = k[0], k1 = k[1];
+    for (int round = 0; round < 10; round++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * x0, p1 = (uint64_t)0xCD9E8D57u * x2;
+        uint32_t y0 = (uint32_t)(p1 >> 32) ^ x1 ^ k0, y1 = (uint32_t)p1;
+        uint32_t y2 = (uint32_t)(p0 >> 32) ^ x3 ^ k1, y3 = (uint32_t)p0;
+        x0 = y0, x1 = y1, x2 = y2, x3 = y3;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    out[0] = x0, out[1] = x1, out[2] = x2, out[3] = x3;
+}
 
 /* Keep threshold on the top 24 bits of a Philox word: ceil(p * 2^24). */
 uint32_t fa_dropout_threshold(float p);
