@@ -290,6 +290,27 @@ static void test_conversions(void **state)
     }
 }
 
+/* The vector Philox must give fa_dropout_mask's bits, for any alignment of the columns. */
+static void test_dropout_keep(void **state)
+{
+    (void)state;
+    fa_rng r = { seed + 4 };
+    FOR_EACH_TABLE(k)
+    for (int t = 0; t < 200; t++) {
+        uint8_t got[300], want[300];
+        float p = (float)(0.5 + 0.499 * fa_rng_uniform(&r));
+        uint64_t s = fa_rng_next(&r), off = fa_rng_next(&r);
+        int32_t b = (int32_t)(fa_rng_next(&r) % 50), h = (int32_t)(fa_rng_next(&r) % 40);
+        int32_t row = (int32_t)(fa_rng_next(&r) % 5000), col0 = (int32_t)(fa_rng_next(&r) % 5000);
+        int32_t n = 1 + (int32_t)(fa_rng_next(&r) % 299);
+        assert_int_equal(fa_dropout_mask(p, s, off, b, h, row, 1, col0, n, want, n), FA_OK);
+        memset(got, 7, sizeof(got));
+        k->dropout_keep(s, off, b, h, row, col0, n, (uint32_t)ceil((double)p * 16777216.0), got);
+        assert_memory_equal(got, want, (size_t)n);
+        assert_int_equal(got[n], 7); /* nothing past n */
+    }
+}
+
 int main(void)
 {
     const char *s = getenv("FLASHATTN_TEST_SEED");
@@ -302,6 +323,7 @@ int main(void)
         cmocka_unit_test(test_softcap),
         cmocka_unit_test(test_dot_axpy),
         cmocka_unit_test(test_conversions),
+        cmocka_unit_test(test_dropout_keep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -34,6 +34,7 @@ static const char *help =
     "  --causal yes|no|both                                         [both]\n"
     "  --window L,R          sliding window, -1 = unbounded         [-1,-1]\n"
     "  --softcap X           logit softcap, 0 = off                 [0]\n"
+    "  --dropout P           attention dropout probability          [0]\n"
     "  --dtype f32|f16|bf16  q, k, v and o dtype                    [f32]\n"
     "  --layout bshd|bhsd                                           [bshd]\n"
     "run:\n"
@@ -55,7 +56,7 @@ typedef struct opts {
     int nseq, nheads, ndims;
     long seq_q, kv_heads, batch, wl, wr, reps, threads;
     int causal_lo, causal_hi;
-    double softcap;
+    double softcap, dropout;
     fa_dtype dtype;
     fa_layout layout;
     fa_backend backend;
@@ -236,6 +237,8 @@ static int run_row(fa_context_t ctx, const opts *o, long sq, long sk, long h, lo
     desc.window_left = (int32_t)o->wl;
     desc.window_right = (int32_t)o->wr;
     desc.softcap = (float)o->softcap;
+    desc.dropout_p = (float)o->dropout;
+    desc.dropout_seed = 20261129; /* fixed: runs are comparable */
     desc.q = fa_tensor_contiguous(q, o->dtype, o->layout, (int32_t)sq, (int32_t)h, (int32_t)d);
     desc.k = fa_tensor_contiguous(k, o->dtype, o->layout, (int32_t)sk, (int32_t)hk, (int32_t)d);
     desc.v = fa_tensor_contiguous(v, o->dtype, o->layout, (int32_t)sk, (int32_t)hk, (int32_t)d);
@@ -346,10 +349,10 @@ static void json_row(FILE *f, const opts *o, const row *r, double sgemm)
         fprintf(f, "\"bytes_standard\":null,");
     fprintf(f,
             "\"max_abs_err\":%.6g,\"mean_abs_err\":%.6g,\"frac_err_ge_1e3\":%.6g,\"rel_l2_err\":%.6g,"
-            "\"sgemm_gflops\":%.3f,\"window_left\":%ld,\"window_right\":%ld,\"softcap\":%g,"
+            "\"sgemm_gflops\":%.3f,\"window_left\":%ld,\"window_right\":%ld,\"softcap\":%g,\"dropout_p\":%g,"
             "\"err_rows_sampled\":%lld,\"rows\":%lld",
             r->max_err, r->mean_err, r->frac_err, r->rel_l2, sgemm, o->wl, o->wr, o->softcap,
-            (long long)r->sampled_rows, (long long)r->rows);
+            o->dropout, (long long)r->sampled_rows, (long long)r->rows);
     if (r->has_bwd) {
         const cli_bwd_row *w = &r->bwd;
         fprintf(f, ",\"ms_backward\":%.6f,\"gflops_backward\":%.3f,\"bytes_backward\":%llu", w->ms,
@@ -450,6 +453,10 @@ static int parse(int argc, char **argv, opts *o)
             NEED_VALUE();
             if (cli_parse_float(v, &o->softcap) || o->softcap < 0)
                 return cli_usage_error("bench", "--softcap needs a number >= 0");
+        } else if (strcmp(a, "--dropout") == 0) {
+            NEED_VALUE();
+            if (cli_parse_float(v, &o->dropout) || !(o->dropout >= 0 && o->dropout < 1))
+                return cli_usage_error("bench", "--dropout needs a probability in [0, 1)");
         } else if (strcmp(a, "--dtype") == 0) {
             NEED_VALUE();
             if (cli_parse_dtype(v, &o->dtype))

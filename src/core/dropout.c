@@ -9,24 +9,6 @@
 
 uint32_t fa_dropout_threshold(float p) { return (uint32_t)ceil((double)p * 16777216.0); }
 
-void fa_dropout_row(uint64_t seed, uint64_t offset, int32_t batch, int32_t head, int64_t row,
-                    int64_t col0, int32_t n, uint32_t threshold, uint8_t *keep)
-{
-    const uint32_t key[2] = { (uint32_t)seed ^ ((uint32_t)head * 0x9E3779B9u),
-                              (uint32_t)(seed >> 32) ^ ((uint32_t)batch * 0xBB67AE85u) };
-    uint32_t ctr[4] = { 0, (uint32_t)row, (uint32_t)offset, (uint32_t)(offset >> 32) }, r[4];
-    int64_t block = -1;
-    for (int32_t c = 0; c < n; c++) {
-        int64_t col = col0 + c;
-        if (col >> 2 != block) {
-            block = col >> 2;
-            ctr[0] = (uint32_t)block;
-            fa_philox4x32_10(ctr, key, r);
-        }
-        keep[c] = (r[col & 3] >> 8) >= threshold;
-    }
-}
-
 fa_status fa_dropout_mask(float p, uint64_t seed, uint64_t offset, int32_t batch, int32_t head,
                           int32_t row0, int32_t rows, int32_t col0, int32_t cols, uint8_t *mask,
                           int64_t ld)

@@ -31,8 +31,25 @@ static inline FA_HOST_DEVICE void fa_philox4x32_10(const uint32_t c[4], const ui
 /* Keep threshold on the top 24 bits of a Philox word: ceil(p * 2^24). */
 uint32_t fa_dropout_threshold(float p);
 
-/* keep[c] = 1/0 for key columns col0 .. col0+n-1 of (batch, head, row). */
-void fa_dropout_row(uint64_t seed, uint64_t offset, int32_t batch, int32_t head, int64_t row,
-                    int64_t col0, int32_t n, uint32_t threshold, uint8_t *keep);
+/* keep[c] = 1/0 for key columns col0 .. col0+n-1 of (batch, head, row): the
+ * definition fa_dropout_mask documents, one Philox call per 4 columns. */
+static inline void fa_dropout_row(uint64_t seed, uint64_t offset, int32_t batch, int32_t head,
+                                  int64_t row, int64_t col0, int32_t n, uint32_t threshold,
+                                  uint8_t *keep)
+{
+    const uint32_t key[2] = { (uint32_t)seed ^ ((uint32_t)head * 0x9E3779B9u),
+                              (uint32_t)(seed >> 32) ^ ((uint32_t)batch * 0xBB67AE85u) };
+    uint32_t ctr[4] = { 0, (uint32_t)row, (uint32_t)offset, (uint32_t)(offset >> 32) }, r[4];
+    int64_t block = -1;
+    for (int32_t c = 0; c < n; c++) {
+        int64_t col = col0 + c;
+        if (col >> 2 != block) {
+            block = col >> 2;
+            ctr[0] = (uint32_t)block;
+            fa_philox4x32_10(ctr, key, r);
+        }
+        keep[c] = (r[col & 3] >> 8) >= threshold;
+    }
+}
 
 #endif

@@ -19,8 +19,6 @@
  */
 #include "cpu.h"
 
-#include "../core/dropout.h"
-
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,8 +134,8 @@ static void tile_grads(const fa_cpu_kernels *kern, const fa_problem *p, const fa
         for (int32_t c = 0; c < cc->ncols; c++) {
             int64_t pos = cc->r0 + c / p->group;
             int32_t h = cc->hk * p->group + c % p->group;
-            fa_dropout_row(p->dropout_seed, p->dropout_offset, cc->b, h, pos, j0, n,
-                           p->dropout_threshold, bf->keep);
+            kern->dropout_keep(p->dropout_seed, p->dropout_offset, cc->b, h, pos, j0, n,
+                               p->dropout_threshold, bf->keep);
             for (int32_t j = 0; j < n; j++) {
                 float z = bf->keep[j] ? p->dropout_scale : 0.0f;
                 bf->dp[(int64_t)j * lds + c] *= z;

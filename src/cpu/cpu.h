@@ -144,8 +144,8 @@ void fa_cpu_mask(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int32_t
 
 /* Dropout on a probability tile st[j*lds + c], keys [j0, j0+n): kept entries
  * scaled by 1/(1-p), dropped ones zeroed. keep: n bytes of scratch. */
-void fa_cpu_dropout(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int32_t n, float *st,
-                    int32_t lds, uint8_t *keep);
+void fa_cpu_dropout(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
+                    int64_t j0, int32_t n, float *st, int32_t lds, uint8_t *keep);
 
 /* Divide by l, convert, write o rows and lse for every column. */
 void fa_cpu_store_out(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,

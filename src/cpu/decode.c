@@ -148,7 +148,7 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
         kern->softmax_update(n, gv, bf->st, gv, bf->m, bf->l, bf->alpha);
         for (int32_t h = 0; p->dropout_p > 0.0f && h < heads; h++) {
             cc.hk = h0 + h;
-            fa_cpu_dropout(p, &cc, j0, n, bf->st + h * cols, gv, bf->keep);
+            fa_cpu_dropout(kern, p, &cc, j0, n, bf->st + h * cols, gv, bf->keep);
         }
         cc.hk = h0;
         kern->axpy(d->v.dtype, &hv, cc.ncols, n, dim, bf->st, gv, row_ptr(p, &d->v, &cc, j0),

@@ -91,7 +91,7 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
         fa_cpu_mask(p, &cc, j0, n, bf->st, lds, fa_cpu_tile_full(p, &cc, j0, j0 + n));
         kern->softmax_update(n, pl->cols_vec, bf->st, lds, bf->m, bf->l, bf->alpha);
         if (p->dropout_p > 0.0f) /* after l took the undropped sum */
-            fa_cpu_dropout(p, &cc, j0, n, bf->st, lds, bf->keep);
+            fa_cpu_dropout(kern, p, &cc, j0, n, bf->st, lds, bf->keep);
 
         /* O = diag(alpha) O + P V, P read through the transposed tile. */
         for (int32_t i0 = 0; i0 < cc.ncols; i0 += mr)

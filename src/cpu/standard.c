@@ -74,7 +74,7 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
     fa_cpu_mask(p, &cc, 0, n, s, lds, fa_cpu_tile_full(p, &cc, 0, n));
     kern->softmax_update(n, pl->cols_vec, s, lds, bf->m, bf->l, bf->alpha);
     if (p->dropout_p > 0.0f)
-        fa_cpu_dropout(p, &cc, 0, n, s, lds, bf->keep);
+        fa_cpu_dropout(kern, p, &cc, 0, n, s, lds, bf->keep);
     /* Pass 3: O = P V. */
     for (int32_t i0 = 0; i0 < cc.ncols; i0 += mr)
         for (int32_t c0 = 0; c0 < dpad; c0 += nr)

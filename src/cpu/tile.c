@@ -2,8 +2,6 @@
 /* Moving tiles between the caller's tensors and the kernels' float32 buffers. */
 #include "cpu.h"
 
-#include "../core/dropout.h"
-
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,14 +85,14 @@ void fa_cpu_mask(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int32_t
     }
 }
 
-void fa_cpu_dropout(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int32_t n, float *st,
-                    int32_t lds, uint8_t *keep)
+void fa_cpu_dropout(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
+                    int64_t j0, int32_t n, float *st, int32_t lds, uint8_t *keep)
 {
     for (int32_t c = 0; c < cc->ncols; c++) {
         int64_t pos = cc->r0 + c / p->group;
         int32_t h = cc->hk * p->group + c % p->group;
-        fa_dropout_row(p->dropout_seed, p->dropout_offset, cc->b, h, pos, j0, n,
-                       p->dropout_threshold, keep);
+        kern->dropout_keep(p->dropout_seed, p->dropout_offset, cc->b, h, pos, j0, n,
+                           p->dropout_threshold, keep);
         for (int32_t j = 0; j < n; j++)
             st[(int64_t)j * lds + c] *= keep[j] ? p->dropout_scale : 0.0f;
     }

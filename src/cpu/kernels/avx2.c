@@ -13,4 +13,6 @@
 #define STORE_F16(p, x) \
     _mm_storeu_si128((__m128i *)(p), _mm256_cvtps_ph((__m256)(x), _MM_FROUND_TO_NEAREST_INT))
 
+#define MUL32(a, b) ((vq)_mm256_mul_epu32((__m256i)(a), (__m256i)(b)))
+
 #include "simd.inc"

@@ -13,4 +13,6 @@
 #define STORE_F16(p, x) \
     _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph((__m512)(x), _MM_FROUND_TO_NEAREST_INT))
 
+#define MUL32(a, b) ((vq)_mm512_mul_epu32((__m512i)(a), (__m512i)(b)))
+
 #include "simd.inc"

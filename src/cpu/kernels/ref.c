@@ -2,6 +2,8 @@
 /* Portable C kernels: always built, the fallback on every CPU. */
 #include "kernels.h"
 
+#include "../../core/dropout.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -105,6 +107,12 @@ static void ref_exp2_sub(int n, int cols, float *st, ptrdiff_t lds, const float 
             st[j * lds + i] = exp2f(st[j * lds + i] - sub[i]);
 }
 
+static void ref_dropout_keep(uint64_t seed, uint64_t offset, int32_t batch, int32_t head,
+                             int64_t row, int64_t col0, int32_t n, uint32_t threshold, uint8_t *keep)
+{
+    fa_dropout_row(seed, offset, batch, head, row, col0, n, threshold, keep);
+}
+
 static void ref_softcap(int n, int cols, float *st, ptrdiff_t lds, float cap)
 {
     for (int j = 0; j < n; j++)
@@ -185,6 +193,7 @@ const fa_cpu_kernels fa_cpu_kernels_ref = {
     .axpy = ref_axpy,
     .softcap = ref_softcap,
     .exp2_sub = ref_exp2_sub,
+    .dropout_keep = ref_dropout_keep,
     .load = ref_load,
     .store = ref_store,
 };
