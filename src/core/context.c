@@ -217,6 +217,24 @@ static void run_info_start(fa_context_t ctx, fa_run_info *ri)
     ri->backend_name = ctx->iface->name;
 }
 
+typedef fa_status (*backend_call)(struct fa_context *ctx, void *state, const fa_problem *p,
+                                  fa_run_info *info);
+
+/* Run a backend entry point on a validated problem and remember its report
+ * (copied to info when non-NULL). st is the validation's status. */
+static fa_status dispatch(fa_context_t ctx, fa_status st, const fa_problem *p, backend_call fn,
+                          fa_run_info *info)
+{
+    if (st != FA_OK)
+        return st;
+    fa_run_info ri;
+    run_info_start(ctx, &ri);
+    if ((st = fn(ctx, ctx->state, p, &ri)) != FA_OK)
+        return st;
+    remember(ctx, &ri, info);
+    return FA_OK;
+}
+
 fa_status fa_forward_plan(fa_context_t ctx, const fa_attention_desc *desc, fa_run_info *info)
 {
     if (!ctx)
@@ -225,14 +243,7 @@ fa_status fa_forward_plan(fa_context_t ctx, const fa_attention_desc *desc, fa_ru
     if (st != FA_OK)
         return st;
     fa_problem p;
-    if ((st = fa_validate_forward(ctx, desc, &p)) != FA_OK)
-        return st;
-    fa_run_info ri;
-    run_info_start(ctx, &ri);
-    if ((st = ctx->iface->plan(ctx, ctx->state, &p, &ri)) != FA_OK)
-        return st;
-    remember(ctx, &ri, info);
-    return FA_OK;
+    return dispatch(ctx, fa_validate_forward(ctx, desc, &p), &p, ctx->iface->plan, info);
 }
 
 fa_status fa_forward(fa_context_t ctx, const fa_attention_desc *desc)
@@ -240,15 +251,7 @@ fa_status fa_forward(fa_context_t ctx, const fa_attention_desc *desc)
     if (!ctx)
         return FA_ERR_NULL_POINTER;
     fa_problem p;
-    fa_status st = fa_validate_forward(ctx, desc, &p);
-    if (st != FA_OK)
-        return st;
-    fa_run_info ri;
-    run_info_start(ctx, &ri);
-    if ((st = ctx->iface->forward(ctx, ctx->state, &p, &ri)) != FA_OK)
-        return st;
-    remember(ctx, &ri, NULL);
-    return FA_OK;
+    return dispatch(ctx, fa_validate_forward(ctx, desc, &p), &p, ctx->iface->forward, NULL);
 }
 
 fa_status fa_backward_plan(fa_context_t ctx, const fa_backward_desc *desc, fa_run_info *info)
@@ -259,14 +262,7 @@ fa_status fa_backward_plan(fa_context_t ctx, const fa_backward_desc *desc, fa_ru
     if (st != FA_OK)
         return st;
     fa_problem p;
-    if ((st = fa_validate_backward(ctx, desc, &p)) != FA_OK)
-        return st;
-    fa_run_info ri;
-    run_info_start(ctx, &ri);
-    if ((st = ctx->iface->plan_backward(ctx, ctx->state, &p, &ri)) != FA_OK)
-        return st;
-    remember(ctx, &ri, info);
-    return FA_OK;
+    return dispatch(ctx, fa_validate_backward(ctx, desc, &p), &p, ctx->iface->plan_backward, info);
 }
 
 fa_status fa_backward(fa_context_t ctx, const fa_backward_desc *desc)
@@ -274,15 +270,7 @@ fa_status fa_backward(fa_context_t ctx, const fa_backward_desc *desc)
     if (!ctx)
         return FA_ERR_NULL_POINTER;
     fa_problem p;
-    fa_status st = fa_validate_backward(ctx, desc, &p);
-    if (st != FA_OK)
-        return st;
-    fa_run_info ri;
-    run_info_start(ctx, &ri);
-    if ((st = ctx->iface->backward(ctx, ctx->state, &p, &ri)) != FA_OK)
-        return st;
-    remember(ctx, &ri, NULL);
-    return FA_OK;
+    return dispatch(ctx, fa_validate_backward(ctx, desc, &p), &p, ctx->iface->backward, NULL);
 }
 
 fa_status fa_context_last_run(fa_context_t ctx, fa_run_info *info)
