@@ -290,24 +290,38 @@ static void test_conversions(void **state)
     }
 }
 
-/* The vector Philox must give fa_dropout_mask's bits, for any alignment of the columns. */
-static void test_dropout_keep(void **state)
+/* The vector Philox must give fa_dropout_mask's bits, for any alignment of the keys. */
+static void test_dropout_apply(void **state)
 {
     (void)state;
     fa_rng r = { seed + 4 };
     FOR_EACH_TABLE(k)
-    for (int t = 0; t < 200; t++) {
-        uint8_t got[300], want[300];
-        float p = (float)(0.5 + 0.499 * fa_rng_uniform(&r));
+    for (int t = 0; t < 60; t++) {
+        enum { N = 70, COLS = 64, LDS = 72 };
+        float st[N * LDS];
+        int32_t head[COLS], row[COLS];
+        uint8_t want[N];
+        float p = (float)(0.5 + 0.499 * fa_rng_uniform(&r)), scale = 1.0f / (1.0f - p);
         uint64_t s = fa_rng_next(&r), off = fa_rng_next(&r);
-        int32_t b = (int32_t)(fa_rng_next(&r) % 50), h = (int32_t)(fa_rng_next(&r) % 40);
-        int32_t row = (int32_t)(fa_rng_next(&r) % 5000), col0 = (int32_t)(fa_rng_next(&r) % 5000);
-        int32_t n = 1 + (int32_t)(fa_rng_next(&r) % 299);
-        assert_int_equal(fa_dropout_mask(p, s, off, b, h, row, 1, col0, n, want, n), FA_OK);
-        memset(got, 7, sizeof(got));
-        k->dropout_keep(s, off, b, h, row, col0, n, (uint32_t)ceil((double)p * 16777216.0), got);
-        assert_memory_equal(got, want, (size_t)n);
-        assert_int_equal(got[n], 7); /* nothing past n */
+        int32_t b = (int32_t)(fa_rng_next(&r) % 50), n = 1 + (int32_t)(fa_rng_next(&r) % N);
+        int64_t col0 = (int64_t)(fa_rng_next(&r) % 5000);
+        for (int c = 0; c < COLS; c++) {
+            head[c] = (int32_t)(fa_rng_next(&r) % 40);
+            row[c] = (int32_t)(fa_rng_next(&r) % 5000);
+        }
+        for (int i = 0; i < N * LDS; i++)
+            st[i] = 1.0f;
+        k->dropout_apply(n, COLS, st, LDS, s, off, b, head, row, col0,
+                         (uint32_t)ceil((double)p * 16777216.0), scale);
+        for (int c = 0; c < COLS; c++) {
+            assert_int_equal(fa_dropout_mask(p, s, off, b, head[c], row[c], 1, (int32_t)col0, n, want, n),
+                             FA_OK);
+            for (int j = 0; j < N; j++) {
+                float w = j < n ? (want[j] ? scale : 0.0f) : 1.0f; /* nothing past n */
+                if (st[j * LDS + c] != w)
+                    fail_msg("%s dropout col %d key %d: %g, want %g", k->name, c, j, st[j * LDS + c], w);
+            }
+        }
     }
 }
 
@@ -323,7 +337,7 @@ int main(void)
         cmocka_unit_test(test_softcap),
         cmocka_unit_test(test_dot_axpy),
         cmocka_unit_test(test_conversions),
-        cmocka_unit_test(test_dropout_keep),
+        cmocka_unit_test(test_dropout_apply),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

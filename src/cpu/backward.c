@@ -41,7 +41,7 @@ typedef struct bbufs {
     float *lse2, *dd;    /* cols_pad: base-2 LSE (+inf: no visible key), D */
     float *ones;         /* cols_pad: alpha = 1 for accumulating gemms */
     float *tmp;          /* dim */
-    uint8_t *keep;       /* kt */
+    int32_t *ids;        /* 2 x cols_pad: dropout heads and rows of the columns */
 } bbufs;
 
 static int64_t carve(const fa_problem *p, const fa_cpu_plan *pl, int32_t kt, int32_t cols_pad,
@@ -67,7 +67,7 @@ static int64_t carve(const fa_problem *p, const fa_cpu_plan *pl, int32_t kt, int
     o->dd = fa_ws_take(base, &n, cols_pad);
     o->ones = fa_ws_take(base, &n, cols_pad > kt ? cols_pad : kt);
     o->tmp = fa_ws_take(base, &n, dim);
-    o->keep = (uint8_t *)fa_ws_take(base, &n, kt / 4 + 1);
+    o->ids = (int32_t *)fa_ws_take(base, &n, 2 * (int64_t)cols_pad);
     return n;
 }
 
@@ -129,24 +129,21 @@ static void tile_grads(const fa_cpu_kernels *kern, const fa_problem *p, const fa
     kern->exp2_sub(n, cv, bf->s, lds, bf->lse2); /* P^T */
 
     /* dS = P * (dP Z - D) [* (1 - tanh^2)], and P Z for dV */
-    if (p->dropout_p > 0.0f) {
-        /* Z per (query column, key): the mask is generated along a query's keys */
-        for (int32_t c = 0; c < cc->ncols; c++) {
-            int64_t pos = cc->r0 + c / p->group;
-            int32_t h = cc->hk * p->group + c % p->group;
-            kern->dropout_keep(p->dropout_seed, p->dropout_offset, cc->b, h, pos, j0, n,
-                               p->dropout_threshold, bf->keep);
-            for (int32_t j = 0; j < n; j++) {
-                float z = bf->keep[j] ? p->dropout_scale : 0.0f;
-                bf->dp[(int64_t)j * lds + c] *= z;
-                bf->z[(int64_t)j * lds + c] = z;
-            }
-        }
+    if (p->dropout_p > 0.0f) { /* Z: 1/(1-p) where kept, 0 where dropped */
+        for (int32_t j = 0; j < n; j++)
+            for (int32_t c = 0; c < cv; c++)
+                bf->z[(int64_t)j * lds + c] = 1.0f;
+        fa_cpu_dropout(kern, p, cc, j0, n, bf->z, lds, cv, bf->ids);
     }
     const float inv_capl = p->softcap > 0.0f ? 1.0f / (p->softcap * LOG2E) : 0.0f;
     for (int32_t j = 0; j < n; j++) {
         float *restrict s = bf->s + (int64_t)j * lds, *restrict dp = bf->dp + (int64_t)j * lds;
         const float *restrict dd = bf->dd;
+        if (p->dropout_p > 0.0f) {
+            const float *restrict z = bf->z + (int64_t)j * lds;
+            for (int32_t c = 0; c < cv; c++)
+                dp[c] *= z[c];
+        }
         for (int32_t c = 0; c < cv; c++)
             dp[c] = s[c] * (dp[c] - dd[c]);
         if (p->softcap > 0.0f) {

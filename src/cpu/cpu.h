@@ -142,10 +142,11 @@ void fa_cpu_load_rows(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
 void fa_cpu_mask(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int32_t n, float *st,
                  int32_t lds, int full_tile);
 
-/* Dropout on a probability tile st[j*lds + c], keys [j0, j0+n): kept entries
- * scaled by 1/(1-p), dropped ones zeroed. keep: n bytes of scratch. */
+/* Dropout on a probability tile st[j*lds + c], keys [j0, j0+n), columns c <
+ * cols (a multiple of nr / 2; padding columns get some factor, harmlessly):
+ * kept entries scaled by 1/(1-p), dropped ones zeroed. ids: 2 * cols ints. */
 void fa_cpu_dropout(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
-                    int64_t j0, int32_t n, float *st, int32_t lds, uint8_t *keep);
+                    int64_t j0, int32_t n, float *st, int32_t lds, int32_t cols, int32_t *ids);
 
 /* Divide by l, convert, write o rows and lse for every column. */
 void fa_cpu_store_out(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,

@@ -47,7 +47,7 @@ typedef struct dbufs {
     float *m, *l, *alpha; /* group_cols_vec */
     float *st;            /* tile x group_cols_vec: transposed scores */
     float *tmp;           /* dim */
-    uint8_t *keep;        /* tile: dropout decisions of one row */
+    int32_t *ids;         /* 2 x group_cols_vec: dropout heads and rows of the columns */
 } dbufs;
 
 static int64_t carve(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_plan *pl,
@@ -62,7 +62,7 @@ static int64_t carve(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
     out->alpha = fa_ws_take(base, &n, gv);
     out->st = fa_ws_take(base, &n, (int64_t)tile_keys(kern, pl) * gv);
     out->tmp = fa_ws_take(base, &n, p->dim);
-    out->keep = (uint8_t *)fa_ws_take(base, &n, p->dropout_p > 0.0f ? tile_keys(kern, pl) / 4 + 1 : 0);
+    out->ids = (int32_t *)fa_ws_take(base, &n, p->dropout_p > 0.0f ? 2 * gv : 0);
     return n;
 }
 
@@ -130,6 +130,12 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
         bf->l[c] = 0.0f;
     }
     memset(bf->o, 0, sizeof(float) * (size_t)heads * (size_t)cols * (size_t)dim);
+    for (int32_t c = 0; p->dropout_p > 0.0f && c < gv; c++) { /* column h*cols + i: head, row */
+        int32_t h = c / cols < heads ? c / cols : heads - 1, i = c % cols;
+        i = i < cc.ncols ? i : cc.ncols - 1;
+        bf->ids[c] = (h0 + h) * p->group + i % p->group;
+        bf->ids[gv + c] = i / p->group;
+    }
     /* head h's columns start at h * cols in the score tile and the statistics */
     fa_cpu_heads hk = { heads, (ptrdiff_t)cols * dim, d->k.stride_head, cols, (ptrdiff_t)cols * dim,
                         cols };
@@ -146,11 +152,9 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
         for (int32_t h = 0; h < heads; h++)
             fa_cpu_mask(p, &cc, j0, n, bf->st + h * cols, gv, full);
         kern->softmax_update(n, gv, bf->st, gv, bf->m, bf->l, bf->alpha);
-        for (int32_t h = 0; p->dropout_p > 0.0f && h < heads; h++) {
-            cc.hk = h0 + h;
-            fa_cpu_dropout(kern, p, &cc, j0, n, bf->st + h * cols, gv, bf->keep);
-        }
-        cc.hk = h0;
+        if (p->dropout_p > 0.0f) /* every head's columns in one call */
+            kern->dropout_apply(n, gv, bf->st, gv, p->dropout_seed, p->dropout_offset, b, bf->ids,
+                                bf->ids + gv, j0, p->dropout_threshold, p->dropout_scale);
         kern->axpy(d->v.dtype, &hv, cc.ncols, n, dim, bf->st, gv, row_ptr(p, &d->v, &cc, j0),
                    d->v.stride_seq, bf->o, dim, bf->alpha);
     }

@@ -25,7 +25,7 @@ typedef struct bufs {
     float *o;     /* cols_pad * dim_pad: output accumulator */
     float *m, *l, *alpha; /* cols_pad each */
     float *tmp;   /* dim */
-    uint8_t *keep; /* block_k: dropout decisions of one row */
+    int32_t *ids;  /* 2 * cols_pad: dropout heads and rows of the columns */
 } bufs;
 
 static int64_t carve(const fa_problem *p, const fa_cpu_plan *pl, float *base, bufs *b)
@@ -41,7 +41,7 @@ static int64_t carve(const fa_problem *p, const fa_cpu_plan *pl, float *base, bu
     out->l = fa_ws_take(base, &n, pl->cols_pad);
     out->alpha = fa_ws_take(base, &n, pl->cols_pad);
     out->tmp = fa_ws_take(base, &n, p->dim);
-    out->keep = (uint8_t *)fa_ws_take(base, &n, p->dropout_p > 0.0f ? pl->block_k / 4 + 1 : 0);
+    out->ids = (int32_t *)fa_ws_take(base, &n, p->dropout_p > 0.0f ? 2 * (int64_t)pl->cols_pad : 0);
     return n;
 }
 
@@ -91,7 +91,7 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
         fa_cpu_mask(p, &cc, j0, n, bf->st, lds, fa_cpu_tile_full(p, &cc, j0, j0 + n));
         kern->softmax_update(n, pl->cols_vec, bf->st, lds, bf->m, bf->l, bf->alpha);
         if (p->dropout_p > 0.0f) /* after l took the undropped sum */
-            fa_cpu_dropout(kern, p, &cc, j0, n, bf->st, lds, bf->keep);
+            fa_cpu_dropout(kern, p, &cc, j0, n, bf->st, lds, pl->cols_vec, bf->ids);
 
         /* O = diag(alpha) O + P V, P read through the transposed tile. */
         for (int32_t i0 = 0; i0 < cc.ncols; i0 += mr)

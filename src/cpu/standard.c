@@ -19,7 +19,7 @@
 
 typedef struct sbufs {
     float *q, *k, *v, *o, *m, *l, *alpha, *tmp;
-    uint8_t *keep;
+    int32_t *ids; /* 2 * cols_pad: dropout heads and rows of the columns */
 } sbufs;
 
 static int64_t carve(const fa_problem *p, const fa_cpu_plan *pl, float *base, sbufs *b)
@@ -34,7 +34,7 @@ static int64_t carve(const fa_problem *p, const fa_cpu_plan *pl, float *base, sb
     out->l = fa_ws_take(base, &n, pl->cols_pad);
     out->alpha = fa_ws_take(base, &n, pl->cols_pad);
     out->tmp = fa_ws_take(base, &n, p->dim);
-    out->keep = (uint8_t *)fa_ws_take(base, &n, p->dropout_p > 0.0f ? p->max_k / 4 + 1 : 0);
+    out->ids = (int32_t *)fa_ws_take(base, &n, p->dropout_p > 0.0f ? 2 * (int64_t)pl->cols_pad : 0);
     return n;
 }
 
@@ -74,7 +74,7 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
     fa_cpu_mask(p, &cc, 0, n, s, lds, fa_cpu_tile_full(p, &cc, 0, n));
     kern->softmax_update(n, pl->cols_vec, s, lds, bf->m, bf->l, bf->alpha);
     if (p->dropout_p > 0.0f)
-        fa_cpu_dropout(kern, p, &cc, 0, n, s, lds, bf->keep);
+        fa_cpu_dropout(kern, p, &cc, 0, n, s, lds, pl->cols_vec, bf->ids);
     /* Pass 3: O = P V. */
     for (int32_t i0 = 0; i0 < cc.ncols; i0 += mr)
         for (int32_t c0 = 0; c0 < dpad; c0 += nr)

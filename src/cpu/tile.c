@@ -86,16 +86,16 @@ void fa_cpu_mask(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int32_t
 }
 
 void fa_cpu_dropout(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
-                    int64_t j0, int32_t n, float *st, int32_t lds, uint8_t *keep)
+                    int64_t j0, int32_t n, float *st, int32_t lds, int32_t cols, int32_t *ids)
 {
-    for (int32_t c = 0; c < cc->ncols; c++) {
-        int64_t pos = cc->r0 + c / p->group;
-        int32_t h = cc->hk * p->group + c % p->group;
-        kern->dropout_keep(p->dropout_seed, p->dropout_offset, cc->b, h, pos, j0, n,
-                           p->dropout_threshold, keep);
-        for (int32_t j = 0; j < n; j++)
-            st[(int64_t)j * lds + c] *= keep[j] ? p->dropout_scale : 0.0f;
+    int32_t *head = ids, *row = ids + cols;
+    for (int32_t c = 0; c < cols; c++) { /* padding columns repeat the last real one */
+        int32_t cr = c < cc->ncols ? c : (cc->ncols > 0 ? cc->ncols - 1 : 0);
+        head[c] = cc->hk * p->group + cr % p->group;
+        row[c] = (int32_t)(cc->r0 + cr / p->group);
     }
+    kern->dropout_apply(n, cols, st, lds, p->dropout_seed, p->dropout_offset, cc->b, head, row, j0,
+                        p->dropout_threshold, p->dropout_scale);
 }
 
 void fa_cpu_store_out(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,

@@ -72,11 +72,14 @@ typedef struct fa_cpu_kernels {
      * bits never depend on where a task's columns end). */
     void (*softcap)(int n, int cols, float *st, ptrdiff_t lds, float cap);
 
-    /* Dropout decisions keep[c] for key columns col0 .. col0+n-1 of (batch, head,
-     * row): exactly fa_dropout_mask's definition (src/core/dropout.h), Philox
-     * calls computed several at a time. */
-    void (*dropout_keep)(uint64_t seed, uint64_t offset, int32_t batch, int32_t head, int64_t row,
-                         int64_t col0, int32_t n, uint32_t threshold, uint8_t *keep);
+    /* Dropout on a transposed probability tile, fa_dropout_mask's definition
+     * (src/core/dropout.h): st[j*lds + c] *= keep(batch, head[c], row[c],
+     * col0 + j) ? scale : 0 for j < n, c < cols (a multiple of nr / 2; head and
+     * row must be readable for every c < cols). Philox runs on several query
+     * columns at once, so each result lands in a contiguous tile row. */
+    void (*dropout_apply)(int n, int cols, float *st, ptrdiff_t lds, uint64_t seed, uint64_t offset,
+                          int32_t batch, const int32_t *head, const int32_t *row, int64_t col0,
+                          uint32_t threshold, float scale);
 
     /* dst[i] = mul * float(src[i]) for i < n, src of dtype t. */
     void (*load)(fa_dtype t, const void *src, float *dst, int n, float mul);

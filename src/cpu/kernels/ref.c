@@ -107,10 +107,18 @@ static void ref_exp2_sub(int n, int cols, float *st, ptrdiff_t lds, const float 
             st[j * lds + i] = exp2f(st[j * lds + i] - sub[i]);
 }
 
-static void ref_dropout_keep(uint64_t seed, uint64_t offset, int32_t batch, int32_t head,
-                             int64_t row, int64_t col0, int32_t n, uint32_t threshold, uint8_t *keep)
+static void ref_dropout_apply(int n, int cols, float *st, ptrdiff_t lds, uint64_t seed,
+                              uint64_t offset, int32_t batch, const int32_t *head,
+                              const int32_t *row, int64_t col0, uint32_t threshold, float scale)
 {
-    fa_dropout_row(seed, offset, batch, head, row, col0, n, threshold, keep);
+    uint8_t keep[64];
+    for (int c = 0; c < cols; c++)
+        for (int j0 = 0; j0 < n; j0 += 64) {
+            int m = n - j0 < 64 ? n - j0 : 64;
+            fa_dropout_row(seed, offset, batch, head[c], row[c], col0 + j0, m, threshold, keep);
+            for (int j = 0; j < m; j++)
+                st[(j0 + j) * lds + c] *= keep[j] ? scale : 0.0f;
+        }
 }
 
 static void ref_softcap(int n, int cols, float *st, ptrdiff_t lds, float cap)
@@ -193,7 +201,7 @@ const fa_cpu_kernels fa_cpu_kernels_ref = {
     .axpy = ref_axpy,
     .softcap = ref_softcap,
     .exp2_sub = ref_exp2_sub,
-    .dropout_keep = ref_dropout_keep,
+    .dropout_apply = ref_dropout_apply,
     .load = ref_load,
     .store = ref_store,
 };
