@@ -10,7 +10,7 @@
 
 static const char *help =
     "usage: flashattn check [--backend auto|cpu|cuda|gles] [--threads N] [--quick]\n"
-    "                       [--seed N] [--verbose]\n"
+    "                       [--backward] [--seed N] [--verbose]\n"
     "\n"
     "Runs the conformance grid (dtypes x head_dim {1..256} x sequence lengths {1..2048},\n"
     "sq != sk both ways, causal / window / softcap, GQA, layouts, varlen, LSE) with fresh\n"
@@ -19,6 +19,8 @@ static const char *help =
     "same precision plus a small floor. Failures print the shape and seed to replay.\n"
     "\n"
     "  --quick     short sequences only (<= 200), about 10x faster\n"
+    "  --backward  also check dQ, dK, dV of every case against a float64 backward\n"
+    "              (short sequences)\n"
     "  --seed N    grid seed (default: time); the same seed replays the same cases\n"
     "  --verbose   one line per case\n"
     "Exit status: 0 all passed, 1 any failure, 2 bad usage.\n";
@@ -27,7 +29,7 @@ int cmd_check(int argc, char **argv)
 {
     fa_backend backend = FA_BACKEND_AUTO;
     long threads = 0;
-    int quick = 0, verbose = 0;
+    int quick = 0, verbose = 0, backward = 0;
     unsigned long long seed = (unsigned long long)time(NULL);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -46,6 +48,8 @@ int cmd_check(int argc, char **argv)
             i++;
         } else if (strcmp(a, "--quick") == 0) {
             quick = 1;
+        } else if (strcmp(a, "--backward") == 0) {
+            backward = 1;
         } else if (strcmp(a, "--verbose") == 0) {
             verbose = 1;
         } else {
@@ -79,7 +83,29 @@ int cmd_check(int argc, char **argv)
                    r.err_flash, r.err_standard, r.tolerance, r.lse_err_flash, desc);
         }
     }
+    int total = n;
+    if (backward) {
+        /* the float64 backward costs ~3x the forward: the short-sequence grid */
+        int nb = fa_grid_build(0, seed, cases, 256);
+        printf("backward grid: %d cases\n", nb);
+        for (int i = 0; i < nb; i++) {
+            fa_bwd_result r;
+            if (tty && !verbose)
+                fprintf(stderr, "\r[backward %3d/%d]", i + 1, nb);
+            int rc = fa_case_run_backward(ctx, &cases[i], &r);
+            if (tty && !verbose)
+                fprintf(stderr, "\r%*s\r", 30, "");
+            if (rc != 0 || !r.passed) {
+                failed++;
+                printf("FAIL backward case %d: %s\n", i, r.message);
+            } else if (verbose) {
+                printf("ok   backward case %d: dq %.3g dk %.3g dv %.3g\n", i, r.err_flash[0],
+                       r.err_flash[1], r.err_flash[2]);
+            }
+        }
+        total += nb;
+    }
     fa_context_destroy(ctx);
-    printf("check: %d passed, %d failed\n", n - failed, failed);
+    printf("check: %d passed, %d failed\n", total - failed, failed);
     return failed ? CLI_EXIT_FAIL : 0;
 }
