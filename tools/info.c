@@ -30,17 +30,26 @@ static void plan_row(fa_context_t ctx, int32_t sq, int32_t sk, int32_t hq, int32
     desc.o = desc.q;
     desc.k = fa_tensor_contiguous(dummy, dt, FA_LAYOUT_BSHD, sk, hk, d);
     desc.v = desc.k;
-    fa_run_info ri = { .size = sizeof(ri) };
-    if (fa_forward_plan(ctx, &desc, &ri) != FA_OK) {
-        printf("  %-34s %s\n", "?", fa_context_last_error(ctx));
-        return;
-    }
+    desc.lse = (float *)dummy; /* the backward needs one */
+    fa_backward_desc bd;
+    fa_backward_desc_init(&bd);
+    bd.forward = &desc;
+    bd.d_o = bd.d_q = desc.q;
+    bd.d_k = bd.d_v = desc.k;
     char shape[64];
     snprintf(shape, sizeof(shape), "sq%d sk%d hq%d hkv%d d%d%s %s", (int)sq, (int)sk, (int)hq,
              (int)hk, (int)d, causal ? " causal" : "", cli_dtype_name(dt));
-    printf("  %-42s %-20s block_q %4d  block_k %4d  threads %d  workspace %.1f KiB\n", shape,
-           ri.kernel, (int)ri.block_q, (int)ri.block_k, (int)ri.threads,
-           (double)ri.workspace_bytes / 1024.0);
+    for (int pass = 0; pass < 2; pass++) {
+        fa_run_info ri = { .size = sizeof(ri) };
+        fa_status st = pass ? fa_backward_plan(ctx, &bd, &ri) : fa_forward_plan(ctx, &desc, &ri);
+        if (st != FA_OK) {
+            printf("  %-42s %s\n", shape, fa_context_last_error(ctx));
+            continue;
+        }
+        printf("  %-42s %-24s block_q %4d  block_k %4d  threads %d  workspace %.1f KiB\n",
+               pass ? "" : shape, ri.kernel, (int)ri.block_q, (int)ri.block_k, (int)ri.threads,
+               (double)ri.workspace_bytes / 1024.0);
+    }
 }
 
 int cmd_info(int argc, char **argv)
@@ -86,7 +95,7 @@ int cmd_info(int argc, char **argv)
     if (text && fa_context_info(ctx, text, need, NULL) == FA_OK)
         fputs(text, stdout);
     free(text);
-    printf("plans (kernel and tiles per shape):\n");
+    printf("plans (forward, then backward: kernel and tiles per shape):\n");
     plan_row(ctx, 512, 512, 8, 8, 64, 1, FA_DTYPE_F32);
     plan_row(ctx, 2048, 2048, 8, 8, 64, 1, FA_DTYPE_F32);
     plan_row(ctx, 2048, 2048, 32, 32, 128, 0, FA_DTYPE_F32);
