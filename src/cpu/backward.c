@@ -26,7 +26,6 @@
 #include <omp.h>
 #endif
 
-#define LOG2E 1.4426950408889634f
 
 /* Per-thread tiles. Rows of K/V-shaped tiles are dim_pad floats; score
  * tiles are keys x cols_pad, transposed as in the forward. */
@@ -96,7 +95,7 @@ static void load_row_stats(const fa_problem *p, const fa_cpu_cols *cc, const flo
         int32_t h = cc->hk * p->group + c % p->group;
         float lse = d->lse[(p->varlen ? 0 : (int64_t)cc->b * p->lse_sb) + (int64_t)h * p->lse_sh +
                            row * p->lse_ss];
-        bf->lse2[c] = lse == -INFINITY ? INFINITY : lse * LOG2E;
+        bf->lse2[c] = lse == -INFINITY ? INFINITY : lse * FA_LOG2E;
         int64_t packed = p->varlen ? row : (int64_t)cc->b * d->seqlen_q + row;
         bf->dd[c] = dsum[packed * p->heads_q + h];
     }
@@ -135,7 +134,7 @@ static void tile_grads(const fa_cpu_kernels *kern, const fa_problem *p, const fa
                 bf->z[(int64_t)j * lds + c] = 1.0f;
         fa_cpu_dropout(kern, p, cc, j0, n, bf->z, lds, cv, bf->ids);
     }
-    const float inv_capl = p->softcap > 0.0f ? 1.0f / (p->softcap * LOG2E) : 0.0f;
+    const float inv_capl = p->softcap > 0.0f ? 1.0f / (p->softcap * FA_LOG2E) : 0.0f;
     for (int32_t j = 0; j < n; j++) {
         float *restrict s = bf->s + (int64_t)j * lds, *restrict dp = bf->dp + (int64_t)j * lds;
         const float *restrict dd = bf->dd;
@@ -182,7 +181,7 @@ static void pass_a(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu
     const fa_backward_desc *bd = p->bwd;
     const int32_t dim = p->dim, dpad = pl->dim_pad, mr = kern->mr, nr = kern->nr;
     const int32_t cols_pad = round_up(qpos * p->group, nr), lds = cols_pad;
-    const float qmul = p->softcap > 0.0f ? p->scale : p->scale * LOG2E;
+    const float qmul = p->softcap > 0.0f ? p->scale : p->scale * FA_LOG2E;
     fa_cpu_cols cc = { b, hk, fa_problem_seq(p, b), 0, 0, 0 };
 
     fa_cpu_load_rows(kern, p, &d->k, &cc, k0, kn, dpad, bf->k);
@@ -244,7 +243,7 @@ static void pass_b(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu
     const fa_backward_desc *bd = p->bwd;
     const int32_t dim = p->dim, dpad = pl->dim_pad, mr = kern->mr, nr = kern->nr;
     const int32_t cols_pad = pl->cols_pad, lds = cols_pad;
-    const float qmul = p->softcap > 0.0f ? p->scale : p->scale * LOG2E;
+    const float qmul = p->softcap > 0.0f ? p->scale : p->scale * FA_LOG2E;
     fa_cpu_cols cc = fa_cpu_task_cols(p, pl, t);
 
     fa_cpu_pack_cols(kern, p, &d->q, &cc, cols_pad, 1, dim, qmul, bf->qt, bf->tmp);

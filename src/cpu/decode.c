@@ -23,7 +23,6 @@
 #include <omp.h>
 #endif
 
-#define LOG2E 1.4426950408889634f
 
 /* Score columns of a task: every query row of every head in its group. */
 static int32_t group_cols(const fa_cpu_plan *pl) { return pl->decode_heads * pl->cols; }
@@ -112,7 +111,7 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
     const fa_attention_desc *d = p->desc;
     const int32_t dim = p->dim, cols = pl->cols, heads = pl->decode_heads;
     const int32_t gv = group_cols_vec(kern, pl), tile = tile_keys(kern, pl);
-    const float qmul = p->softcap > 0.0f ? p->scale : p->scale * LOG2E;
+    const float qmul = p->softcap > 0.0f ? p->scale : p->scale * FA_LOG2E;
     fa_cpu_cols cc = seq_cols(p, b, h0);
     if (cc.ncols == 0)
         return;

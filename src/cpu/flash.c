@@ -14,7 +14,6 @@
 #include <omp.h>
 #endif
 
-#define LOG2E 1.4426950408889634f
 
 /* Per-thread buffers, carved from one block (sizes in floats). */
 typedef struct bufs {
@@ -57,7 +56,7 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
     const fa_cpu_cols cc = fa_cpu_task_cols(p, pl, t);
     const int32_t dim = p->dim, mr = kern->mr, nr = kern->nr;
     const int32_t cols_pad = pl->cols_pad, dpad = pl->dim_pad, lds = cols_pad;
-    const float qmul = p->softcap > 0.0f ? p->scale : p->scale * LOG2E;
+    const float qmul = p->softcap > 0.0f ? p->scale : p->scale * FA_LOG2E;
 
     fa_cpu_pack_q(kern, p, &cc, cols_pad, 1, qmul, bf->q, bf->tmp);
     memset(bf->o, 0, sizeof(float) * (size_t)cols_pad * (size_t)dpad);

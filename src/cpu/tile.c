@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LN2 0.6931471805599453f
 #define FA_PREFETCH_ROWS 8
 
 void fa_cpu_pack_cols(const fa_cpu_kernels *kern, const fa_problem *p, const fa_tensor *t,
@@ -113,7 +112,7 @@ void fa_cpu_store_out(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
         if (d->lse) {
             int64_t at = (p->varlen ? 0 : (int64_t)cc->b * p->lse_sb) + (int64_t)h * p->lse_sh +
                          row * p->lse_ss;
-            d->lse[at] = l[c] > 0.0f ? (m[c] + log2f(l[c])) * LN2 : -INFINITY;
+            d->lse[at] = l[c] > 0.0f ? (m[c] + log2f(l[c])) * FA_LN2 : -INFINITY;
         }
     }
 }

@@ -11,6 +11,10 @@
 
 #include <stddef.h>
 
+/* Scores live in the base-2 domain: s * log2(e), and lse = (m + log2 l) * ln(2). */
+#define FA_LOG2E 1.4426950408889634f
+#define FA_LN2 0.6931471805599453f
+
 /* Strides between consecutive heads for the decode kernels (count = 1: one head). */
 typedef struct fa_cpu_heads {
     int count;

@@ -125,7 +125,7 @@ static void ref_softcap(int n, int cols, float *st, ptrdiff_t lds, float cap)
 {
     for (int j = 0; j < n; j++)
         for (int i = 0; i < cols; i++)
-            st[j * lds + i] = cap * tanhf(st[j * lds + i] / cap) * 1.4426950408889634f;
+            st[j * lds + i] = cap * tanhf(st[j * lds + i] / cap) * FA_LOG2E;
 }
 
 static float ref_elem(fa_dtype t, const void *base, ptrdiff_t i)
