@@ -255,9 +255,10 @@ FA_API fa_status fa_forward_plan(fa_context_t ctx, const fa_attention_desc *desc
 
 /*
  * Attention forward. Reads q, k, v; writes o and (if set) lse. Blocks until
- * the result is written (CPU). On error nothing is written and the context's
- * message names the offending field. Deterministic: the same inputs give the
- * same bits whatever the thread count.
+ * the result is written (CPU; CUDA queues it on the context's stream). On
+ * error nothing is written and the context's message names the offending
+ * field. Deterministic: the same inputs give the same bits whatever the
+ * thread count.
  */
 FA_API fa_status fa_forward(fa_context_t ctx, const fa_attention_desc *desc);
 
@@ -290,9 +291,10 @@ FA_API void fa_backward_desc_init(fa_backward_desc *desc);
 FA_API fa_status fa_backward_plan(fa_context_t ctx, const fa_backward_desc *desc, fa_run_info *info);
 
 /*
- * Attention backward: writes d_q, d_k, d_v. Blocks until done (CPU). On error
- * nothing is written. Deterministic: the same inputs give the same bits for
- * any thread count (no floating-point atomics; dK/dV and dQ are produced by
+ * Attention backward: writes d_q, d_k, d_v. Blocks until done (CPU; CUDA
+ * queues it on the context's stream). On error nothing is written.
+ * Deterministic: the same inputs give the same bits for any thread count or
+ * GPU (no floating-point atomics; dK/dV and dQ are produced by
  * two passes that each own their outputs, at the cost of computing the
  * score and probability tiles twice).
  */
@@ -316,6 +318,40 @@ FA_API fa_status fa_backward(fa_context_t ctx, const fa_backward_desc *desc);
 FA_API fa_status fa_dropout_mask(float p, uint64_t seed, uint64_t offset, int32_t batch, int32_t head,
                                  int32_t row0, int32_t rows, int32_t col0, int32_t cols,
                                  uint8_t *mask, int64_t ld);
+
+/*
+ * Memory the context's backend computes on. The CPU (and GLES, which uploads
+ * host data itself) take host memory; the CUDA backend takes device memory
+ * only, as cuDNN and FlashAttention do: its tensors, lse and gradients must
+ * be device pointers (cudaMalloc, cudaMallocAsync, managed memory or these
+ * calls), while cu_seqlens stay host arrays on every backend (the library
+ * checks them and copies them to the device itself). These four calls let a
+ * program stay backend-neutral:
+ *   fa_memory_alloc     *ptr = bytes of backend memory (bytes 0 gives a valid
+ *                       pointer to nothing); free it with fa_memory_free
+ *   fa_memory_upload    host src -> backend dst
+ *   fa_memory_download  backend src -> host dst
+ * Copies are ordered after the work already queued on the context's stream
+ * and are complete when they return.
+ */
+FA_API fa_status fa_memory_alloc(fa_context_t ctx, size_t bytes, void **ptr);
+FA_API fa_status fa_memory_free(fa_context_t ctx, void *ptr);
+FA_API fa_status fa_memory_upload(fa_context_t ctx, void *dst, const void *src, size_t bytes);
+FA_API fa_status fa_memory_download(fa_context_t ctx, void *dst, const void *src, size_t bytes);
+
+/*
+ * The stream the context's calls are queued on: a cudaStream_t for the CUDA
+ * backend (NULL = the legacy default stream). On CUDA, fa_forward and
+ * fa_backward return once their kernels are queued; the results are ready
+ * when the stream reaches them (cudaStreamSynchronize or
+ * fa_context_synchronize). Other backends block until done and accept only
+ * NULL here (FA_ERR_UNSUPPORTED otherwise).
+ */
+FA_API fa_status fa_context_set_stream(fa_context_t ctx, void *stream);
+
+/* Wait until every call queued on the context has finished; FA_ERR_BACKEND
+ * with the runtime's message if any of them failed on the device. */
+FA_API fa_status fa_context_synchronize(fa_context_t ctx);
 
 /* Report of the last successful fa_forward / fa_forward_plan / fa_backward /
  * fa_backward_plan on ctx. Clears the context's error message on success. */

@@ -24,7 +24,7 @@ static uint64_t seed;
 static void run_dtype(fa_dtype dt)
 {
     fa_context_t ctx;
-    fa_context_options opts = { sizeof(opts), FA_BACKEND_CPU, 0 };
+    fa_context_options opts = { sizeof(opts), fa_test_backend(), 0 };
     if (fa_context_create(&opts, &ctx) != FA_OK)
         fail_msg("context: %s", fa_last_create_error());
     static fa_case cases[MAX_CASES];
@@ -32,6 +32,15 @@ static void run_dtype(fa_dtype dt)
     for (int i = 0; i < n; i++) {
         if (cases[i].dtype != dt)
             continue;
+        if (!fa_backend_takes_dtype(opts.backend, dt)) {
+            char msg[256];
+            if (fa_case_check_refused(ctx, &cases[i], msg, sizeof(msg)) != 0) {
+                print_error("case %d: %s\n", i, msg);
+                failed++;
+            }
+            ran++;
+            continue;
+        }
         fa_bwd_result r;
         if (fa_case_run_backward(ctx, &cases[i], &r) != 0 || !r.passed) {
             print_error("case %d FAILED: %s\n", i, r.message);
@@ -168,7 +177,8 @@ int main(void)
     printf("backward: kernels=%s seed=%llu (replay: FLASHATTN_TEST_SEED=%llu)\n", k && *k ? k : "auto",
            (unsigned long long)seed, (unsigned long long)seed);
     fa_context_t probe;
-    fa_context_options opts = { sizeof(opts), FA_BACKEND_CPU, 0 };
+    fa_context_options opts = { sizeof(opts), fa_test_backend(), 0 };
+    printf("backend: %s\n", fa_backend_name(opts.backend));
     if (fa_context_create(&opts, &probe) == FA_ERR_BACKEND_UNAVAILABLE) {
         printf("skipped: %s\n", fa_last_create_error());
         return 77;

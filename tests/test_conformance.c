@@ -25,7 +25,7 @@ static int level;
 static void run_dtype(fa_dtype dt)
 {
     fa_context_t ctx;
-    fa_context_options opts = { sizeof(opts), FA_BACKEND_CPU, 0 };
+    fa_context_options opts = { sizeof(opts), fa_test_backend(), 0 };
     fa_status st = fa_context_create(&opts, &ctx);
     if (st != FA_OK)
         fail_msg("context: %s", fa_last_create_error());
@@ -34,6 +34,15 @@ static void run_dtype(fa_dtype dt)
     for (int i = 0; i < n; i++) {
         if (cases[i].dtype != dt)
             continue;
+        if (!fa_backend_takes_dtype(opts.backend, dt)) {
+            char msg[256];
+            if (fa_case_check_refused(ctx, &cases[i], msg, sizeof(msg)) != 0) {
+                print_error("case %d: %s\n", i, msg);
+                failed++;
+            }
+            ran++;
+            continue;
+        }
         fa_case_result r;
         if (fa_case_run(ctx, &cases[i], &r) != 0) {
             char desc[256];
@@ -69,7 +78,8 @@ int main(void)
 
     /* A kernel table this CPU cannot run is a skip, not a failure. */
     fa_context_t probe;
-    fa_context_options opts = { sizeof(opts), FA_BACKEND_CPU, 0 };
+    fa_context_options opts = { sizeof(opts), fa_test_backend(), 0 };
+    printf("backend: %s\n", fa_backend_name(opts.backend));
     if (fa_context_create(&opts, &probe) == FA_ERR_BACKEND_UNAVAILABLE) {
         printf("skipped: %s\n", fa_last_create_error());
         return 77;

@@ -288,3 +288,85 @@ fa_status fa_context_last_run(fa_context_t ctx, fa_run_info *info)
     ctx->error[0] = '\0';
     return FA_OK;
 }
+
+fa_status fa_memory_alloc(fa_context_t ctx, size_t bytes, void **ptr)
+{
+    if (!ctx)
+        return FA_ERR_NULL_POINTER;
+    if (!ptr)
+        return fa_error(ctx, FA_ERR_NULL_POINTER, "ptr must not be NULL");
+    *ptr = NULL;
+    fa_status st;
+    if (ctx->iface->mem_alloc) {
+        if ((st = ctx->iface->mem_alloc(ctx, ctx->state, bytes, ptr)) != FA_OK)
+            return st;
+    } else if (!(*ptr = fa_alloc_aligned(bytes))) {
+        return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating %zu bytes", bytes);
+    }
+    ctx->error[0] = '\0';
+    return FA_OK;
+}
+
+fa_status fa_memory_free(fa_context_t ctx, void *ptr)
+{
+    if (!ctx)
+        return FA_ERR_NULL_POINTER;
+    if (!ptr)
+        return FA_OK;
+    if (ctx->iface->mem_free)
+        return ctx->iface->mem_free(ctx, ctx->state, ptr);
+    free(ptr);
+    return FA_OK;
+}
+
+static fa_status memory_copy(fa_context_t ctx, void *dst, const void *src, size_t bytes,
+                             int to_backend)
+{
+    if (!ctx)
+        return FA_ERR_NULL_POINTER;
+    if (bytes && (!dst || !src))
+        return fa_error(ctx, FA_ERR_NULL_POINTER, "%s must not be NULL", dst ? "src" : "dst");
+    if (!bytes)
+        return FA_OK;
+    if (ctx->iface->mem_copy) {
+        fa_status st = ctx->iface->mem_copy(ctx, ctx->state, dst, src, bytes, to_backend);
+        if (st != FA_OK)
+            return st;
+    } else {
+        memmove(dst, src, bytes);
+    }
+    ctx->error[0] = '\0';
+    return FA_OK;
+}
+
+fa_status fa_memory_upload(fa_context_t ctx, void *dst, const void *src, size_t bytes)
+{
+    return memory_copy(ctx, dst, src, bytes, 1);
+}
+
+fa_status fa_memory_download(fa_context_t ctx, void *dst, const void *src, size_t bytes)
+{
+    return memory_copy(ctx, dst, src, bytes, 0);
+}
+
+fa_status fa_context_set_stream(fa_context_t ctx, void *stream)
+{
+    if (!ctx)
+        return FA_ERR_NULL_POINTER;
+    if (ctx->iface->set_stream)
+        return ctx->iface->set_stream(ctx, ctx->state, stream);
+    if (stream)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "stream: the %s backend runs synchronously and takes no stream (pass NULL)",
+                        ctx->iface->name);
+    return FA_OK;
+}
+
+fa_status fa_context_synchronize(fa_context_t ctx)
+{
+    if (!ctx)
+        return FA_ERR_NULL_POINTER;
+    if (ctx->iface->synchronize)
+        return ctx->iface->synchronize(ctx, ctx->state);
+    return FA_OK;
+}

@@ -66,6 +66,14 @@ typedef struct fa_backend_iface {
     fa_status (*plan_backward)(struct fa_context *ctx, void *state, const fa_problem *p,
                                fa_run_info *info);
     fa_status (*backward)(struct fa_context *ctx, void *state, const fa_problem *p, fa_run_info *info);
+    /* Memory and ordering; NULL for backends that compute on host memory and block. */
+    fa_status (*mem_alloc)(struct fa_context *ctx, void *state, size_t bytes, void **ptr);
+    fa_status (*mem_free)(struct fa_context *ctx, void *state, void *ptr);
+    /* to_backend: host src -> backend dst, else backend src -> host dst. */
+    fa_status (*mem_copy)(struct fa_context *ctx, void *state, void *dst, const void *src,
+                          size_t bytes, int to_backend);
+    fa_status (*set_stream)(struct fa_context *ctx, void *state, void *stream);
+    fa_status (*synchronize)(struct fa_context *ctx, void *state);
 } fa_backend_iface;
 
 struct fa_context {

@@ -109,16 +109,83 @@ static errs compare(int64_t rows, int32_t hq, int32_t dim, int64_t every, const 
     return e;
 }
 
-static int run_algo(fa_context_t ctx, fa_attention_desc *d, fa_algorithm a, int64_t o_bytes,
-                    int64_t lse_n, double *o_out, double *lse_out, fa_case_result *res)
+void *fa_case_translate(const void *p, const void *host, void *dev, int64_t bytes)
 {
-    memset(d->o.data, 0xff, (size_t)o_bytes); /* NaN poison: every element must be written */
-    for (int64_t i = 0; d->lse && i < lse_n; i++)
-        d->lse[i] = NAN;
-    d->algorithm = a;
-    fa_status st = fa_forward(ctx, d);
-    if (st != FA_OK) {
-        snprintf(res->message, sizeof(res->message), "%s: %s", fa_status_string(st),
+    const char *c = p, *h = host;
+    if (!p || !host || c < h || c >= h + (bytes ? bytes : 1))
+        return NULL;
+    return (char *)dev + (c - h);
+}
+
+void fa_case_unstage(fa_context_t ctx, fa_case_staged *st)
+{
+    fa_memory_free(ctx, st->q);
+    fa_memory_free(ctx, st->kv);
+    fa_memory_free(ctx, st->o);
+    fa_memory_free(ctx, st->lse);
+    memset(st, 0, sizeof(*st));
+}
+
+static int stage_one(fa_context_t ctx, const void *host, int64_t bytes, int upload, void **dev,
+                     char *msg, size_t cap)
+{
+    if (!host)
+        return 0;
+    fa_status s = fa_memory_alloc(ctx, (size_t)bytes, dev);
+    if (s == FA_OK && upload)
+        s = fa_memory_upload(ctx, *dev, host, (size_t)bytes);
+    if (s != FA_OK) {
+        snprintf(msg, cap, "staging %lld bytes: %s", (long long)bytes, fa_context_last_error(ctx));
+        return -1;
+    }
+    return 0;
+}
+
+int fa_case_stage(fa_context_t ctx, const fa_case_inputs *in, fa_case_staged *st, char *msg,
+                  size_t cap)
+{
+    memset(st, 0, sizeof(*st));
+    if (stage_one(ctx, in->q, in->q_bytes, 1, &st->q, msg, cap) ||
+        stage_one(ctx, in->kv, in->kv_bytes, 1, &st->kv, msg, cap) ||
+        stage_one(ctx, in->o, in->o_bytes, 0, &st->o, msg, cap) ||
+        stage_one(ctx, in->lse, in->lse_bytes, 0, (void **)&st->lse, msg, cap)) {
+        fa_case_unstage(ctx, st);
+        return -1;
+    }
+    st->d = in->d;
+    fa_attention_desc *d = &st->d;
+    const fa_tensor *src[3] = { &in->d.q, &in->d.k, &in->d.v };
+    fa_tensor *dst[3] = { &d->q, &d->k, &d->v };
+    for (int i = 0; i < 3; i++) {
+        void *p = fa_case_translate(src[i]->data, in->q, st->q, in->q_bytes);
+        dst[i]->data = p ? p : fa_case_translate(src[i]->data, in->kv, st->kv, in->kv_bytes);
+    }
+    d->o.data = st->o;
+    d->lse = st->lse;
+    return 0;
+}
+
+static int run_algo(fa_context_t ctx, fa_case_inputs *in, fa_case_staged *st, fa_algorithm a,
+                    double *o_out, double *lse_out, fa_case_result *res)
+{
+    fa_attention_desc *d = &in->d;
+    memset(in->o, 0xff, (size_t)in->o_bytes); /* NaN poison: every element must be written */
+    for (int64_t i = 0; in->lse && i < in->lse_bytes / 4; i++)
+        in->lse[i] = NAN;
+    st->d.algorithm = a;
+    fa_status s = fa_memory_upload(ctx, st->o, in->o, (size_t)in->o_bytes);
+    if (s == FA_OK && in->lse)
+        s = fa_memory_upload(ctx, st->lse, in->lse, (size_t)in->lse_bytes);
+    if (s == FA_OK)
+        s = fa_forward(ctx, &st->d);
+    if (s == FA_OK)
+        s = fa_context_synchronize(ctx);
+    if (s == FA_OK)
+        s = fa_memory_download(ctx, in->o, st->o, (size_t)in->o_bytes);
+    if (s == FA_OK && in->lse)
+        s = fa_memory_download(ctx, in->lse, st->lse, (size_t)in->lse_bytes);
+    if (s != FA_OK) {
+        snprintf(res->message, sizeof(res->message), "%s: %s", fa_status_string(s),
                  fa_context_last_error(ctx));
         return -1;
     }
@@ -170,6 +237,7 @@ int fa_case_inputs_make(const fa_case *c, int with_lse, fa_case_inputs *in)
     }
     in->rows = nb * tq;
     in->krows = nb * tk;
+    int64_t q_n = nb * tq * hq * dim, kv_n;
 
     fa_attention_desc *d = &in->d;
     fa_attention_desc_init(d);
@@ -190,12 +258,12 @@ int fa_case_inputs_make(const fa_case *c, int with_lse, fa_case_inputs *in)
     d->dropout_seed = c->seed * 31 + 7;
     d->dropout_offset = c->seed >> 7;
 
-    int64_t q_n = nb * tq * hq * dim, kv_n;
     int one_buffer = c->layout == FA_CASE_QKV_PACKED && c->seqlen_q == c->seqlen_k && !c->varlen;
     if (one_buffer) {
         /* [b, s, hq + 2*hk, d]: q, k, v heads side by side in one row */
         int64_t w = (hq + 2 * hk) * dim;
         kv_n = nb * tq * w;
+        in->kv_bytes = kv_n * esz;
         in->kv = malloc((size_t)(kv_n * esz));
         if (!in->kv)
             goto oom;
@@ -210,6 +278,8 @@ int fa_case_inputs_make(const fa_case *c, int with_lse, fa_case_inputs *in)
     } else {
         in->q = malloc((size_t)((q_n ? q_n : 1) * esz));
         kv_n = 2 * nb * tk * hk * dim;
+        in->q_bytes = q_n * esz;
+        in->kv_bytes = kv_n * esz;
         in->kv = malloc((size_t)((kv_n ? kv_n : 1) * esz));
         if (!in->q || !in->kv)
             goto oom;
@@ -231,8 +301,10 @@ int fa_case_inputs_make(const fa_case *c, int with_lse, fa_case_inputs *in)
     }
     in->o_bytes = q_n * (odt == FA_DTYPE_F32 ? 4 : 2);
     in->o = malloc((size_t)(in->o_bytes ? in->o_bytes : 1));
-    if (with_lse)
-        in->lse = malloc(sizeof(float) * (size_t)(in->rows * hq > 0 ? in->rows * hq : 1));
+    if (with_lse) {
+        in->lse_bytes = (int64_t)sizeof(float) * in->rows * hq;
+        in->lse = malloc((size_t)(in->lse_bytes ? in->lse_bytes : 1));
+    }
     if (!in->o || (with_lse && !in->lse))
         goto oom;
     d->o = fa_tensor_contiguous(in->o, odt, c->layout == FA_CASE_BHSD ? FA_LAYOUT_BHSD : FA_LAYOUT_BSHD,
@@ -248,6 +320,8 @@ int fa_case_run(fa_context_t ctx, const fa_case *c, fa_case_result *res)
 {
     memset(res, 0, sizeof(*res));
     fa_case_inputs in;
+    fa_case_staged st;
+    memset(&st, 0, sizeof(st));
     double *o_ref = NULL, *o_got = NULL, *lse_ref = NULL, *lse_got = NULL;
     if (fa_case_inputs_make(c, c->with_lse, &in) != 0)
         goto oom;
@@ -269,10 +343,12 @@ int fa_case_run(fa_context_t ctx, const fa_case *c, fa_case_result *res)
         goto oom;
 
     double *lg = c->with_lse ? lse_got : NULL;
-    if (run_algo(ctx, d, FA_ALGORITHM_STANDARD, in.o_bytes, lse_n, o_got, lg, res) != 0)
+    if (fa_case_stage(ctx, &in, &st, res->message, sizeof(res->message)) != 0)
+        goto fail;
+    if (run_algo(ctx, &in, &st, FA_ALGORITHM_STANDARD, o_got, lg, res) != 0)
         goto fail;
     errs es = compare(rows, (int32_t)hq, (int32_t)dim, every, o_ref, o_got, lse_ref, lg);
-    if (run_algo(ctx, d, FA_ALGORITHM_FLASH, in.o_bytes, lse_n, o_got, lg, res) != 0)
+    if (run_algo(ctx, &in, &st, FA_ALGORITHM_FLASH, o_got, lg, res) != 0)
         goto fail;
     errs ef = compare(rows, (int32_t)hq, (int32_t)dim, every, o_ref, o_got, lse_ref, lg);
 
@@ -303,12 +379,45 @@ oom:
 fail:
     rc = -1;
 done:
+    fa_case_unstage(ctx, &st);
     fa_case_inputs_free(&in);
     free(o_ref);
     free(o_got);
     free(lse_ref);
     free(lse_got);
     return rc;
+}
+
+fa_backend fa_test_backend(void)
+{
+    const char *b = getenv("FLASHATTN_TEST_BACKEND");
+    if (b && strcmp(b, "cuda") == 0)
+        return FA_BACKEND_CUDA;
+    if (b && strcmp(b, "gles") == 0)
+        return FA_BACKEND_GLES;
+    return FA_BACKEND_CPU;
+}
+
+int fa_backend_takes_dtype(fa_backend b, fa_dtype t)
+{
+    return !(b == FA_BACKEND_CUDA && t == FA_DTYPE_F32);
+}
+
+int fa_case_check_refused(fa_context_t ctx, const fa_case *c, char *msg, size_t cap)
+{
+    fa_case_inputs in;
+    if (fa_case_inputs_make(c, c->with_lse, &in) != 0) {
+        snprintf(msg, cap, "out of memory setting up the case");
+        return -1;
+    }
+    fa_status s = fa_forward_plan(ctx, &in.d, NULL);
+    fa_case_inputs_free(&in);
+    if (s != FA_ERR_UNSUPPORTED || !strstr(fa_context_last_error(ctx), "dtype")) {
+        snprintf(msg, cap, "expected FA_ERR_UNSUPPORTED naming the dtype, got %s (%s)",
+                 fa_status_string(s), fa_context_last_error(ctx));
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- the grid ---- */

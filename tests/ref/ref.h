@@ -80,8 +80,25 @@ typedef struct fa_case_inputs {
     float *lse;
     int32_t *cu_q, *cu_k;
     int64_t rows, krows; /* packed query / key rows */
-    int64_t o_bytes;
+    int64_t q_bytes, kv_bytes, o_bytes, lse_bytes;
 } fa_case_inputs;
+
+/* A case's buffers mirrored in the memory ctx's backend computes on (device memory for
+ * CUDA), with a descriptor pointing there; cu_seqlens stay on the host. */
+typedef struct fa_case_staged {
+    fa_attention_desc d;
+    void *q, *kv, *o;
+    float *lse;
+} fa_case_staged;
+
+/* Allocate and upload in's tensors (o and lse uninitialised). 0, or -1 with msg filled. */
+int fa_case_stage(fa_context_t ctx, const fa_case_inputs *in, fa_case_staged *st, char *msg,
+                  size_t cap);
+void fa_case_unstage(fa_context_t ctx, fa_case_staged *st);
+
+/* A host buffer of bytes (any pointer into [host, host+bytes) of a staged pair) mapped to
+ * the backend copy: dev + (p - host). */
+void *fa_case_translate(const void *p, const void *host, void *dev, int64_t bytes);
 
 /* Build the inputs of c (fresh random values from c->seed). 0, or -1 when out of memory. */
 int fa_case_inputs_make(const fa_case *c, int with_lse, fa_case_inputs *in);
@@ -109,6 +126,15 @@ typedef struct fa_bwd_result {
 /* Run one case's backward on ctx (after its flash forward): flash and standard
  * backward against float64. 0 when it could run, -1 on an API error. */
 int fa_case_run_backward(fa_context_t ctx, const fa_case *c, fa_bwd_result *res);
+
+/* The backend a test runs on: FLASHATTN_TEST_BACKEND = cpu (default), cuda or gles. */
+fa_backend fa_test_backend(void);
+
+/* Whether backend b computes on this dtype. Where it does not (CUDA and f32), the grid
+ * checks instead that a case is refused with FA_ERR_UNSUPPORTED: returns 0 when that
+ * refusal is right, -1 with msg filled when not. */
+int fa_backend_takes_dtype(fa_backend b, fa_dtype t);
+int fa_case_check_refused(fa_context_t ctx, const fa_case *c, char *msg, size_t cap);
 
 /* The conformance grid. level 0 = quick (short sequences), 1 = full.
  * Returns the number of cases written (at most cap), derived from seed. */

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# On a CUDA machine, in one go: build, the CUDA conformance grids (forward and backward)
+# against float64, then the benchmark beside PyTorch. Logs go to $OUT (or build/).
+#   bench/gpu/device_check.sh [quick]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-build}
+mkdir -p "$out"
+# cmocka for the tests where the machine has no package manager: debs carried in .devdeps
+if [ -d .devdeps ] && ! ls /usr/lib/x86_64-linux-gnu/libcmocka.so >/dev/null 2>&1; then
+  for f in .devdeps/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFA_BUILD_TOOLS=OFF > "$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
+cmake --build build -j "$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -20; exit 1; }
+echo "build ok"
+export FLASHATTN_TEST_BACKEND=cuda
+level=${1:-full}
+if [ "$level" = quick ]; then export FLASHATTN_TEST_QUICK=1; fi
+timeout 300 ./build/tests/test_conformance > "$out/conformance_cuda.log" 2>&1; echo "conformance_cuda rc=$?"
+grep -E "FAILED|cases|could not" "$out/conformance_cuda.log" | head -20
+timeout 300 ./build/tests/test_backward > "$out/backward_cuda.log" 2>&1; echo "backward_cuda rc=$?"
+grep -E "FAILED|cases|could not" "$out/backward_cuda.log" | head -20

@@ -1,0 +1,434 @@
+/* SPDX-License-Identifier: MIT */
+/* The CUDA backend's host side: device probe, pointer checks, tile choice, workspace and launches. */
+#include "../core/internal.h"
+#include "cuda.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cuda_state {
+    int device;
+    struct cudaDeviceProp prop;
+    cudaStream_t stream;
+} cuda_state;
+
+typedef struct tiles {
+    int dim, fwd_m, fwd_n, fwd_warps, kv_q, kv_warps, kv_split, q_k, q_warps;
+} tiles;
+
+#define FA_TILE_ROW(D, FM, FN, FW, KQ, KW, KS, QK, QW) { D, FM, FN, FW, KQ, KW, KS, QK, QW },
+static const tiles tile_table[] = { FA_CUDA_TILES(FA_TILE_ROW) };
+#undef FA_TILE_ROW
+#define N_TILES (sizeof(tile_table) / sizeof(tile_table[0]))
+
+/* The smallest instantiated head_dim that holds dim (columns past dim read as zeros). */
+static const tiles *tiles_for(int32_t dim)
+{
+    for (size_t i = 0; i < N_TILES; i++)
+        if (dim <= tile_table[i].dim)
+            return &tile_table[i];
+    return NULL;
+}
+
+static fa_status cuda_fail(fa_context_t ctx, cudaError_t err, const char *what)
+{
+    return fa_error(ctx, FA_ERR_BACKEND, "%s: CUDA error %d (%s): %s", what, (int)err,
+                    cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
+static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, void **state)
+{
+    (void)num_threads;
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0)
+        return fa_error(ctx, FA_ERR_BACKEND_UNAVAILABLE, "no usable CUDA device: %s",
+                        err != cudaSuccess ? cudaGetErrorString(err) : "none found");
+    cuda_state *s = calloc(1, sizeof(*s));
+    if (!s)
+        return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the CUDA backend");
+    if ((err = cudaGetDevice(&s->device)) != cudaSuccess ||
+        (err = cudaGetDeviceProperties(&s->prop, s->device)) != cudaSuccess) {
+        free(s);
+        return cuda_fail(ctx, err, "reading the device's properties");
+    }
+    if (s->prop.major < 8) {
+        int major = s->prop.major, minor = s->prop.minor;
+        free(s);
+        return fa_error(ctx, FA_ERR_BACKEND_UNAVAILABLE,
+                        "CUDA device %d has compute capability %d.%d; the kernels need 8.0 or newer "
+                        "(bf16 tensor cores)",
+                        0, major, minor);
+    }
+    *state = s;
+    return FA_OK;
+}
+
+static void cuda_destroy(void *state) { free(state); }
+
+static void cuda_info(void *state, char *buf, size_t cap, size_t *len)
+{
+    const cuda_state *s = state;
+    const struct cudaDeviceProp *p = &s->prop;
+    int rt = 0, drv = 0;
+    cudaRuntimeGetVersion(&rt);
+    cudaDriverGetVersion(&drv);
+    fa_appendf(buf, cap, len, "cuda.device: %d %s (compute capability %d.%d)\n", s->device, p->name,
+               p->major, p->minor);
+    fa_appendf(buf, cap, len, "cuda.multiprocessors: %d\n", p->multiProcessorCount);
+    fa_appendf(buf, cap, len, "cuda.memory: %.1f GiB, L2 %d KiB\n",
+               (double)p->totalGlobalMem / (1024.0 * 1024.0 * 1024.0), p->l2CacheSize / 1024);
+    fa_appendf(buf, cap, len, "cuda.shared_memory_per_block: %zu KiB (opt-in)\n",
+               p->sharedMemPerBlockOptin / 1024);
+    fa_appendf(buf, cap, len, "cuda.runtime: %d.%d, driver %d.%d\n", rt / 1000, (rt % 1000) / 10,
+               drv / 1000, (drv % 1000) / 10);
+    fa_appendf(buf, cap, len, "cuda.kernels: mma.sync m16n8k16 (f16, bf16; f32 accumulate), built "
+                              "for sm_80 and sm_90a\n");
+    for (size_t i = 0; i < N_TILES; i++) {
+        const tiles *t = &tile_table[i];
+        fa_appendf(buf, cap, len,
+                   "cuda.tiles.d%d: forward %dx%d (%d warps); backward dK/dV %d keys x %d queries "
+                   "(%d warps), dQ %d queries x %d keys (%d warps)\n",
+                   t->dim, t->fwd_m, t->fwd_n, t->fwd_warps, 16 * t->kv_warps / t->kv_split, t->kv_q,
+                   t->kv_warps, 16 * t->q_warps, t->q_k, t->q_warps);
+    }
+}
+
+/* A tensor argument must live in memory this device can read. */
+static fa_status check_device_ptr(fa_context_t ctx, const cuda_state *s, const void *ptr,
+                                  const char *name)
+{
+    struct cudaPointerAttributes a;
+    cudaError_t err = cudaPointerGetAttributes(&a, ptr);
+    if (err != cudaSuccess) {
+        cudaGetLastError(); /* clear it: not a sticky error */
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT, "%s (%p) is not a CUDA pointer: %s", name, ptr,
+                        cudaGetErrorString(err));
+    }
+    if (a.type == cudaMemoryTypeManaged)
+        return FA_OK;
+    if (a.type != cudaMemoryTypeDevice)
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                        "%s (%p) is host memory; the CUDA backend takes device pointers "
+                        "(cudaMalloc or fa_memory_alloc)",
+                        name, ptr);
+    if (a.device != s->device)
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                        "%s lives on CUDA device %d; this context runs on device %d", name, a.device,
+                        s->device);
+    return FA_OK;
+}
+
+static void view_of(fa_cuda_view *v, const fa_tensor *t, int varlen)
+{
+    v->p = t->data;
+    v->sb = varlen ? 0 : t->stride_batch;
+    v->ss = t->stride_seq;
+    v->sh = t->stride_head;
+    v->f32 = t->dtype == FA_DTYPE_F32;
+}
+
+/* 16-byte vector loads need every row start aligned: base pointer and every stride. */
+static int view_aligned(const fa_tensor *t, int varlen)
+{
+    return ((uintptr_t)t->data % 16 == 0) && t->stride_seq % 8 == 0 && t->stride_head % 8 == 0 &&
+           (varlen || t->stride_batch % 8 == 0);
+}
+
+typedef struct call {
+    fa_cuda_params kp;
+    const tiles *tl;
+    int bf16;
+    int64_t krows;
+    size_t cu_bytes, dsum_bytes, std_bytes; /* workspace parts */
+} call;
+
+static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem *p, int backward,
+                         call *c)
+{
+    const fa_attention_desc *d = p->desc;
+    memset(c, 0, sizeof(*c));
+    if (p->in_dtype == FA_DTYPE_F32)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "q.dtype is f32: the CUDA backend runs on tensor cores from f16 or bf16 "
+                        "inputs (convert them, or use the CPU backend)");
+    c->tl = tiles_for(p->dim);
+    if (!c->tl)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED, "head_dim (%d) exceeds the largest CUDA tile (%d)",
+                        (int)p->dim, tile_table[N_TILES - 1].dim);
+    c->bf16 = p->in_dtype == FA_DTYPE_BF16;
+
+    fa_cuda_params *k = &c->kp;
+    view_of(&k->q, &d->q, p->varlen);
+    view_of(&k->k, &d->k, p->varlen);
+    view_of(&k->v, &d->v, p->varlen);
+    view_of(&k->o, &d->o, p->varlen);
+    k->aligned = p->dim % 8 == 0 && view_aligned(&d->q, p->varlen) &&
+                 view_aligned(&d->k, p->varlen) && view_aligned(&d->v, p->varlen);
+    if (backward) {
+        view_of(&k->dout, &p->bwd->d_o, p->varlen);
+        view_of(&k->dq, &p->bwd->d_q, p->varlen);
+        view_of(&k->dk, &p->bwd->d_k, p->varlen);
+        view_of(&k->dv, &p->bwd->d_v, p->varlen);
+        k->aligned = k->aligned && view_aligned(&p->bwd->d_o, p->varlen);
+    }
+    k->lse = d->lse;
+    k->lse_sb = p->lse_sb;
+    k->lse_sh = p->lse_sh;
+    k->lse_ss = p->lse_ss;
+    k->batch = p->batch;
+    k->heads_q = p->heads_q;
+    k->heads_kv = p->heads_kv;
+    k->group = p->group;
+    k->dim = p->dim;
+    k->seqlen_q = d->seqlen_q;
+    k->seqlen_k = d->seqlen_k;
+    k->max_q = p->max_q;
+    k->max_k = p->max_k;
+    k->scale = p->scale;
+    k->scale_log2 = p->scale * 1.4426950408889634f;
+    k->softcap = p->softcap;
+    k->cap_in = p->softcap > 0.0f ? p->scale / p->softcap : 0.0f;
+    k->cap_out = p->softcap * 1.4426950408889634f;
+    k->win_left = p->win_left;
+    k->win_right = p->win_right;
+    k->dropout_p = p->dropout_p;
+    k->dropout_scale = p->dropout_scale;
+    k->dropout_threshold = p->dropout_threshold;
+    k->dropout_seed = p->dropout_seed;
+    k->dropout_offset = p->dropout_offset;
+    if (p->varlen) {
+        k->rows = d->cu_seqlens_q[p->batch];
+        c->krows = d->cu_seqlens_k[p->batch];
+        c->cu_bytes = 2 * sizeof(int32_t) * ((size_t)p->batch + 1);
+    } else {
+        k->rows = (int64_t)p->batch * d->seqlen_q;
+        c->krows = (int64_t)p->batch * d->seqlen_k;
+    }
+
+    /* grids: one block per (tile, head, sequence) in a 31-bit x dimension */
+    int64_t fwd_blocks = ((int64_t)p->max_q + c->tl->fwd_m - 1) / c->tl->fwd_m * p->heads_q * p->batch;
+    if (fwd_blocks > INT32_MAX)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "batch * heads * query tiles (%lld) exceeds CUDA's grid limit; split the call",
+                        (long long)fwd_blocks);
+    if (backward)
+        c->dsum_bytes = sizeof(float) * (size_t)(k->rows * p->heads_q);
+    if (d->algorithm == FA_ALGORITHM_STANDARD) {
+        if (p->heads_q > 65535 || k->rows > INT32_MAX || c->krows > INT32_MAX)
+            return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                            "the standard CUDA algorithm takes at most 65535 heads and 2^31 rows");
+        int64_t n, bytes;
+        if (!fa_mul_ok(k->rows, p->heads_q, &n) || !fa_mul_ok(n, p->max_k, &n) ||
+            !fa_mul_ok(n, backward ? 4 + 2 + 2 : 4 + 2, &bytes))
+            return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "the standard algorithm's score matrix "
+                                                       "overflows 64 bits");
+        c->std_bytes = (size_t)bytes;
+    }
+    (void)s;
+    return FA_OK;
+}
+
+static void report(const call *c, const fa_problem *p, int backward, fa_run_info *info)
+{
+    static const char *const fwd_names[] = { "cuda-flash-mma-d64", "cuda-flash-mma-d96",
+                                             "cuda-flash-mma-d128", "cuda-flash-mma-d256" };
+    static const char *const bwd_names[] = { "cuda-flash-bwd-mma-d64", "cuda-flash-bwd-mma-d96",
+                                             "cuda-flash-bwd-mma-d128", "cuda-flash-bwd-mma-d256" };
+    const size_t row = (size_t)(c->tl - tile_table);
+    const int standard = p->desc->algorithm == FA_ALGORITHM_STANDARD;
+    if (standard) {
+        info->kernel = backward ? "cuda-standard-bwd" : "cuda-standard";
+        info->block_q = 1;
+        info->block_k = p->max_k;
+        info->threads = 128;
+    } else if (backward) {
+        info->kernel = row < 4 ? bwd_names[row] : "cuda-flash-bwd-mma";
+        info->block_q = c->tl->kv_q;
+        info->block_k = 16 * c->tl->kv_warps / c->tl->kv_split;
+        info->threads = 32 * c->tl->kv_warps;
+    } else {
+        info->kernel = row < 4 ? fwd_names[row] : "cuda-flash-mma";
+        info->block_q = c->tl->fwd_m;
+        info->block_k = c->tl->fwd_n;
+        info->threads = 32 * c->tl->fwd_warps;
+    }
+    info->workspace_bytes = c->cu_bytes + c->dsum_bytes + c->std_bytes;
+}
+
+static fa_status cuda_plan(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
+{
+    call c;
+    fa_status st = prepare(ctx, state, p, 0, &c);
+    if (st == FA_OK)
+        report(&c, p, 0, info);
+    return st;
+}
+
+static fa_status cuda_plan_backward(fa_context_t ctx, void *state, const fa_problem *p,
+                                    fa_run_info *info)
+{
+    call c;
+    fa_status st = prepare(ctx, state, p, 1, &c);
+    if (st == FA_OK)
+        report(&c, p, 1, info);
+    return st;
+}
+
+static fa_status check_pointers(fa_context_t ctx, const cuda_state *s, const fa_problem *p,
+                                int backward)
+{
+    const fa_attention_desc *d = p->desc;
+    struct {
+        const void *ptr;
+        const char *name;
+    } list[9] = { { d->q.data, "q.data" }, { d->k.data, "k.data" }, { d->v.data, "v.data" },
+                  { d->o.data, "o.data" }, { d->lse, "lse" } };
+    int n = 5;
+    if (backward) {
+        list[n++] = (typeof(list[0])){ p->bwd->d_o.data, "d_o.data" };
+        list[n++] = (typeof(list[0])){ p->bwd->d_q.data, "d_q.data" };
+        list[n++] = (typeof(list[0])){ p->bwd->d_k.data, "d_k.data" };
+        list[n++] = (typeof(list[0])){ p->bwd->d_v.data, "d_v.data" };
+    }
+    for (int i = 0; i < n; i++) {
+        if (!list[i].ptr)
+            continue; /* optional and absent (lse), or an empty tensor the validator allowed */
+        fa_status st = check_device_ptr(ctx, s, list[i].ptr, list[i].name);
+        if (st != FA_OK)
+            return st;
+    }
+    return FA_OK;
+}
+
+/* Run: workspace from the stream-ordered allocator, cu_seqlens copied in, kernels queued. */
+static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int backward,
+                     fa_run_info *info)
+{
+    call c;
+    fa_status st = prepare(ctx, s, p, backward, &c);
+    if (st != FA_OK || (st = check_pointers(ctx, s, p, backward)) != FA_OK)
+        return st;
+    report(&c, p, backward, info);
+    const size_t total = c.cu_bytes + c.dsum_bytes + c.std_bytes;
+    char *ws = NULL;
+    cudaError_t err;
+    if (total && (err = cudaMallocAsync((void **)&ws, total, s->stream)) != cudaSuccess) {
+        cudaGetLastError();
+        return fa_error(ctx, err == cudaErrorMemoryAllocation ? FA_ERR_OUT_OF_MEMORY : FA_ERR_BACKEND,
+                        "allocating %zu bytes of device workspace: %s", total, cudaGetErrorString(err));
+    }
+    fa_cuda_params *k = &c.kp;
+    char *at = ws;
+    if (c.cu_bytes) {
+        const size_t half = c.cu_bytes / 2;
+        k->cu_q = (const int32_t *)at;
+        k->cu_k = (const int32_t *)(at + half);
+        err = cudaMemcpyAsync(at, p->desc->cu_seqlens_q, half, cudaMemcpyHostToDevice, s->stream);
+        if (err == cudaSuccess)
+            err = cudaMemcpyAsync(at + half, p->desc->cu_seqlens_k, half, cudaMemcpyHostToDevice,
+                                  s->stream);
+        at += c.cu_bytes;
+        if (err != cudaSuccess)
+            goto fail;
+    }
+    if (c.dsum_bytes) {
+        k->dsum = (float *)at;
+        at += c.dsum_bytes;
+    }
+    if (c.std_bytes) {
+        size_t n = c.std_bytes / (backward ? 8 : 6);
+        k->s_ws = (float *)at;
+        k->p_ws = at + 4 * n;
+        k->ds_ws = backward ? at + 6 * n : NULL;
+    }
+    if (p->desc->algorithm == FA_ALGORITHM_STANDARD)
+        err = backward ? fa_cuda_standard_backward(k, c.bf16, c.krows, s->stream)
+                       : fa_cuda_standard_forward(k, c.bf16, s->stream);
+    else
+        err = backward ? fa_cuda_flash_backward(k, c.bf16, c.tl->dim, s->stream)
+                       : fa_cuda_flash_forward(k, c.bf16, c.tl->dim, s->stream);
+    if (err != cudaSuccess)
+        goto fail;
+    if (ws && (err = cudaFreeAsync(ws, s->stream)) != cudaSuccess)
+        return cuda_fail(ctx, err, "releasing the workspace");
+    return FA_OK;
+fail:
+    cudaGetLastError();
+    if (ws)
+        cudaFreeAsync(ws, s->stream);
+    return cuda_fail(ctx, err, backward ? "launching the backward" : "launching the forward");
+}
+
+static fa_status cuda_forward(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
+{
+    return run(ctx, state, p, 0, info);
+}
+
+static fa_status cuda_backward(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
+{
+    return run(ctx, state, p, 1, info);
+}
+
+static fa_status cuda_mem_alloc(fa_context_t ctx, void *state, size_t bytes, void **ptr)
+{
+    (void)state;
+    cudaError_t err = cudaMalloc(ptr, bytes ? bytes : 1);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        *ptr = NULL;
+        return fa_error(ctx, err == cudaErrorMemoryAllocation ? FA_ERR_OUT_OF_MEMORY : FA_ERR_BACKEND,
+                        "cudaMalloc of %zu bytes: %s", bytes, cudaGetErrorString(err));
+    }
+    return FA_OK;
+}
+
+static fa_status cuda_mem_free(fa_context_t ctx, void *state, void *ptr)
+{
+    (void)state;
+    cudaError_t err = cudaFree(ptr);
+    return err == cudaSuccess ? FA_OK : cuda_fail(ctx, err, "cudaFree");
+}
+
+static fa_status cuda_mem_copy(fa_context_t ctx, void *state, void *dst, const void *src, size_t bytes,
+                               int to_backend)
+{
+    cuda_state *s = state;
+    cudaError_t err = cudaMemcpyAsync(dst, src, bytes,
+                                      to_backend ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                                      s->stream);
+    if (err == cudaSuccess)
+        err = cudaStreamSynchronize(s->stream);
+    return err == cudaSuccess ? FA_OK : cuda_fail(ctx, err, to_backend ? "upload" : "download");
+}
+
+static fa_status cuda_set_stream(fa_context_t ctx, void *state, void *stream)
+{
+    (void)ctx;
+    ((cuda_state *)state)->stream = (cudaStream_t)stream;
+    return FA_OK;
+}
+
+static fa_status cuda_synchronize(fa_context_t ctx, void *state)
+{
+    cudaError_t err = cudaStreamSynchronize(((cuda_state *)state)->stream);
+    return err == cudaSuccess ? FA_OK : cuda_fail(ctx, err, "synchronize");
+}
+
+const fa_backend_iface fa_cuda_backend = {
+    .id = FA_BACKEND_CUDA,
+    .name = "cuda",
+    .init = cuda_init,
+    .destroy = cuda_destroy,
+    .info = cuda_info,
+    .plan = cuda_plan,
+    .forward = cuda_forward,
+    .plan_backward = cuda_plan_backward,
+    .backward = cuda_backward,
+    .mem_alloc = cuda_mem_alloc,
+    .mem_free = cuda_mem_free,
+    .mem_copy = cuda_mem_copy,
+    .set_stream = cuda_set_stream,
+    .synchronize = cuda_synchronize,
+};

@@ -1,0 +1,344 @@
+// SPDX-License-Identifier: MIT
+// The flash backward on tensor cores, deterministic: no atomics. Three launches:
+//   rowsum   D = rowsum(dO * O) per query row
+//   dk_dv    one block per key tile (all query heads of its group, every query tile the
+//            mask allows, in a fixed order): dV += P^T dO, dK += dS^T Q
+//   dq       one block per query tile: dQ += dS K
+// P and dS are recomputed in both passes from the forward's log-sum-exp.
+#include "cuda.h"
+#include "tile.cuh"
+
+namespace fa {
+
+__global__ void __launch_bounds__(256) rowsum_kernel(const fa_cuda_params p, bool bf16)
+{
+    const int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (wid >= p.rows * p.heads_q)
+        return;
+    const int h = (int)(wid / p.rows);
+    const int64_t r = wid % p.rows;
+    int64_t off_o, off_d;
+    if (p.cu_q) {
+        off_o = r * p.o.ss + (int64_t)h * p.o.sh;
+        off_d = r * p.dout.ss + (int64_t)h * p.dout.sh;
+    } else {
+        const int64_t b = r / p.seqlen_q, i = r % p.seqlen_q;
+        off_o = b * p.o.sb + i * p.o.ss + (int64_t)h * p.o.sh;
+        off_d = b * p.dout.sb + i * p.dout.ss + (int64_t)h * p.dout.sh;
+    }
+    float acc = 0.0f;
+    for (int x = lane; x < p.dim; x += 32)
+        acc += bf16 ? load<__nv_bfloat16>(p.o, off_o + x) * load<__nv_bfloat16>(p.dout, off_d + x)
+                    : load<__half>(p.o, off_o + x) * load<__half>(p.dout, off_d + x);
+#pragma unroll
+    for (int w = 16; w > 0; w /= 2)
+        acc += __shfl_xor_sync(0xffffffffu, acc, w);
+    if (lane == 0)
+        p.dsum[(int64_t)h * p.rows + r] = acc;
+}
+
+// Row statistics of query row i (within sequence s) of head h: lse in log2 units (+inf for a
+// row that saw no key, so its P is 0) and D.
+__device__ __forceinline__ float lse2_of(const fa_cuda_params &p, const seq_t &s, int h, int64_t i)
+{
+    if (i >= s.sq)
+        return INFINITY;
+    const float v = p.lse[s.q_base * p.lse_sb + (int64_t)h * p.lse_sh + (s.q0 + i) * p.lse_ss];
+    return v == -INFINITY ? INFINITY : v * kLog2e;
+}
+__device__ __forceinline__ float dsum_of(const fa_cuda_params &p, const seq_t &s, int h, int64_t i)
+{
+    return i < s.sq ? p.dsum[(int64_t)h * p.rows + s.q_base * p.seqlen_q + s.q0 + i] : 0.0f;
+}
+
+// dS and the kept P (dropout's 1/(1-p) left for the end) of one element from its
+// log2-domain logit (-inf where masked), dP and its row's statistics.
+struct grad_elem {
+    float pd, ds;
+};
+__device__ __forceinline__ grad_elem grad_of(const fa_cuda_params &p, float x, float dp, float lse2,
+                                             float dsum, bool keep)
+{
+    grad_elem r = { 0.0f, 0.0f };
+    const float pr = exp2_fast(x - lse2);
+    if (!(pr > 0.0f))
+        return r;
+    r.pd = keep ? pr : 0.0f;
+    r.ds = pr * ((keep ? dp * p.dropout_scale : 0.0f) - dsum) * cap_grad(p, x);
+    return r;
+}
+
+template <typename T, int D, int BQ, int W, int DS>
+__global__ void __launch_bounds__(W * 32) dk_dv_kernel(const fa_cuda_params p)
+{
+    constexpr int KW = W / DS, BN = 16 * KW, NQ = BQ / 8, DN = D / DS / 8, LDS = lds<D>();
+    constexpr int NTH = W * 32;
+    extern __shared__ __align__(16) unsigned char smem[];
+    T *sK = reinterpret_cast<T *>(smem);
+    T *sV = sK + BN * LDS;
+    T *sQ = sV + BN * LDS;  // two stages
+    T *sO = sQ + 2 * BQ * LDS; // dO, two stages
+    float *sL = reinterpret_cast<float *>(sO + 2 * BQ * LDS); // lse2, two stages
+    float *sD = sL + 2 * BQ;                                 // D, two stages
+
+    const int tiles = (p.max_k + BN - 1) / BN;
+    const block_t blk = block_of(tiles, p.heads_kv, false);
+    const seq_t s = seq_of(p, blk.b);
+    const int c0 = blk.tile * BN;
+    if (c0 >= s.sk)
+        return;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int kw = warp % KW, dw = warp / KW;
+    const int hk = blk.h;
+    const mask_t mk = mask_of(p, s);
+    const int c1 = min(c0 + BN, s.sk);
+    const int64_t ilo = max((int64_t)0, c0 - mk.diag - mk.wr);
+    const int64_t ihi = min((int64_t)s.sq, (c1 - 1) - mk.diag + mk.wl + 1);
+    const int m_lo = (int)(ilo / BQ), nm = ihi > ilo ? (int)((ihi + BQ - 1) / BQ) - m_lo : 0;
+    const int iters = nm * p.group;
+    const bool al = p.aligned;
+
+    auto stage_in = [&](int it, int st) {
+        const int h = hk * p.group + it / nm, i0 = (m_lo + it % nm) * BQ;
+        load_tile<T, BQ, D, NTH>(sQ + st * BQ * LDS, (const T *)p.q.p + row_off(p.q, s, false, h, i0),
+                                 p.q.ss, s.sq - i0, p.dim, al);
+        load_tile<T, BQ, D, NTH>(sO + st * BQ * LDS, (const T *)p.dout.p + row_off(p.dout, s, false, h, i0),
+                                 p.dout.ss, s.sq - i0, p.dim, al);
+        for (int x = threadIdx.x; x < BQ; x += NTH) {
+            sL[st * BQ + x] = lse2_of(p, s, h, i0 + x);
+            sD[st * BQ + x] = dsum_of(p, s, h, i0 + x);
+        }
+        cp_async_commit();
+    };
+
+    float dk[1][DN][4], dv[1][DN][4];
+    zero(dk);
+    zero(dv);
+    if (iters > 0) {
+        load_tile<T, BN, D, NTH>(sK, (const T *)p.k.p + row_off(p.k, s, true, hk, c0), p.k.ss, s.sk - c0, p.dim, al);
+        load_tile<T, BN, D, NTH>(sV, (const T *)p.v.p + row_off(p.v, s, true, hk, c0), p.v.ss, s.sk - c0, p.dim, al);
+        stage_in(0, 0);
+    }
+    const int j0 = c0 + kw * 16; // this warp's first key
+    for (int it = 0; it < iters; it++) {
+        const int st = it & 1;
+        if (it + 1 < iters) {
+            stage_in(it + 1, st ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const int h = hk * p.group + it / nm, i0 = (m_lo + it % nm) * BQ;
+        const T *q = sQ + st * BQ * LDS, *dO = sO + st * BQ * LDS;
+
+        float sc[1][NQ][4], dp[1][NQ][4];
+        zero(sc);
+        zero(dp);
+        gemm_nt<T, 1, NQ, D, LDS>(sc, sK + kw * 16 * LDS, q, lane);
+        gemm_nt<T, 1, NQ, D, LDS>(dp, sV + kw * 16 * LDS, dO, lane);
+
+        to_logits(p, sc);
+        if (!mk.all_visible(i0, i0 + BQ, j0, j0 + 16))
+            apply_mask<true>(mk, sc, j0 + g, i0 + 2 * t);
+#pragma unroll
+        for (int nt = 0; nt < NQ; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int il = nt * 8 + 2 * t + (e & 1);
+                bool keep = true;
+                if (p.dropout_p > 0.0f) {
+                    const int64_t i = i0 + il, j = j0 + g + (e >> 1) * 8;
+                    uint32_t w[4];
+                    dropout_words(p, blk.b, h, i, j, w);
+                    keep = dropout_keep(p, w, j);
+                }
+                const grad_elem ge = grad_of(p, sc[0][nt][e], dp[0][nt][e], sL[st * BQ + il],
+                                             sD[st * BQ + il], keep);
+                sc[0][nt][e] = ge.pd;
+                dp[0][nt][e] = ge.ds;
+            }
+        uint32_t a[1][NQ / 2][4];
+        to_a<T, 1, NQ>(a, sc);
+        gemm_rn<T, 1, DN, NQ / 2, LDS>(dv, a, dO + dw * (D / DS), lane);
+        to_a<T, 1, NQ>(a, dp);
+        gemm_rn<T, 1, DN, NQ / 2, LDS>(dk, a, q + dw * (D / DS), lane);
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int j = j0 + g + hf * 8;
+        if (j >= s.sk)
+            continue;
+        const int64_t ok = row_off(p.dk, s, true, hk, j), ov = row_off(p.dv, s, true, hk, j);
+#pragma unroll
+        for (int dt = 0; dt < DN; dt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int x = dw * (D / DS) + dt * 8 + 2 * t + e;
+                if (x < p.dim) {
+                    store<T>(p.dk, ok + x, dk[0][dt][2 * hf + e] * p.scale);
+                    store<T>(p.dv, ov + x, dv[0][dt][2 * hf + e] * p.dropout_scale);
+                }
+            }
+    }
+}
+
+template <typename T, int D, int BK, int W>
+__global__ void __launch_bounds__(W * 32) dq_kernel(const fa_cuda_params p)
+{
+    constexpr int BM = 16 * W, NS = BK / 8, ND = D / 8, LDS = lds<D>(), NTH = W * 32;
+    extern __shared__ __align__(16) unsigned char smem[];
+    T *sQ = reinterpret_cast<T *>(smem);
+    T *sO = sQ + BM * LDS;
+    T *sK = sO + BM * LDS; // two stages
+    T *sV = sK + 2 * BK * LDS;
+
+    const int tiles = (p.max_q + BM - 1) / BM;
+    const block_t blk = block_of(tiles, p.heads_q, p.win_right < p.max_k);
+    const seq_t s = seq_of(p, blk.b);
+    const int r0 = blk.tile * BM;
+    if (r0 >= s.sq)
+        return;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int hk = blk.h / p.group;
+    const mask_t mk = mask_of(p, s);
+    const int r1 = min(r0 + BM, s.sq);
+    const int64_t lo = max((int64_t)0, r0 + mk.diag - mk.wl);
+    const int64_t hi = min((int64_t)s.sk, (r1 - 1) + mk.diag + mk.wr + 1);
+    const int n_lo = (int)(lo / BK), n_hi = hi > lo ? (int)((hi + BK - 1) / BK) : n_lo;
+    const T *gK = (const T *)p.k.p + row_off(p.k, s, true, hk, 0);
+    const T *gV = (const T *)p.v.p + row_off(p.v, s, true, hk, 0);
+    const bool al = p.aligned;
+    const int wr0 = r0 + warp * 16;
+    float lse2[2], dsum[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        lse2[hf] = lse2_of(p, s, blk.h, wr0 + g + hf * 8);
+        dsum[hf] = dsum_of(p, s, blk.h, wr0 + g + hf * 8);
+    }
+
+    float dq[1][ND][4];
+    zero(dq);
+    if (n_lo < n_hi) {
+        load_tile<T, BM, D, NTH>(sQ, (const T *)p.q.p + row_off(p.q, s, false, blk.h, r0), p.q.ss, s.sq - r0, p.dim, al);
+        load_tile<T, BM, D, NTH>(sO, (const T *)p.dout.p + row_off(p.dout, s, false, blk.h, r0), p.dout.ss, s.sq - r0, p.dim, al);
+        load_tile<T, BK, D, NTH>(sK, gK + n_lo * BK * p.k.ss, p.k.ss, s.sk - n_lo * BK, p.dim, al);
+        load_tile<T, BK, D, NTH>(sV, gV + n_lo * BK * p.v.ss, p.v.ss, s.sk - n_lo * BK, p.dim, al);
+        cp_async_commit();
+    }
+    for (int n = n_lo; n < n_hi; n++) {
+        const int st = (n - n_lo) & 1;
+        if (n + 1 < n_hi) {
+            const int c = (n + 1) * BK;
+            load_tile<T, BK, D, NTH>(sK + (st ^ 1) * BK * LDS, gK + c * p.k.ss, p.k.ss, s.sk - c, p.dim, al);
+            load_tile<T, BK, D, NTH>(sV + (st ^ 1) * BK * LDS, gV + c * p.v.ss, p.v.ss, s.sk - c, p.dim, al);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const T *k = sK + st * BK * LDS;
+        float sc[1][NS][4], dp[1][NS][4];
+        zero(sc);
+        zero(dp);
+        gemm_nt<T, 1, NS, D, LDS>(sc, sQ + warp * 16 * LDS, k, lane);
+        gemm_nt<T, 1, NS, D, LDS>(dp, sO + warp * 16 * LDS, sV + st * BK * LDS, lane);
+
+        const int c0 = n * BK;
+        to_logits(p, sc);
+        if (!mk.all_visible(wr0, wr0 + 16, c0, c0 + BK))
+            apply_mask(mk, sc, wr0 + g, c0 + 2 * t);
+#pragma unroll
+        for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int64_t i = wr0 + g + hf * 8, j = c0 + nt * 8 + 2 * t;
+                uint32_t w[4] = { 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu };
+                if (p.dropout_p > 0.0f)
+                    dropout_words(p, blk.b, blk.h, i, j, w);
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    sc[0][nt][2 * hf + e] = grad_of(p, sc[0][nt][2 * hf + e], dp[0][nt][2 * hf + e],
+                                                    lse2[hf], dsum[hf], dropout_keep(p, w, j + e)).ds;
+            }
+        uint32_t a[1][NS / 2][4];
+        to_a<T, 1, NS>(a, sc);
+        gemm_rn<T, 1, ND, NS / 2, LDS>(dq, a, k, lane);
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int i = wr0 + g + hf * 8;
+        if (i >= s.sq)
+            continue;
+        const int64_t off = row_off(p.dq, s, false, blk.h, i);
+#pragma unroll
+        for (int dt = 0; dt < ND; dt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int x = dt * 8 + 2 * t + e;
+                if (x < p.dim)
+                    store<T>(p.dq, off + x, dq[0][dt][2 * hf + e] * p.scale);
+            }
+    }
+}
+
+template <typename T, int D, int KQ, int KW, int KS, int QK, int QW>
+static cudaError_t launch(const fa_cuda_params &p, bool bf16, cudaStream_t stream)
+{
+    constexpr int LDS = lds<D>();
+    cudaError_t err = fa_cuda_rowsum(&p, bf16, stream);
+    if (err != cudaSuccess)
+        return err;
+
+    constexpr int BN = 16 * (KW / KS);
+    const size_t smem_kv = sizeof(T) * (size_t)(2 * BN + 4 * KQ) * LDS + sizeof(float) * 4 * KQ;
+    auto kv = dk_dv_kernel<T, D, KQ, KW, KS>;
+    if ((err = cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv)) != cudaSuccess)
+        return err;
+    const int64_t kv_blocks = (int64_t)((p.max_k + BN - 1) / BN) * p.heads_kv * p.batch;
+    if (kv_blocks > 0) {
+        kv<<<(unsigned)kv_blocks, KW * 32, smem_kv, stream>>>(p);
+        if ((err = cudaGetLastError()) != cudaSuccess)
+            return err;
+    }
+
+    constexpr int BM = 16 * QW;
+    const size_t smem_q = sizeof(T) * (size_t)(2 * BM + 4 * QK) * LDS;
+    auto qk = dq_kernel<T, D, QK, QW>;
+    if ((err = cudaFuncSetAttribute(qk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q)) != cudaSuccess)
+        return err;
+    const int64_t q_blocks = (int64_t)((p.max_q + BM - 1) / BM) * p.heads_q * p.batch;
+    if (q_blocks > 0)
+        qk<<<(unsigned)q_blocks, QW * 32, smem_q, stream>>>(p);
+    return cudaGetLastError();
+}
+
+} // namespace fa
+
+extern "C" cudaError_t fa_cuda_rowsum(const fa_cuda_params *p, int bf16, cudaStream_t stream)
+{
+    const int64_t warps = p->rows * p->heads_q;
+    if (warps > 0)
+        fa::rowsum_kernel<<<(unsigned)((warps + 7) / 8), 256, 0, stream>>>(*p, bf16 != 0);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t fa_cuda_flash_backward(const fa_cuda_params *p, int bf16, int dpad,
+                                              cudaStream_t stream)
+{
+#define FA_BWD_CASE(D, FM, FN, FW, KQ, KW, KS, QK, QW)                                       \
+    case D:                                                                                  \
+        return bf16 ? fa::launch<__nv_bfloat16, D, KQ, KW, KS, QK, QW>(*p, true, stream)     \
+                    : fa::launch<__half, D, KQ, KW, KS, QK, QW>(*p, false, stream);
+    switch (dpad) {
+        FA_CUDA_TILES(FA_BWD_CASE)
+    }
+#undef FA_BWD_CASE
+    return cudaErrorInvalidValue;
+}

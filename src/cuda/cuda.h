@@ -1,0 +1,35 @@
+/* SPDX-License-Identifier: MIT */
+/* The CUDA backend's kernel launchers, callable from its C host code. Each queues work on
+ * stream and returns the launch's cudaError_t; nothing is synchronised. */
+#ifndef FA_CUDA_H
+#define FA_CUDA_H
+
+#include "params.h"
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Flash forward for head_dim padded to dpad (a row of FA_CUDA_TILES). */
+cudaError_t fa_cuda_flash_forward(const fa_cuda_params *p, int bf16, int dpad, cudaStream_t stream);
+
+/* rowsum(dO * O) of every query row into p->dsum ([heads_q, rows] floats). */
+cudaError_t fa_cuda_rowsum(const fa_cuda_params *p, int bf16, cudaStream_t stream);
+
+/* Flash backward: the row sums, then dK/dV and dQ, each written once. */
+cudaError_t fa_cuda_flash_backward(const fa_cuda_params *p, int bf16, int dpad, cudaStream_t stream);
+
+/* The standard algorithm (scores and probabilities through global memory), the
+ * unfused baseline: p->s_ws holds [heads_q, rows, max_k] floats, p->p_ws and p->ds_ws
+ * as many elements of the input dtype; krows = packed key rows. heads <= 65535. */
+cudaError_t fa_cuda_standard_forward(const fa_cuda_params *p, int bf16, cudaStream_t stream);
+cudaError_t fa_cuda_standard_backward(const fa_cuda_params *p, int bf16, int64_t krows,
+                                      cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

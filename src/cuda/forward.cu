@@ -1,0 +1,167 @@
+// SPDX-License-Identifier: MIT
+// The flash forward on tensor cores: one block owns BM query rows of one head and
+// walks the key/value tiles its mask allows, S = Q K^T and P never leave registers,
+// K/V tiles double-buffered through cp.async.
+#include "cuda.h"
+#include "tile.cuh"
+
+namespace fa {
+
+template <typename T, int D, int BM, int BN, int W>
+__global__ void __launch_bounds__(W * 32, W == 8 ? 2 : 1) flash_forward(const fa_cuda_params p)
+{
+    constexpr int MT = BM / (16 * W), NS = BN / 8, ND = D / 8, LDS = lds<D>(), NTH = W * 32;
+    static_assert(MT >= 1 && BM == MT * 16 * W, "BM must be a multiple of 16 * warps");
+    extern __shared__ __align__(16) unsigned char smem[];
+    T *sQ = reinterpret_cast<T *>(smem);
+    T *sK = sQ + BM * LDS; // two stages
+    T *sV = sK + 2 * BN * LDS;
+
+    const int tiles = (p.max_q + BM - 1) / BM;
+    const block_t blk = block_of(tiles, p.heads_q, p.win_right < p.max_k);
+    const seq_t s = seq_of(p, blk.b);
+    const int r0 = blk.tile * BM;
+    if (r0 >= s.sq)
+        return;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int hk = blk.h / p.group;
+    const mask_t mk = mask_of(p, s);
+    const int r1 = min(r0 + BM, s.sq);
+    const int64_t lo = max((int64_t)0, r0 + mk.diag - mk.wl);
+    const int64_t hi = min((int64_t)s.sk, (r1 - 1) + mk.diag + mk.wr + 1);
+    const int n_lo = (int)(lo / BN), n_hi = hi > lo ? (int)((hi + BN - 1) / BN) : n_lo;
+
+    const T *gQ = (const T *)p.q.p + row_off(p.q, s, false, blk.h, r0);
+    const T *gK = (const T *)p.k.p + row_off(p.k, s, true, hk, 0);
+    const T *gV = (const T *)p.v.p + row_off(p.v, s, true, hk, 0);
+    const bool al = p.aligned;
+
+    float o[MT][ND][4], m[MT][2], l[MT][2];
+    zero(o);
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+        m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.0f;
+
+    if (n_lo < n_hi) {
+        load_tile<T, BM, D, NTH>(sQ, gQ, p.q.ss, s.sq - r0, p.dim, al);
+        load_tile<T, BN, D, NTH>(sK, gK + n_lo * BN * p.k.ss, p.k.ss, s.sk - n_lo * BN, p.dim, al);
+        load_tile<T, BN, D, NTH>(sV, gV + n_lo * BN * p.v.ss, p.v.ss, s.sk - n_lo * BN, p.dim, al);
+        cp_async_commit();
+    }
+    const int wr0 = r0 + warp * MT * 16; // this warp's first row
+    for (int n = n_lo; n < n_hi; n++) {
+        const int st = (n - n_lo) & 1;
+        if (n + 1 < n_hi) {
+            const int c = (n + 1) * BN;
+            load_tile<T, BN, D, NTH>(sK + (st ^ 1) * BN * LDS, gK + c * p.k.ss, p.k.ss, s.sk - c, p.dim, al);
+            load_tile<T, BN, D, NTH>(sV + (st ^ 1) * BN * LDS, gV + c * p.v.ss, p.v.ss, s.sk - c, p.dim, al);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        float sc[MT][NS][4];
+        zero(sc);
+        gemm_nt<T, MT, NS, D, LDS>(sc, sQ + warp * MT * 16 * LDS, sK + st * BN * LDS, lane);
+
+        const int c0 = n * BN;
+        to_logits(p, sc);
+        if (!mk.all_visible(wr0, wr0 + MT * 16, c0, c0 + BN))
+            apply_mask(mk, sc, wr0 + g, c0 + 2 * t);
+
+        // online softmax: rows g and g + 8 of each m tile, statistics shared by the quad
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                float mx = m[mt][hf];
+#pragma unroll
+                for (int nt = 0; nt < NS; nt++)
+                    mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * hf], sc[mt][nt][2 * hf + 1]));
+                mx = quad_max(mx);
+                const float base = mx == -INFINITY ? 0.0f : mx; // nothing seen yet: keep zeros
+                const float alpha = exp2_fast(m[mt][hf] - base);
+                m[mt][hf] = mx;
+                float sum = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        float pe = exp2_fast(sc[mt][nt][2 * hf + e] - base);
+                        sc[mt][nt][2 * hf + e] = pe;
+                        sum += pe;
+                    }
+                l[mt][hf] = l[mt][hf] * alpha + sum;
+#pragma unroll
+                for (int dt = 0; dt < ND; dt++)
+                    o[mt][dt][2 * hf] *= alpha, o[mt][dt][2 * hf + 1] *= alpha;
+            }
+
+        if (p.dropout_p > 0.0f) // dropped to 0 here; the 1/(1-p) comes in float32 at the end
+            apply_dropout(p, sc, blk.b, blk.h, wr0 + g, c0 + 2 * t);
+
+        uint32_t pa[MT][NS / 2][4];
+        to_a<T, MT, NS>(pa, sc);
+        gemm_rn<T, MT, ND, NS / 2, LDS>(o, pa, sV + st * BN * LDS, lane);
+        __syncthreads();
+    }
+
+    // epilogue: normalise, write o (and lse); rows that saw no key give 0 and -inf
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const float sum = quad_sum(l[mt][hf]);
+            const float inv = sum > 0.0f ? p.dropout_scale / sum : 0.0f;
+            const int i = wr0 + mt * 16 + g + hf * 8;
+            if (i >= s.sq)
+                continue;
+            const int64_t off = row_off(p.o, s, false, blk.h, i);
+#pragma unroll
+            for (int dt = 0; dt < ND; dt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int x = dt * 8 + 2 * t + e;
+                    if (x < p.dim)
+                        store<T>(p.o, off + x, o[mt][dt][2 * hf + e] * inv);
+                }
+            if (p.lse && t == 0) {
+                const int64_t li = s.q_base * p.lse_sb + (int64_t)blk.h * p.lse_sh + (s.q0 + i) * p.lse_ss;
+                p.lse[li] = sum > 0.0f ? (m[mt][hf] + __log2f(sum)) * kLn2 : -INFINITY;
+            }
+        }
+}
+
+template <typename T, int D, int BM, int BN, int W>
+static cudaError_t launch(const fa_cuda_params &p, cudaStream_t stream)
+{
+    constexpr int LDS = lds<D>();
+    const size_t smem = sizeof(T) * (size_t)(BM + 4 * BN) * LDS;
+    auto kern = flash_forward<T, D, BM, BN, W>;
+    cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess)
+        return err;
+    const int64_t blocks = (int64_t)((p.max_q + BM - 1) / BM) * p.heads_q * p.batch;
+    if (blocks == 0)
+        return cudaSuccess;
+    kern<<<(unsigned)blocks, W * 32, smem, stream>>>(p);
+    return cudaGetLastError();
+}
+
+} // namespace fa
+
+extern "C" cudaError_t fa_cuda_flash_forward(const fa_cuda_params *p, int bf16, int dpad,
+                                             cudaStream_t stream)
+{
+#define FA_FWD_CASE(D, FM, FN, FW, KQ, KW, KS, QK, QW)                                        \
+    case D:                                                                                  \
+        return bf16 ? fa::launch<__nv_bfloat16, D, FM, FN, FW>(*p, stream)                   \
+                    : fa::launch<__half, D, FM, FN, FW>(*p, stream);
+    switch (dpad) {
+        FA_CUDA_TILES(FA_FWD_CASE)
+    }
+#undef FA_FWD_CASE
+    return cudaErrorInvalidValue;
+}

@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: MIT */
+/* What the CUDA kernels read: one flat struct passed by value (C and CUDA C++ see the same layout). */
+#ifndef FA_CUDA_PARAMS_H
+#define FA_CUDA_PARAMS_H
+
+#include <stdint.h>
+
+/* A device tensor view: element strides, head_dim contiguous. */
+typedef struct fa_cuda_view {
+    const void *p;
+    int64_t sb, ss, sh;
+    int f32; /* stored as float32 rather than the input dtype */
+} fa_cuda_view;
+
+typedef struct fa_cuda_params {
+    fa_cuda_view q, k, v, o;
+    fa_cuda_view dout, dq, dk, dv; /* backward only */
+    float *lse;                    /* NULL when not asked for (forward) */
+    int64_t lse_sb, lse_sh, lse_ss;
+    float *dsum;      /* backward: rowsum(dO * O), [heads_q, rows] */
+    int64_t rows;     /* packed query rows: batch * seqlen_q, or the varlen total */
+    const int32_t *cu_q, *cu_k; /* device copies of cu_seqlens, NULL for fixed length */
+    int32_t batch, heads_q, heads_kv, group, dim, seqlen_q, seqlen_k;
+    int32_t max_q, max_k;
+    float scale;      /* softmax scale */
+    float scale_log2; /* scale * log2(e): scores go to exp2 */
+    float softcap;    /* 0 = off */
+    float cap_in;     /* scale / softcap */
+    float cap_out;    /* softcap * log2(e) */
+    int64_t win_left, win_right; /* resolved; causal folded in */
+    int aligned;      /* every row start 16-byte aligned and head_dim % 8 == 0: vector loads */
+    float dropout_p, dropout_scale;
+    uint32_t dropout_threshold;
+    uint64_t dropout_seed, dropout_offset;
+    /* standard algorithm workspace */
+    float *s_ws;
+    void *p_ws, *ds_ws;
+} fa_cuda_params;
+
+/* Tile shapes per padded head_dim: X(dim, fwd_m, fwd_n, fwd_warps, bwd_kv_q, bwd_kv_warps,
+ * bwd_kv_dsplit, bwd_q_k, bwd_q_warps). Forward: fwd_m query rows x fwd_n keys per step.
+ * Backward dK/dV: 16 keys a warp, bwd_kv_q queries per step, the head_dim split over
+ * bwd_kv_dsplit warp groups. Backward dQ: 16 queries a warp, bwd_q_k keys per step. */
+#define FA_CUDA_TILES(X)                    \
+    X(64, 128, 64, 8, 64, 4, 1, 64, 4)      \
+    X(96, 128, 64, 8, 64, 4, 1, 64, 4)      \
+    X(128, 128, 64, 8, 64, 4, 1, 64, 4)     \
+    X(256, 64, 32, 4, 32, 8, 2, 32, 4)
+
+#endif

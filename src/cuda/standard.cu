@@ -1,0 +1,247 @@
+// SPDX-License-Identifier: MIT
+// The standard (unfused) algorithm on the GPU: scores and probabilities go through
+// global memory, one block per query row. It is the yardstick the conformance grid
+// measures the flash kernels against, in the same precision: fp32 scores and softmax,
+// P (and dS) rounded to the input dtype before their products, as the tensor cores
+// take them; fp32 sums.
+#include "cuda.h"
+#include "tile.cuh"
+
+namespace fa {
+
+constexpr int kStdThreads = 128;
+
+// Packed row r (over all sequences) -> sequence b and row i within it.
+__device__ __forceinline__ void locate(const int32_t *cu, int batch, int len, int64_t r, int *b,
+                                       int64_t *i)
+{
+    if (!cu) {
+        *b = (int)(r / len);
+        *i = r % len;
+        return;
+    }
+    int lo = 0, hi = batch; // cu[lo] <= r < cu[hi]
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (cu[mid] <= r)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    *b = lo;
+    *i = r - cu[lo];
+}
+
+__device__ float block_reduce(float v, bool is_max)
+{
+    __shared__ float part[kStdThreads / 32];
+#pragma unroll
+    for (int w = 16; w > 0; w /= 2) {
+        float o = __shfl_xor_sync(0xffffffffu, v, w);
+        v = is_max ? fmaxf(v, o) : v + o;
+    }
+    __syncthreads();
+    if (threadIdx.x % 32 == 0)
+        part[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = part[0];
+    for (int w = 1; w < kStdThreads / 32; w++)
+        v = is_max ? fmaxf(v, part[w]) : v + part[w];
+    return v;
+}
+
+template <typename T>
+__device__ float dot_rows(const T *a, const T *b, int dim)
+{
+    float acc = 0.0f;
+    for (int x = 0; x < dim; x++)
+        acc += to_float<T>(a[x]) * to_float<T>(b[x]);
+    return acc;
+}
+
+// Scores of row (r, h) into s_ws, the softmax into p_ws (rounded to T), lse out.
+template <typename T> __global__ void __launch_bounds__(kStdThreads) std_softmax(const fa_cuda_params p)
+{
+    const int h = blockIdx.y;
+    const int64_t r = blockIdx.x;
+    int b;
+    int64_t i;
+    locate(p.cu_q, p.batch, p.seqlen_q, r, &b, &i);
+    const seq_t s = seq_of(p, b);
+    const mask_t mk = mask_of(p, s);
+    const int hk = h / p.group;
+    const T *q = (const T *)p.q.p + row_off(p.q, s, false, h, i);
+    float *srow = p.s_ws + ((int64_t)h * p.rows + r) * p.max_k;
+    T *prow = (T *)p.p_ws + ((int64_t)h * p.rows + r) * p.max_k;
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < s.sk; j += kStdThreads) {
+        const T *k = (const T *)p.k.p + row_off(p.k, s, true, hk, j);
+        float x = mk.visible(i, j) ? logit2(p, dot_rows(q, k, p.dim)) : -INFINITY;
+        srow[j] = x;
+        mx = fmaxf(mx, x);
+    }
+    mx = block_reduce(mx, true);
+    const float base = mx == -INFINITY ? 0.0f : mx;
+    float sum = 0.0f;
+    for (int j = threadIdx.x; j < s.sk; j += kStdThreads)
+        sum += exp2f(srow[j] - base);
+    sum = block_reduce(sum, false);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int j = threadIdx.x; j < s.sk; j += kStdThreads) {
+        float pr = exp2f(srow[j] - base) * inv;
+        if (p.dropout_p > 0.0f) {
+            uint32_t w[4];
+            dropout_words(p, b, h, i, j, w);
+            pr = dropout_keep(p, w, j) ? pr : 0.0f; // 1/(1-p) in float32 after P V
+        }
+        prow[j] = from_float<T>(pr);
+    }
+    if (p.lse && threadIdx.x == 0)
+        p.lse[s.q_base * p.lse_sb + (int64_t)h * p.lse_sh + (s.q0 + i) * p.lse_ss] =
+            sum > 0.0f ? (mx + log2f(sum)) * kLn2 : -INFINITY;
+}
+
+// o = P V for row (r, h).
+template <typename T> __global__ void __launch_bounds__(kStdThreads) std_pv(const fa_cuda_params p)
+{
+    const int h = blockIdx.y;
+    const int64_t r = blockIdx.x;
+    int b;
+    int64_t i;
+    locate(p.cu_q, p.batch, p.seqlen_q, r, &b, &i);
+    const seq_t s = seq_of(p, b);
+    const int hk = h / p.group;
+    const T *prow = (const T *)p.p_ws + ((int64_t)h * p.rows + r) * p.max_k;
+    const int64_t oo = row_off(p.o, s, false, h, i);
+    for (int x = threadIdx.x; x < p.dim; x += kStdThreads) {
+        float acc = 0.0f;
+        for (int j = 0; j < s.sk; j++)
+            acc += to_float<T>(prow[j]) * to_float<T>(((const T *)p.v.p)[row_off(p.v, s, true, hk, j) + x]);
+        store<T>(p.o, oo + x, acc * p.dropout_scale);
+    }
+}
+
+// Backward, per row: the dropped P and dS (both rounded to T) from the forward's lse.
+template <typename T> __global__ void __launch_bounds__(kStdThreads) std_grad_scores(const fa_cuda_params p)
+{
+    const int h = blockIdx.y;
+    const int64_t r = blockIdx.x;
+    int b;
+    int64_t i;
+    locate(p.cu_q, p.batch, p.seqlen_q, r, &b, &i);
+    const seq_t s = seq_of(p, b);
+    const mask_t mk = mask_of(p, s);
+    const int hk = h / p.group;
+    const T *q = (const T *)p.q.p + row_off(p.q, s, false, h, i);
+    const T *dO = (const T *)p.dout.p + row_off(p.dout, s, false, h, i);
+    const float lse = p.lse[s.q_base * p.lse_sb + (int64_t)h * p.lse_sh + (s.q0 + i) * p.lse_ss];
+    const float dsum = p.dsum[(int64_t)h * p.rows + r];
+    T *prow = (T *)p.p_ws + ((int64_t)h * p.rows + r) * p.max_k;
+    T *dsrow = (T *)p.ds_ws + ((int64_t)h * p.rows + r) * p.max_k;
+    for (int j = threadIdx.x; j < s.sk; j += kStdThreads) {
+        float pd = 0.0f, ds = 0.0f;
+        if (mk.visible(i, j) && lse != -INFINITY) {
+            const T *k = (const T *)p.k.p + row_off(p.k, s, true, hk, j);
+            const T *v = (const T *)p.v.p + row_off(p.v, s, true, hk, j);
+            const float x = logit2(p, dot_rows(q, k, p.dim));
+            const float pr = exp2f(x - lse * kLog2e);
+            bool keep = true;
+            if (p.dropout_p > 0.0f) {
+                uint32_t w[4];
+                dropout_words(p, b, h, i, j, w);
+                keep = dropout_keep(p, w, j);
+            }
+            const float dp = keep ? dot_rows(dO, v, p.dim) * p.dropout_scale : 0.0f;
+            pd = keep ? pr : 0.0f;
+            ds = pr * (dp - dsum) * cap_grad(p, x);
+        }
+        prow[j] = from_float<T>(pd);
+        dsrow[j] = from_float<T>(ds);
+    }
+}
+
+// dQ = scale * dS K for row (r, h).
+template <typename T> __global__ void __launch_bounds__(kStdThreads) std_dq(const fa_cuda_params p)
+{
+    const int h = blockIdx.y;
+    const int64_t r = blockIdx.x;
+    int b;
+    int64_t i;
+    locate(p.cu_q, p.batch, p.seqlen_q, r, &b, &i);
+    const seq_t s = seq_of(p, b);
+    const int hk = h / p.group;
+    const T *dsrow = (const T *)p.ds_ws + ((int64_t)h * p.rows + r) * p.max_k;
+    const int64_t oq = row_off(p.dq, s, false, h, i);
+    for (int x = threadIdx.x; x < p.dim; x += kStdThreads) {
+        float acc = 0.0f;
+        for (int j = 0; j < s.sk; j++)
+            acc += to_float<T>(dsrow[j]) * to_float<T>(((const T *)p.k.p)[row_off(p.k, s, true, hk, j) + x]);
+        store<T>(p.dq, oq + x, acc * p.scale);
+    }
+}
+
+// dK = scale * dS^T Q and dV = P^T dO for key row (kr, hk), summed over the group's heads.
+template <typename T> __global__ void __launch_bounds__(kStdThreads) std_dkdv(const fa_cuda_params p)
+{
+    const int hk = blockIdx.y;
+    const int64_t kr = blockIdx.x;
+    int b;
+    int64_t j;
+    locate(p.cu_k, p.batch, p.seqlen_k, kr, &b, &j);
+    const seq_t s = seq_of(p, b);
+    const int64_t ok = row_off(p.dk, s, true, hk, j), ov = row_off(p.dv, s, true, hk, j);
+    const int64_t row0 = s.q_base * p.seqlen_q + s.q0; // packed row of query 0
+    for (int x = threadIdx.x; x < p.dim; x += kStdThreads) {
+        float dk = 0.0f, dv = 0.0f;
+        for (int hh = 0; hh < p.group; hh++) {
+            const int h = hk * p.group + hh;
+            const int64_t ws = ((int64_t)h * p.rows + row0) * p.max_k + j;
+            for (int64_t i = 0; i < s.sq; i++) {
+                const float ds = to_float<T>(((const T *)p.ds_ws)[ws + i * p.max_k]);
+                const float pd = to_float<T>(((const T *)p.p_ws)[ws + i * p.max_k]);
+                dk += ds * to_float<T>(((const T *)p.q.p)[row_off(p.q, s, false, h, i) + x]);
+                dv += pd * to_float<T>(((const T *)p.dout.p)[row_off(p.dout, s, false, h, i) + x]);
+            }
+        }
+        store<T>(p.dk, ok + x, dk * p.scale);
+        store<T>(p.dv, ov + x, dv * p.dropout_scale);
+    }
+}
+
+template <typename T> static cudaError_t forward(const fa_cuda_params &p, cudaStream_t stream)
+{
+    if (p.rows == 0 || p.heads_q == 0)
+        return cudaSuccess;
+    const dim3 grid((unsigned)p.rows, (unsigned)p.heads_q);
+    std_softmax<T><<<grid, kStdThreads, 0, stream>>>(p);
+    std_pv<T><<<grid, kStdThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+template <typename T> static cudaError_t backward(const fa_cuda_params &p, int64_t krows, cudaStream_t stream)
+{
+    if (p.rows > 0) {
+        const dim3 grid((unsigned)p.rows, (unsigned)p.heads_q);
+        std_grad_scores<T><<<grid, kStdThreads, 0, stream>>>(p);
+        std_dq<T><<<grid, kStdThreads, 0, stream>>>(p);
+    }
+    if (krows > 0)
+        std_dkdv<T><<<dim3((unsigned)krows, (unsigned)p.heads_kv), kStdThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+} // namespace fa
+
+extern "C" cudaError_t fa_cuda_standard_forward(const fa_cuda_params *p, int bf16, cudaStream_t stream)
+{
+    return bf16 ? fa::forward<__nv_bfloat16>(*p, stream) : fa::forward<__half>(*p, stream);
+}
+
+extern "C" cudaError_t fa_cuda_standard_backward(const fa_cuda_params *p, int bf16, int64_t krows,
+                                                 cudaStream_t stream)
+{
+    cudaError_t err = fa_cuda_rowsum(p, bf16, stream);
+    if (err != cudaSuccess)
+        return err;
+    return bf16 ? fa::backward<__nv_bfloat16>(*p, krows, stream) : fa::backward<__half>(*p, krows, stream);
+}

@@ -1,0 +1,415 @@
+// SPDX-License-Identifier: MIT
+// The small vocabulary the CUDA kernels are written in: tensor-core mma
+// (m16n8k16, fp32 accumulate), ldmatrix fragment loads, cp.async tile copies,
+// masks, the score transform and the shared dropout mask.
+#pragma once
+
+#include "params.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+extern "C" {
+#include "../core/dropout.h"
+}
+
+namespace fa {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Shared-memory rows are head_dim + 8 elements: the 16-byte pad staggers rows
+// across banks so the eight row addresses of an ldmatrix hit eight bank groups.
+template <int D> __host__ __device__ constexpr int lds() { return D + 8; }
+
+template <typename T> struct mma16816;
+template <> struct mma16816<__half> {
+    static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1)
+    {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+template <> struct mma16816<__nv_bfloat16> {
+    static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1)
+    {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+// Two floats rounded to T, the lower column in the low half (fragment order).
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi)
+{
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+
+template <typename T> __device__ __forceinline__ float to_float(T x);
+template <> __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x)
+{
+    return __bfloat162float(x);
+}
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x)
+{
+    return __float2bfloat16_rn(x);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// 16 bytes global -> shared, bypassing L1; src_bytes 0 writes zeros (tails, padding).
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ float exp2_fast(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float quad_max(float x)
+{
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x)
+{
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// ROWS x D tile of a strided [seq, head_dim] slab into shared memory (row pitch lds<D>()).
+// Rows >= valid_rows and columns >= dim read as zero. All NT threads of the block take part.
+template <typename T, int ROWS, int D, int NT>
+__device__ __forceinline__ void load_tile(T *s, const T *g, int64_t row_stride, int valid_rows,
+                                          int dim, bool aligned)
+{
+    constexpr int CHUNKS = D / 8;
+    if (aligned) {
+#pragma unroll
+        for (int c = threadIdx.x; c < ROWS * CHUNKS; c += NT) {
+            int r = c / CHUNKS, col = (c % CHUNKS) * 8;
+            bool ok = r < valid_rows && col < dim;
+            const T *src = ok ? g + r * row_stride + col : g;
+            cp_async16(s + r * lds<D>() + col, src, ok ? 16 : 0);
+        }
+    } else {
+        for (int c = threadIdx.x; c < ROWS * CHUNKS; c += NT) {
+            int r = c / CHUNKS, col = (c % CHUNKS) * 8;
+            T *dst = s + r * lds<D>() + col;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                dst[e] = (r < valid_rows && col + e < dim) ? g[r * row_stride + col + e]
+                                                           : from_float<T>(0.0f);
+        }
+    }
+}
+
+// acc[MT][NT] += A * B^T with A (16*MT rows) and B (8*NT rows) both [rows][K] in shared
+// memory: S = Q K^T, S^T = K Q^T, dP = dO V^T, dP^T = V dO^T.
+template <typename T, int MT, int NT, int K, int LDS>
+__device__ __forceinline__ void gemm_nt(float (&acc)[MT][NT][4], const T *sA, const T *sB, int lane)
+{
+    static_assert(NT % 2 == 0, "n tiles come in pairs");
+    const int m = lane >> 3, r = lane & 7;
+#pragma unroll
+    for (int k = 0; k < K; k += 16) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            ldsm_x4(a[mt], sA + (mt * 16 + r + (m & 1) * 8) * LDS + k + (m >> 1) * 8);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+            uint32_t b[4];
+            ldsm_x4(b, sB + (nt * 8 + r + (m >> 1) * 8) * LDS + k + (m & 1) * 8);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma16816<T>::run(acc[mt][nt], a[mt], b[0], b[1]);
+                mma16816<T>::run(acc[mt][nt + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// acc[MT][NT] += A * B with A in registers (fragments, K = 16*KT deep) and B [K][8*NT] in
+// shared memory, read transposed: O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K.
+template <typename T, int MT, int NT, int KT, int LDS>
+__device__ __forceinline__ void gemm_rn(float (&acc)[MT][NT][4], const uint32_t (&a)[MT][KT][4],
+                                        const T *sB, int lane)
+{
+    static_assert(NT % 2 == 0, "n tiles come in pairs");
+    const int m = lane >> 3, r = lane & 7;
+#pragma unroll
+    for (int kt = 0; kt < KT; kt++) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+            uint32_t b[4];
+            ldsm_x4_t(b, sB + (kt * 16 + r + (m & 1) * 8) * LDS + nt * 8 + (m >> 1) * 8);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma16816<T>::run(acc[mt][nt], a[mt][kt], b[0], b[1]);
+                mma16816<T>::run(acc[mt][nt + 1], a[mt][kt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// Accumulator fragments (rows x 8*NT) rounded to T as A fragments (rows x 16*NT/2 deep).
+template <typename T, int MT, int NT>
+__device__ __forceinline__ void to_a(uint32_t (&a)[MT][NT / 2][4], const float (&c)[MT][NT][4])
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int j = 0; j < NT / 2; j++) {
+            a[mt][j][0] = pack2<T>(c[mt][2 * j][0], c[mt][2 * j][1]);
+            a[mt][j][1] = pack2<T>(c[mt][2 * j][2], c[mt][2 * j][3]);
+            a[mt][j][2] = pack2<T>(c[mt][2 * j + 1][0], c[mt][2 * j + 1][1]);
+            a[mt][j][3] = pack2<T>(c[mt][2 * j + 1][2], c[mt][2 * j + 1][3]);
+        }
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ void zero(float (&c)[MT][NT][4])
+{
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                c[i][j][e] = 0.0f;
+}
+
+// One sequence of the batch: where its rows start and how many there are.
+struct seq_t {
+    int64_t q0, k0;        // first packed row (varlen) or 0
+    int64_t q_base, k_base; // element offset of batch b (fixed length) or 0
+    int sq, sk;
+};
+
+__device__ __forceinline__ seq_t seq_of(const fa_cuda_params &p, int b)
+{
+    seq_t s;
+    if (p.cu_q) {
+        s.q0 = p.cu_q[b];
+        s.k0 = p.cu_k[b];
+        s.sq = p.cu_q[b + 1] - p.cu_q[b];
+        s.sk = p.cu_k[b + 1] - p.cu_k[b];
+        s.q_base = s.k_base = 0;
+    } else {
+        s.q0 = s.k0 = 0;
+        s.sq = p.seqlen_q;
+        s.sk = p.seqlen_k;
+        s.q_base = s.k_base = b;
+    }
+    return s;
+}
+
+// Element offset of row `row` (within the sequence) of head h in view t.
+__device__ __forceinline__ int64_t row_off(const fa_cuda_view &t, const seq_t &s, bool is_k, int h,
+                                           int64_t row)
+{
+    int64_t b = is_k ? s.k_base : s.q_base, r0 = is_k ? s.k0 : s.q0;
+    return b * t.sb + (r0 + row) * t.ss + (int64_t)h * t.sh;
+}
+
+// Which keys query row i may see: [lo, hi) = [i + diag - wl, i + diag + wr + 1) within [0, sk).
+struct mask_t {
+    int64_t diag, wl, wr;
+    int sk;
+    __device__ __forceinline__ bool visible(int64_t i, int64_t j) const
+    {
+        return j < sk && j >= i + diag - wl && j <= i + diag + wr;
+    }
+    // Every (row, col) of rows [r0, r1) x cols [c0, c1) visible.
+    __device__ __forceinline__ bool all_visible(int64_t r0, int64_t r1, int64_t c0, int64_t c1) const
+    {
+        return c1 <= sk && (r1 - 1) + diag - wl <= c0 && c1 - 1 <= r0 + diag + wr;
+    }
+};
+
+__device__ __forceinline__ mask_t mask_of(const fa_cuda_params &p, const seq_t &s)
+{
+    return mask_t{ (int64_t)s.sk - s.sq, p.win_left, p.win_right, s.sk };
+}
+
+// Raw score -> log2-domain logit (scale, then the optional cap).
+__device__ __forceinline__ float logit2(const fa_cuda_params &p, float s)
+{
+    return p.softcap > 0.0f ? p.cap_out * tanhf(s * p.cap_in) : s * p.scale_log2;
+}
+
+// Raw scores -> log2-domain logits, the cap's branch taken once for the whole tile.
+template <int MT, int NT>
+__device__ __forceinline__ void to_logits(const fa_cuda_params &p, float (&c)[MT][NT][4])
+{
+    if (p.softcap > 0.0f) {
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    c[i][j][e] = p.cap_out * tanhf(c[i][j][e] * p.cap_in);
+    } else {
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    c[i][j][e] *= p.scale_log2;
+    }
+}
+
+// -inf where (row, col) may not attend. Element e of fragment (mt, nt) sits at row
+// row0 + 16 mt + 8 (e / 2), column col0 + 8 nt + (e % 2).
+// KEYS_ROWS: the tile is transposed (rows are keys, columns queries), as in dK/dV.
+template <bool KEYS_ROWS = false, int MT, int NT>
+__device__ __forceinline__ void apply_mask(const mask_t &mk, float (&c)[MT][NT][4], int64_t row0,
+                                           int64_t col0)
+{
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t r = row0 + i * 16 + (e >> 1) * 8, col = col0 + j * 8 + (e & 1);
+                if (!(KEYS_ROWS ? mk.visible(col, r) : mk.visible(r, col)))
+                    c[i][j][e] = -INFINITY;
+            }
+}
+
+// Zero the dropped probabilities (same element placement as apply_mask; col0 even, so each
+// pair of columns shares one Philox block).
+template <int MT, int NT>
+__device__ __forceinline__ void apply_dropout(const fa_cuda_params &p, float (&c)[MT][NT][4], int b,
+                                              int h, int64_t row0, int64_t col0);
+
+// d(capped logit)/d(scaled score) from the log2-domain logit: 1 - tanh^2.
+__device__ __forceinline__ float cap_grad(const fa_cuda_params &p, float x2)
+{
+    if (p.softcap <= 0.0f)
+        return 1.0f;
+    float t = x2 / p.cap_out;
+    return 1.0f - t * t;
+}
+
+// The dropout words of (row, col .. col+3 rounded down to 4): fa_dropout_mask's definition.
+__device__ __forceinline__ void dropout_words(const fa_cuda_params &p, int b, int h, int64_t row,
+                                              int64_t col, uint32_t (&r)[4])
+{
+    const uint32_t key[2] = { (uint32_t)p.dropout_seed ^ ((uint32_t)h * 0x9E3779B9u),
+                              (uint32_t)(p.dropout_seed >> 32) ^ ((uint32_t)b * 0xBB67AE85u) };
+    const uint32_t ctr[4] = { (uint32_t)(col >> 2), (uint32_t)row, (uint32_t)p.dropout_offset,
+                              (uint32_t)(p.dropout_offset >> 32) };
+    uint32_t out[4];
+    fa_philox4x32_10(ctr, key, out);
+    r[0] = out[0], r[1] = out[1], r[2] = out[2], r[3] = out[3];
+}
+
+// Whether word (col & 3) of a dropout block keeps its element; selects, not an indexed
+// load, so the words stay in registers.
+__device__ __forceinline__ bool dropout_keep(const fa_cuda_params &p, const uint32_t (&w)[4], int64_t col)
+{
+    const int c = (int)(col & 3);
+    const uint32_t word = c == 0 ? w[0] : c == 1 ? w[1] : c == 2 ? w[2] : w[3];
+    return (word >> 8) >= p.dropout_threshold;
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ void apply_dropout(const fa_cuda_params &p, float (&c)[MT][NT][4], int b,
+                                              int h, int64_t row0, int64_t col0)
+{
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int64_t row = row0 + i * 16 + hf * 8, col = col0 + j * 8;
+                uint32_t w[4];
+                dropout_words(p, b, h, row, col, w);
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    if (!dropout_keep(p, w, col + e))
+                        c[i][j][2 * hf + e] = 0.0f;
+            }
+}
+
+// One element of a view stored as T or float32.
+template <typename T> __device__ __forceinline__ void store(const fa_cuda_view &t, int64_t off, float v)
+{
+    if (t.f32)
+        ((float *)t.p)[off] = v;
+    else
+        ((T *)t.p)[off] = from_float<T>(v);
+}
+template <typename T> __device__ __forceinline__ float load(const fa_cuda_view &t, int64_t off)
+{
+    return t.f32 ? ((const float *)t.p)[off] : to_float<T>(((const T *)t.p)[off]);
+}
+
+// Block index -> (tile, head, batch); tile-major so neighbours share K/V in L2. With
+// reverse, the heaviest causal tiles (the last rows) start first.
+struct block_t {
+    int tile, h, b;
+};
+__device__ __forceinline__ block_t block_of(int tiles, int heads, bool reverse)
+{
+    int64_t x = blockIdx.x;
+    block_t r;
+    r.tile = (int)(x % tiles);
+    if (reverse)
+        r.tile = tiles - 1 - r.tile;
+    x /= tiles;
+    r.h = (int)(x % heads);
+    r.b = (int)(x / heads);
+    return r;
+}
+
+} // namespace fa
