@@ -22,3 +22,13 @@ timeout 300 ./build/tests/test_conformance > "$out/conformance_cuda.log" 2>&1; e
 grep -E "FAILED|cases|could not" "$out/conformance_cuda.log" | head -20
 timeout 300 ./build/tests/test_backward > "$out/backward_cuda.log" 2>&1; echo "backward_cuda rc=$?"
 grep -E "FAILED|cases|could not" "$out/backward_cuda.log" | head -20
+if [ "${SANITIZE:-0}" = 1 ]; then
+  # memcheck and racecheck on every 8th case of the short grids
+  export FLASHATTN_TEST_QUICK=1 FLASHATTN_TEST_EVERY=12
+  timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/test_conformance > "$out/memcheck_fwd.log" 2>&1; echo "memcheck forward rc=$?"
+  timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/test_backward > "$out/memcheck_bwd.log" 2>&1; echo "memcheck backward rc=$?"
+  timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 ./build/tests/test_conformance > "$out/racecheck_fwd.log" 2>&1; echo "racecheck forward rc=$?"
+  export FLASHATTN_TEST_EVERY=16
+  timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 ./build/tests/test_backward > "$out/racecheck_bwd.log" 2>&1; echo "racecheck backward rc=$?"
+  grep -hE "ERROR SUMMARY|RACECHECK SUMMARY|cases," "$out"/memcheck_*.log "$out"/racecheck_*.log
+fi

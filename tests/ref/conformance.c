@@ -398,6 +398,13 @@ fa_backend fa_test_backend(void)
     return FA_BACKEND_CPU;
 }
 
+int fa_test_case_every(void)
+{
+    const char *e = getenv("FLASHATTN_TEST_EVERY");
+    int n = e && *e ? atoi(e) : 1;
+    return n > 1 ? n : 1;
+}
+
 int fa_backend_takes_dtype(fa_backend b, fa_dtype t)
 {
     return !(b == FA_BACKEND_CUDA && t == FA_DTYPE_F32);

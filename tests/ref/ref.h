@@ -136,6 +136,9 @@ fa_backend fa_test_backend(void);
 int fa_backend_takes_dtype(fa_backend b, fa_dtype t);
 int fa_case_check_refused(fa_context_t ctx, const fa_case *c, char *msg, size_t cap);
 
+/* FLASHATTN_TEST_EVERY=N runs every Nth grid case only (slow tools: sanitizers). */
+int fa_test_case_every(void);
+
 /* The conformance grid. level 0 = quick (short sequences), 1 = full.
  * Returns the number of cases written (at most cap), derived from seed. */
 int fa_grid_build(int level, uint64_t seed, fa_case *out, int cap);
