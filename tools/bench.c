@@ -35,7 +35,7 @@ static const char *help =
     "  --window L,R          sliding window, -1 = unbounded         [-1,-1]\n"
     "  --softcap X           logit softcap, 0 = off                 [0]\n"
     "  --dropout P           attention dropout probability          [0]\n"
-    "  --dtype f32|f16|bf16  q, k, v and o dtype                    [f32]\n"
+    "  --dtype f32|f16|bf16  q, k, v and o dtype      [f32; bf16 on cuda]\n"
     "  --layout bshd|bhsd                                           [bshd]\n"
     "run:\n"
     "  --backend auto|cpu|cuda|gles                                 [auto]\n"
@@ -58,6 +58,7 @@ typedef struct opts {
     int causal_lo, causal_hi;
     double softcap, dropout;
     fa_dtype dtype;
+    int dtype_given;
     fa_layout layout;
     fa_backend backend;
     int no_standard, no_sgemm, backward;
@@ -114,8 +115,8 @@ typedef struct fwd_call {
 
 static int run_forward(void *arg)
 {
-    fwd_call *c = arg;
-    return fa_forward(c->ctx, c->d) == FA_OK ? 0 : -1;
+    fwd_call *c = arg; /* synchronised: asynchronous backends are timed to completion */
+    return fa_forward(c->ctx, c->d) == FA_OK && fa_context_synchronize(c->ctx) == FA_OK ? 0 : -1;
 }
 
 static int time_call(fa_context_t ctx, const fa_attention_desc *d, long reps, double *ms)
@@ -243,12 +244,24 @@ static int run_row(fa_context_t ctx, const opts *o, long sq, long sk, long h, lo
     desc.k = fa_tensor_contiguous(k, o->dtype, o->layout, (int32_t)sk, (int32_t)hk, (int32_t)d);
     desc.v = fa_tensor_contiguous(v, o->dtype, o->layout, (int32_t)sk, (int32_t)hk, (int32_t)d);
     desc.o = fa_tensor_contiguous(out, o->dtype, o->layout, (int32_t)sq, (int32_t)h, (int32_t)d);
-    float *lse = o->backward ? malloc(sizeof(float) * (size_t)(b * h * sq)) : NULL;
-    desc.lse = lse; /* the backward needs the forward's log-sum-exp */
-
+    float *lse = NULL; /* the backward needs the forward's log-sum-exp */
+    /* the same tensors in the memory the backend computes on (device memory for CUDA) */
+    fa_attention_desc hdesc = desc;
+    void *dev[4] = { NULL, NULL, NULL, NULL };
+    const size_t bytes[4] = { nq * esz, nk * esz, nk * esz, nq * esz };
+    void *const host[4] = { q, k, v, out };
     memset(r, 0, sizeof(*r));
-    r->b = b, r->h = h, r->hk = hk, r->sq = sq, r->sk = sk, r->d = d, r->causal = causal;
     int rc = 0;
+    for (int i = 0; i < 4; i++)
+        if (fa_memory_alloc(ctx, bytes[i], &dev[i]) != FA_OK ||
+            (i < 3 && fa_memory_upload(ctx, dev[i], host[i], bytes[i]) != FA_OK))
+            goto api_error;
+    if (o->backward && fa_memory_alloc(ctx, sizeof(float) * (size_t)(b * h * sq), (void **)&lse) != FA_OK)
+        goto api_error;
+    desc.q.data = dev[0], desc.k.data = dev[1], desc.v.data = dev[2], desc.o.data = dev[3];
+    desc.lse = lse;
+
+    r->b = b, r->h = h, r->hk = hk, r->sq = sq, r->sk = sk, r->d = d, r->causal = causal;
     fa_run_info ri = { .size = sizeof(ri) };
     desc.algorithm = FA_ALGORITHM_STANDARD;
     if (!o->no_standard && fa_forward_plan(ctx, &desc, &ri) == FA_OK &&
@@ -267,14 +280,11 @@ static int run_row(fa_context_t ctx, const opts *o, long sq, long sk, long h, lo
     double flops = 4.0 * b * h * (double)sq * sk * d * (causal ? 0.5 : 1.0);
     r->gflops = flops / (r->ms_flash * 1e-3) / 1e9;
     r->pct_sgemm = sgemm > 0 ? 100.0 * r->gflops / sgemm : NAN;
-    errors(&desc, r);
+    if (fa_memory_download(ctx, out, dev[3], bytes[3]) != FA_OK)
+        goto api_error;
+    errors(&hdesc, r);
     if (o->backward) {
-        if (!lse) {
-            fprintf(stderr, "flashattn bench: out of memory for the LSE\n");
-            rc = CLI_EXIT_FAIL;
-            goto done;
-        }
-        if ((rc = cli_bench_backward(ctx, &desc, o->reps, o->no_standard, flops, &r->bwd)) != 0)
+        if ((rc = cli_bench_backward(ctx, &desc, &hdesc, o->reps, o->no_standard, flops, &r->bwd)) != 0)
             goto done;
         r->has_bwd = 1;
     }
@@ -283,11 +293,13 @@ api_error:
     fprintf(stderr, "flashattn bench: %s\n", fa_context_last_error(ctx));
     rc = CLI_EXIT_FAIL;
 done:
+    for (int i = 0; i < 4; i++)
+        fa_memory_free(ctx, dev[i]);
+    fa_memory_free(ctx, lse);
     free(q);
     free(k);
     free(v);
     free(out);
-    free(lse);
     return rc;
 }
 
@@ -461,6 +473,7 @@ static int parse(int argc, char **argv, opts *o)
             NEED_VALUE();
             if (cli_parse_dtype(v, &o->dtype))
                 return cli_usage_error("bench", "--dtype needs f32, f16 or bf16");
+            o->dtype_given = 1;
         } else if (strcmp(a, "--layout") == 0) {
             NEED_VALUE();
             if (strcmp(v, "bshd") == 0)
@@ -506,6 +519,8 @@ int cmd_bench(int argc, char **argv)
     fa_context_t ctx = cli_context(o.backend, (int)o.threads);
     if (!ctx)
         return CLI_EXIT_FAIL;
+    if (!o.dtype_given && fa_context_backend(ctx) == FA_BACKEND_CUDA)
+        o.dtype = FA_DTYPE_BF16; /* tensor cores take 16-bit inputs */
     FILE *jf = NULL;
     if (o.json) {
         jf = strcmp(o.json, "-") == 0 ? stdout : fopen(o.json, "w");

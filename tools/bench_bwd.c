@@ -15,7 +15,7 @@ typedef struct bwd_call {
 static int run_backward(void *arg)
 {
     bwd_call *c = arg;
-    return fa_backward(c->ctx, c->bd) == FA_OK ? 0 : -1;
+    return fa_backward(c->ctx, c->bd) == FA_OK && fa_context_synchronize(c->ctx) == FA_OK ? 0 : -1;
 }
 
 /* A view of batch 0 and kv head 0 (with its query heads): small enough for the
@@ -53,8 +53,8 @@ static void compare(const fa_tensor *t, int32_t rows, int32_t heads, int32_t dim
     *rel_l2 = den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-int cli_bench_backward(fa_context_t ctx, fa_attention_desc *d, long reps, int no_standard,
-                       double fwd_flops, cli_bwd_row *r)
+int cli_bench_backward(fa_context_t ctx, fa_attention_desc *d, const fa_attention_desc *host_d,
+                       long reps, int no_standard, double fwd_flops, cli_bwd_row *r)
 {
     memset(r, 0, sizeof(*r));
     const int64_t b = d->batch, sq = d->seqlen_q, sk = d->seqlen_k, hq = d->num_heads_q,
@@ -80,11 +80,22 @@ int cli_bench_backward(fa_context_t ctx, fa_attention_desc *d, long reps, int no
     bd.d_q = fa_tensor_contiguous(gq, t, lay, (int32_t)sq, (int32_t)hq, (int32_t)dim);
     bd.d_k = fa_tensor_contiguous(gk, t, lay, (int32_t)sk, (int32_t)hk, (int32_t)dim);
     bd.d_v = fa_tensor_contiguous(gv, t, lay, (int32_t)sk, (int32_t)hk, (int32_t)dim);
-    bwd_call call = { ctx, &bd };
+    /* d_o and the gradients in backend memory; bd keeps the host views for the check */
+    fa_backward_desc dbd = bd;
+    bd.forward = host_d;
+    void *dev[4] = { NULL, NULL, NULL, NULL };
+    const size_t bytes[4] = { nq * esz, nq * esz, nk * esz, nk * esz };
+    void *const host[4] = { go, gq, gk, gv };
+    for (int i = 0; i < 4; i++)
+        if (fa_memory_alloc(ctx, bytes[i], &dev[i]) != FA_OK ||
+            (i == 0 && fa_memory_upload(ctx, dev[0], go, bytes[0]) != FA_OK))
+            goto api_error;
+    dbd.d_o.data = dev[0], dbd.d_q.data = dev[1], dbd.d_k.data = dev[2], dbd.d_v.data = dev[3];
+    bwd_call call = { ctx, &dbd };
     fa_run_info ri = { .size = sizeof(ri) };
     if (!no_standard) {
         d->algorithm = FA_ALGORITHM_STANDARD;
-        if (fa_backward_plan(ctx, &bd, &ri) == FA_OK && ri.workspace_bytes < (uint64_t)12 << 30) {
+        if (fa_backward_plan(ctx, &dbd, &ri) == FA_OK && ri.workspace_bytes < (uint64_t)12 << 30) {
             r->bytes_std = ri.workspace_bytes;
             if (cli_time(run_backward, &call, reps, &r->ms_std) != 0)
                 goto api_error;
@@ -92,8 +103,11 @@ int cli_bench_backward(fa_context_t ctx, fa_attention_desc *d, long reps, int no
         }
     }
     d->algorithm = FA_ALGORITHM_FLASH;
-    if (fa_backward_plan(ctx, &bd, &ri) != FA_OK || cli_time(run_backward, &call, reps, &r->ms) != 0)
+    if (fa_backward_plan(ctx, &dbd, &ri) != FA_OK || cli_time(run_backward, &call, reps, &r->ms) != 0)
         goto api_error;
+    for (int i = 1; i < 4; i++)
+        if (fa_memory_download(ctx, host[i], dev[i], bytes[i]) != FA_OK)
+            goto api_error;
     r->bytes = ri.workspace_bytes;
     r->gflops = 2.5 * fwd_flops / (r->ms * 1e-3) / 1e9;
 
@@ -102,7 +116,7 @@ int cli_bench_backward(fa_context_t ctx, fa_attention_desc *d, long reps, int no
     if ((double)g * sq * sk * dim * 4.0 <= 2e9) {
         fa_attention_desc s;
         fa_backward_desc sb;
-        sub_view(d, &s, &bd, &sb);
+        sub_view(host_d, &s, &bd, &sb);
         for (int i = 0; i < 3; i++)
             ref[i] = malloc(sizeof(double) * (size_t)((i ? sk : sq * g) * dim));
         if (ref[0] && ref[1] && ref[2] && fa_ref_backward(&sb, ref[0], ref[1], ref[2]) == 0) {
@@ -118,6 +132,8 @@ api_error:
     fprintf(stderr, "flashattn bench: backward: %s\n", fa_context_last_error(ctx));
 done:
     d->algorithm = keep;
+    for (int i = 0; i < 4; i++)
+        fa_memory_free(ctx, dev[i]);
     free(go), free(gq), free(gk), free(gv);
     for (int i = 0; i < 3; i++)
         free(ref[i]);

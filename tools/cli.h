@@ -50,10 +50,11 @@ typedef struct cli_bwd_row {
     double max_err[3], rel_l2[3]; /* dq, dk, dv against float64 (batch 0, kv head 0) */
 } cli_bwd_row;
 
-/* Time flash and (unless no_standard) standard backward, check errors. 0, or
+/* Time flash and (unless no_standard) standard backward of d (tensors in backend memory),
+ * check errors against float64 through host_d (the same call on host copies). 0, or
  * CLI_EXIT_FAIL after printing the library's error. */
-int cli_bench_backward(fa_context_t ctx, fa_attention_desc *d, long reps, int no_standard,
-                       double fwd_flops, cli_bwd_row *r);
+int cli_bench_backward(fa_context_t ctx, fa_attention_desc *d, const fa_attention_desc *host_d,
+                       long reps, int no_standard, double fwd_flops, cli_bwd_row *r);
 
 /* Monotonic seconds. */
 double cli_now(void);
