@@ -384,6 +384,41 @@ static void test_context_calls(void **state)
     assert_true(fa_backend_is_built(FA_BACKEND_CPU));
 }
 
+/* The memory and stream calls on a host backend: round trip, argument errors, no stream. */
+static void test_memory_and_stream(void **state)
+{
+    (void)state;
+    fa_context_t ctx;
+    fa_context_options o = { sizeof(o), FA_BACKEND_CPU, 1 };
+    assert_int_equal(fa_context_create(&o, &ctx), FA_OK);
+    const char src[] = "flashattn";
+    char back[sizeof(src)] = { 0 };
+    void *buf = NULL;
+    assert_int_equal(fa_memory_alloc(ctx, sizeof(src), &buf), FA_OK);
+    assert_non_null(buf);
+    assert_int_equal(fa_memory_upload(ctx, buf, src, sizeof(src)), FA_OK);
+    assert_int_equal(fa_memory_download(ctx, back, buf, sizeof(src)), FA_OK);
+    assert_string_equal(back, src);
+    assert_int_equal(fa_memory_upload(ctx, NULL, src, 4), FA_ERR_NULL_POINTER);
+    assert_non_null(strstr(fa_context_last_error(ctx), "dst"));
+    assert_int_equal(fa_memory_download(ctx, back, NULL, 4), FA_ERR_NULL_POINTER);
+    assert_non_null(strstr(fa_context_last_error(ctx), "src"));
+    assert_int_equal(fa_memory_alloc(ctx, 16, NULL), FA_ERR_NULL_POINTER);
+    assert_int_equal(fa_memory_free(ctx, buf), FA_OK);
+    assert_int_equal(fa_memory_free(ctx, NULL), FA_OK);
+    void *zero = NULL; /* zero bytes still gives a pointer the caller can free */
+    assert_int_equal(fa_memory_alloc(ctx, 0, &zero), FA_OK);
+    assert_non_null(zero);
+    assert_int_equal(fa_memory_free(ctx, zero), FA_OK);
+    assert_int_equal(fa_context_set_stream(ctx, NULL), FA_OK);
+    assert_int_equal(fa_context_set_stream(ctx, (void *)&o), FA_ERR_UNSUPPORTED);
+    assert_non_null(strstr(fa_context_last_error(ctx), "stream"));
+    assert_int_equal(fa_context_synchronize(ctx), FA_OK);
+    assert_int_equal(fa_memory_alloc(NULL, 16, &buf), FA_ERR_NULL_POINTER);
+    assert_int_equal(fa_context_synchronize(NULL), FA_ERR_NULL_POINTER);
+    fa_context_destroy(ctx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -397,6 +432,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_huge_shapes_plan, setup, teardown),
         cmocka_unit_test_setup_teardown(test_backward_validation, setup, teardown),
         cmocka_unit_test(test_context_calls),
+        cmocka_unit_test(test_memory_and_stream),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
