@@ -41,7 +41,7 @@ expect_rc 2 "bad seed" "$fa" check --seed x
 lines=$(wc -l <"$tmp/err")
 [ "$lines" -eq 1 ] || { echo "FAIL: a usage error printed $lines lines"; fails=$((fails + 1)); }
 
-expect_rc 0 "info" "$fa" info
+expect_rc 0 "info" "$fa" info --backend cpu
 grep -q "cpu.kernels:" "$tmp/out" || { echo "FAIL: info names no kernel table"; fails=$((fails + 1)); }
 
 expect_rc 0 "small bench" "$fa" bench --seq 64,100 --heads 2 --kv-heads 1 --dim 32 --causal both \

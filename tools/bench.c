@@ -279,7 +279,7 @@ static int run_row(fa_context_t ctx, const opts *o, long sq, long sk, long h, lo
     r->bytes_flash = ri.workspace_bytes;
     double flops = 4.0 * b * h * (double)sq * sk * d * (causal ? 0.5 : 1.0);
     r->gflops = flops / (r->ms_flash * 1e-3) / 1e9;
-    r->pct_sgemm = sgemm > 0 ? 100.0 * r->gflops / sgemm : NAN;
+    r->pct_sgemm = sgemm > 0 && ri.backend == FA_BACKEND_CPU ? 100.0 * r->gflops / sgemm : NAN;
     if (fa_memory_download(ctx, out, dev[3], bytes[3]) != FA_OK)
         goto api_error;
     errors(&hdesc, r);
