@@ -54,12 +54,12 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, void **state)
         return cuda_fail(ctx, err, "reading the device's properties");
     }
     if (s->prop.major < 8) {
-        int major = s->prop.major, minor = s->prop.minor;
+        int dev = s->device, major = s->prop.major, minor = s->prop.minor;
         free(s);
         return fa_error(ctx, FA_ERR_BACKEND_UNAVAILABLE,
                         "CUDA device %d has compute capability %d.%d; the kernels need 8.0 or newer "
                         "(bf16 tensor cores)",
-                        0, major, minor);
+                        dev, major, minor);
     }
     *state = s;
     return FA_OK;
@@ -144,8 +144,7 @@ typedef struct call {
     size_t cu_bytes, dsum_bytes, std_bytes; /* workspace parts */
 } call;
 
-static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem *p, int backward,
-                         call *c)
+static fa_status prepare(fa_context_t ctx, const fa_problem *p, int backward, call *c)
 {
     const fa_attention_desc *d = p->desc;
     memset(c, 0, sizeof(*c));
@@ -226,16 +225,17 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
                                                        "overflows 64 bits");
         c->std_bytes = (size_t)bytes;
     }
-    (void)s;
     return FA_OK;
 }
 
 static void report(const call *c, const fa_problem *p, int backward, fa_run_info *info)
 {
-    static const char *const fwd_names[] = { "cuda-flash-mma-d64", "cuda-flash-mma-d96",
-                                             "cuda-flash-mma-d128", "cuda-flash-mma-d256" };
-    static const char *const bwd_names[] = { "cuda-flash-bwd-mma-d64", "cuda-flash-bwd-mma-d96",
-                                             "cuda-flash-bwd-mma-d128", "cuda-flash-bwd-mma-d256" };
+#define FA_FWD_NAME(D, ...) "cuda-flash-mma-d" #D,
+#define FA_BWD_NAME(D, ...) "cuda-flash-bwd-mma-d" #D,
+    static const char *const fwd_names[] = { FA_CUDA_TILES(FA_FWD_NAME) };
+    static const char *const bwd_names[] = { FA_CUDA_TILES(FA_BWD_NAME) };
+#undef FA_FWD_NAME
+#undef FA_BWD_NAME
     const size_t row = (size_t)(c->tl - tile_table);
     const int standard = p->desc->algorithm == FA_ALGORITHM_STANDARD;
     if (standard) {
@@ -244,12 +244,12 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
         info->block_k = p->max_k;
         info->threads = 128;
     } else if (backward) {
-        info->kernel = row < 4 ? bwd_names[row] : "cuda-flash-bwd-mma";
+        info->kernel = bwd_names[row];
         info->block_q = c->tl->kv_q;
         info->block_k = 16 * c->tl->kv_warps / c->tl->kv_split;
         info->threads = 32 * c->tl->kv_warps;
     } else {
-        info->kernel = row < 4 ? fwd_names[row] : "cuda-flash-mma";
+        info->kernel = fwd_names[row];
         info->block_q = c->tl->fwd_m;
         info->block_k = c->tl->fwd_n;
         info->threads = 32 * c->tl->fwd_warps;
@@ -260,7 +260,7 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
 static fa_status cuda_plan(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
 {
     call c;
-    fa_status st = prepare(ctx, state, p, 0, &c);
+    fa_status st = prepare(ctx, p, 0, &c);
     if (st == FA_OK)
         report(&c, p, 0, info);
     return st;
@@ -270,7 +270,7 @@ static fa_status cuda_plan_backward(fa_context_t ctx, void *state, const fa_prob
                                     fa_run_info *info)
 {
     call c;
-    fa_status st = prepare(ctx, state, p, 1, &c);
+    fa_status st = prepare(ctx, p, 1, &c);
     if (st == FA_OK)
         report(&c, p, 1, info);
     return st;
@@ -307,7 +307,7 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
                      fa_run_info *info)
 {
     call c;
-    fa_status st = prepare(ctx, s, p, backward, &c);
+    fa_status st = prepare(ctx, p, backward, &c);
     if (st != FA_OK || (st = check_pointers(ctx, s, p, backward)) != FA_OK)
         return st;
     report(&c, p, backward, info);

@@ -44,7 +44,7 @@ __device__ __forceinline__ float lse2_of(const fa_cuda_params &p, const seq_t &s
 {
     if (i >= s.sq)
         return INFINITY;
-    const float v = p.lse[s.q_base * p.lse_sb + (int64_t)h * p.lse_sh + (s.q0 + i) * p.lse_ss];
+    const float v = p.lse[lse_index(p, s, h, i)];
     return v == -INFINITY ? INFINITY : v * kLog2e;
 }
 __device__ __forceinline__ float dsum_of(const fa_cuda_params &p, const seq_t &s, int h, int64_t i)
@@ -196,21 +196,16 @@ __global__ void __launch_bounds__(W * 32) dq_kernel(const fa_cuda_params p)
     T *sK = sO + BM * LDS; // two stages
     T *sV = sK + 2 * BK * LDS;
 
-    const int tiles = (p.max_q + BM - 1) / BM;
-    const block_t blk = block_of(tiles, p.heads_q, p.win_right < p.max_k);
-    const seq_t s = seq_of(p, blk.b);
-    const int r0 = blk.tile * BM;
-    if (r0 >= s.sq)
+    query_tile_t qt;
+    if (!query_tile<BM, BK>(p, qt))
         return;
+    const block_t &blk = qt.blk;
+    const seq_t &s = qt.s;
+    const mask_t &mk = qt.mk;
+    const int r0 = qt.r0, n_lo = qt.n_lo, n_hi = qt.n_hi;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int hk = blk.h / p.group;
-    const mask_t mk = mask_of(p, s);
-    const int r1 = min(r0 + BM, s.sq);
-    const int64_t lo = max((int64_t)0, r0 + mk.diag - mk.wl);
-    const int64_t hi = min((int64_t)s.sk, (r1 - 1) + mk.diag + mk.wr + 1);
-    const int n_lo = (int)(lo / BK), n_hi = hi > lo ? (int)((hi + BK - 1) / BK) : n_lo;
-    const T *gK = (const T *)p.k.p + row_off(p.k, s, true, hk, 0);
-    const T *gV = (const T *)p.v.p + row_off(p.v, s, true, hk, 0);
+    const T *gK = (const T *)p.k.p + row_off(p.k, s, true, qt.hk, 0);
+    const T *gV = (const T *)p.v.p + row_off(p.v, s, true, qt.hk, 0);
     const bool al = p.aligned;
     const int wr0 = r0 + warp * 16;
     float lse2[2], dsum[2];
@@ -225,16 +220,13 @@ __global__ void __launch_bounds__(W * 32) dq_kernel(const fa_cuda_params p)
     if (n_lo < n_hi) {
         load_tile<T, BM, D, NTH>(sQ, (const T *)p.q.p + row_off(p.q, s, false, blk.h, r0), p.q.ss, s.sq - r0, p.dim, al);
         load_tile<T, BM, D, NTH>(sO, (const T *)p.dout.p + row_off(p.dout, s, false, blk.h, r0), p.dout.ss, s.sq - r0, p.dim, al);
-        load_tile<T, BK, D, NTH>(sK, gK + n_lo * BK * p.k.ss, p.k.ss, s.sk - n_lo * BK, p.dim, al);
-        load_tile<T, BK, D, NTH>(sV, gV + n_lo * BK * p.v.ss, p.v.ss, s.sk - n_lo * BK, p.dim, al);
+        load_kv<T, BK, D, NTH>(sK, sV, gK, gV, p, s, n_lo);
         cp_async_commit();
     }
     for (int n = n_lo; n < n_hi; n++) {
         const int st = (n - n_lo) & 1;
         if (n + 1 < n_hi) {
-            const int c = (n + 1) * BK;
-            load_tile<T, BK, D, NTH>(sK + (st ^ 1) * BK * LDS, gK + c * p.k.ss, p.k.ss, s.sk - c, p.dim, al);
-            load_tile<T, BK, D, NTH>(sV + (st ^ 1) * BK * LDS, gV + c * p.v.ss, p.v.ss, s.sk - c, p.dim, al);
+            load_kv<T, BK, D, NTH>(sK + (st ^ 1) * BK * LDS, sV + (st ^ 1) * BK * LDS, gK, gV, p, s, n + 1);
             cp_async_commit();
             cp_async_wait<1>();
         } else {

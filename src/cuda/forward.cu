@@ -17,24 +17,16 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 2 : 1) flash_forward(const fa
     T *sK = sQ + BM * LDS; // two stages
     T *sV = sK + 2 * BN * LDS;
 
-    const int tiles = (p.max_q + BM - 1) / BM;
-    const block_t blk = block_of(tiles, p.heads_q, p.win_right < p.max_k);
-    const seq_t s = seq_of(p, blk.b);
-    const int r0 = blk.tile * BM;
-    if (r0 >= s.sq)
+    query_tile_t qt;
+    if (!query_tile<BM, BN>(p, qt))
         return;
+    const block_t &blk = qt.blk;
+    const seq_t &s = qt.s;
+    const mask_t &mk = qt.mk;
+    const int r0 = qt.r0, n_lo = qt.n_lo, n_hi = qt.n_hi;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int hk = blk.h / p.group;
-    const mask_t mk = mask_of(p, s);
-    const int r1 = min(r0 + BM, s.sq);
-    const int64_t lo = max((int64_t)0, r0 + mk.diag - mk.wl);
-    const int64_t hi = min((int64_t)s.sk, (r1 - 1) + mk.diag + mk.wr + 1);
-    const int n_lo = (int)(lo / BN), n_hi = hi > lo ? (int)((hi + BN - 1) / BN) : n_lo;
-
-    const T *gQ = (const T *)p.q.p + row_off(p.q, s, false, blk.h, r0);
-    const T *gK = (const T *)p.k.p + row_off(p.k, s, true, hk, 0);
-    const T *gV = (const T *)p.v.p + row_off(p.v, s, true, hk, 0);
-    const bool al = p.aligned;
+    const T *gK = (const T *)p.k.p + row_off(p.k, s, true, qt.hk, 0);
+    const T *gV = (const T *)p.v.p + row_off(p.v, s, true, qt.hk, 0);
 
     float o[MT][ND][4], m[MT][2], l[MT][2];
     zero(o);
@@ -43,18 +35,16 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 2 : 1) flash_forward(const fa
         m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.0f;
 
     if (n_lo < n_hi) {
-        load_tile<T, BM, D, NTH>(sQ, gQ, p.q.ss, s.sq - r0, p.dim, al);
-        load_tile<T, BN, D, NTH>(sK, gK + n_lo * BN * p.k.ss, p.k.ss, s.sk - n_lo * BN, p.dim, al);
-        load_tile<T, BN, D, NTH>(sV, gV + n_lo * BN * p.v.ss, p.v.ss, s.sk - n_lo * BN, p.dim, al);
+        load_tile<T, BM, D, NTH>(sQ, (const T *)p.q.p + row_off(p.q, s, false, blk.h, r0), p.q.ss,
+                                 s.sq - r0, p.dim, p.aligned);
+        load_kv<T, BN, D, NTH>(sK, sV, gK, gV, p, s, n_lo);
         cp_async_commit();
     }
     const int wr0 = r0 + warp * MT * 16; // this warp's first row
     for (int n = n_lo; n < n_hi; n++) {
         const int st = (n - n_lo) & 1;
         if (n + 1 < n_hi) {
-            const int c = (n + 1) * BN;
-            load_tile<T, BN, D, NTH>(sK + (st ^ 1) * BN * LDS, gK + c * p.k.ss, p.k.ss, s.sk - c, p.dim, al);
-            load_tile<T, BN, D, NTH>(sV + (st ^ 1) * BN * LDS, gV + c * p.v.ss, p.v.ss, s.sk - c, p.dim, al);
+            load_kv<T, BN, D, NTH>(sK + (st ^ 1) * BN * LDS, sV + (st ^ 1) * BN * LDS, gK, gV, p, s, n + 1);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -128,8 +118,7 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 2 : 1) flash_forward(const fa
                         store<T>(p.o, off + x, o[mt][dt][2 * hf + e] * inv);
                 }
             if (p.lse && t == 0) {
-                const int64_t li = s.q_base * p.lse_sb + (int64_t)blk.h * p.lse_sh + (s.q0 + i) * p.lse_ss;
-                p.lse[li] = sum > 0.0f ? (m[mt][hf] + __log2f(sum)) * kLn2 : -INFINITY;
+                p.lse[lse_index(p, s, blk.h, i)] = sum > 0.0f ? (m[mt][hf] + __log2f(sum)) * kLn2 : -INFINITY;
             }
         }
 }

@@ -32,6 +32,39 @@ __device__ __forceinline__ void locate(const int32_t *cu, int batch, int len, in
     *i = r - cu[lo];
 }
 
+// The query row a block of the per-row kernels owns: grid (packed row r, head h).
+struct row_t {
+    int h, hk, b;
+    int64_t r, i; // packed row, row within its sequence
+    int64_t ws;   // start of the row's [max_k] slice of the score workspaces
+    seq_t s;
+};
+__device__ __forceinline__ row_t query_row(const fa_cuda_params &p)
+{
+    row_t x;
+    x.h = blockIdx.y;
+    x.hk = x.h / p.group;
+    x.r = blockIdx.x;
+    locate(p.cu_q, p.batch, p.seqlen_q, x.r, &x.b, &x.i);
+    x.s = seq_of(p, x.b);
+    x.ws = ((int64_t)x.h * p.rows + x.r) * p.max_k;
+    return x;
+}
+
+// out[x] = mult * sum_j w[j] m[j][x] for x < dim, over the sequence's keys j: P V and dS K.
+template <typename T>
+__device__ void weighted_key_rows(const fa_cuda_params &p, const row_t &row, const T *w,
+                                  const fa_cuda_view &m, const fa_cuda_view &out, float mult)
+{
+    const int64_t oo = row_off(out, row.s, false, row.h, row.i);
+    for (int x = threadIdx.x; x < p.dim; x += kStdThreads) {
+        float acc = 0.0f;
+        for (int j = 0; j < row.s.sk; j++)
+            acc += to_float<T>(w[j]) * to_float<T>(((const T *)m.p)[row_off(m, row.s, true, row.hk, j) + x]);
+        store<T>(out, oo + x, acc * mult);
+    }
+}
+
 __device__ float block_reduce(float v, bool is_max)
 {
     __shared__ float part[kStdThreads / 32];
@@ -62,17 +95,14 @@ __device__ float dot_rows(const T *a, const T *b, int dim)
 // Scores of row (r, h) into s_ws, the softmax into p_ws (rounded to T), lse out.
 template <typename T> __global__ void __launch_bounds__(kStdThreads) std_softmax(const fa_cuda_params p)
 {
-    const int h = blockIdx.y;
-    const int64_t r = blockIdx.x;
-    int b;
-    int64_t i;
-    locate(p.cu_q, p.batch, p.seqlen_q, r, &b, &i);
-    const seq_t s = seq_of(p, b);
+    const row_t row = query_row(p);
+    const seq_t &s = row.s;
+    const int h = row.h, hk = row.hk, b = row.b;
+    const int64_t i = row.i;
     const mask_t mk = mask_of(p, s);
-    const int hk = h / p.group;
     const T *q = (const T *)p.q.p + row_off(p.q, s, false, h, i);
-    float *srow = p.s_ws + ((int64_t)h * p.rows + r) * p.max_k;
-    T *prow = (T *)p.p_ws + ((int64_t)h * p.rows + r) * p.max_k;
+    float *srow = p.s_ws + row.ws;
+    T *prow = (T *)p.p_ws + row.ws;
     float mx = -INFINITY;
     for (int j = threadIdx.x; j < s.sk; j += kStdThreads) {
         const T *k = (const T *)p.k.p + row_off(p.k, s, true, hk, j);
@@ -97,47 +127,31 @@ template <typename T> __global__ void __launch_bounds__(kStdThreads) std_softmax
         prow[j] = from_float<T>(pr);
     }
     if (p.lse && threadIdx.x == 0)
-        p.lse[s.q_base * p.lse_sb + (int64_t)h * p.lse_sh + (s.q0 + i) * p.lse_ss] =
+        p.lse[lse_index(p, s, h, i)] =
             sum > 0.0f ? (mx + log2f(sum)) * kLn2 : -INFINITY;
 }
 
 // o = P V for row (r, h).
 template <typename T> __global__ void __launch_bounds__(kStdThreads) std_pv(const fa_cuda_params p)
 {
-    const int h = blockIdx.y;
-    const int64_t r = blockIdx.x;
-    int b;
-    int64_t i;
-    locate(p.cu_q, p.batch, p.seqlen_q, r, &b, &i);
-    const seq_t s = seq_of(p, b);
-    const int hk = h / p.group;
-    const T *prow = (const T *)p.p_ws + ((int64_t)h * p.rows + r) * p.max_k;
-    const int64_t oo = row_off(p.o, s, false, h, i);
-    for (int x = threadIdx.x; x < p.dim; x += kStdThreads) {
-        float acc = 0.0f;
-        for (int j = 0; j < s.sk; j++)
-            acc += to_float<T>(prow[j]) * to_float<T>(((const T *)p.v.p)[row_off(p.v, s, true, hk, j) + x]);
-        store<T>(p.o, oo + x, acc * p.dropout_scale);
-    }
+    const row_t row = query_row(p);
+    weighted_key_rows<T>(p, row, (const T *)p.p_ws + row.ws, p.v, p.o, p.dropout_scale);
 }
 
 // Backward, per row: the dropped P and dS (both rounded to T) from the forward's lse.
 template <typename T> __global__ void __launch_bounds__(kStdThreads) std_grad_scores(const fa_cuda_params p)
 {
-    const int h = blockIdx.y;
-    const int64_t r = blockIdx.x;
-    int b;
-    int64_t i;
-    locate(p.cu_q, p.batch, p.seqlen_q, r, &b, &i);
-    const seq_t s = seq_of(p, b);
+    const row_t row = query_row(p);
+    const seq_t &s = row.s;
+    const int h = row.h, hk = row.hk, b = row.b;
+    const int64_t i = row.i;
     const mask_t mk = mask_of(p, s);
-    const int hk = h / p.group;
     const T *q = (const T *)p.q.p + row_off(p.q, s, false, h, i);
     const T *dO = (const T *)p.dout.p + row_off(p.dout, s, false, h, i);
-    const float lse = p.lse[s.q_base * p.lse_sb + (int64_t)h * p.lse_sh + (s.q0 + i) * p.lse_ss];
-    const float dsum = p.dsum[(int64_t)h * p.rows + r];
-    T *prow = (T *)p.p_ws + ((int64_t)h * p.rows + r) * p.max_k;
-    T *dsrow = (T *)p.ds_ws + ((int64_t)h * p.rows + r) * p.max_k;
+    const float lse = p.lse[lse_index(p, s, h, i)];
+    const float dsum = p.dsum[(int64_t)h * p.rows + row.r];
+    T *prow = (T *)p.p_ws + row.ws;
+    T *dsrow = (T *)p.ds_ws + row.ws;
     for (int j = threadIdx.x; j < s.sk; j += kStdThreads) {
         float pd = 0.0f, ds = 0.0f;
         if (mk.visible(i, j) && lse != -INFINITY) {
@@ -163,21 +177,8 @@ template <typename T> __global__ void __launch_bounds__(kStdThreads) std_grad_sc
 // dQ = scale * dS K for row (r, h).
 template <typename T> __global__ void __launch_bounds__(kStdThreads) std_dq(const fa_cuda_params p)
 {
-    const int h = blockIdx.y;
-    const int64_t r = blockIdx.x;
-    int b;
-    int64_t i;
-    locate(p.cu_q, p.batch, p.seqlen_q, r, &b, &i);
-    const seq_t s = seq_of(p, b);
-    const int hk = h / p.group;
-    const T *dsrow = (const T *)p.ds_ws + ((int64_t)h * p.rows + r) * p.max_k;
-    const int64_t oq = row_off(p.dq, s, false, h, i);
-    for (int x = threadIdx.x; x < p.dim; x += kStdThreads) {
-        float acc = 0.0f;
-        for (int j = 0; j < s.sk; j++)
-            acc += to_float<T>(dsrow[j]) * to_float<T>(((const T *)p.k.p)[row_off(p.k, s, true, hk, j) + x]);
-        store<T>(p.dq, oq + x, acc * p.scale);
-    }
+    const row_t row = query_row(p);
+    weighted_key_rows<T>(p, row, (const T *)p.ds_ws + row.ws, p.k, p.dq, p.scale);
 }
 
 // dK = scale * dS^T Q and dV = P^T dO for key row (kr, hk), summed over the group's heads.

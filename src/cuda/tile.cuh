@@ -256,6 +256,12 @@ __device__ __forceinline__ int64_t row_off(const fa_cuda_view &t, const seq_t &s
     return b * t.sb + (r0 + row) * t.ss + (int64_t)h * t.sh;
 }
 
+// Element of the lse output for query row i (within sequence s) of head h.
+__device__ __forceinline__ int64_t lse_index(const fa_cuda_params &p, const seq_t &s, int h, int64_t i)
+{
+    return s.q_base * p.lse_sb + (int64_t)h * p.lse_sh + (s.q0 + i) * p.lse_ss;
+}
+
 // Which keys query row i may see: [lo, hi) = [i + diag - wl, i + diag + wr + 1) within [0, sk).
 struct mask_t {
     int64_t diag, wl, wr;
@@ -274,6 +280,60 @@ struct mask_t {
 __device__ __forceinline__ mask_t mask_of(const fa_cuda_params &p, const seq_t &s)
 {
     return mask_t{ (int64_t)s.sk - s.sq, p.win_left, p.win_right, s.sk };
+}
+
+// Block index -> (tile, head, batch); tile-major so neighbours share K/V in L2. With
+// reverse, the heaviest causal tiles (the last rows) start first.
+struct block_t {
+    int tile, h, b;
+};
+__device__ __forceinline__ block_t block_of(int tiles, int heads, bool reverse)
+{
+    int64_t x = blockIdx.x;
+    block_t r;
+    r.tile = (int)(x % tiles);
+    if (reverse)
+        r.tile = tiles - 1 - r.tile;
+    x /= tiles;
+    r.h = (int)(x % heads);
+    r.b = (int)(x / heads);
+    return r;
+}
+
+// The query tile a block owns (one per tile, query head and sequence) and the key tiles of
+// width BN its mask lets it see: [n_lo, n_hi). False when the tile lies past its sequence.
+struct query_tile_t {
+    block_t blk;
+    seq_t s;
+    mask_t mk;
+    int r0, hk, n_lo, n_hi;
+};
+template <int BM, int BN>
+__device__ __forceinline__ bool query_tile(const fa_cuda_params &p, query_tile_t &q)
+{
+    q.blk = block_of((p.max_q + BM - 1) / BM, p.heads_q, p.win_right < p.max_k);
+    q.s = seq_of(p, q.blk.b);
+    q.r0 = q.blk.tile * BM;
+    if (q.r0 >= q.s.sq)
+        return false;
+    q.hk = q.blk.h / p.group;
+    q.mk = mask_of(p, q.s);
+    const int r1 = min(q.r0 + BM, q.s.sq);
+    const int64_t lo = max((int64_t)0, q.r0 + q.mk.diag - q.mk.wl);
+    const int64_t hi = min((int64_t)q.s.sk, (r1 - 1) + q.mk.diag + q.mk.wr + 1);
+    q.n_lo = (int)(lo / BN);
+    q.n_hi = hi > lo ? (int)((hi + BN - 1) / BN) : q.n_lo;
+    return true;
+}
+
+// Key/value tile n (BN rows from key n * BN) into one stage of sK and sV.
+template <typename T, int BN, int D, int NT>
+__device__ __forceinline__ void load_kv(T *sK, T *sV, const T *gK, const T *gV, const fa_cuda_params &p,
+                                        const seq_t &s, int n)
+{
+    const int c = n * BN;
+    load_tile<T, BN, D, NT>(sK, gK + c * p.k.ss, p.k.ss, s.sk - c, p.dim, p.aligned);
+    load_tile<T, BN, D, NT>(sV, gV + c * p.v.ss, p.v.ss, s.sk - c, p.dim, p.aligned);
 }
 
 // Raw score -> log2-domain logit (scale, then the optional cap).
@@ -394,22 +454,5 @@ template <typename T> __device__ __forceinline__ float load(const fa_cuda_view &
     return t.f32 ? ((const float *)t.p)[off] : to_float<T>(((const T *)t.p)[off]);
 }
 
-// Block index -> (tile, head, batch); tile-major so neighbours share K/V in L2. With
-// reverse, the heaviest causal tiles (the last rows) start first.
-struct block_t {
-    int tile, h, b;
-};
-__device__ __forceinline__ block_t block_of(int tiles, int heads, bool reverse)
-{
-    int64_t x = blockIdx.x;
-    block_t r;
-    r.tile = (int)(x % tiles);
-    if (reverse)
-        r.tile = tiles - 1 - r.tile;
-    x /= tiles;
-    r.h = (int)(x % heads);
-    r.b = (int)(x / heads);
-    return r;
-}
 
 } // namespace fa
