@@ -11,6 +11,7 @@ typedef struct cuda_state {
     int device;
     struct cudaDeviceProp prop;
     cudaStream_t stream;
+    int hopper; /* compute capability 9.0: the sm_90a forward */
 } cuda_state;
 
 typedef struct tiles {
@@ -21,6 +22,15 @@ typedef struct tiles {
 static const tiles tile_table[] = { FA_CUDA_TILES(FA_TILE_ROW) };
 #undef FA_TILE_ROW
 #define N_TILES (sizeof(tile_table) / sizeof(tile_table[0]))
+
+typedef struct sm90_tiles {
+    int dim, keys, warpgroups, stages;
+} sm90_tiles;
+
+#define FA_SM90_ROW(D, BN, NWG, ST) { D, BN, NWG, ST },
+static const sm90_tiles sm90_table[] = { FA_CUDA_SM90_TILES(FA_SM90_ROW) };
+#undef FA_SM90_ROW
+#define N_SM90 (sizeof(sm90_table) / sizeof(sm90_table[0]))
 
 /* The smallest instantiated head_dim that holds dim (columns past dim read as zeros). */
 static const tiles *tiles_for(int32_t dim)
@@ -61,6 +71,9 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, void **state)
                         "(bf16 tensor cores)",
                         dev, major, minor);
     }
+    /* FLASHATTN_CUDA_PORTABLE=1 keeps Hopper on the mma.sync kernels (for comparison). */
+    const char *portable = getenv("FLASHATTN_CUDA_PORTABLE");
+    s->hopper = s->prop.major == 9 && s->prop.minor == 0 && !(portable && strcmp(portable, "1") == 0);
     *state = s;
     return FA_OK;
 }
@@ -85,6 +98,17 @@ static void cuda_info(void *state, char *buf, size_t cap, size_t *len)
                drv / 1000, (drv % 1000) / 10);
     fa_appendf(buf, cap, len, "cuda.kernels: mma.sync m16n8k16 (f16, bf16; f32 accumulate), built "
                               "for sm_80 and sm_90a\n");
+    fa_appendf(buf, cap, len, "cuda.hopper_forward: %s\n",
+               s->hopper ? "wgmma m64nNk16 from 128-byte-swizzled shared memory, a loading "
+                           "warpgroup (sm_90a)"
+               : p->major == 9 ? "off (FLASHATTN_CUDA_PORTABLE=1)"
+                               : "no (needs compute capability 9.0)");
+    for (size_t i = 0; s->hopper && i < N_SM90; i++)
+        fa_appendf(buf, cap, len,
+                   "cuda.tiles.sm90.d%d: forward %dx%d (%d consumer warpgroups + 1 loading, %d "
+                   "K/V stages)\n",
+                   sm90_table[i].dim, 64 * sm90_table[i].warpgroups, sm90_table[i].keys,
+                   sm90_table[i].warpgroups, sm90_table[i].stages);
     for (size_t i = 0; i < N_TILES; i++) {
         const tiles *t = &tile_table[i];
         fa_appendf(buf, cap, len,
@@ -139,12 +163,14 @@ static int view_aligned(const fa_tensor *t, int varlen)
 typedef struct call {
     fa_cuda_params kp;
     const tiles *tl;
+    const sm90_tiles *h; /* the Hopper forward's tiles, NULL when the mma.sync kernels run */
     int bf16;
     int64_t krows;
     size_t cu_bytes, dsum_bytes, std_bytes; /* workspace parts */
 } call;
 
-static fa_status prepare(fa_context_t ctx, const fa_problem *p, int backward, call *c)
+static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem *p, int backward,
+                         call *c)
 {
     const fa_attention_desc *d = p->desc;
     memset(c, 0, sizeof(*c));
@@ -157,6 +183,9 @@ static fa_status prepare(fa_context_t ctx, const fa_problem *p, int backward, ca
         return fa_error(ctx, FA_ERR_UNSUPPORTED, "head_dim (%d) exceeds the largest CUDA tile (%d)",
                         (int)p->dim, tile_table[N_TILES - 1].dim);
     c->bf16 = p->in_dtype == FA_DTYPE_BF16;
+    for (size_t i = 0; s->hopper && !backward && i < N_SM90; i++)
+        if (sm90_table[i].dim == c->tl->dim)
+            c->h = &sm90_table[i];
 
     fa_cuda_params *k = &c->kp;
     view_of(&k->q, &d->q, p->varlen);
@@ -172,6 +201,7 @@ static fa_status prepare(fa_context_t ctx, const fa_problem *p, int backward, ca
         view_of(&k->dv, &p->bwd->d_v, p->varlen);
         k->aligned = k->aligned && view_aligned(&p->bwd->d_o, p->varlen);
     }
+    k->o_vec = p->dim % 8 == 0 && !k->o.f32 && view_aligned(&d->o, p->varlen);
     k->lse = d->lse;
     k->lse_sb = p->lse_sb;
     k->lse_sh = p->lse_sh;
@@ -232,10 +262,13 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
 {
 #define FA_FWD_NAME(D, ...) "cuda-flash-mma-d" #D,
 #define FA_BWD_NAME(D, ...) "cuda-flash-bwd-mma-d" #D,
+#define FA_SM90_NAME(D, ...) "cuda-flash-wgmma-d" #D,
     static const char *const fwd_names[] = { FA_CUDA_TILES(FA_FWD_NAME) };
     static const char *const bwd_names[] = { FA_CUDA_TILES(FA_BWD_NAME) };
+    static const char *const sm90_names[] = { FA_CUDA_SM90_TILES(FA_SM90_NAME) };
 #undef FA_FWD_NAME
 #undef FA_BWD_NAME
+#undef FA_SM90_NAME
     const size_t row = (size_t)(c->tl - tile_table);
     const int standard = p->desc->algorithm == FA_ALGORITHM_STANDARD;
     if (standard) {
@@ -248,6 +281,11 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
         info->block_q = c->tl->kv_q;
         info->block_k = 16 * c->tl->kv_warps / c->tl->kv_split;
         info->threads = 32 * c->tl->kv_warps;
+    } else if (c->h) {
+        info->kernel = sm90_names[c->h - sm90_table];
+        info->block_q = 64 * c->h->warpgroups;
+        info->block_k = c->h->keys;
+        info->threads = 128 * (c->h->warpgroups + 1);
     } else {
         info->kernel = fwd_names[row];
         info->block_q = c->tl->fwd_m;
@@ -260,7 +298,7 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
 static fa_status cuda_plan(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
 {
     call c;
-    fa_status st = prepare(ctx, p, 0, &c);
+    fa_status st = prepare(ctx, state, p, 0, &c);
     if (st == FA_OK)
         report(&c, p, 0, info);
     return st;
@@ -270,7 +308,7 @@ static fa_status cuda_plan_backward(fa_context_t ctx, void *state, const fa_prob
                                     fa_run_info *info)
 {
     call c;
-    fa_status st = prepare(ctx, p, 1, &c);
+    fa_status st = prepare(ctx, state, p, 1, &c);
     if (st == FA_OK)
         report(&c, p, 1, info);
     return st;
@@ -307,7 +345,7 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
                      fa_run_info *info)
 {
     call c;
-    fa_status st = prepare(ctx, p, backward, &c);
+    fa_status st = prepare(ctx, s, p, backward, &c);
     if (st != FA_OK || (st = check_pointers(ctx, s, p, backward)) != FA_OK)
         return st;
     report(&c, p, backward, info);
@@ -348,7 +386,8 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
                        : fa_cuda_standard_forward(k, c.bf16, s->stream);
     else
         err = backward ? fa_cuda_flash_backward(k, c.bf16, c.tl->dim, s->stream)
-                       : fa_cuda_flash_forward(k, c.bf16, c.tl->dim, s->stream);
+                       : c.h ? fa_cuda_flash_forward_sm90(k, c.bf16, c.tl->dim, s->stream)
+                             : fa_cuda_flash_forward(k, c.bf16, c.tl->dim, s->stream);
     if (err != cudaSuccess)
         goto fail;
     if (ws && (err = cudaFreeAsync(ws, s->stream)) != cudaSuccess)

@@ -15,6 +15,11 @@ extern "C" {
 /* Flash forward for head_dim padded to dpad (a row of FA_CUDA_TILES). */
 cudaError_t fa_cuda_flash_forward(const fa_cuda_params *p, int bf16, int dpad, cudaStream_t stream);
 
+/* The same on Hopper's warpgroup tensor cores (compute capability 9.0, sm_90a image) for the
+ * head dims of FA_CUDA_SM90_TILES; cudaErrorInvalidValue for others. */
+cudaError_t fa_cuda_flash_forward_sm90(const fa_cuda_params *p, int bf16, int dpad,
+                                       cudaStream_t stream);
+
 /* rowsum(dO * O) of every query row into p->dsum ([heads_q, rows] floats). */
 cudaError_t fa_cuda_rowsum(const fa_cuda_params *p, int bf16, cudaStream_t stream);
 

@@ -29,6 +29,7 @@ typedef struct fa_cuda_params {
     float cap_out;    /* softcap * log2(e) */
     int64_t win_left, win_right; /* resolved; causal folded in */
     int aligned;      /* every row start 16-byte aligned and head_dim % 8 == 0: vector loads */
+    int o_vec;        /* the same for o, stored in the input dtype: vector stores */
     float dropout_p, dropout_scale;
     uint32_t dropout_threshold;
     uint64_t dropout_seed, dropout_offset;
@@ -46,5 +47,11 @@ typedef struct fa_cuda_params {
     X(96, 128, 64, 8, 64, 4, 1, 64, 4)      \
     X(128, 128, 64, 8, 64, 4, 1, 64, 4)     \
     X(256, 64, 32, 4, 32, 8, 2, 32, 4)
+
+/* The Hopper (sm_90a) forward's tiles: X(dim, keys per step, consumer warpgroups, K/V stages). Each warpgroup owns
+ * 64 query rows; head dims without a row here run the tiles above. */
+#define FA_CUDA_SM90_TILES(X) \
+    X(64, 128, 2, 2)          \
+    X(128, 128, 2, 3)
 
 #endif

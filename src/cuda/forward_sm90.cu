@@ -1,0 +1,18 @@
+// SPDX-License-Identifier: MIT
+// The Hopper forward's instantiations: one per row of FA_CUDA_SM90_TILES.
+#include "cuda.h"
+#include "forward_sm90.cuh"
+
+extern "C" cudaError_t fa_cuda_flash_forward_sm90(const fa_cuda_params *p, int bf16, int dpad,
+                                                  cudaStream_t stream)
+{
+#define FA_SM90_CASE(D, BN, NWG, ST)                                                           \
+    case D:                                                                                    \
+        return bf16 ? fa::launch_sm90_ws<__nv_bfloat16, D, BN, NWG, ST>(*p, stream)            \
+                    : fa::launch_sm90_ws<__half, D, BN, NWG, ST>(*p, stream);
+    switch (dpad) {
+        FA_CUDA_SM90_TILES(FA_SM90_CASE)
+    }
+#undef FA_SM90_CASE
+    return cudaErrorInvalidValue;
+}

@@ -1,0 +1,353 @@
+// SPDX-License-Identifier: MIT
+// The flash forward on Hopper's warpgroup tensor cores (sm_90a). A block's NWG consumer
+// warpgroups own 64 query rows each of one head; each computes S = Q K^T with wgmma from
+// 128-byte-swizzled shared memory and O += P V with P straight from registers. The products
+// of consecutive key tiles overlap the softmax: while the tensor cores run P(n-1) V(n-1),
+// the warpgroup turns S(n) into P(n). One more warpgroup, its registers handed to the
+// consumers (setmaxnreg), loads K/V tiles by cp.async STAGES deep through full/empty
+// mbarriers, so the consumer warpgroups run free of each other and one's softmax overlaps
+// another's products (measured against all threads loading behind one block barrier per
+// step: docs/perf/h200.md).
+#pragma once
+
+#include "wgmma.cuh"
+
+namespace fa {
+
+template <int BM, int BN, int D, int STAGES> struct sm90_smem {
+    static constexpr int q = BM * D * 2, kv = BN * D * 2;
+    static constexpr size_t bytes = 1024 + (size_t)q + 2 * STAGES * (size_t)kv; // + alignment slack
+};
+
+__device__ __forceinline__ void named_barrier(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t *b, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_addr(b))
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *b, int parity)
+{
+    asm volatile("{\n.reg .pred done;\nwait_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra wait_%=;\n}\n" ::"r"(smem_addr(b)),
+                 "r"(parity)
+                 : "memory");
+}
+
+// One warpgroup's running state: 64 rows (this thread: rows g and g + 8 of its warp's 16).
+template <int D, int BN> struct sm90_rows {
+    static constexpr int NS = BN / 8, ND = D / 8;
+    float o[1][ND][4], sc[1][NS][4], m[2], l[2];
+    uint32_t pa[1][NS / 2][4];
+};
+
+// S(n) (raw scores in r.sc) -> P(n) and the rescale of the running statistics; alpha gets the
+// factor O must be scaled by once P(n-1) V(n-1) is done. The row's largest logit gives
+// exactly 1 (so a one-hot row is exact; folding the scale into the exponent's FMA saved one
+// instruction a score, 1-2%, and lost that: docs/perf/h200.md).
+template <int D, int BN>
+__device__ __forceinline__ void softmax_step(const fa_cuda_params &p, const mask_t &mk,
+                                             sm90_rows<D, BN> &r, int64_t wr0, int64_t c0, int g,
+                                             int t, float (&alpha)[2])
+{
+    constexpr int NS = BN / 8;
+    to_logits(p, r.sc);
+    if (!mk.all_visible(wr0, wr0 + 16, c0, c0 + BN))
+        apply_mask(mk, r.sc, wr0 + g, c0 + 2 * t);
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float mx = r.m[hf];
+#pragma unroll
+        for (int nt = 0; nt < NS; nt++)
+            mx = fmaxf(mx, fmaxf(r.sc[0][nt][2 * hf], r.sc[0][nt][2 * hf + 1]));
+        mx = quad_max(mx);
+        const float base = mx == -INFINITY ? 0.0f : mx; // nothing seen yet: keep zeros
+        alpha[hf] = exp2_fast(r.m[hf] - base);
+        r.m[hf] = mx;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float pe = exp2_fast(r.sc[0][nt][2 * hf + e] - base);
+                r.sc[0][nt][2 * hf + e] = pe;
+                sum += pe;
+            }
+        r.l[hf] = r.l[hf] * alpha[hf] + sum;
+    }
+}
+
+// O rescaled once P(n-1) V(n-1) is done, then P(n) (with dropout) into A fragments.
+template <typename T, int D, int BN>
+__device__ __forceinline__ void finish_step(const fa_cuda_params &p, sm90_rows<D, BN> &r,
+                                            const float (&alpha)[2], int b, int h, int64_t row,
+                                            int64_t col)
+{
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            r.o[0][dt][e] *= alpha[e / 2];
+    if (p.dropout_p > 0.0f) // dropped to 0 here; the 1/(1-p) comes in float32 at the end
+        apply_dropout(p, r.sc, b, h, row, col);
+    to_a<T, 1, BN / 8>(r.pa, r.sc);
+}
+
+// S = Q K^T for one warpgroup (q: its 64 rows of the swizzled Q tile, k: a K stage).
+template <typename T, int D, int BM, int BN>
+__device__ __forceinline__ void issue_qk(float (&s)[BN / 2], uint32_t q, uint32_t k)
+{
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        wgmma<T, BN>::ss(s, sw_desc(q + (kk / 4) * BM * 128 + (kk % 4) * 32, 16),
+                         sw_desc(k + (kk / 4) * BN * 128 + (kk % 4) * 32, 16), kk > 0);
+    wgmma_commit();
+}
+
+// O += P V (v: a V stage, MN-major: 64-column blocks BN * 128 bytes apart).
+template <typename T, int D, int BN>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pa)[BN / 16][4], uint32_t v)
+{
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++)
+        wgmma<T, D>::rs(o, pa[kk], sw_desc(v + kk * 2048, BN * 128), 1);
+    wgmma_commit();
+}
+
+// Normalise and write this warpgroup's 64 rows (and their lse); rows that saw no key give 0
+// and -inf. With 16-byte-aligned rows the tile goes out through the warpgroup's own rows of
+// the Q tile (its last S has been read) as whole 16-byte row pieces.
+template <typename T, int D, int BM, int BN>
+__device__ __forceinline__ void store_rows(const fa_cuda_params &p, const sm90_rows<D, BN> &r,
+                                           const seq_t &s, int h, int r0, int wg, int warp, int g,
+                                           int t, unsigned char *sQ)
+{
+    constexpr int ND = D / 8;
+    const int wr0 = r0 + wg * 64 + warp * 16;
+    float inv[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const float sum = quad_sum(r.l[hf]);
+        inv[hf] = sum > 0.0f ? p.dropout_scale / sum : 0.0f;
+        const int i = wr0 + g + hf * 8;
+        if (p.lse && t == 0 && i < s.sq)
+            p.lse[lse_index(p, s, h, i)] = sum > 0.0f ? (r.m[hf] + __log2f(sum)) * kLn2 : -INFINITY;
+    }
+    if (p.o_vec) {
+#pragma unroll
+        for (int dt = 0; dt < ND; dt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++)
+                *reinterpret_cast<uint32_t *>(sQ + sw_offset<BM>(wg * 64 + warp * 16 + g + hf * 8,
+                                                                 dt * 8 + 2 * t)) =
+                    pack2<T>(r.o[0][dt][2 * hf] * inv[hf], r.o[0][dt][2 * hf + 1] * inv[hf]);
+        named_barrier(1 + wg, 128);
+        for (int c = threadIdx.x % 128; c < 64 * ND; c += 128) {
+            const int rr = c / ND, col = (c % ND) * 8, i = r0 + wg * 64 + rr;
+            if (i < s.sq && col < p.dim)
+                *reinterpret_cast<uint4 *>((T *)p.o.p + row_off(p.o, s, false, h, i) + col) =
+                    *reinterpret_cast<const uint4 *>(sQ + sw_offset<BM>(wg * 64 + rr, col));
+        }
+    } else {
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int i = wr0 + g + hf * 8;
+            if (i >= s.sq)
+                continue;
+            const int64_t off = row_off(p.o, s, false, h, i);
+#pragma unroll
+            for (int dt = 0; dt < ND; dt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int x = dt * 8 + 2 * t + e;
+                    if (x < p.dim)
+                        store<T>(p.o, off + x, r.o[0][dt][2 * hf + e] * inv[hf]);
+                }
+        }
+    }
+}
+
+template <int D, int BN> __device__ __forceinline__ void init_rows(sm90_rows<D, BN> &r)
+{
+    zero(r.o);
+    r.m[0] = r.m[1] = -INFINITY;
+    r.l[0] = r.l[1] = 0.0f;
+}
+
+// The K/V ring's barriers. full: the producer's 128 threads arrive once their copies of a
+// stage have landed; empty: each consumer warp arrives once its products have read the stage.
+template <int STAGES> struct kv_ring {
+    uint64_t full_k[STAGES], full_v[STAGES], empty_k[STAGES], empty_v[STAGES];
+};
+
+// The producer warpgroup: K(n) and V(n) into stage n % STAGES once the consumers have let go
+// of what was there, each handed over when its copies have landed (V one step later, as the
+// consumers use it one step later).
+template <typename T, int D, int BN, int STAGES>
+__device__ __forceinline__ void load_kv_ring(const fa_cuda_params &p, const query_tile_t &qt,
+                                             kv_ring<STAGES> &ring, unsigned char *sK,
+                                             unsigned char *sV, int tid)
+{
+    constexpr int KV = BN * D * 2;
+    const seq_t &s = qt.s;
+    const T *gK = (const T *)p.k.p + row_off(p.k, s, true, qt.hk, 0);
+    const T *gV = (const T *)p.v.p + row_off(p.v, s, true, qt.hk, 0);
+    for (int n = qt.n_lo; n < qt.n_hi; n++) {
+        const int i = n - qt.n_lo, st = i % STAGES, c = n * BN;
+        if (i >= STAGES)
+            mbar_wait(&ring.empty_k[st], (i / STAGES - 1) & 1);
+        load_tile_sw<T, BN, D, 128>(sK + st * KV, gK + c * p.k.ss, p.k.ss, s.sk - c, p.dim,
+                                    p.aligned, tid);
+        cp_async_commit();
+        if (i > 0) { // V(n-1) has landed
+            cp_async_wait<1>();
+            fence_async_smem();
+            mbar_arrive(&ring.full_v[(i - 1) % STAGES]);
+        }
+        if (i >= STAGES)
+            mbar_wait(&ring.empty_v[st], (i / STAGES - 1) & 1);
+        load_tile_sw<T, BN, D, 128>(sV + st * KV, gV + c * p.v.ss, p.v.ss, s.sk - c, p.dim,
+                                    p.aligned, tid);
+        cp_async_commit();
+        cp_async_wait<1>(); // K(n) has landed
+        fence_async_smem();
+        mbar_arrive(&ring.full_k[st]);
+    }
+    if (qt.n_lo < qt.n_hi) {
+        cp_async_wait<0>();
+        fence_async_smem();
+        mbar_arrive(&ring.full_v[(qt.n_hi - 1 - qt.n_lo) % STAGES]);
+    }
+}
+
+// One consumer warpgroup: its 64 rows of Q, then every key tile of the ring, then the rows out.
+template <typename T, int D, int BN, int NWG, int STAGES>
+__device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query_tile_t &qt,
+                                            kv_ring<STAGES> &ring, unsigned char *sQ,
+                                            unsigned char *sK, unsigned char *sV, int wg)
+{
+    constexpr int BM = 64 * NWG, KV = BN * D * 2;
+    const seq_t &s = qt.s;
+    const int r0 = qt.r0, n_lo = qt.n_lo, n_hi = qt.n_hi;
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int wr0 = r0 + wg * 64 + warp * 16; // this warp's first row
+    const uint32_t qa = smem_addr(sQ) + wg * 64 * 128, ka = smem_addr(sK), va = smem_addr(sV);
+    sm90_rows<D, BN> r;
+    init_rows(r);
+    float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(r.o);
+    float(&sf)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(r.sc);
+
+    if (n_lo < n_hi) { // this warpgroup's rows of the swizzled Q tile
+        const T *gQ = (const T *)p.q.p + row_off(p.q, s, false, qt.blk.h, r0 + wg * 64);
+        load_tile_sw<T, 64, D, 128>(sQ + wg * 64 * 128, gQ, p.q.ss, s.sq - r0 - wg * 64, p.dim,
+                                    p.aligned, threadIdx.x % 128, BM);
+        cp_async_commit();
+        cp_async_wait<0>();
+        fence_async_smem();
+        named_barrier(1 + wg, 128);
+    }
+    for (int n = n_lo; n < n_hi; n++) {
+        const int i = n - n_lo, st = i % STAGES;
+        mbar_wait(&ring.full_k[st], (i / STAGES) & 1);
+        wgmma_fence();
+        issue_qk<T, D, BM, BN>(sf, qa, ka + st * KV);
+        if (i > 0) {
+            const int sp = (i - 1) % STAGES;
+            mbar_wait(&ring.full_v[sp], ((i - 1) / STAGES) & 1);
+            issue_pv<T, D, BN>(of, r.pa[0], va + sp * KV);
+            wgmma_wait<1>();
+        } else {
+            wgmma_wait<0>();
+        }
+        reg_fence(sf);
+        if (lane == 0)
+            mbar_arrive(&ring.empty_k[st]);
+        float alpha[2];
+        softmax_step(p, qt.mk, r, wr0, (int64_t)n * BN, g, t, alpha);
+        wgmma_wait<0>(); // P(n-1) V(n-1) done: o and pa are ours again
+        reg_fence(of);
+        reg_fence(r.pa[0]);
+        if (i > 0 && lane == 0)
+            mbar_arrive(&ring.empty_v[(i - 1) % STAGES]);
+        finish_step<T>(p, r, alpha, qt.blk.b, qt.blk.h, wr0 + g, (int64_t)n * BN + 2 * t);
+    }
+    if (n_lo < n_hi) { // the last P V
+        const int i = n_hi - 1 - n_lo;
+        mbar_wait(&ring.full_v[i % STAGES], (i / STAGES) & 1);
+        wgmma_fence();
+        issue_pv<T, D, BN>(of, r.pa[0], va + (i % STAGES) * KV);
+        wgmma_wait<0>();
+        reg_fence(of);
+    }
+    store_rows<T, D, BM, BN>(p, r, s, qt.blk.h, r0, wg, warp, g, t, sQ);
+}
+
+// Registers a consumer thread gets when the producer warpgroup keeps kProducerRegs.
+constexpr int kProducerRegs = 40;
+template <int NWG> struct consumer_regs {
+    static constexpr int free = ((65536 - 128 * kProducerRegs) / (128 * NWG)) / 8 * 8;
+    static constexpr int value = free > 240 ? 240 : free;
+};
+
+// NWG consumer warpgroups and one loading warpgroup; K/V STAGES deep.
+template <typename T, int D, int BN, int NWG, int STAGES = 2>
+__global__ void __launch_bounds__((NWG + 1) * 128, 1) flash_forward_sm90_ws(const fa_cuda_params p)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int BM = 64 * NWG;
+    using L = sm90_smem<BM, BN, D, STAGES>;
+    static_assert(D % 64 == 0 && BN % 64 == 0, "tiles are whole 64-element swizzle blocks");
+    extern __shared__ unsigned char smem_raw[];
+    __shared__ kv_ring<STAGES> ring;
+    unsigned char *sQ = reinterpret_cast<unsigned char *>(
+        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+    unsigned char *sK = sQ + L::q, *sV = sK + STAGES * L::kv;
+
+    query_tile_t qt;
+    if (!query_tile<BM, BN>(p, qt))
+        return;
+    const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0); // uniform to the compiler
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < STAGES; i++) {
+            mbar_init(&ring.full_k[i], 128);
+            mbar_init(&ring.full_v[i], 128);
+            mbar_init(&ring.empty_k[i], 4 * NWG);
+            mbar_init(&ring.empty_v[i], 4 * NWG);
+        }
+    }
+    __syncthreads();
+    if (wg == NWG) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+        load_kv_ring<T, D, BN, STAGES>(p, qt, ring, sK, sV, threadIdx.x % 128);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<NWG>::value));
+        attend_rows<T, D, BN, NWG, STAGES>(p, qt, ring, sQ, sK, sV, wg);
+    }
+#endif
+}
+
+template <typename T, int D, int BN, int NWG, int STAGES = 2>
+cudaError_t launch_sm90_ws(const fa_cuda_params &p, cudaStream_t stream)
+{
+    constexpr int BM = 64 * NWG;
+    const size_t smem = sm90_smem<BM, BN, D, STAGES>::bytes;
+    auto kern = flash_forward_sm90_ws<T, D, BN, NWG, STAGES>;
+    cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess)
+        return err;
+    const int64_t blocks = (int64_t)((p.max_q + BM - 1) / BM) * p.heads_q * p.batch;
+    if (blocks == 0)
+        return cudaSuccess;
+    kern<<<(unsigned)blocks, (NWG + 1) * 128, smem, stream>>>(p);
+    return cudaGetLastError();
+}
+
+} // namespace fa

@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: MIT
+// Hopper's warpgroup matrix instructions (sm_90a): wgmma.mma_async m64nNk16 with fp32
+// accumulators, shared-memory matrix descriptors over 128-byte-swizzled tiles, and the
+// cp.async loader that writes tiles in that layout. Only compiled into the sm_90a image.
+#pragma once
+
+#include "tile.cuh"
+
+namespace fa {
+
+// A tile of D-element rows (2 bytes each) in shared memory, 128-byte swizzled: D / 64 column
+// blocks of PITCH rows x 128 bytes, one after the other; in each, row r's 16-byte chunk c
+// sits at chunk c ^ (r % 8). The tile base is 1024-byte aligned (the swizzle's period).
+__device__ __forceinline__ int sw_offset(int r, int col, int pitch)
+{
+    return (col / 64) * pitch * 128 + r * 128 + ((((col % 64) / 8) ^ (r & 7)) << 4) + (col % 8) * 2;
+}
+template <int PITCH> __device__ __forceinline__ int sw_offset(int r, int col)
+{
+    return sw_offset(r, col, PITCH);
+}
+
+// ROWS x D tile of a strided [seq, head_dim] slab into the swizzled layout (column blocks
+// pitch rows apart; s may point at a later row of the tile, 8-row aligned). Rows >= valid_rows
+// and columns >= dim read as zero. Threads tid = 0 .. NT-1 take part.
+template <typename T, int ROWS, int D, int NT>
+__device__ __forceinline__ void load_tile_sw(unsigned char *s, const T *g, int64_t row_stride,
+                                             int valid_rows, int dim, bool aligned, int tid,
+                                             int pitch = ROWS)
+{
+    constexpr int CHUNKS = D / 8, RP = NT / CHUNKS; // rows per pass
+    static_assert(NT % CHUNKS == 0 && RP % 8 == 0, "a thread keeps its column and swizzle phase");
+    if (aligned) {
+        // thread tid copies column chunk tid % CHUNKS of rows tid / CHUNKS + k RP
+        const int col = (tid % CHUNKS) * 8, r0 = tid / CHUNKS;
+        unsigned char *d = s + sw_offset(r0, col, pitch);
+        const T *src = g + r0 * row_stride + col;
+        const bool col_ok = col < dim;
+#pragma unroll 4
+        for (int r = r0; r < ROWS; r += RP, d += RP * 128, src += RP * row_stride) {
+            const bool ok = col_ok && r < valid_rows;
+            cp_async16(d, ok ? src : g, ok ? 16 : 0);
+        }
+    } else {
+        for (int c = tid; c < ROWS * CHUNKS; c += NT) {
+            const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
+            T *dst = reinterpret_cast<T *>(s + sw_offset(r, col, pitch));
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                dst[e] = (r < valid_rows && col + e < dim) ? g[r * row_stride + col + e]
+                                                           : from_float<T>(0.0f);
+        }
+    }
+}
+
+// Matrix descriptor of a 128-byte-swizzled operand at shared address addr: lbo is the byte
+// distance between 64-element column blocks (used by MN-major operands only), the 8-row
+// groups are 1024 bytes apart.
+__device__ __forceinline__ uint64_t sw_desc(uint32_t addr, uint32_t lbo)
+{
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+           ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit()
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Generic-proxy shared-memory writes made visible to the tensor cores' async proxy.
+__device__ __forceinline__ void fence_async_smem()
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Keep the compiler from moving accesses of registers an in-flight wgmma owns across the
+// issue or the wait.
+template <int N> __device__ __forceinline__ void reg_fence(float (&d)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void reg_fence(uint32_t (&a)[N][4])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            asm volatile("" : "+r"(a[i][e])::"memory");
+}
+
+#define FA_F8(d, i)                                                                             \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+        "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FA_F32(d) FA_F8(d, 0), FA_F8(d, 8), FA_F8(d, 16), FA_F8(d, 24)
+#define FA_F64(d) FA_F32(d), FA_F8(d, 32), FA_F8(d, 40), FA_F8(d, 48), FA_F8(d, 56)
+#define FA_F96(d) FA_F64(d), FA_F8(d, 64), FA_F8(d, 72), FA_F8(d, 80), FA_F8(d, 88)
+#define FA_R32                                                                                  \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
+    "%25,%26,%27,%28,%29,%30,%31}"
+#define FA_R64                                                                                  \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
+    "%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,"   \
+    "%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+
+#define FA_R96 \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23," \
+    "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
+    "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71," \
+    "%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}"
+
+// D[64 x N] (+)= A * B for one warpgroup. ss: A and B K-major in shared memory (S = Q K^T).
+// rs: A in registers as mma.sync-style fragments, B MN-major in shared memory (O += P V).
+// scale_d 0 overwrites D. The accumulator fragment is mma.sync's m16n8 layout per warp:
+// d[4 j + e] is row 16 warp + g + 8 (e / 2), column 8 j + 2 t + (e % 2).
+template <typename T, int N> struct wgmma;
+
+#define FA_WGMMA(TYPE, PTX, N, RN, FN, A0, A1, A2, A3, A4, A5)                                       \
+    template <> struct wgmma<TYPE, N> {                                                             \
+        static __device__ __forceinline__ void ss(float (&d)[N / 2], uint64_t da, uint64_t db, int sc) \
+        {                                                                                           \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2 ", 0;\n"                          \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " " RN     \
+                         ", %" #A0 ", %" #A1 ", p, 1, 1, 0, 0;\n}\n"                               \
+                         : FN(d)                                                                    \
+                         : "l"(da), "l"(db), "r"(sc));                                              \
+        }                                                                                           \
+        static __device__ __forceinline__ void rs(float (&d)[N / 2], const uint32_t (&a)[4],        \
+                                                  uint64_t db, int sc)                              \
+        {                                                                                           \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A5 ", 0;\n"                          \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " " RN     \
+                         ", {%" #A0 ",%" #A1 ",%" #A2 ",%" #A3 "}, %" #A4 ", p, 1, 1, 1;\n}\n"    \
+                         : FN(d)                                                                    \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(sc));           \
+        }                                                                                           \
+    };
+FA_WGMMA(__half, "f16", 64, FA_R32, FA_F32, 32, 33, 34, 35, 36, 37)
+FA_WGMMA(__half, "f16", 128, FA_R64, FA_F64, 64, 65, 66, 67, 68, 69)
+FA_WGMMA(__nv_bfloat16, "bf16", 64, FA_R32, FA_F32, 32, 33, 34, 35, 36, 37)
+FA_WGMMA(__nv_bfloat16, "bf16", 128, FA_R64, FA_F64, 64, 65, 66, 67, 68, 69)
+FA_WGMMA(__half, "f16", 192, FA_R96, FA_F96, 96, 97, 98, 99, 100, 101)
+FA_WGMMA(__nv_bfloat16, "bf16", 192, FA_R96, FA_F96, 96, 97, 98, 99, 100, 101)
+#undef FA_WGMMA
+#undef FA_F8
+#undef FA_F32
+#undef FA_F64
+#undef FA_F96
+#undef FA_R96
+#undef FA_R32
+#undef FA_R64
+
+} // namespace fa
