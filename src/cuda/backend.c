@@ -32,6 +32,15 @@ static const sm90_tiles sm90_table[] = { FA_CUDA_SM90_TILES(FA_SM90_ROW) };
 #undef FA_SM90_ROW
 #define N_SM90 (sizeof(sm90_table) / sizeof(sm90_table[0]))
 
+typedef struct sm90_bwd_tiles {
+    int dim, kv_q, kv_stages, q_k, q_stages, warpgroups;
+} sm90_bwd_tiles;
+
+#define FA_SM90_BWD_ROW(D, BQ, KST, QN, QST, NWG) { D, BQ, KST, QN, QST, NWG },
+static const sm90_bwd_tiles sm90_bwd_table[] = { FA_CUDA_SM90_BWD_TILES(FA_SM90_BWD_ROW) };
+#undef FA_SM90_BWD_ROW
+#define N_SM90_BWD (sizeof(sm90_bwd_table) / sizeof(sm90_bwd_table[0]))
+
 /* The smallest instantiated head_dim that holds dim (columns past dim read as zeros). */
 static const tiles *tiles_for(int32_t dim)
 {
@@ -103,6 +112,14 @@ static void cuda_info(void *state, char *buf, size_t cap, size_t *len)
                            "warpgroup (sm_90a)"
                : p->major == 9 ? "off (FLASHATTN_CUDA_PORTABLE=1)"
                                : "no (needs compute capability 9.0)");
+    for (size_t i = 0; s->hopper && i < N_SM90_BWD; i++) {
+        const sm90_bwd_tiles *t = &sm90_bwd_table[i];
+        fa_appendf(buf, cap, len,
+                   "cuda.tiles.sm90.d%d: backward dK/dV %d keys x %d queries (%d stages), dQ %d "
+                   "queries x %d keys (%d stages); %d consumer warpgroups + 1 loading\n",
+                   t->dim, 64 * t->warpgroups, t->kv_q, t->kv_stages, 64 * t->warpgroups, t->q_k,
+                   t->q_stages, t->warpgroups);
+    }
     for (size_t i = 0; s->hopper && i < N_SM90; i++)
         fa_appendf(buf, cap, len,
                    "cuda.tiles.sm90.d%d: forward %dx%d (%d consumer warpgroups + 1 loading, %d "
@@ -164,6 +181,7 @@ typedef struct call {
     fa_cuda_params kp;
     const tiles *tl;
     const sm90_tiles *h; /* the Hopper forward's tiles, NULL when the mma.sync kernels run */
+    const sm90_bwd_tiles *hb; /* the same for the backward */
     int bf16;
     int64_t krows;
     size_t cu_bytes, dsum_bytes, std_bytes; /* workspace parts */
@@ -186,6 +204,9 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
     for (size_t i = 0; s->hopper && !backward && i < N_SM90; i++)
         if (sm90_table[i].dim == c->tl->dim)
             c->h = &sm90_table[i];
+    for (size_t i = 0; s->hopper && backward && i < N_SM90_BWD; i++)
+        if (sm90_bwd_table[i].dim == c->tl->dim)
+            c->hb = &sm90_bwd_table[i];
 
     fa_cuda_params *k = &c->kp;
     view_of(&k->q, &d->q, p->varlen);
@@ -263,12 +284,15 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
 #define FA_FWD_NAME(D, ...) "cuda-flash-mma-d" #D,
 #define FA_BWD_NAME(D, ...) "cuda-flash-bwd-mma-d" #D,
 #define FA_SM90_NAME(D, ...) "cuda-flash-wgmma-d" #D,
+#define FA_SM90_BWD_NAME(D, ...) "cuda-flash-bwd-wgmma-d" #D,
     static const char *const fwd_names[] = { FA_CUDA_TILES(FA_FWD_NAME) };
     static const char *const bwd_names[] = { FA_CUDA_TILES(FA_BWD_NAME) };
     static const char *const sm90_names[] = { FA_CUDA_SM90_TILES(FA_SM90_NAME) };
+    static const char *const sm90_bwd_names[] = { FA_CUDA_SM90_BWD_TILES(FA_SM90_BWD_NAME) };
 #undef FA_FWD_NAME
 #undef FA_BWD_NAME
 #undef FA_SM90_NAME
+#undef FA_SM90_BWD_NAME
     const size_t row = (size_t)(c->tl - tile_table);
     const int standard = p->desc->algorithm == FA_ALGORITHM_STANDARD;
     if (standard) {
@@ -276,6 +300,11 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
         info->block_q = 1;
         info->block_k = p->max_k;
         info->threads = 128;
+    } else if (c->hb) {
+        info->kernel = sm90_bwd_names[c->hb - sm90_bwd_table];
+        info->block_q = c->hb->kv_q;
+        info->block_k = 64 * c->hb->warpgroups;
+        info->threads = 128 * (c->hb->warpgroups + 1);
     } else if (backward) {
         info->kernel = bwd_names[row];
         info->block_q = c->tl->kv_q;
@@ -385,7 +414,8 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
         err = backward ? fa_cuda_standard_backward(k, c.bf16, c.krows, s->stream)
                        : fa_cuda_standard_forward(k, c.bf16, s->stream);
     else
-        err = backward ? fa_cuda_flash_backward(k, c.bf16, c.tl->dim, s->stream)
+        err = backward ? (c.hb ? fa_cuda_flash_backward_sm90(k, c.bf16, c.tl->dim, s->stream)
+                               : fa_cuda_flash_backward(k, c.bf16, c.tl->dim, s->stream))
                        : c.h ? fa_cuda_flash_forward_sm90(k, c.bf16, c.tl->dim, s->stream)
                              : fa_cuda_flash_forward(k, c.bf16, c.tl->dim, s->stream);
     if (err != cudaSuccess)

@@ -38,37 +38,6 @@ __global__ void __launch_bounds__(256) rowsum_kernel(const fa_cuda_params p, boo
         p.dsum[(int64_t)h * p.rows + r] = acc;
 }
 
-// Row statistics of query row i (within sequence s) of head h: lse in log2 units (+inf for a
-// row that saw no key, so its P is 0) and D.
-__device__ __forceinline__ float lse2_of(const fa_cuda_params &p, const seq_t &s, int h, int64_t i)
-{
-    if (i >= s.sq)
-        return INFINITY;
-    const float v = p.lse[lse_index(p, s, h, i)];
-    return v == -INFINITY ? INFINITY : v * kLog2e;
-}
-__device__ __forceinline__ float dsum_of(const fa_cuda_params &p, const seq_t &s, int h, int64_t i)
-{
-    return i < s.sq ? p.dsum[(int64_t)h * p.rows + s.q_base * p.seqlen_q + s.q0 + i] : 0.0f;
-}
-
-// dS and the kept P (dropout's 1/(1-p) left for the end) of one element from its
-// log2-domain logit (-inf where masked), dP and its row's statistics.
-struct grad_elem {
-    float pd, ds;
-};
-__device__ __forceinline__ grad_elem grad_of(const fa_cuda_params &p, float x, float dp, float lse2,
-                                             float dsum, bool keep)
-{
-    grad_elem r = { 0.0f, 0.0f };
-    const float pr = exp2_fast(x - lse2);
-    if (!(pr > 0.0f))
-        return r;
-    r.pd = keep ? pr : 0.0f;
-    r.ds = pr * ((keep ? dp * p.dropout_scale : 0.0f) - dsum) * cap_grad(p, x);
-    return r;
-}
-
 template <typename T, int D, int BQ, int W, int DS>
 __global__ void __launch_bounds__(W * 32) dk_dv_kernel(const fa_cuda_params p)
 {
@@ -139,26 +108,7 @@ __global__ void __launch_bounds__(W * 32) dk_dv_kernel(const fa_cuda_params p)
         gemm_nt<T, 1, NQ, D, LDS>(sc, sK + kw * 16 * LDS, q, lane);
         gemm_nt<T, 1, NQ, D, LDS>(dp, sV + kw * 16 * LDS, dO, lane);
 
-        to_logits(p, sc);
-        if (!mk.all_visible(i0, i0 + BQ, j0, j0 + 16))
-            apply_mask<true>(mk, sc, j0 + g, i0 + 2 * t);
-#pragma unroll
-        for (int nt = 0; nt < NQ; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int il = nt * 8 + 2 * t + (e & 1);
-                bool keep = true;
-                if (p.dropout_p > 0.0f) {
-                    const int64_t i = i0 + il, j = j0 + g + (e >> 1) * 8;
-                    uint32_t w[4];
-                    dropout_words(p, blk.b, h, i, j, w);
-                    keep = dropout_keep(p, w, j);
-                }
-                const grad_elem ge = grad_of(p, sc[0][nt][e], dp[0][nt][e], sL[st * BQ + il],
-                                             sD[st * BQ + il], keep);
-                sc[0][nt][e] = ge.pd;
-                dp[0][nt][e] = ge.ds;
-            }
+        kv_grads(p, mk, blk.b, h, sc, dp, sL + st * BQ, sD + st * BQ, i0, j0, g, t);
         uint32_t a[1][NQ / 2][4];
         to_a<T, 1, NQ>(a, sc);
         gemm_rn<T, 1, DN, NQ / 2, LDS>(dv, a, dO + dw * (D / DS), lane);
@@ -240,23 +190,7 @@ __global__ void __launch_bounds__(W * 32) dq_kernel(const fa_cuda_params p)
         gemm_nt<T, 1, NS, D, LDS>(sc, sQ + warp * 16 * LDS, k, lane);
         gemm_nt<T, 1, NS, D, LDS>(dp, sO + warp * 16 * LDS, sV + st * BK * LDS, lane);
 
-        const int c0 = n * BK;
-        to_logits(p, sc);
-        if (!mk.all_visible(wr0, wr0 + 16, c0, c0 + BK))
-            apply_mask(mk, sc, wr0 + g, c0 + 2 * t);
-#pragma unroll
-        for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const int64_t i = wr0 + g + hf * 8, j = c0 + nt * 8 + 2 * t;
-                uint32_t w[4] = { 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu };
-                if (p.dropout_p > 0.0f)
-                    dropout_words(p, blk.b, blk.h, i, j, w);
-#pragma unroll
-                for (int e = 0; e < 2; e++)
-                    sc[0][nt][2 * hf + e] = grad_of(p, sc[0][nt][2 * hf + e], dp[0][nt][2 * hf + e],
-                                                    lse2[hf], dsum[hf], dropout_keep(p, w, j + e)).ds;
-            }
+        dq_grads(p, mk, blk.b, blk.h, sc, dp, lse2, dsum, wr0, (int64_t)n * BK, g, t);
         uint32_t a[1][NS / 2][4];
         to_a<T, 1, NS>(a, sc);
         gemm_rn<T, 1, ND, NS / 2, LDS>(dq, a, k, lane);

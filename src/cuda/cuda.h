@@ -20,6 +20,11 @@ cudaError_t fa_cuda_flash_forward(const fa_cuda_params *p, int bf16, int dpad, c
 cudaError_t fa_cuda_flash_forward_sm90(const fa_cuda_params *p, int bf16, int dpad,
                                        cudaStream_t stream);
 
+/* The backward on Hopper's warpgroup tensor cores for the head dims of
+ * FA_CUDA_SM90_BWD_TILES; cudaErrorInvalidValue for others. */
+cudaError_t fa_cuda_flash_backward_sm90(const fa_cuda_params *p, int bf16, int dpad,
+                                        cudaStream_t stream);
+
 /* rowsum(dO * O) of every query row into p->dsum ([heads_q, rows] floats). */
 cudaError_t fa_cuda_rowsum(const fa_cuda_params *p, int bf16, cudaStream_t stream);
 

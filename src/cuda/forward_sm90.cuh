@@ -19,29 +19,6 @@ template <int BM, int BN, int D, int STAGES> struct sm90_smem {
     static constexpr size_t bytes = 1024 + (size_t)q + 2 * STAGES * (size_t)kv; // + alignment slack
 };
 
-__device__ __forceinline__ void named_barrier(int id, int threads)
-{
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t *b, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *b)
-{
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_addr(b))
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t *b, int parity)
-{
-    asm volatile("{\n.reg .pred done;\nwait_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra wait_%=;\n}\n" ::"r"(smem_addr(b)),
-                 "r"(parity)
-                 : "memory");
-}
-
 // One warpgroup's running state: 64 rows (this thread: rows g and g + 8 of its warp's 16).
 template <int D, int BN> struct sm90_rows {
     static constexpr int NS = BN / 8, ND = D / 8;
@@ -99,27 +76,6 @@ __device__ __forceinline__ void finish_step(const fa_cuda_params &p, sm90_rows<D
     if (p.dropout_p > 0.0f) // dropped to 0 here; the 1/(1-p) comes in float32 at the end
         apply_dropout(p, r.sc, b, h, row, col);
     to_a<T, 1, BN / 8>(r.pa, r.sc);
-}
-
-// S = Q K^T for one warpgroup (q: its 64 rows of the swizzled Q tile, k: a K stage).
-template <typename T, int D, int BM, int BN>
-__device__ __forceinline__ void issue_qk(float (&s)[BN / 2], uint32_t q, uint32_t k)
-{
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
-        wgmma<T, BN>::ss(s, sw_desc(q + (kk / 4) * BM * 128 + (kk % 4) * 32, 16),
-                         sw_desc(k + (kk / 4) * BN * 128 + (kk % 4) * 32, 16), kk > 0);
-    wgmma_commit();
-}
-
-// O += P V (v: a V stage, MN-major: 64-column blocks BN * 128 bytes apart).
-template <typename T, int D, int BN>
-__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pa)[BN / 16][4], uint32_t v)
-{
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++)
-        wgmma<T, D>::rs(o, pa[kk], sw_desc(v + kk * 2048, BN * 128), 1);
-    wgmma_commit();
 }
 
 // Normalise and write this warpgroup's 64 rows (and their lse); rows that saw no key give 0
@@ -258,11 +214,11 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
         const int i = n - n_lo, st = i % STAGES;
         mbar_wait(&ring.full_k[st], (i / STAGES) & 1);
         wgmma_fence();
-        issue_qk<T, D, BM, BN>(sf, qa, ka + st * KV);
+        wg_gemm_nt<T, D, BM, BN>(sf, qa, ka + st * KV);
         if (i > 0) {
             const int sp = (i - 1) % STAGES;
             mbar_wait(&ring.full_v[sp], ((i - 1) / STAGES) & 1);
-            issue_pv<T, D, BN>(of, r.pa[0], va + sp * KV);
+            wg_gemm_rn<T, D, BN>(of, r.pa[0], va + sp * KV);
             wgmma_wait<1>();
         } else {
             wgmma_wait<0>();
@@ -283,19 +239,12 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
         const int i = n_hi - 1 - n_lo;
         mbar_wait(&ring.full_v[i % STAGES], (i / STAGES) & 1);
         wgmma_fence();
-        issue_pv<T, D, BN>(of, r.pa[0], va + (i % STAGES) * KV);
+        wg_gemm_rn<T, D, BN>(of, r.pa[0], va + (i % STAGES) * KV);
         wgmma_wait<0>();
         reg_fence(of);
     }
     store_rows<T, D, BM, BN>(p, r, s, qt.blk.h, r0, wg, warp, g, t, sQ);
 }
-
-// Registers a consumer thread gets when the producer warpgroup keeps kProducerRegs.
-constexpr int kProducerRegs = 40;
-template <int NWG> struct consumer_regs {
-    static constexpr int free = ((65536 - 128 * kProducerRegs) / (128 * NWG)) / 8 * 8;
-    static constexpr int value = free > 240 ? 240 : free;
-};
 
 // NWG consumer warpgroups and one loading warpgroup; K/V STAGES deep.
 template <typename T, int D, int BN, int NWG, int STAGES = 2>

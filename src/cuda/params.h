@@ -54,4 +54,10 @@ typedef struct fa_cuda_params {
     X(64, 128, 2, 2)          \
     X(128, 128, 2, 3)
 
+/* The Hopper backward's tiles: X(dim, dK/dV query step, its ring stages, dQ key step, its ring
+ * stages, consumer warpgroups (64 keys / 64 queries each)). */
+#define FA_CUDA_SM90_BWD_TILES(X) \
+    X(64, 64, 6, 64, 6, 2)        \
+    X(128, 32, 6, 64, 4, 2)
+
 #endif

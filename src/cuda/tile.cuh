@@ -454,5 +454,91 @@ template <typename T> __device__ __forceinline__ float load(const fa_cuda_view &
     return t.f32 ? ((const float *)t.p)[off] : to_float<T>(((const T *)t.p)[off]);
 }
 
+// Row statistics of query row i (within sequence s) of head h for the backward: lse in log2
+// units (+inf for a row that saw no key, so its P is 0) and D = rowsum(dO * O).
+__device__ __forceinline__ float lse2_of(const fa_cuda_params &p, const seq_t &s, int h, int64_t i)
+{
+    if (i >= s.sq)
+        return INFINITY;
+    const float v = p.lse[lse_index(p, s, h, i)];
+    return v == -INFINITY ? INFINITY : v * kLog2e;
+}
+__device__ __forceinline__ float dsum_of(const fa_cuda_params &p, const seq_t &s, int h, int64_t i)
+{
+    return i < s.sq ? p.dsum[(int64_t)h * p.rows + s.q_base * p.seqlen_q + s.q0 + i] : 0.0f;
+}
+
+// dS and the kept P (dropout's 1/(1-p) left for the end) of one element from its
+// log2-domain logit (-inf where masked), dP and its row's statistics.
+struct grad_elem {
+    float pd, ds;
+};
+__device__ __forceinline__ grad_elem grad_of(const fa_cuda_params &p, float x, float dp, float lse2,
+                                             float dsum, bool keep)
+{
+    grad_elem r = { 0.0f, 0.0f };
+    const float pr = exp2_fast(x - lse2);
+    if (!(pr > 0.0f))
+        return r;
+    r.pd = keep ? pr : 0.0f;
+    r.ds = pr * ((keep ? dp * p.dropout_scale : 0.0f) - dsum) * cap_grad(p, x);
+    return r;
+}
+
+// dQ's element step on a [queries x keys] tile (rows row0 + g (+8), columns col0 + 2t ...):
+// raw scores in sc -> dS in sc, from dP in dp and the rows' statistics.
+template <int NS>
+__device__ __forceinline__ void dq_grads(const fa_cuda_params &p, const mask_t &mk, int b, int h,
+                                         float (&sc)[1][NS][4], const float (&dp)[1][NS][4],
+                                         const float (&lse2)[2], const float (&dsum)[2], int64_t row0,
+                                         int64_t col0, int g, int t)
+{
+    to_logits(p, sc);
+    if (!mk.all_visible(row0, row0 + 16, col0, col0 + 8 * NS))
+        apply_mask(mk, sc, row0 + g, col0 + 2 * t);
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int64_t i = row0 + g + hf * 8, j = col0 + nt * 8 + 2 * t;
+            uint32_t w[4] = { 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu };
+            if (p.dropout_p > 0.0f)
+                dropout_words(p, b, h, i, j, w);
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                sc[0][nt][2 * hf + e] = grad_of(p, sc[0][nt][2 * hf + e], dp[0][nt][2 * hf + e],
+                                                lse2[hf], dsum[hf], dropout_keep(p, w, j + e)).ds;
+        }
+}
+
+// dK/dV's element step on a transposed [keys x queries] tile (rows key0 + g (+8), columns
+// query0 + 2t ...): raw scores in sc -> the kept P in sc, dP in dp -> dS in dp; the
+// queries' lse2 and D from sl / sd (indexed from query0).
+template <int NQ>
+__device__ __forceinline__ void kv_grads(const fa_cuda_params &p, const mask_t &mk, int b, int h,
+                                         float (&sc)[1][NQ][4], float (&dp)[1][NQ][4],
+                                         const float *sl, const float *sd, int64_t query0,
+                                         int64_t key0, int g, int t)
+{
+    to_logits(p, sc);
+    if (!mk.all_visible(query0, query0 + 8 * NQ, key0, key0 + 16))
+        apply_mask<true>(mk, sc, key0 + g, query0 + 2 * t);
+#pragma unroll
+    for (int nt = 0; nt < NQ; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int il = nt * 8 + 2 * t + (e & 1);
+            bool keep = true;
+            if (p.dropout_p > 0.0f) {
+                const int64_t i = query0 + il, j = key0 + g + (e >> 1) * 8;
+                uint32_t w[4];
+                dropout_words(p, b, h, i, j, w);
+                keep = dropout_keep(p, w, j);
+            }
+            const grad_elem ge = grad_of(p, sc[0][nt][e], dp[0][nt][e], sl[il], sd[il], keep);
+            sc[0][nt][e] = ge.pd;
+            dp[0][nt][e] = ge.ds;
+        }
+}
 
 } // namespace fa

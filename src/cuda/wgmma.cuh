@@ -97,9 +97,11 @@ template <int N> __device__ __forceinline__ void reg_fence(uint32_t (&a)[N][4])
 #define FA_F8(d, i)                                                                             \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
         "+f"(d[i + 6]), "+f"(d[i + 7])
-#define FA_F32(d) FA_F8(d, 0), FA_F8(d, 8), FA_F8(d, 16), FA_F8(d, 24)
+#define FA_F16(d) FA_F8(d, 0), FA_F8(d, 8)
+#define FA_F32(d) FA_F16(d), FA_F8(d, 16), FA_F8(d, 24)
 #define FA_F64(d) FA_F32(d), FA_F8(d, 32), FA_F8(d, 40), FA_F8(d, 48), FA_F8(d, 56)
 #define FA_F96(d) FA_F64(d), FA_F8(d, 64), FA_F8(d, 72), FA_F8(d, 80), FA_F8(d, 88)
+#define FA_R16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
 #define FA_R32                                                                                  \
     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
     "%25,%26,%27,%28,%29,%30,%31}"
@@ -140,6 +142,8 @@ template <typename T, int N> struct wgmma;
                          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(sc));           \
         }                                                                                           \
     };
+FA_WGMMA(__half, "f16", 32, FA_R16, FA_F16, 16, 17, 18, 19, 20, 21)
+FA_WGMMA(__nv_bfloat16, "bf16", 32, FA_R16, FA_F16, 16, 17, 18, 19, 20, 21)
 FA_WGMMA(__half, "f16", 64, FA_R32, FA_F32, 32, 33, 34, 35, 36, 37)
 FA_WGMMA(__half, "f16", 128, FA_R64, FA_F64, 64, 65, 66, 67, 68, 69)
 FA_WGMMA(__nv_bfloat16, "bf16", 64, FA_R32, FA_F32, 32, 33, 34, 35, 36, 37)
@@ -148,11 +152,66 @@ FA_WGMMA(__half, "f16", 192, FA_R96, FA_F96, 96, 97, 98, 99, 100, 101)
 FA_WGMMA(__nv_bfloat16, "bf16", 192, FA_R96, FA_F96, 96, 97, 98, 99, 100, 101)
 #undef FA_WGMMA
 #undef FA_F8
+#undef FA_F16
 #undef FA_F32
+#undef FA_R16
 #undef FA_F64
 #undef FA_F96
 #undef FA_R96
 #undef FA_R32
 #undef FA_R64
+
+// Warpgroup products, each committed as one wgmma group. nt: acc[64 x N] = A B^T with A
+// (64 rows from address a, in a tile of AP rows) and B (N rows from b, a tile of N rows)
+// both K-major, K = D deep. rn: acc[64 x N] += A B with A in registers (K = KP deep) and B
+// an MN-major tile of KP rows x N columns from b (column blocks KP * 128 bytes apart).
+template <typename T, int D, int AP, int N>
+__device__ __forceinline__ void wg_gemm_nt(float (&acc)[N / 2], uint32_t a, uint32_t b)
+{
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        wgmma<T, N>::ss(acc, sw_desc(a + (kk / 4) * AP * 128 + (kk % 4) * 32, 16),
+                        sw_desc(b + (kk / 4) * N * 128 + (kk % 4) * 32, 16), kk > 0);
+    wgmma_commit();
+}
+template <typename T, int N, int KP>
+__device__ __forceinline__ void wg_gemm_rn(float (&acc)[N / 2], const uint32_t (&a)[KP / 16][4], uint32_t b)
+{
+#pragma unroll
+    for (int kk = 0; kk < KP / 16; kk++)
+        wgmma<T, N>::rs(acc, a[kk], sw_desc(b + kk * 2048, KP * 128), 1);
+    wgmma_commit();
+}
+
+__device__ __forceinline__ void named_barrier(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t *b, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_addr(b))
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *b, int parity)
+{
+    asm volatile("{\n.reg .pred done;\nwait_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra wait_%=;\n}\n" ::"r"(smem_addr(b)),
+                 "r"(parity)
+                 : "memory");
+}
+
+// Registers a consumer thread gets when a loading warpgroup keeps kProducerRegs
+// (setmaxnreg; the block holds NWG consumer warpgroups and one loading warpgroup).
+constexpr int kProducerRegs = 40;
+template <int NWG> struct consumer_regs {
+    static constexpr int free = ((65536 - 128 * kProducerRegs) / (128 * NWG)) / 8 * 8;
+    static constexpr int value = free > 240 ? 240 : free;
+};
 
 } // namespace fa
