@@ -55,7 +55,7 @@ static double loss(const fa_attention_desc *d, const double *g, size_t n)
 {
     double *o = malloc(n * sizeof(double)), l = 0.0;
     assert_non_null(o);
-    assert_int_equal(fa_ref_attention(d, 1, o, NULL), 0);
+    assert_int_equal(fa_ref_attention(d, 1, o, NULL, NULL), 0);
     for (size_t i = 0; i < n; i++)
         l += o[i] * g[i];
     free(o);

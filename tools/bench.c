@@ -168,7 +168,7 @@ static void errors(const fa_attention_desc *d, row *r)
     double *ref = malloc(sizeof(double) * (size_t)(rows * hq * dim));
     r->rows = rows;
     r->sampled_rows = 0;
-    if (!ref || fa_ref_attention(d, every, ref, NULL) != 0) {
+    if (!ref || fa_ref_attention(d, every, ref, NULL, NULL) != 0) {
         free(ref);
         r->max_err = r->mean_err = r->frac_err = r->rel_l2 = NAN;
         return;

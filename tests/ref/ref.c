@@ -75,7 +75,8 @@ static int64_t elem(const fa_attention_desc *d, const fa_tensor *t, int32_t b, i
            (int64_t)h * t->stride_head;
 }
 
-int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, double *lse)
+int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, double *lse,
+                     double *score_max)
 {
     const int32_t hq = d->num_heads_q, dim = d->head_dim, group = d->num_heads_q / d->num_heads_kv;
     const double scale = d->scale != 0.0f ? d->scale : 1.0 / sqrt((double)dim);
@@ -88,6 +89,7 @@ int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, 
         free(keep);
         return -1;
     }
+    double smax = 0.0;
     for (int32_t b = 0; b < d->batch; b++) {
         int64_t q0 = d->cu_seqlens_q ? d->cu_seqlens_q[b] : (int64_t)b * d->seqlen_q;
         int64_t k0 = d->cu_seqlens_k ? d->cu_seqlens_k[b] : 0;
@@ -113,6 +115,8 @@ int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, 
                         acc += fa_ref_decode(d->q.dtype, d->q.data, qa + x) *
                                fa_ref_decode(d->k.dtype, d->k.data, ka + x);
                     acc *= scale;
+                    if (fabs(acc) > smax)
+                        smax = fabs(acc);
                     if (d->softcap > 0.0f)
                         acc = d->softcap * tanh(acc / d->softcap);
                     s[j] = acc;
@@ -159,6 +163,8 @@ int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, 
     }
     free(s);
     free(keep);
+    if (score_max)
+        *score_max = smax;
     return 0;
 }
 

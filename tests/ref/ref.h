@@ -32,10 +32,13 @@ double fa_rng_uniform(fa_rng *r); /* [-1, 1) */
  * reading q/k/v through the descriptor's strides. Rows are indexed by packed
  * row (b*seqlen_q + i, or the varlen row): o[(row*hq + h)*dim + x] and
  * lse[row*hq + h]. When rows_every > 1 only rows with (row % rows_every) == 0
- * are computed (sampling for very large shapes). Returns 0, or -1 when
- * out of memory.
+ * are computed (sampling for very large shapes). score_max (optional) gets the
+ * largest |scale * q.k| of a visible pair, before any cap: a float32 kernel's
+ * rounding of scores, and so of lse, grows with it. Returns 0, or -1 when out of
+ * memory.
  */
-int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, double *lse);
+int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, double *lse,
+                     double *score_max);
 
 /*
  * Naive float64 backward of the call bd->forward describes, with d_o read
