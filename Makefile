@@ -5,7 +5,7 @@
 
 BUILD ?= build
 JOBS ?= $(shell nproc)
-DEPS := cmake gcc make libopenblas-dev libcmocka-dev
+DEPS := cmake gcc make libopenblas-dev libcmocka-dev libegl-dev libgles-dev libegl-mesa0 libgl1-mesa-dri
 CMAKE_FLAGS ?=
 
 .PHONY: all deps build run test sanitize clean

@@ -67,7 +67,7 @@ typedef enum fa_dtype {
 } fa_dtype;
 
 typedef enum fa_backend {
-    FA_BACKEND_AUTO = 0, /* the best usable backend (CPU when nothing else is) */
+    FA_BACKEND_AUTO = 0, /* CUDA when usable, else the CPU (GLES only when asked for) */
     FA_BACKEND_CPU = 1,
     FA_BACKEND_CUDA = 2,
     FA_BACKEND_GLES = 3

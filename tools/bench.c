@@ -319,10 +319,13 @@ static void print_row(const opts *o, const row *r)
         snprintf(speed, sizeof(speed), "%.2fx", r->ms_std / r->ms_flash);
         snprintf(std_mib, sizeof(std_mib), "%.2f", (double)r->bytes_std / 1048576.0);
     }
-    printf("%-4s %-20s %2ld %3ld %3ld %5ld %5ld %4ld %-4s %-3s %9.3f %9s %7s %7.1f %5.0f%% %9.3f "
+    char pct[16] = "-"; /* the ceiling is a CPU's */
+    if (!isnan(r->pct_sgemm))
+        snprintf(pct, sizeof(pct), "%.0f%%", r->pct_sgemm);
+    printf("%-4s %-20s %2ld %3ld %3ld %5ld %5ld %4ld %-4s %-3s %9.3f %9s %7s %7.1f %6s %9.3f "
            "%9s %8.1e %8.1e %6.2f%% %8.1e%s\n",
            r->backend, r->kernel, r->b, r->h, r->hk, r->sq, r->sk, r->d, cli_dtype_name(o->dtype),
-           r->causal ? "yes" : "no", r->ms_flash, std_ms, speed, r->gflops, r->pct_sgemm,
+           r->causal ? "yes" : "no", r->ms_flash, std_ms, speed, r->gflops, pct,
            (double)r->bytes_flash / 1048576.0, std_mib, r->max_err, r->mean_err,
            100.0 * r->frac_err, r->rel_l2, r->sampled_rows < r->rows ? " *" : "");
     if (r->has_bwd) {
@@ -532,7 +535,7 @@ int cmd_bench(int argc, char **argv)
     }
     FILE *out = jf == stdout ? stderr : stdout; /* keep stdout pure JSON with --json - */
     int threads = (int)o.threads;
-    double sgemm = o.no_sgemm ? 0.0 : sgemm_gflops(threads);
+    double sgemm = o.no_sgemm || fa_context_backend(ctx) != FA_BACKEND_CPU ? 0.0 : sgemm_gflops(threads);
     fprintf(out, "flashattn %s bench: backend %s, %s, medians after warm-up\n", fa_version_string(),
             fa_backend_name(fa_context_backend(ctx)), cli_dtype_name(o.dtype));
     if (sgemm > 0)

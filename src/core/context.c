@@ -148,8 +148,9 @@ fa_status fa_context_create(const fa_context_options *opts, fa_context_t *out)
                             fa_backend_name(o.backend));
         return try_backend(iface, o.num_threads, out);
     }
-    /* Auto: accelerators first, the CPU always works. */
-    static const fa_backend order[] = { FA_BACKEND_CUDA, FA_BACKEND_GLES, FA_BACKEND_CPU };
+    /* Auto: CUDA first, the CPU always works. GLES is asked for by name: whether a given
+     * GLES device beats the CPU depends on it (Mesa's llvmpipe, a GLES on the CPU, does not). */
+    static const fa_backend order[] = { FA_BACKEND_CUDA, FA_BACKEND_CPU };
     fa_status st = FA_ERR_BACKEND_UNAVAILABLE;
     for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
         const fa_backend_iface *iface = fa_registry_get(order[i]);

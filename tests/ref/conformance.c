@@ -319,8 +319,9 @@ oom:
 int fa_case_run(fa_context_t ctx, const fa_case *c, fa_case_result *res)
 {
     memset(res, 0, sizeof(*res));
-    if (!fa_backend_takes_dtype(fa_context_backend(ctx), c->dtype)) {
-        res->passed = fa_case_check_refused(ctx, c, res->message, sizeof(res->message)) == 0;
+    const char *refused = fa_backend_refuses(fa_context_backend(ctx), c);
+    if (refused) {
+        res->passed = fa_case_check_refused(ctx, c, refused, res->message, sizeof(res->message)) == 0;
         return 0;
     }
     fa_case_inputs in;
@@ -413,12 +414,17 @@ int fa_test_case_every(void)
     return n > 1 ? n : 1;
 }
 
-int fa_backend_takes_dtype(fa_backend b, fa_dtype t)
+const char *fa_backend_refuses(fa_backend b, const fa_case *c)
 {
-    return !(b == FA_BACKEND_CUDA && t == FA_DTYPE_F32);
+    if (b == FA_BACKEND_CUDA && c->dtype == FA_DTYPE_F32)
+        return "dtype";
+    if (b == FA_BACKEND_GLES && c->dropout_p > 0.0f)
+        return "dropout_p";
+    return NULL;
 }
 
-int fa_case_check_refused(fa_context_t ctx, const fa_case *c, char *msg, size_t cap)
+int fa_case_check_refused(fa_context_t ctx, const fa_case *c, const char *field, char *msg,
+                          size_t cap)
 {
     fa_case_inputs in;
     if (fa_case_inputs_make(c, c->with_lse, &in) != 0) {
@@ -427,8 +433,8 @@ int fa_case_check_refused(fa_context_t ctx, const fa_case *c, char *msg, size_t 
     }
     fa_status s = fa_forward_plan(ctx, &in.d, NULL);
     fa_case_inputs_free(&in);
-    if (s != FA_ERR_UNSUPPORTED || !strstr(fa_context_last_error(ctx), "dtype")) {
-        snprintf(msg, cap, "expected FA_ERR_UNSUPPORTED naming the dtype, got %s (%s)",
+    if (s != FA_ERR_UNSUPPORTED || !strstr(fa_context_last_error(ctx), field)) {
+        snprintf(msg, cap, "expected FA_ERR_UNSUPPORTED naming %s, got %s (%s)", field,
                  fa_status_string(s), fa_context_last_error(ctx));
         return -1;
     }

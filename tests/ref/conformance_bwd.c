@@ -64,8 +64,9 @@ static int stage_grads(fa_context_t ctx, void *const host[4], const int64_t byte
 int fa_case_run_backward(fa_context_t ctx, const fa_case *c, fa_bwd_result *res)
 {
     memset(res, 0, sizeof(*res));
-    if (!fa_backend_takes_dtype(fa_context_backend(ctx), c->dtype)) {
-        res->passed = fa_case_check_refused(ctx, c, res->message, sizeof(res->message)) == 0;
+    const char *refused = fa_backend_refuses(fa_context_backend(ctx), c);
+    if (refused) {
+        res->passed = fa_case_check_refused(ctx, c, refused, res->message, sizeof(res->message)) == 0;
         return 0;
     }
     fa_case_inputs in;

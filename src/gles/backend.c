@@ -1,0 +1,571 @@
+/* SPDX-License-Identifier: MIT */
+/* The OpenGL ES 3.1 compute backend: a headless EGL context (the EGL device platform, then
+ * Mesa's surfaceless one), tiles derived from the context's limits, shaders compiled per
+ * (head_dim, tiles, storage) from the embedded .comp sources, host tensors repacked into
+ * shader storage buffers and the outputs read back. */
+#include "../core/internal.h"
+#include "../cpu/kernels/kernels.h"
+
+#include <EGL/egl.h>
+#include <EGL/eglext.h>
+#include <GLES3/gl31.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gles_common.h"
+#include "gles_flash_forward.h"
+#include "gles_std_pv.h"
+#include "gles_std_scores.h"
+#include "gles_std_softmax.h"
+
+enum { SH_FLASH, SH_SCORES, SH_SOFTMAX, SH_PV, SH_COUNT };
+static const char *const shader_src[SH_COUNT] = { fa_gles_flash_forward, fa_gles_std_scores,
+                                                  fa_gles_std_softmax, fa_gles_std_pv };
+static const char *const shader_name[SH_COUNT] = { "flash_forward", "std_scores", "std_softmax",
+                                                   "std_pv" };
+
+#define MAX_PROGRAMS 64
+#define STD_GROUP 64 /* local size of the standard passes */
+
+typedef struct program {
+    int shader, d4, br, bc, f16;
+    GLuint id;
+} program;
+
+typedef struct gles_state {
+    EGLDisplay dpy;
+    EGLContext ctx;
+    const char *platform;
+    char renderer[128], version[128];
+    GLint max_shared, max_invocations, max_count[3];
+    int has_16bit_storage; /* GL_EXT_shader_16bit_storage */
+    program programs[MAX_PROGRAMS];
+    int n_programs;
+} gles_state;
+
+/* The tiles of one call: head_dim in vec4s, query rows per workgroup, keys per K/V tile. */
+typedef struct tiles {
+    int d4, br, bc, f16;
+} tiles;
+
+static int has_ext(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = list; p && (p = strstr(p, name)); p += n)
+        if ((p == list || p[-1] == ' ') && (p[n] == ' ' || p[n] == '\0'))
+            return 1;
+    return 0;
+}
+
+static EGLDisplay open_display(const char **platform)
+{
+    const char *client = eglQueryString(EGL_NO_DISPLAY, EGL_EXTENSIONS);
+    PFNEGLGETPLATFORMDISPLAYEXTPROC get_display =
+        (PFNEGLGETPLATFORMDISPLAYEXTPROC)eglGetProcAddress("eglGetPlatformDisplayEXT");
+    EGLint major, minor;
+    if (get_display && has_ext(client, "EGL_EXT_platform_device")) {
+        PFNEGLQUERYDEVICESEXTPROC query =
+            (PFNEGLQUERYDEVICESEXTPROC)eglGetProcAddress("eglQueryDevicesEXT");
+        EGLDeviceEXT devs[16];
+        EGLint n = 0;
+        if (query && query(16, devs, &n))
+            for (EGLint i = 0; i < n; i++) {
+                EGLDisplay d = get_display(EGL_PLATFORM_DEVICE_EXT, devs[i], NULL);
+                if (d != EGL_NO_DISPLAY && eglInitialize(d, &major, &minor)) {
+                    *platform = "EGL device";
+                    return d;
+                }
+            }
+    }
+    if (get_display && has_ext(client, "EGL_MESA_platform_surfaceless")) {
+        EGLDisplay d = get_display(EGL_PLATFORM_SURFACELESS_MESA, EGL_DEFAULT_DISPLAY, NULL);
+        if (d != EGL_NO_DISPLAY && eglInitialize(d, &major, &minor)) {
+            *platform = "Mesa surfaceless";
+            return d;
+        }
+    }
+    return EGL_NO_DISPLAY;
+}
+
+static fa_status make_current(fa_context_t ctx, const gles_state *s)
+{
+    if (!eglMakeCurrent(s->dpy, EGL_NO_SURFACE, EGL_NO_SURFACE, s->ctx))
+        return fa_error(ctx, FA_ERR_BACKEND, "eglMakeCurrent failed (EGL error 0x%x)",
+                        (unsigned)eglGetError());
+    return FA_OK;
+}
+
+static void release_current(const gles_state *s)
+{
+    eglMakeCurrent(s->dpy, EGL_NO_SURFACE, EGL_NO_SURFACE, EGL_NO_CONTEXT);
+}
+
+static void gles_destroy(void *state)
+{
+    gles_state *s = state;
+    if (!s)
+        return;
+    if (s->ctx != EGL_NO_CONTEXT) {
+        if (eglMakeCurrent(s->dpy, EGL_NO_SURFACE, EGL_NO_SURFACE, s->ctx))
+            for (int i = 0; i < s->n_programs; i++)
+                glDeleteProgram(s->programs[i].id);
+        release_current(s);
+        eglDestroyContext(s->dpy, s->ctx);
+    }
+    if (s->dpy != EGL_NO_DISPLAY)
+        eglTerminate(s->dpy);
+    free(s);
+}
+
+static fa_status gles_init(fa_context_t ctx, int32_t num_threads, void **state)
+{
+    (void)num_threads;
+    gles_state *s = calloc(1, sizeof(*s));
+    if (!s)
+        return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the GLES backend");
+    s->ctx = EGL_NO_CONTEXT;
+    s->dpy = open_display(&s->platform);
+    if (s->dpy == EGL_NO_DISPLAY) {
+        gles_destroy(s);
+        return fa_error(ctx, FA_ERR_BACKEND_UNAVAILABLE,
+                        "no headless EGL display: neither the EGL device platform nor Mesa's "
+                        "surfaceless platform initialised (install Mesa's EGL, libegl-mesa0, or "
+                        "a GPU driver's EGL)");
+    }
+    const EGLint ctx_attr[] = { EGL_CONTEXT_MAJOR_VERSION, 3, EGL_CONTEXT_MINOR_VERSION, 1, EGL_NONE };
+    if (!eglBindAPI(EGL_OPENGL_ES_API) ||
+        (s->ctx = eglCreateContext(s->dpy, EGL_NO_CONFIG_KHR, EGL_NO_CONTEXT, ctx_attr)) ==
+            EGL_NO_CONTEXT) {
+        EGLint err = eglGetError();
+        const char *platform = s->platform;
+        gles_destroy(s);
+        return fa_error(ctx, FA_ERR_BACKEND_UNAVAILABLE,
+                        "no OpenGL ES 3.1 context on the %s display (EGL error 0x%x): compute "
+                        "shaders need ES 3.1",
+                        platform, (unsigned)err);
+    }
+    fa_status st = make_current(ctx, s);
+    if (st != FA_OK) {
+        gles_destroy(s);
+        return st;
+    }
+    GLint major = 0, minor = 0;
+    glGetIntegerv(GL_MAJOR_VERSION, &major);
+    glGetIntegerv(GL_MINOR_VERSION, &minor);
+    if (major < 3 || (major == 3 && minor < 1)) {
+        release_current(s);
+        gles_destroy(s);
+        return fa_error(ctx, FA_ERR_BACKEND_UNAVAILABLE,
+                        "OpenGL ES %d.%d context: compute shaders need 3.1", (int)major, (int)minor);
+    }
+    snprintf(s->renderer, sizeof(s->renderer), "%s", (const char *)glGetString(GL_RENDERER));
+    snprintf(s->version, sizeof(s->version), "%s", (const char *)glGetString(GL_VERSION));
+    glGetIntegerv(GL_MAX_COMPUTE_SHARED_MEMORY_SIZE, &s->max_shared);
+    glGetIntegerv(GL_MAX_COMPUTE_WORK_GROUP_INVOCATIONS, &s->max_invocations);
+    for (GLuint i = 0; i < 3; i++)
+        glGetIntegeri_v(GL_MAX_COMPUTE_WORK_GROUP_COUNT, i, &s->max_count[i]);
+    GLint n = 0;
+    glGetIntegerv(GL_NUM_EXTENSIONS, &n);
+    for (GLint i = 0; i < n; i++)
+        if (strcmp((const char *)glGetStringi(GL_EXTENSIONS, (GLuint)i), "GL_EXT_shader_16bit_storage") == 0)
+            s->has_16bit_storage = 1;
+    release_current(s);
+    *state = s;
+    return FA_OK;
+}
+
+/* Keys per K/V tile: K and V rows (vec4 float32 each) in shared memory, at most 3/4 of the
+ * limit (the rest is the driver's and headroom), a power of two between 1 and 64. Query
+ * rows: one invocation each, up to 64 within the invocation limit. Q and O rows stay in
+ * registers. */
+static tiles tiles_for(const gles_state *s, int32_t dim, int f16)
+{
+    tiles t = { 0 };
+    t.d4 = (dim + 3) / 4;
+    t.f16 = f16;
+    const int per_key = 2 * t.d4 * 16;
+    int bc = 64;
+    while (bc > 1 && bc * per_key > s->max_shared * 3 / 4)
+        bc /= 2;
+    t.bc = bc;
+    t.br = s->max_invocations >= 64 ? 64 : s->max_invocations;
+    return t;
+}
+
+static fa_status gl_check(fa_context_t ctx, const char *what)
+{
+    GLenum e = glGetError();
+    if (e == GL_NO_ERROR)
+        return FA_OK;
+    return fa_error(ctx, e == GL_OUT_OF_MEMORY ? FA_ERR_OUT_OF_MEMORY : FA_ERR_BACKEND,
+                    "OpenGL ES error 0x%x %s", (unsigned)e, what);
+}
+
+static fa_status get_program(fa_context_t ctx, gles_state *s, int shader, const tiles *t, GLuint *out)
+{
+    for (int i = 0; i < s->n_programs; i++) {
+        const program *p = &s->programs[i];
+        if (p->shader == shader && p->d4 == t->d4 && p->br == t->br && p->bc == t->bc && p->f16 == t->f16) {
+            *out = p->id;
+            return FA_OK;
+        }
+    }
+    char preamble[256];
+    snprintf(preamble, sizeof(preamble),
+             "#version 310 es\n#define D4 %d\n#define BR %d\n#define BC %d\n#define STORE_F16 %d\n",
+             t->d4, t->br, t->bc, t->f16);
+    const char *parts[3] = { preamble, fa_gles_common, shader_src[shader] };
+    GLuint sh = glCreateShader(GL_COMPUTE_SHADER);
+    glShaderSource(sh, 3, parts, NULL);
+    glCompileShader(sh);
+    GLint ok = 0;
+    glGetShaderiv(sh, GL_COMPILE_STATUS, &ok);
+    if (!ok) {
+        char log[512] = "";
+        glGetShaderInfoLog(sh, sizeof(log), NULL, log);
+        glDeleteShader(sh);
+        return fa_error(ctx, FA_ERR_BACKEND, "compiling shader %s (D4 %d, BR %d, BC %d, f16 %d): %s",
+                        shader_name[shader], t->d4, t->br, t->bc, t->f16, log);
+    }
+    GLuint prog = glCreateProgram();
+    glAttachShader(prog, sh);
+    glLinkProgram(prog);
+    glDeleteShader(sh);
+    glGetProgramiv(prog, GL_LINK_STATUS, &ok);
+    if (!ok) {
+        char log[512] = "";
+        glGetProgramInfoLog(prog, sizeof(log), NULL, log);
+        glDeleteProgram(prog);
+        return fa_error(ctx, FA_ERR_BACKEND, "linking shader %s: %s", shader_name[shader], log);
+    }
+    if (s->n_programs == MAX_PROGRAMS) { /* full: start over (rare: many head dims) */
+        for (int i = 0; i < s->n_programs; i++)
+            glDeleteProgram(s->programs[i].id);
+        s->n_programs = 0;
+    }
+    s->programs[s->n_programs++] = (program){ shader, t->d4, t->br, t->bc, t->f16, prog };
+    *out = prog;
+    return FA_OK;
+}
+
+static void gles_info(void *state, char *buf, size_t cap, size_t *len)
+{
+    const gles_state *s = state;
+    fa_appendf(buf, cap, len, "gles.device: %s\n", s->renderer);
+    fa_appendf(buf, cap, len, "gles.version: %s (EGL platform: %s)\n", s->version, s->platform);
+    fa_appendf(buf, cap, len,
+               "gles.limits: shared memory %d bytes, %d invocations per workgroup, workgroups "
+               "%d x %d x %d\n",
+               (int)s->max_shared, (int)s->max_invocations, (int)s->max_count[0],
+               (int)s->max_count[1], (int)s->max_count[2]);
+    fa_appendf(buf, cap, len, "gles.GL_EXT_shader_16bit_storage: %s\n", s->has_16bit_storage ? "yes" : "no");
+    fa_appendf(buf, cap, len,
+               "gles.storage: f32 inputs as float32, f16 as packed halves (packHalf2x16, core "
+               "GLSL ES 3.10: half the bytes without the 16-bit storage extension), bf16 as "
+               "float32 (GLES has no bf16)\n");
+    static const int dims[] = { 64, 128, 256 };
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
+        tiles t = tiles_for(s, dims[i], 0);
+        fa_appendf(buf, cap, len,
+                   "gles.tiles.d%d: %d query rows x %d keys per workgroup step (K/V tiles %d "
+                   "bytes of shared memory)\n",
+                   dims[i], t.br, t.bc, 2 * t.bc * t.d4 * 16);
+    }
+}
+
+static fa_status check(fa_context_t ctx, const gles_state *s, const fa_problem *p, tiles *t)
+{
+    if (p->dropout_p > 0.0f)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "dropout_p (%g) > 0: the GLES backend has no dropout (use the CPU or CUDA "
+                        "backend for training)",
+                        (double)p->dropout_p);
+    *t = tiles_for(s, p->dim, p->in_dtype == FA_DTYPE_F16);
+    const int64_t tiles_q = ((int64_t)p->max_q + t->br - 1) / t->br;
+    if (tiles_q > s->max_count[0] || p->heads_q > s->max_count[1] || p->batch > s->max_count[2])
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "the grid (%lld query tiles x %d heads x %d sequences) exceeds the "
+                        "device's workgroup counts (%d x %d x %d)",
+                        (long long)tiles_q, (int)p->heads_q, (int)p->batch, (int)s->max_count[0],
+                        (int)s->max_count[1], (int)s->max_count[2]);
+    return FA_OK;
+}
+
+static int64_t packed_rows(const fa_problem *p, int is_k)
+{
+    const fa_attention_desc *d = p->desc;
+    if (p->varlen)
+        return is_k ? d->cu_seqlens_k[p->batch] : d->cu_seqlens_q[p->batch];
+    return (int64_t)p->batch * (is_k ? d->seqlen_k : d->seqlen_q);
+}
+
+/* The buffers a call creates: repacked q, k, v, o (float32) and lse; the standard
+ * algorithm adds its [heads, rows, max_k] float scores. */
+static size_t call_bytes(const tiles *t, const fa_problem *p, int standard)
+{
+    const size_t esz = t->f16 ? 2 : 4, row = (size_t)t->d4 * 4;
+    const size_t qrows = (size_t)packed_rows(p, 0), krows = (size_t)packed_rows(p, 1);
+    size_t bytes = (size_t)p->heads_q * qrows * row * (esz + 4) + 2 * (size_t)p->heads_kv * krows * row * esz +
+                   (size_t)p->heads_q * qrows * 4;
+    if (standard)
+        bytes += (size_t)p->heads_q * qrows * (size_t)p->max_k * 4;
+    return bytes;
+}
+
+static void report(const tiles *t, const fa_problem *p, fa_run_info *info)
+{
+    const int standard = p->desc->algorithm == FA_ALGORITHM_STANDARD;
+    info->kernel = standard ? (t->f16 ? "gles-standard-f16" : "gles-standard-f32")
+                            : (t->f16 ? "gles-flash-f16packed" : "gles-flash-f32");
+    info->block_q = standard ? 1 : t->br;
+    info->block_k = standard ? p->max_k : t->bc;
+    info->threads = standard ? STD_GROUP : t->br;
+    info->workspace_bytes = call_bytes(t, p, standard);
+}
+
+static fa_status gles_plan(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
+{
+    tiles t = { 0 };
+    fa_status st = check(ctx, state, p, &t);
+    if (st == FA_OK)
+        report(&t, p, info);
+    return st;
+}
+
+/* Element e of a tensor view at (batch b, sequence row r, head h), as a double. */
+static double load_elem(const fa_tensor *v, int64_t b, int64_t r, int64_t h, int64_t x)
+{
+    const int64_t off = b * v->stride_batch + r * v->stride_seq + h * v->stride_head + x;
+    switch (v->dtype) {
+    case FA_DTYPE_F32: return ((const float *)v->data)[off];
+    case FA_DTYPE_F16: return fa_f16_to_f32(((const uint16_t *)v->data)[off]);
+    default: return fa_bf16_to_f32(((const uint16_t *)v->data)[off]);
+    }
+}
+
+/* First packed row of sequence b: its varlen offset, or b * seqlen. */
+static int64_t packed_start(const fa_problem *p, const fa_seq *s, int32_t b, int is_k)
+{
+    if (p->varlen)
+        return is_k ? s->k_start : s->q_start;
+    return (int64_t)b * (is_k ? p->desc->seqlen_k : p->desc->seqlen_q);
+}
+
+/* A view's rows repacked as [heads][packed rows][d4 * 4] in the storage type (float or
+ * half, zero padded). For f16 inputs the bits are copied. */
+static void *pack(const fa_problem *p, const fa_tensor *v, int32_t heads, int is_k, int d4, int f16,
+                  int64_t rows, size_t *bytes)
+{
+    const size_t esz = f16 ? 2 : 4, row_elems = (size_t)d4 * 4;
+    *bytes = (size_t)heads * (size_t)rows * row_elems * esz;
+    unsigned char *buf = calloc(*bytes ? *bytes : 1, 1);
+    if (!buf)
+        return NULL;
+    for (int32_t b = 0; b < p->batch; b++) {
+        const fa_seq sq = fa_problem_seq(p, b);
+        const int64_t n = is_k ? sq.k_len : sq.q_len;
+        const int64_t r0 = packed_start(p, &sq, b, is_k);
+        const int64_t tb = p->varlen ? 0 : b, tr0 = p->varlen ? r0 : 0; /* tensor coordinates */
+        for (int32_t h = 0; h < heads; h++)
+            for (int64_t i = 0; i < n; i++) {
+                unsigned char *dst = buf + (((size_t)h * rows + (size_t)(r0 + i)) * row_elems) * esz;
+                for (int32_t x = 0; x < p->dim; x++) {
+                    if (f16) {
+                        const int64_t off = tb * v->stride_batch + (tr0 + i) * v->stride_seq +
+                                            h * v->stride_head + x;
+                        ((uint16_t *)dst)[x] = ((const uint16_t *)v->data)[off];
+                    } else {
+                        ((float *)dst)[x] = (float)load_elem(v, tb, tr0 + i, h, x);
+                    }
+                }
+            }
+    }
+    return buf;
+}
+
+static GLuint make_buffer(const void *data, size_t bytes)
+{
+    GLuint b = 0;
+    glGenBuffers(1, &b);
+    glBindBuffer(GL_SHADER_STORAGE_BUFFER, b);
+    glBufferData(GL_SHADER_STORAGE_BUFFER, (GLsizeiptr)(bytes ? bytes : 16), data,
+                 data ? GL_STATIC_DRAW : GL_DYNAMIC_READ);
+    return b;
+}
+
+static void set_uniforms(GLuint prog, const fa_problem *p, int64_t qrows, int64_t krows)
+{
+    const fa_attention_desc *d = p->desc;
+    const int64_t cap = (int64_t)1 << 30;
+    glUseProgram(prog);
+    glUniform1i(glGetUniformLocation(prog, "u_batch"), p->batch);
+    glUniform1i(glGetUniformLocation(prog, "u_heads_q"), p->heads_q);
+    glUniform1i(glGetUniformLocation(prog, "u_group"), p->group);
+    glUniform1i(glGetUniformLocation(prog, "u_seqlen_q"), d->seqlen_q);
+    glUniform1i(glGetUniformLocation(prog, "u_seqlen_k"), d->seqlen_k);
+    glUniform1i(glGetUniformLocation(prog, "u_varlen"), p->varlen);
+    glUniform1i(glGetUniformLocation(prog, "u_qrows"), (GLint)qrows);
+    glUniform1i(glGetUniformLocation(prog, "u_krows"), (GLint)krows);
+    glUniform1i(glGetUniformLocation(prog, "u_win_left"), (GLint)(p->win_left < cap ? p->win_left : cap));
+    glUniform1i(glGetUniformLocation(prog, "u_win_right"), (GLint)(p->win_right < cap ? p->win_right : cap));
+    glUniform1f(glGetUniformLocation(prog, "u_scale_log2"), p->scale * 1.4426950408889634f);
+    glUniform1f(glGetUniformLocation(prog, "u_softcap"), p->softcap);
+    glUniform1f(glGetUniformLocation(prog, "u_cap_in"), p->softcap > 0.0f ? p->scale / p->softcap : 0.0f);
+    glUniform1f(glGetUniformLocation(prog, "u_cap_out"), p->softcap * 1.4426950408889634f);
+    glUniform1i(glGetUniformLocation(prog, "u_max_k"), p->max_k);
+    glUniform1i(glGetUniformLocation(prog, "u_write_lse"), p->desc->lse != NULL);
+}
+
+/* Read a float buffer back (whole). */
+static fa_status read_back(fa_context_t ctx, GLuint buf, size_t bytes, float *out)
+{
+    glBindBuffer(GL_SHADER_STORAGE_BUFFER, buf);
+    const void *m = glMapBufferRange(GL_SHADER_STORAGE_BUFFER, 0, (GLsizeiptr)bytes, GL_MAP_READ_BIT);
+    if (!m)
+        return gl_check(ctx, "mapping a result buffer") != FA_OK
+                   ? FA_ERR_BACKEND
+                   : fa_error(ctx, FA_ERR_BACKEND, "mapping a result buffer failed");
+    memcpy(out, m, bytes);
+    glUnmapBuffer(GL_SHADER_STORAGE_BUFFER);
+    return FA_OK;
+}
+
+static void store_elem(const fa_tensor *v, int64_t off, float x)
+{
+    switch (v->dtype) {
+    case FA_DTYPE_F32: ((float *)v->data)[off] = x; break;
+    case FA_DTYPE_F16: ((uint16_t *)v->data)[off] = fa_f32_to_f16(x); break;
+    default: ((uint16_t *)v->data)[off] = fa_f32_to_bf16(x); break;
+    }
+}
+
+static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
+{
+    gles_state *s = state;
+    const fa_attention_desc *d = p->desc;
+    tiles t = { 0 };
+    fa_status st = check(ctx, s, p, &t);
+    if (st != FA_OK)
+        return st;
+    const int standard = d->algorithm == FA_ALGORITHM_STANDARD;
+    const int64_t qrows = packed_rows(p, 0), krows = packed_rows(p, 1);
+    if ((qrows + 1) * p->heads_q * t.d4 > INT32_MAX / 2 || (krows + 1) * p->heads_kv * t.d4 > INT32_MAX / 2 ||
+        (standard && (qrows + 1) * p->heads_q * (int64_t)(p->max_k + 1) > INT32_MAX / 2))
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "the tensors (%lld query rows, %lld key rows, %d heads) exceed the 32-bit "
+                        "indexing of GLES shaders",
+                        (long long)qrows, (long long)krows, (int)p->heads_q);
+    size_t qb, kb, vb;
+    void *hq = pack(p, &d->q, p->heads_q, 0, t.d4, t.f16, qrows, &qb);
+    void *hk = pack(p, &d->k, p->heads_kv, 1, t.d4, t.f16, krows, &kb);
+    void *hv = pack(p, &d->v, p->heads_kv, 1, t.d4, t.f16, krows, &vb);
+    const size_t ob = (size_t)p->heads_q * (size_t)qrows * (size_t)t.d4 * 16;
+    const size_t lb = (size_t)p->heads_q * (size_t)qrows * 4;
+    float *ho = malloc(ob ? ob : 1), *hl = malloc(lb ? lb : 1);
+    int32_t *cu = malloc(sizeof(int32_t) * (size_t)(2 * p->batch + 2));
+    if (!hq || !hk || !hv || !ho || !hl || !cu) {
+        st = fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory staging the GLES tensors");
+        goto out;
+    }
+    for (int32_t b = 0; b <= p->batch; b++) {
+        cu[b] = p->varlen ? d->cu_seqlens_q[b] : 0;
+        cu[p->batch + 1 + b] = p->varlen ? d->cu_seqlens_k[b] : 0;
+    }
+    if ((st = make_current(ctx, s)) != FA_OK)
+        goto out;
+    GLuint bufs[7] = { 0 };
+    bufs[0] = make_buffer(hq, qb);
+    bufs[1] = make_buffer(hk, kb);
+    bufs[2] = make_buffer(hv, vb);
+    bufs[3] = make_buffer(NULL, ob);
+    bufs[4] = make_buffer(NULL, lb);
+    bufs[5] = make_buffer(cu, sizeof(int32_t) * (size_t)(2 * p->batch + 2));
+    for (int i = 0; i < 3; i++)
+        glBindBufferBase(GL_SHADER_STORAGE_BUFFER, (GLuint)i, bufs[i]);
+    glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 5, bufs[5]);
+    if ((st = gl_check(ctx, "uploading the tensors")) != FA_OK)
+        goto release;
+    GLuint prog;
+    if (!standard) {
+        if ((st = get_program(ctx, s, SH_FLASH, &t, &prog)) != FA_OK)
+            goto release;
+        set_uniforms(prog, p, qrows, krows);
+        glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 3, bufs[3]);
+        glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 4, bufs[4]);
+        glDispatchCompute((GLuint)((p->max_q + t.br - 1) / t.br), (GLuint)p->heads_q, (GLuint)p->batch);
+    } else {
+        const size_t sb = (size_t)p->heads_q * (size_t)qrows * (size_t)p->max_k * 4;
+        bufs[6] = make_buffer(NULL, sb);
+        const GLuint groups = (GLuint)((p->max_q + STD_GROUP - 1) / STD_GROUP);
+        for (int pass = SH_SCORES; pass <= SH_PV && st == FA_OK; pass++) {
+            if ((st = get_program(ctx, s, pass, &t, &prog)) != FA_OK)
+                break;
+            set_uniforms(prog, p, qrows, krows);
+            glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 3, bufs[6]);
+            glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 4, pass == SH_PV ? bufs[3] : bufs[4]);
+            glDispatchCompute(groups, (GLuint)p->heads_q, (GLuint)p->batch);
+            glMemoryBarrier(GL_SHADER_STORAGE_BARRIER_BIT);
+        }
+        if (st != FA_OK)
+            goto release;
+    }
+    glMemoryBarrier(GL_BUFFER_UPDATE_BARRIER_BIT | GL_SHADER_STORAGE_BARRIER_BIT);
+    if ((st = gl_check(ctx, "running the attention shaders")) != FA_OK ||
+        (st = read_back(ctx, bufs[3], ob, ho)) != FA_OK ||
+        (d->lse && (st = read_back(ctx, bufs[4], lb, hl)) != FA_OK))
+        goto release;
+
+    for (int32_t b = 0; b < p->batch; b++) {
+        const fa_seq sq = fa_problem_seq(p, b);
+        const int64_t r0 = packed_start(p, &sq, b, 0);
+        const int64_t tb = p->varlen ? 0 : b, tr0 = p->varlen ? r0 : 0;
+        for (int32_t h = 0; h < p->heads_q; h++)
+            for (int64_t i = 0; i < sq.q_len; i++) {
+                const float *src = ho + ((size_t)h * qrows + (size_t)(r0 + i)) * (size_t)t.d4 * 4;
+                const int64_t off = tb * d->o.stride_batch + (tr0 + i) * d->o.stride_seq +
+                                    h * d->o.stride_head;
+                for (int32_t x = 0; x < p->dim; x++)
+                    store_elem(&d->o, off + x, src[x]);
+                if (d->lse)
+                    d->lse[tb * p->lse_sb + h * p->lse_sh + (tr0 + i) * p->lse_ss] =
+                        hl[(size_t)h * qrows + (size_t)(r0 + i)];
+            }
+    }
+    report(&t, p, info);
+release:
+    glDeleteBuffers(7, bufs);
+    release_current(s);
+out:
+    free(hq);
+    free(hk);
+    free(hv);
+    free(ho);
+    free(hl);
+    free(cu);
+    return st;
+}
+
+static fa_status unsupported_backward(fa_context_t ctx, void *state, const fa_problem *p,
+                                      fa_run_info *info)
+{
+    (void)state;
+    (void)p;
+    (void)info;
+    return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                    "the GLES backend has no backward (inference only): use the CPU or CUDA backend");
+}
+
+const fa_backend_iface fa_gles_backend = {
+    .id = FA_BACKEND_GLES,
+    .name = "gles",
+    .init = gles_init,
+    .destroy = gles_destroy,
+    .info = gles_info,
+    .plan = gles_plan,
+    .forward = gles_forward,
+    .plan_backward = unsupported_backward,
+    .backward = unsupported_backward,
+};

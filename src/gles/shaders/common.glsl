@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: MIT
+// Shared by every attention shader (after the #define preamble the backend writes: D4, BR,
+// BC, STORE_F16). Tensors arrive repacked by the host: q and o as [heads_q][rows][D4 vec4],
+// k and v as [heads_kv][krows][D4 vec4], rows in packed order (sequence b's rows start at
+// cu[b], or b * seqlen when every sequence has the same length).
+precision highp float;
+precision highp int;
+
+#if STORE_F16
+// four halves per uvec2 (packHalf2x16 layout): half the bytes, no 16-bit storage extension.
+// unpackHalf2x16 returns mediump, and products of mediump operands may run in 16 bits (Mesa
+// does: scores of q scaled by 300 were off by 5%): the halves go to highp first.
+#define VEC4_T uvec2
+highp vec4 unpack4(highp uvec2 u)
+{
+    highp vec2 lo = unpackHalf2x16(u.x), hi = unpackHalf2x16(u.y);
+    return vec4(lo, hi);
+}
+#define LOAD4(a, i) unpack4(a[i])
+#else
+#define VEC4_T vec4
+#define LOAD4(a, i) a[i]
+#endif
+
+layout(std430, binding = 0) readonly buffer QBuf { VEC4_T q_data[]; };
+layout(std430, binding = 1) readonly buffer KBuf { VEC4_T k_data[]; };
+layout(std430, binding = 2) readonly buffer VBuf { VEC4_T v_data[]; };
+layout(std430, binding = 5) readonly buffer CuBuf { int cu[]; }; // cu_q[0..batch], cu_k[0..batch]
+
+uniform int u_batch, u_heads_q, u_group, u_seqlen_q, u_seqlen_k, u_varlen;
+uniform int u_qrows, u_krows; // packed rows of q (and o) and of k (and v) per head
+uniform int u_win_left, u_win_right; // clamped to 2^30 when unbounded
+uniform float u_scale_log2;          // softmax scale * log2(e)
+uniform float u_softcap, u_cap_in, u_cap_out; // cap, scale / cap, cap * log2(e); cap 0 = off
+
+#define NEG_INF uintBitsToFloat(0xff800000u)
+#define LN2 0.6931471805599453
+
+struct seq_t {
+    int q0, k0, sq, sk;
+};
+
+seq_t seq_of(int b)
+{
+    seq_t s;
+    if (u_varlen != 0) {
+        s.q0 = cu[b];
+        s.sq = cu[b + 1] - cu[b];
+        s.k0 = cu[u_batch + 1 + b];
+        s.sk = cu[u_batch + 2 + b] - s.k0;
+    } else {
+        s.q0 = b * u_seqlen_q;
+        s.k0 = b * u_seqlen_k;
+        s.sq = u_seqlen_q;
+        s.sk = u_seqlen_k;
+    }
+    return s;
+}
+
+// tanh without exp overflow: drivers that build it from exp(2x) give NaN for large x
+float safe_tanh(float x)
+{
+    float t = exp(-2.0 * abs(x));
+    return sign(x) * (1.0 - t) / (1.0 + t);
+}
+
+// raw dot product -> log2-domain logit
+float logit2(float s)
+{
+    return u_softcap > 0.0 ? u_cap_out * safe_tanh(s * u_cap_in) : s * u_scale_log2;
+}
+
+// query row i may see key j (bottom-right aligned: diagonal at j = i + sk - sq)
+bool visible(int i, int j, seq_t s)
+{
+    int d = s.sk - s.sq;
+    return j < s.sk && j >= i + d - u_win_left && j <= i + d + u_win_right;
+}

@@ -1,0 +1,30 @@
+// SPDX-License-Identifier: MIT
+// Standard attention, pass 1 of 3: every score of one (query row, head) into S
+// ([heads_q][rows][max_k] floats, log2-domain logits, -inf where masked).
+layout(local_size_x = 64) in;
+
+layout(std430, binding = 3) buffer SBuf { float s_data[]; };
+
+uniform int u_max_k;
+
+void main()
+{
+    int i = int(gl_GlobalInvocationID.x), h = int(gl_WorkGroupID.y), b = int(gl_WorkGroupID.z);
+    seq_t s = seq_of(b);
+    if (i >= s.sq)
+        return;
+    int hk = h / u_group;
+    int qrow = (h * u_qrows + s.q0 + i) * D4;
+    int srow = (h * u_qrows + s.q0 + i) * u_max_k;
+    for (int j = 0; j < s.sk; j++) {
+        float x = NEG_INF;
+        if (visible(i, j, s)) {
+            int krow = (hk * u_krows + s.k0 + j) * D4;
+            float acc = 0.0;
+            for (int c = 0; c < D4; c++)
+                acc += dot(LOAD4(q_data, qrow + c), LOAD4(k_data, krow + c));
+            x = logit2(acc);
+        }
+        s_data[srow + j] = x;
+    }
+}
