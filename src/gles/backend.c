@@ -16,19 +16,23 @@
 #include <string.h>
 
 #include "gles_common.h"
+#include "gles_decode_merge.h"
+#include "gles_decode_split.h"
 #include "gles_flash_forward.h"
 #include "gles_std_pv.h"
 #include "gles_std_scores.h"
 #include "gles_std_softmax.h"
 
-enum { SH_FLASH, SH_SCORES, SH_SOFTMAX, SH_PV, SH_COUNT };
+enum { SH_FLASH, SH_SCORES, SH_SOFTMAX, SH_PV, SH_DEC_SPLIT, SH_DEC_MERGE, SH_COUNT };
 static const char *const shader_src[SH_COUNT] = { fa_gles_flash_forward, fa_gles_std_scores,
-                                                  fa_gles_std_softmax, fa_gles_std_pv };
-static const char *const shader_name[SH_COUNT] = { "flash_forward", "std_scores", "std_softmax",
-                                                   "std_pv" };
+                                                  fa_gles_std_softmax,   fa_gles_std_pv,
+                                                  fa_gles_decode_split,  fa_gles_decode_merge };
+static const char *const shader_name[SH_COUNT] = { "flash_forward", "std_scores",   "std_softmax",
+                                                   "std_pv",        "decode_split", "decode_merge" };
 
 #define MAX_PROGRAMS 64
-#define STD_GROUP 64 /* local size of the standard passes */
+#define STD_GROUP 64 /* local size of the standard passes and the decode passes */
+#define MIN_SSBOS 8  /* storage blocks a shader may use (the flash shader binds 6) */
 
 typedef struct program {
     int shader, d4, br, bc, f16;
@@ -40,7 +44,7 @@ typedef struct gles_state {
     EGLContext ctx;
     const char *platform;
     char renderer[128], version[128];
-    GLint max_shared, max_invocations, max_count[3];
+    GLint max_shared, max_invocations, max_count[3], max_ssbos;
     int has_16bit_storage; /* GL_EXT_shader_16bit_storage */
     program programs[MAX_PROGRAMS];
     int n_programs;
@@ -165,6 +169,16 @@ static fa_status gles_init(fa_context_t ctx, int32_t num_threads, void **state)
     snprintf(s->version, sizeof(s->version), "%s", (const char *)glGetString(GL_VERSION));
     glGetIntegerv(GL_MAX_COMPUTE_SHARED_MEMORY_SIZE, &s->max_shared);
     glGetIntegerv(GL_MAX_COMPUTE_WORK_GROUP_INVOCATIONS, &s->max_invocations);
+    glGetIntegerv(GL_MAX_COMPUTE_SHADER_STORAGE_BLOCKS, &s->max_ssbos);
+    if (s->max_ssbos < MIN_SSBOS || s->max_invocations < STD_GROUP) {
+        const int ssbos = (int)s->max_ssbos, inv = (int)s->max_invocations;
+        release_current(s);
+        gles_destroy(s);
+        return fa_error(ctx, FA_ERR_BACKEND_UNAVAILABLE,
+                        "the GLES device allows %d storage buffers and %d invocations per compute "
+                        "workgroup; the shaders need %d and %d",
+                        ssbos, inv, MIN_SSBOS, STD_GROUP);
+    }
     for (GLuint i = 0; i < 3; i++)
         glGetIntegeri_v(GL_MAX_COMPUTE_WORK_GROUP_COUNT, i, &s->max_count[i]);
     GLint n = 0;
@@ -258,9 +272,9 @@ static void gles_info(void *state, char *buf, size_t cap, size_t *len)
     fa_appendf(buf, cap, len, "gles.version: %s (EGL platform: %s)\n", s->version, s->platform);
     fa_appendf(buf, cap, len,
                "gles.limits: shared memory %d bytes, %d invocations per workgroup, workgroups "
-               "%d x %d x %d\n",
+               "%d x %d x %d, %d storage buffers\n",
                (int)s->max_shared, (int)s->max_invocations, (int)s->max_count[0],
-               (int)s->max_count[1], (int)s->max_count[2]);
+               (int)s->max_count[1], (int)s->max_count[2], (int)s->max_ssbos);
     fa_appendf(buf, cap, len, "gles.GL_EXT_shader_16bit_storage: %s\n", s->has_16bit_storage ? "yes" : "no");
     fa_appendf(buf, cap, len,
                "gles.storage: f32 inputs as float32, f16 as packed halves (packHalf2x16, core "
@@ -294,6 +308,16 @@ static fa_status check(fa_context_t ctx, const gles_state *s, const fa_problem *
     return FA_OK;
 }
 
+/* One query row per sequence: the split-KV decode path, KV cut into this many chunks (about
+ * 256 keys each, at most 64) so that a single query still spreads over the device. */
+static int decode_splits(const fa_problem *p)
+{
+    if (p->desc->algorithm == FA_ALGORITHM_STANDARD || p->max_q != 1)
+        return 0;
+    int n = (p->max_k + 255) / 256;
+    return n < 1 ? 1 : n > 64 ? 64 : n;
+}
+
 static int64_t packed_rows(const fa_problem *p, int is_k)
 {
     const fa_attention_desc *d = p->desc;
@@ -312,17 +336,27 @@ static size_t call_bytes(const tiles *t, const fa_problem *p, int standard)
                    (size_t)p->heads_q * qrows * 4;
     if (standard)
         bytes += (size_t)p->heads_q * qrows * (size_t)p->max_k * 4;
+    const int splits = decode_splits(p);
+    if (splits)
+        bytes += (size_t)p->heads_q * (size_t)p->batch * (size_t)splits * (row * 4 + 8);
     return bytes;
 }
 
 static void report(const tiles *t, const fa_problem *p, fa_run_info *info)
 {
-    const int standard = p->desc->algorithm == FA_ALGORITHM_STANDARD;
-    info->kernel = standard ? (t->f16 ? "gles-standard-f16" : "gles-standard-f32")
-                            : (t->f16 ? "gles-flash-f16packed" : "gles-flash-f32");
-    info->block_q = standard ? 1 : t->br;
-    info->block_k = standard ? p->max_k : t->bc;
-    info->threads = standard ? STD_GROUP : t->br;
+    const int standard = p->desc->algorithm == FA_ALGORITHM_STANDARD, splits = decode_splits(p);
+    if (splits) {
+        info->kernel = t->f16 ? "gles-decode-f16pk" : "gles-decode-f32";
+        info->block_q = 1;
+        info->block_k = (p->max_k + splits - 1) / splits;
+        info->threads = STD_GROUP;
+    } else {
+        info->kernel = standard ? (t->f16 ? "gles-standard-f16" : "gles-standard-f32")
+                                : (t->f16 ? "gles-flash-f16pk" : "gles-flash-f32");
+        info->block_q = standard ? 1 : t->br;
+        info->block_k = standard ? p->max_k : t->bc;
+        info->threads = standard ? STD_GROUP : t->br;
+    }
     info->workspace_bytes = call_bytes(t, p, standard);
 }
 
@@ -476,7 +510,7 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
     }
     if ((st = make_current(ctx, s)) != FA_OK)
         goto out;
-    GLuint bufs[7] = { 0 };
+    GLuint bufs[8] = { 0 };
     bufs[0] = make_buffer(hq, qb);
     bufs[1] = make_buffer(hk, kb);
     bufs[2] = make_buffer(hv, vb);
@@ -489,7 +523,27 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
     if ((st = gl_check(ctx, "uploading the tensors")) != FA_OK)
         goto release;
     GLuint prog;
-    if (!standard) {
+    const int splits = decode_splits(p);
+    if (splits) {
+        /* chunks' partial outputs and (max, sum), then the merge into o and lse */
+        bufs[6] = make_buffer(NULL, (size_t)p->heads_q * (size_t)p->batch * (size_t)splits * (size_t)t.d4 * 16);
+        bufs[7] = make_buffer(NULL, (size_t)p->heads_q * (size_t)p->batch * (size_t)splits * 8);
+        if ((st = get_program(ctx, s, SH_DEC_SPLIT, &t, &prog)) != FA_OK)
+            goto release;
+        set_uniforms(prog, p, qrows, krows);
+        glUniform1i(glGetUniformLocation(prog, "u_splits"), splits);
+        glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 3, bufs[6]);
+        glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 4, bufs[7]);
+        glDispatchCompute((GLuint)splits, (GLuint)p->heads_q, (GLuint)p->batch);
+        glMemoryBarrier(GL_SHADER_STORAGE_BARRIER_BIT);
+        if ((st = get_program(ctx, s, SH_DEC_MERGE, &t, &prog)) != FA_OK)
+            goto release;
+        set_uniforms(prog, p, qrows, krows);
+        glUniform1i(glGetUniformLocation(prog, "u_splits"), splits);
+        glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 6, bufs[3]);
+        glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 7, bufs[4]);
+        glDispatchCompute(1, (GLuint)p->heads_q, (GLuint)p->batch);
+    } else if (!standard) {
         if ((st = get_program(ctx, s, SH_FLASH, &t, &prog)) != FA_OK)
             goto release;
         set_uniforms(prog, p, qrows, krows);
@@ -536,7 +590,7 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
     }
     report(&t, p, info);
 release:
-    glDeleteBuffers(7, bufs);
+    glDeleteBuffers(8, bufs);
     release_current(s);
 out:
     free(hq);

@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: MIT
+// Decode (one query row per sequence), pass 1 of 2: the visible keys of each (head,
+// sequence) are cut into u_splits chunks, one workgroup each, so a single query still fills
+// the device. Per tile of 64 keys the invocations first take one key each (score), then one
+// vec4 column of head_dim each (P V), with the tile's running max and sum shared. The chunk's
+// unnormalised output, max and sum go out for the merge.
+layout(local_size_x = 64) in;
+
+layout(std430, binding = 3) writeonly buffer PartO { vec4 part_o[]; };  // [heads][batch][splits][D4]
+layout(std430, binding = 4) writeonly buffer PartML { vec2 part_ml[]; }; // [heads][batch][splits]: max, sum
+
+uniform int u_splits;
+
+shared float sh_p[64];
+shared vec4 sh_q[D4];
+
+void main()
+{
+    int split = int(gl_WorkGroupID.x), h = int(gl_WorkGroupID.y), b = int(gl_WorkGroupID.z);
+    int t = int(gl_LocalInvocationID.x);
+    seq_t s = seq_of(b);
+    int slot = (h * u_batch + b) * u_splits + split;
+    if (s.sq == 0)
+        return;
+    int i = s.sq - 1; // the one query row (sq is 1 on this path)
+    int d = s.sk - s.sq;
+    int lo = max(0, i + d - u_win_left), hi = min(s.sk, i + d + u_win_right + 1);
+    int n = max(hi - lo, 0);
+    int chunk = (n + u_splits - 1) / u_splits;
+    int c_lo = lo + split * chunk, c_hi = min(hi, c_lo + chunk);
+    int hk = h / u_group;
+    for (int c = t; c < D4; c += 64)
+        sh_q[c] = LOAD4(q_data, (h * u_qrows + s.q0 + i) * D4 + c);
+    barrier();
+
+    float m = NEG_INF, l = 0.0;
+    vec4 acc = vec4(0.0); // column t of head_dim (t < D4)
+    for (int j0 = c_lo; j0 < c_hi; j0 += 64) {
+        int j = j0 + t;
+        float x = NEG_INF;
+        if (j < c_hi) {
+            int krow = (hk * u_krows + s.k0 + j) * D4;
+            float dot4 = 0.0;
+            for (int c = 0; c < D4; c++)
+                dot4 += dot(sh_q[c], LOAD4(k_data, krow + c));
+            x = logit2(dot4);
+        }
+        sh_p[t] = x;
+        barrier();
+        float mx = m;
+        for (int k = 0; k < 64; k++)
+            mx = max(mx, sh_p[k]);
+        float alpha = exp2(m - mx); // m = -inf gives 0; mx is finite: the tile has a key
+        l *= alpha;
+        acc *= alpha;
+        int nk = min(64, c_hi - j0);
+        for (int k = 0; k < nk; k++) {
+            float p = exp2(sh_p[k] - mx);
+            l += p;
+            if (t < D4)
+                acc += p * LOAD4(v_data, (hk * u_krows + s.k0 + j0 + k) * D4 + t);
+        }
+        m = mx;
+        barrier(); // sh_p is rewritten next tile
+    }
+    if (t < D4)
+        part_o[slot * D4 + t] = acc;
+    if (t == 0)
+        part_ml[slot] = vec2(m, l);
+}
