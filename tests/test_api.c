@@ -421,6 +421,53 @@ static void test_memory_and_stream(void **state)
     fa_context_destroy(ctx);
 }
 
+/* The GLES backend (where a GLES 3.1 driver is reachable): host tensors in and out, the
+ * same results as the CPU; dropout and the backward refused, naming them, outputs untouched. */
+static void test_gles_backend(void **state)
+{
+    fixture *f = *state;
+    fa_context_t gl;
+    fa_context_options o = { sizeof(o), FA_BACKEND_GLES, 0 };
+    fa_status st = fa_context_create(&o, &gl);
+    if (st == FA_ERR_BACKEND_UNAVAILABLE)
+        skip(); /* not built in, or no GLES 3.1 driver here */
+    assert_int_equal(st, FA_OK);
+    static float o_cpu[B * SQ * HQ * D], lse_cpu[B * HQ * SQ];
+    f->d.causal = 1;
+    assert_int_equal(fa_forward(f->ctx, &f->d), FA_OK);
+    memcpy(o_cpu, f->o, sizeof(o_cpu));
+    memcpy(lse_cpu, f->lse, sizeof(lse_cpu));
+    memset(f->o, 0x5a, sizeof(f->o));
+    memset(f->lse, 0x5a, sizeof(f->lse));
+    assert_int_equal(fa_forward(gl, &f->d), FA_OK);
+    for (size_t i = 0; i < sizeof(o_cpu) / sizeof(float); i++)
+        assert_true(fabsf(f->o[i] - o_cpu[i]) < 1e-5f);
+    for (size_t i = 0; i < sizeof(lse_cpu) / sizeof(float); i++)
+        assert_true(fabsf(f->lse[i] - lse_cpu[i]) < 1e-5f);
+    fa_run_info ri = { .size = sizeof(ri) };
+    assert_int_equal(fa_context_last_run(gl, &ri), FA_OK);
+    assert_int_equal(ri.backend, FA_BACKEND_GLES);
+
+    fa_context_t saved = f->ctx;
+    f->ctx = gl;
+    MUTATE(d.dropout_p = 0.1f, FA_ERR_UNSUPPORTED, "dropout_p");
+    f->ctx = saved;
+    static float go[B * SQ * HQ * D], dq[B * SQ * HQ * D], dk[B * SK * HK * D], dv[B * SK * HK * D];
+    memset(dq, 0x5a, sizeof(dq));
+    fa_backward_desc bd;
+    fa_backward_desc_init(&bd);
+    bd.forward = &f->d;
+    bd.d_o = fa_tensor_contiguous(go, FA_DTYPE_F32, FA_LAYOUT_BSHD, SQ, HQ, D);
+    bd.d_q = fa_tensor_contiguous(dq, FA_DTYPE_F32, FA_LAYOUT_BSHD, SQ, HQ, D);
+    bd.d_k = fa_tensor_contiguous(dk, FA_DTYPE_F32, FA_LAYOUT_BSHD, SK, HK, D);
+    bd.d_v = fa_tensor_contiguous(dv, FA_DTYPE_F32, FA_LAYOUT_BSHD, SK, HK, D);
+    assert_int_equal(fa_backward(gl, &bd), FA_ERR_UNSUPPORTED);
+    assert_non_null(strstr(fa_context_last_error(gl), "backward"));
+    for (size_t i = 0; i < sizeof(dq) / sizeof(float); i++)
+        assert_int_equal(((unsigned char *)dq)[i * 4], 0x5a);
+    fa_context_destroy(gl);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -435,6 +482,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_backward_validation, setup, teardown),
         cmocka_unit_test(test_context_calls),
         cmocka_unit_test(test_memory_and_stream),
+        cmocka_unit_test_setup_teardown(test_gles_backend, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

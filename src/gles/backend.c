@@ -119,8 +119,8 @@ static void gles_destroy(void *state)
         release_current(s);
         eglDestroyContext(s->dpy, s->ctx);
     }
-    if (s->dpy != EGL_NO_DISPLAY)
-        eglTerminate(s->dpy);
+    /* The display stays initialised: EGL displays are per process and shared with whatever
+     * else in it uses the same device (terminating it would pull the driver from under them) */
     free(s);
 }
 
