@@ -19,10 +19,11 @@ static const char *help =
     "Times flash attention and standard attention (full S and P in memory, mask applied\n"
     "after, softmax, P*V) on the same inputs in one run and reports, per shape: median\n"
     "ms of each, speed-up, GFLOP/s (4*b*h*sq*sk*d, halved when causal), the share of the\n"
-    "OpenBLAS sgemm ceiling measured in the same run, the extra memory each call\n"
-    "allocates, and flash's error against float64 (max abs, mean abs, share >= 1e-3,\n"
-    "relative L2). With no shape options it runs the default suite: seq 512..4096,\n"
-    "heads 8 and 32, head_dim 64 and 128, causal and not (about two minutes on 2 cores).\n"
+    "OpenBLAS sgemm ceiling measured in the same run (CPU), the kernel and its tile (query\n"
+    "rows x keys per step), the extra memory each call allocates, and flash's error\n"
+    "against float64 (max abs, mean abs, share >= 1e-3, relative L2). With no shape\n"
+    "options it runs the default suite: seq 512..4096, heads 8 and 32, head_dim 64 and\n"
+    "128, causal and not (about two minutes on 2 cores).\n"
     "\n"
     "shape:\n"
     "  --seq N[,N...]        sequence lengths (sq = sk)             [512,1024,2048,4096]\n"
@@ -67,6 +68,7 @@ typedef struct opts {
 
 typedef struct row {
     const char *backend, *kernel;
+    long block_q, block_k; /* the flash call's tiles: query rows x keys per step */
     long b, h, hk, sq, sk, d;
     int causal;
     double ms_flash, ms_std, gflops, pct_sgemm;
@@ -276,6 +278,8 @@ static int run_row(fa_context_t ctx, const opts *o, long sq, long sk, long h, lo
         goto api_error;
     r->backend = ri.backend_name;
     r->kernel = ri.kernel;
+    r->block_q = ri.block_q;
+    r->block_k = ri.block_k;
     r->bytes_flash = ri.workspace_bytes;
     double flops = 4.0 * b * h * (double)sq * sk * d * (causal ? 0.5 : 1.0);
     r->gflops = flops / (r->ms_flash * 1e-3) / 1e9;
@@ -305,8 +309,9 @@ done:
 
 static void print_header(void)
 {
-    printf("%-4s %-20s %2s %3s %3s %5s %5s %4s %-4s %-3s %9s %9s %7s %7s %6s %9s %9s %8s %8s %7s %8s\n",
-           "be", "kernel", "b", "h", "hkv", "sq", "sk", "d", "type", "cau", "flash_ms", "std_ms",
+    printf("%-4s %-20s %-9s %2s %3s %3s %5s %5s %4s %-4s %-3s %9s %9s %7s %7s %6s %9s %9s %8s %8s "
+           "%7s %8s\n",
+           "be", "kernel", "tile", "b", "h", "hkv", "sq", "sk", "d", "type", "cau", "flash_ms", "std_ms",
            "speedup", "GFLOP/s", "%sgemm", "flash_MiB", "std_MiB", "max_err", "mean_err", ">=1e-3",
            "rel_l2");
 }
@@ -322,9 +327,11 @@ static void print_row(const opts *o, const row *r)
     char pct[16] = "-"; /* the ceiling is a CPU's */
     if (!isnan(r->pct_sgemm))
         snprintf(pct, sizeof(pct), "%.0f%%", r->pct_sgemm);
-    printf("%-4s %-20s %2ld %3ld %3ld %5ld %5ld %4ld %-4s %-3s %9.3f %9s %7s %7.1f %6s %9.3f "
+    char tile[24];
+    snprintf(tile, sizeof(tile), "%ldx%ld", r->block_q, r->block_k);
+    printf("%-4s %-20s %-9s %2ld %3ld %3ld %5ld %5ld %4ld %-4s %-3s %9.3f %9s %7s %7.1f %6s %9.3f "
            "%9s %8.1e %8.1e %6.2f%% %8.1e%s\n",
-           r->backend, r->kernel, r->b, r->h, r->hk, r->sq, r->sk, r->d, cli_dtype_name(o->dtype),
+           r->backend, r->kernel, tile, r->b, r->h, r->hk, r->sq, r->sk, r->d, cli_dtype_name(o->dtype),
            r->causal ? "yes" : "no", r->ms_flash, std_ms, speed, r->gflops, pct,
            (double)r->bytes_flash / 1048576.0, std_mib, r->max_err, r->mean_err,
            100.0 * r->frac_err, r->rel_l2, r->sampled_rows < r->rows ? " *" : "");
@@ -348,10 +355,11 @@ static void print_row(const opts *o, const row *r)
 static void json_row(FILE *f, const opts *o, const row *r, double sgemm)
 {
     fprintf(f,
-            "{\"backend\":\"%s\",\"kernel\":\"%s\",\"batch\":%ld,\"heads\":%ld,\"kv_heads\":%ld,"
+            "{\"backend\":\"%s\",\"kernel\":\"%s\",\"block_q\":%ld,\"block_k\":%ld,\"batch\":%ld,"
+            "\"heads\":%ld,\"kv_heads\":%ld,"
             "\"seq_q\":%ld,\"seq_k\":%ld,\"head_dim\":%ld,\"dtype\":\"%s\",\"causal\":%s,"
             "\"ms_flash\":%.6f,",
-            r->backend, r->kernel, r->b, r->h, r->hk, r->sq, r->sk, r->d, cli_dtype_name(o->dtype),
+            r->backend, r->kernel, r->block_q, r->block_k, r->b, r->h, r->hk, r->sq, r->sk, r->d, cli_dtype_name(o->dtype),
             r->causal ? "true" : "false", r->ms_flash);
     if (r->has_std)
         fprintf(f, "\"ms_standard\":%.6f,\"speedup\":%.4f,", r->ms_std, r->ms_std / r->ms_flash);
