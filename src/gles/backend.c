@@ -453,15 +453,17 @@ static void set_uniforms(GLuint prog, const fa_problem *p, int64_t qrows, int64_
     glUniform1i(glGetUniformLocation(prog, "u_write_lse"), p->desc->lse != NULL);
 }
 
-/* Read a float buffer back (whole). */
+/* Read a float buffer back (whole; nothing to read for an empty output). */
 static fa_status read_back(fa_context_t ctx, GLuint buf, size_t bytes, float *out)
 {
+    if (bytes == 0)
+        return FA_OK;
     glBindBuffer(GL_SHADER_STORAGE_BUFFER, buf);
     const void *m = glMapBufferRange(GL_SHADER_STORAGE_BUFFER, 0, (GLsizeiptr)bytes, GL_MAP_READ_BIT);
-    if (!m)
-        return gl_check(ctx, "mapping a result buffer") != FA_OK
-                   ? FA_ERR_BACKEND
-                   : fa_error(ctx, FA_ERR_BACKEND, "mapping a result buffer failed");
+    if (!m) {
+        const fa_status st = gl_check(ctx, "mapping a result buffer");
+        return st != FA_OK ? st : fa_error(ctx, FA_ERR_BACKEND, "mapping a result buffer failed");
+    }
     memcpy(out, m, bytes);
     glUnmapBuffer(GL_SHADER_STORAGE_BUFFER);
     return FA_OK;
