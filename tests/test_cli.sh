@@ -44,6 +44,22 @@ lines=$(wc -l <"$tmp/err")
 expect_rc 0 "info" "$fa" info --backend cpu
 grep -q "cpu.kernels:" "$tmp/out" || { echo "FAIL: info names no kernel table"; fails=$((fails + 1)); }
 
+# GLES (where a GLES 3.1 driver is usable): info and a small bench with the variant and tiles
+# in the row; on Mesa, a context limited to ES 3.0 is refused with a message naming 3.1.
+if "$fa" info --backend gles >"$tmp/gl" 2>/dev/null; then
+  grep -q "gles.tiles.d64:" "$tmp/gl" || { echo "FAIL: gles info names no tiles"; fails=$((fails + 1)); }
+  expect_rc 0 "gles bench" "$fa" bench --backend gles --seq 64 --heads 2 --dim 32 --reps 3 --dtype f16
+  grep -q "gles-flash-f16pk  *[0-9]*x[0-9]" "$tmp/out" || { echo "FAIL: gles bench row"; cat "$tmp/out"; fails=$((fails + 1)); }
+  if grep -q "Mesa" "$tmp/gl"; then
+    MESA_GLES_VERSION_OVERRIDE=3.0 "$fa" info --backend gles >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    if [ "$rc" -ne 1 ] || ! grep -q "ES 3.1" "$tmp/err"; then
+      echo "FAIL: an ES 3.0 context: exit $rc, want 1 and a message naming ES 3.1"; cat "$tmp/err"
+      fails=$((fails + 1))
+    fi
+  fi
+fi
+
 expect_rc 0 "small bench" "$fa" bench --seq 64,100 --heads 2 --kv-heads 1 --dim 32 --causal both \
   --reps 3 --no-sgemm --json "$tmp/b.json" --plot "$tmp/b.svg"
 rows=$(wc -l <"$tmp/b.json")
