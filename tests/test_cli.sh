@@ -50,6 +50,7 @@ if "$fa" info --backend gles >"$tmp/gl" 2>/dev/null; then
   grep -q "gles.tiles.d64:" "$tmp/gl" || { echo "FAIL: gles info names no tiles"; fails=$((fails + 1)); }
   expect_rc 0 "gles bench" "$fa" bench --backend gles --seq 64 --heads 2 --dim 32 --reps 3 --dtype f16
   grep -q "gles-flash-f16pk  *[0-9]*x[0-9]" "$tmp/out" || { echo "FAIL: gles bench row"; cat "$tmp/out"; fails=$((fails + 1)); }
+  expect_rc 2 "gles check --backward (no backward there)" "$fa" check --backend gles --quick --backward
   if grep -q "Mesa" "$tmp/gl"; then
     MESA_GLES_VERSION_OVERRIDE=3.0 "$fa" info --backend gles >"$tmp/out" 2>"$tmp/err"
     rc=$?

@@ -59,6 +59,11 @@ int cmd_check(int argc, char **argv)
     fa_context_t ctx = cli_context(backend, (int)threads);
     if (!ctx)
         return CLI_EXIT_FAIL;
+    if (backward && fa_context_backend(ctx) == FA_BACKEND_GLES) {
+        fa_context_destroy(ctx);
+        return cli_usage_error("check", "the gles backend has no backward (inference only): drop "
+                                        "--backward, or use --backend cpu or cuda");
+    }
     static fa_case cases[256];
     int n = fa_grid_build(quick ? 0 : 1, seed, cases, 256), failed = 0;
     int tty = isatty(fileno(stderr));
