@@ -22,8 +22,20 @@ typedef struct fixture {
     float q[B * SQ * HQ * D], k[B * SK * HK * D], v[B * SK * HK * D];
     float o[B * SQ * HQ * D], lse[B * HQ * SQ];
     int32_t cu_q[B + 1], cu_k[B + 1];
+    float go[B * SQ * HQ * D], dq[B * SQ * HQ * D], dk[B * SK * HK * D], dv[B * SK * HK * D];
     fa_attention_desc d;
 } fixture;
+
+/* A valid backward descriptor over the fixture's forward and gradient buffers. */
+static void backward_desc(fixture *f, fa_backward_desc *bd)
+{
+    fa_backward_desc_init(bd);
+    bd->forward = &f->d;
+    bd->d_o = fa_tensor_contiguous(f->go, FA_DTYPE_F32, FA_LAYOUT_BSHD, SQ, HQ, D);
+    bd->d_q = fa_tensor_contiguous(f->dq, FA_DTYPE_F32, FA_LAYOUT_BSHD, SQ, HQ, D);
+    bd->d_k = fa_tensor_contiguous(f->dk, FA_DTYPE_F32, FA_LAYOUT_BSHD, SK, HK, D);
+    bd->d_v = fa_tensor_contiguous(f->dv, FA_DTYPE_F32, FA_LAYOUT_BSHD, SK, HK, D);
+}
 
 static int setup(void **state)
 {
@@ -257,15 +269,9 @@ static void test_lse_strides(void **state)
 static void test_backward_validation(void **state)
 {
     fixture *f = *state;
-    static float go[B * SQ * HQ * D], dq[B * SQ * HQ * D], dk[B * SK * HK * D], dv[B * SK * HK * D];
     assert_int_equal(fa_forward(f->ctx, &f->d), FA_OK);
     fa_backward_desc bd;
-    fa_backward_desc_init(&bd);
-    bd.forward = &f->d;
-    bd.d_o = fa_tensor_contiguous(go, FA_DTYPE_F32, FA_LAYOUT_BSHD, SQ, HQ, D);
-    bd.d_q = fa_tensor_contiguous(dq, FA_DTYPE_F32, FA_LAYOUT_BSHD, SQ, HQ, D);
-    bd.d_k = fa_tensor_contiguous(dk, FA_DTYPE_F32, FA_LAYOUT_BSHD, SK, HK, D);
-    bd.d_v = fa_tensor_contiguous(dv, FA_DTYPE_F32, FA_LAYOUT_BSHD, SK, HK, D);
+    backward_desc(f, &bd);
     assert_int_equal(fa_backward(f->ctx, &bd), FA_OK);
 
     fa_attention_desc no_lse = f->d;
@@ -295,15 +301,16 @@ static void test_backward_validation(void **state)
     cases[6].bd.d_k.stride_head = 2;      /* overlapping output rows */
     cases[7].bd.d_v.stride_seq = 0;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        memset(dq, 0x5a, sizeof(dq)), memset(dk, 0x5a, sizeof(dk)), memset(dv, 0x5a, sizeof(dv));
+        memset(f->dq, 0x5a, sizeof(f->dq)), memset(f->dk, 0x5a, sizeof(f->dk));
+        memset(f->dv, 0x5a, sizeof(f->dv));
         fa_status st = fa_backward(f->ctx, &cases[i].bd);
         const char *msg = fa_context_last_error(f->ctx);
         if (st != cases[i].want || !strstr(msg, cases[i].field))
             fail_msg("backward %s: got %s \"%s\"", cases[i].field, fa_status_string(st), msg);
-        for (size_t j = 0; j < sizeof(dq) / 4; j++)
-            assert_int_equal(((uint32_t *)dq)[j], 0x5a5a5a5au);
-        for (size_t j = 0; j < sizeof(dk) / 4; j++)
-            assert_true(((uint32_t *)dk)[j] == 0x5a5a5a5au && ((uint32_t *)dv)[j] == 0x5a5a5a5au);
+        for (size_t j = 0; j < sizeof(f->dq) / 4; j++)
+            assert_int_equal(((uint32_t *)f->dq)[j], 0x5a5a5a5au);
+        for (size_t j = 0; j < sizeof(f->dk) / 4; j++)
+            assert_true(((uint32_t *)f->dk)[j] == 0x5a5a5a5au && ((uint32_t *)f->dv)[j] == 0x5a5a5a5au);
         fa_run_info ri = { .size = sizeof(ri) };
         assert_int_equal(fa_backward_plan(f->ctx, &cases[i].bd, &ri), cases[i].want);
     }
@@ -452,19 +459,13 @@ static void test_gles_backend(void **state)
     f->ctx = gl;
     MUTATE(d.dropout_p = 0.1f, FA_ERR_UNSUPPORTED, "dropout_p");
     f->ctx = saved;
-    static float go[B * SQ * HQ * D], dq[B * SQ * HQ * D], dk[B * SK * HK * D], dv[B * SK * HK * D];
-    memset(dq, 0x5a, sizeof(dq));
     fa_backward_desc bd;
-    fa_backward_desc_init(&bd);
-    bd.forward = &f->d;
-    bd.d_o = fa_tensor_contiguous(go, FA_DTYPE_F32, FA_LAYOUT_BSHD, SQ, HQ, D);
-    bd.d_q = fa_tensor_contiguous(dq, FA_DTYPE_F32, FA_LAYOUT_BSHD, SQ, HQ, D);
-    bd.d_k = fa_tensor_contiguous(dk, FA_DTYPE_F32, FA_LAYOUT_BSHD, SK, HK, D);
-    bd.d_v = fa_tensor_contiguous(dv, FA_DTYPE_F32, FA_LAYOUT_BSHD, SK, HK, D);
+    backward_desc(f, &bd);
+    memset(f->dq, 0x5a, sizeof(f->dq));
     assert_int_equal(fa_backward(gl, &bd), FA_ERR_UNSUPPORTED);
     assert_non_null(strstr(fa_context_last_error(gl), "backward"));
-    for (size_t i = 0; i < sizeof(dq) / sizeof(float); i++)
-        assert_int_equal(((unsigned char *)dq)[i * 4], 0x5a);
+    for (size_t i = 0; i < sizeof(f->dq); i++)
+        assert_int_equal(((unsigned char *)f->dq)[i], 0x5a);
     fa_context_destroy(gl);
 }
 
