@@ -430,7 +430,8 @@ static GLuint make_buffer(const void *data, size_t bytes)
     return b;
 }
 
-static void set_uniforms(GLuint prog, const fa_problem *p, int64_t qrows, int64_t krows)
+/* Every uniform the shaders declare (a shader ignores those it lacks: location -1). */
+static void set_uniforms(GLuint prog, const fa_problem *p, int64_t qrows, int64_t krows, int splits)
 {
     const fa_attention_desc *d = p->desc;
     const int64_t cap = (int64_t)1 << 30;
@@ -451,6 +452,18 @@ static void set_uniforms(GLuint prog, const fa_problem *p, int64_t qrows, int64_
     glUniform1f(glGetUniformLocation(prog, "u_cap_out"), p->softcap * 1.4426950408889634f);
     glUniform1i(glGetUniformLocation(prog, "u_max_k"), p->max_k);
     glUniform1i(glGetUniformLocation(prog, "u_write_lse"), p->desc->lse != NULL);
+    glUniform1i(glGetUniformLocation(prog, "u_splits"), splits);
+}
+
+/* Make shader's program (compiled on first use) current with the call's uniforms. */
+static fa_status use_pass(fa_context_t ctx, gles_state *s, int shader, const tiles *t,
+                          const fa_problem *p, int64_t qrows, int64_t krows, int splits)
+{
+    GLuint prog;
+    fa_status st = get_program(ctx, s, shader, t, &prog);
+    if (st == FA_OK)
+        set_uniforms(prog, p, qrows, krows, splits);
+    return st;
 }
 
 /* Read a float buffer back (whole; nothing to read for an empty output). */
@@ -524,31 +537,25 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
     glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 5, bufs[5]);
     if ((st = gl_check(ctx, "uploading the tensors")) != FA_OK)
         goto release;
-    GLuint prog;
     const int splits = decode_splits(p);
     if (splits) {
         /* chunks' partial outputs and (max, sum), then the merge into o and lse */
         bufs[6] = make_buffer(NULL, (size_t)p->heads_q * (size_t)p->batch * (size_t)splits * (size_t)t.d4 * 16);
         bufs[7] = make_buffer(NULL, (size_t)p->heads_q * (size_t)p->batch * (size_t)splits * 8);
-        if ((st = get_program(ctx, s, SH_DEC_SPLIT, &t, &prog)) != FA_OK)
+        if ((st = use_pass(ctx, s, SH_DEC_SPLIT, &t, p, qrows, krows, splits)) != FA_OK)
             goto release;
-        set_uniforms(prog, p, qrows, krows);
-        glUniform1i(glGetUniformLocation(prog, "u_splits"), splits);
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 3, bufs[6]);
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 4, bufs[7]);
         glDispatchCompute((GLuint)splits, (GLuint)p->heads_q, (GLuint)p->batch);
         glMemoryBarrier(GL_SHADER_STORAGE_BARRIER_BIT);
-        if ((st = get_program(ctx, s, SH_DEC_MERGE, &t, &prog)) != FA_OK)
+        if ((st = use_pass(ctx, s, SH_DEC_MERGE, &t, p, qrows, krows, splits)) != FA_OK)
             goto release;
-        set_uniforms(prog, p, qrows, krows);
-        glUniform1i(glGetUniformLocation(prog, "u_splits"), splits);
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 6, bufs[3]);
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 7, bufs[4]);
         glDispatchCompute(1, (GLuint)p->heads_q, (GLuint)p->batch);
     } else if (!standard) {
-        if ((st = get_program(ctx, s, SH_FLASH, &t, &prog)) != FA_OK)
+        if ((st = use_pass(ctx, s, SH_FLASH, &t, p, qrows, krows, 0)) != FA_OK)
             goto release;
-        set_uniforms(prog, p, qrows, krows);
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 3, bufs[3]);
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 4, bufs[4]);
         glDispatchCompute((GLuint)((p->max_q + t.br - 1) / t.br), (GLuint)p->heads_q, (GLuint)p->batch);
@@ -556,17 +563,14 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
         const size_t sb = (size_t)p->heads_q * (size_t)qrows * (size_t)p->max_k * 4;
         bufs[6] = make_buffer(NULL, sb);
         const GLuint groups = (GLuint)((p->max_q + STD_GROUP - 1) / STD_GROUP);
-        for (int pass = SH_SCORES; pass <= SH_PV && st == FA_OK; pass++) {
-            if ((st = get_program(ctx, s, pass, &t, &prog)) != FA_OK)
-                break;
-            set_uniforms(prog, p, qrows, krows);
+        for (int pass = SH_SCORES; pass <= SH_PV; pass++) {
+            if ((st = use_pass(ctx, s, pass, &t, p, qrows, krows, 0)) != FA_OK)
+                goto release;
             glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 3, bufs[6]);
             glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 4, pass == SH_PV ? bufs[3] : bufs[4]);
             glDispatchCompute(groups, (GLuint)p->heads_q, (GLuint)p->batch);
             glMemoryBarrier(GL_SHADER_STORAGE_BARRIER_BIT);
         }
-        if (st != FA_OK)
-            goto release;
     }
     glMemoryBarrier(GL_BUFFER_UPDATE_BARRIER_BIT | GL_SHADER_STORAGE_BARRIER_BIT);
     if ((st = gl_check(ctx, "running the attention shaders")) != FA_OK ||
