@@ -46,6 +46,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-backward", action="store_true")
+    ap.add_argument("--dims", default="64,128", help="head dims, comma-separated")
+    ap.add_argument("--no-peers", action="store_true", help="flashattn alone (A/B runs of its kernels)")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -57,7 +59,7 @@ def main():
     seqs = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     out = open(args.json, "a") if args.json else None
     rows = []
-    for d in (64, 128):
+    for d in (int(x) for x in args.dims.split(",")):
         for causal in (False, True):
             for s in seqs:
                 b, h = 16384 // s, 2048 // d
@@ -81,7 +83,7 @@ def main():
 
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
                 ref = None
-                for name, be in PEERS.items():
+                for name, be in ({} if args.no_peers else PEERS).items():
                     try:
                         with sdpa_kernel(be):
                             y = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)

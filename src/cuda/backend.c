@@ -33,10 +33,10 @@ static const sm90_tiles sm90_table[] = { FA_CUDA_SM90_TILES(FA_SM90_ROW) };
 #define N_SM90 (sizeof(sm90_table) / sizeof(sm90_table[0]))
 
 typedef struct sm90_bwd_tiles {
-    int dim, kv_q, kv_stages, q_k, q_stages, warpgroups;
+    int dim, q_step, stages;
 } sm90_bwd_tiles;
 
-#define FA_SM90_BWD_ROW(D, BQ, KST, QN, QST, NWG) { D, BQ, KST, QN, QST, NWG },
+#define FA_SM90_BWD_ROW(D, BQ, ST) { D, BQ, ST },
 static const sm90_bwd_tiles sm90_bwd_table[] = { FA_CUDA_SM90_BWD_TILES(FA_SM90_BWD_ROW) };
 #undef FA_SM90_BWD_ROW
 #define N_SM90_BWD (sizeof(sm90_bwd_table) / sizeof(sm90_bwd_table[0]))
@@ -115,10 +115,9 @@ static void cuda_info(void *state, char *buf, size_t cap, size_t *len)
     for (size_t i = 0; s->hopper && i < N_SM90_BWD; i++) {
         const sm90_bwd_tiles *t = &sm90_bwd_table[i];
         fa_appendf(buf, cap, len,
-                   "cuda.tiles.sm90.d%d: backward dK/dV %d keys x %d queries (%d stages), dQ %d "
-                   "queries x %d keys (%d stages); %d consumer warpgroups + 1 loading\n",
-                   t->dim, 64 * t->warpgroups, t->kv_q, t->kv_stages, 64 * t->warpgroups, t->q_k,
-                   t->q_stages, t->warpgroups);
+                   "cuda.tiles.sm90.d%d: backward 128 keys x %d queries a step (%d Q/dO stages; "
+                   "2 consumer warpgroups + 1 loading), dQ added in key-tile order\n",
+                   t->dim, t->q_step, t->stages);
     }
     for (size_t i = 0; s->hopper && i < N_SM90; i++)
         fa_appendf(buf, cap, len,
@@ -184,7 +183,7 @@ typedef struct call {
     const sm90_bwd_tiles *hb; /* the same for the backward */
     int bf16;
     int64_t krows;
-    size_t cu_bytes, dsum_bytes, std_bytes; /* workspace parts */
+    size_t acc_bytes, sem_bytes, cu_bytes, dsum_bytes, std_bytes; /* workspace parts */
 } call;
 
 static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem *p, int backward,
@@ -265,6 +264,16 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
                         (long long)fwd_blocks);
     if (backward)
         c->dsum_bytes = sizeof(float) * (size_t)(k->rows * p->heads_q);
+    if (c->hb && d->algorithm != FA_ALGORITHM_STANDARD) {
+        /* dQ in float32 ([heads_q, rows, dim]) and a counter per (sequence, head, query tile) */
+        int64_t n, tiles = ((int64_t)p->max_q + c->hb->q_step - 1) / c->hb->q_step;
+        if (!fa_mul_ok(k->rows, p->heads_q, &n) || !fa_mul_ok(n, c->tl->dim * 4, &n))
+            return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "the backward's dQ accumulator overflows 64 bits");
+        c->acc_bytes = (size_t)n;
+        c->sem_bytes = (sizeof(int) * (size_t)p->batch * p->heads_q * tiles + 255) / 256 * 256;
+        k->dq_pitch = c->tl->dim;
+        k->dq_tiles = (int32_t)tiles;
+    }
     if (d->algorithm == FA_ALGORITHM_STANDARD) {
         if (p->heads_q > 65535 || k->rows > INT32_MAX || c->krows > INT32_MAX)
             return fa_error(ctx, FA_ERR_UNSUPPORTED,
@@ -302,9 +311,9 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
         info->threads = 128;
     } else if (c->hb) {
         info->kernel = sm90_bwd_names[c->hb - sm90_bwd_table];
-        info->block_q = c->hb->kv_q;
-        info->block_k = 64 * c->hb->warpgroups;
-        info->threads = 128 * (c->hb->warpgroups + 1);
+        info->block_q = c->hb->q_step;
+        info->block_k = 128;
+        info->threads = 384;
     } else if (backward) {
         info->kernel = bwd_names[row];
         info->block_q = c->tl->kv_q;
@@ -321,7 +330,7 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
         info->block_k = c->tl->fwd_n;
         info->threads = 32 * c->tl->fwd_warps;
     }
-    info->workspace_bytes = c->cu_bytes + c->dsum_bytes + c->std_bytes;
+    info->workspace_bytes = c->acc_bytes + c->sem_bytes + c->cu_bytes + c->dsum_bytes + c->std_bytes;
 }
 
 static fa_status cuda_plan(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
@@ -378,7 +387,7 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
     if (st != FA_OK || (st = check_pointers(ctx, s, p, backward)) != FA_OK)
         return st;
     report(&c, p, backward, info);
-    const size_t total = c.cu_bytes + c.dsum_bytes + c.std_bytes;
+    const size_t total = c.acc_bytes + c.sem_bytes + c.cu_bytes + c.dsum_bytes + c.std_bytes;
     char *ws = NULL;
     cudaError_t err;
     if (total && (err = cudaMallocAsync((void **)&ws, total, s->stream)) != cudaSuccess) {
@@ -388,6 +397,11 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
     }
     fa_cuda_params *k = &c.kp;
     char *at = ws;
+    if (c.acc_bytes) { /* first: the float2 adds want 8-byte alignment */
+        k->dq_acc = (float *)at;
+        k->dq_sem = (int *)(at + c.acc_bytes);
+        at += c.acc_bytes + c.sem_bytes;
+    }
     if (c.cu_bytes) {
         const size_t half = c.cu_bytes / 2;
         k->cu_q = (const int32_t *)at;

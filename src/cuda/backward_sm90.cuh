@@ -1,11 +1,10 @@
 // SPDX-License-Identifier: MIT
-// The flash backward on Hopper's warpgroup tensor cores (sm_90a), deterministic as the
-// mma.sync one (no atomics): dK/dV per key tile over every query tile and query head of its
-// group in a fixed order, dQ per query tile; S and P recomputed in both from the forward's
-// lse. Each kernel has NWG consumer warpgroups of 64 rows and a loading warpgroup that fills
-// a STAGES-deep ring of tiles through full/empty mbarriers. A step's tiles serve two rounds of
-// products (the second overlapping the next step's element work), so a stage is let go one
-// step late and a ring of STAGES keeps STAGES - 2 loads in flight.
+// The flash backward on Hopper's warpgroup tensor cores (sm_90a), one pass, deterministic.
+// One block per key tile of 128 keys: two consumer warpgroups of 64 keys each recompute S^T
+// and dP^T for every query tile (and query head of the group) the mask lets them see,
+// accumulate dK and dV in registers, and add dS K into a float32 dQ accumulator in a fixed
+// order of key tiles; a loading warpgroup fills a STAGES-deep ring of Q / dO tiles through
+// full/empty mbarriers. A short kernel then writes dQ in the output's dtype.
 #pragma once
 
 #include "wgmma.cuh"
@@ -15,11 +14,6 @@ namespace fa {
 template <int STAGES> struct stage_ring {
     uint64_t full[STAGES], empty[STAGES];
 };
-
-__device__ __forceinline__ unsigned char *align1024(unsigned char *p)
-{
-    return reinterpret_cast<unsigned char *>((reinterpret_cast<uintptr_t>(p) + 1023) & ~(uintptr_t)1023);
-}
 
 // Set up by one thread before the block barrier: full counts the loading warpgroup's 128
 // threads, empty the consumers' warps.
@@ -91,24 +85,94 @@ __device__ __forceinline__ void store_acc(const fa_cuda_view &v, const float (&a
     }
 }
 
-// ---- dK/dV: one block per (key tile of 64 NWG keys, kv head, sequence) ----
+// One ring stage: BQ query rows of Q and dO, then their lse and D.
 template <int D, int BQ> struct kv_stage {
     static constexpr int tile = BQ * D * 2;                     // Q, then dO
-    static constexpr int bytes = (2 * tile + 8 * BQ + 1023) / 1024 * 1024; // + lse2, D
+    static constexpr int bytes = (2 * tile + 8 * BQ + 1023) / 1024 * 1024; // + lse, D
 };
 
-template <typename T, int D, int BQ, int NWG, int STAGES>
-__device__ __forceinline__ void dk_dv_rows(const fa_cuda_params &p, stage_ring<STAGES> &ring,
+// ---- One block per (key tile of 128 keys, kv head, sequence) computes
+// dK and dV of its keys and adds its share dS K of every query tile's dQ into a float32
+// accumulator. Determinism without a second pass: the key tiles that see a query tile add in
+// key-tile order, each waiting until a counter per (sequence, head, query tile) shows that
+// every earlier one has added (blocks start in index order, so a block only ever waits for a
+// lower one, already running or finished).
+
+// The query tiles (BQ rows) key tile j (BN keys) sees: [m_lo, m_lo + nm).
+template <int BN, int BQ>
+__device__ __forceinline__ void kv_span(const mask_t &mk, const seq_t &s, int j, int &m_lo, int &nm)
+{
+    const int64_t c0 = (int64_t)j * BN, c1 = min(c0 + BN, (int64_t)s.sk);
+    const int64_t ilo = max((int64_t)0, c0 - mk.diag - mk.wr);
+    const int64_t ihi = min((int64_t)s.sq, (c1 - 1) - mk.diag + mk.wl + 1);
+    m_lo = (int)(ilo / BQ);
+    nm = ihi > ilo ? (int)((ihi + BQ - 1) / BQ) - m_lo : 0;
+}
+
+// How many key tiles before j also see query tile i: those that do are j - n .. j - 1 (the
+// spans move monotonically with j), found by bisection.
+template <int BN, int BQ>
+__device__ __forceinline__ int tiles_before(const mask_t &mk, const seq_t &s, int j, int i)
+{
+    int lo = 0, hi = j; // the first tile that sees i lies in [lo, hi]
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        int m_lo, nm;
+        kv_span<BN, BQ>(mk, s, mid, m_lo, nm);
+        if (nm > 0 && m_lo <= i && i < m_lo + nm)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return j - lo;
+}
+
+// Step it of a block: query tile mi (last first) of query head h (the group's heads taken in
+// turn for each tile). Last first, every block reaches a query tile no later (in steps) than
+// the one after it, so under a causal mask the hand-overs wait for nothing but their order.
+struct bwd_step_t {
+    int h, mi;
+};
+__device__ __forceinline__ bwd_step_t bwd_step(int it, int hk, int group, int m_lo, int nm)
+{
+    return bwd_step_t{ hk * group + it % group, m_lo + nm - 1 - it / group };
+}
+
+// Four 8x8 blocks of 16-bit values stored transposed (row addresses from lanes 8m .. 8m + 7).
+__device__ __forceinline__ void stsm_x4_t(uint32_t addr, const uint32_t (&r)[4])
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+
+template <int D, int BQ> struct bwd_smem {
+    static constexpr int BN = 128;
+    static constexpr int kv = BN * D * 2;  // K, then V
+    static constexpr int ds = BQ * BN * 2; // one dS tile; two alternate
+    static constexpr size_t bytes(int stages)
+    {
+        return 1024 + 2 * (size_t)kv + 2 * (size_t)ds + stages * (size_t)kv_stage<D, BQ>::bytes;
+    }
+};
+
+template <typename T, int D, int BQ, int STAGES, bool DROPOUT, bool SPLIT>
+__device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STAGES> &ring,
                                            const block_t &blk, const seq_t &s, const mask_t &mk,
                                            int c0, int m_lo, int nm, int iters, unsigned char *sK,
-                                           unsigned char *sV, unsigned char *ring_mem, int wg)
+                                           unsigned char *sV, unsigned char *sDS,
+                                           unsigned char *ring_mem, int wg)
 {
-    constexpr int BN = 64 * NWG, NQ = BQ / 8, ND = D / 8;
-    // dK and dV take D registers, S^T and dP^T BQ, their fragments BQ / 2: with a second
-    // round in flight beyond 176 of them the compiler spills and serialises the wgmma
+    constexpr int BN = 128, NQ = BQ / 8, ND = D / 8;
+    static_assert(BQ == 64, "dQ's product takes the step's 64 query rows as its M");
     constexpr bool OVERLAP = D + 3 * BQ / 2 <= 176;
+    // dQ's columns: SPLIT, half each every step (at d128 the whole would not fit in registers
+    // beside dK and dV); else all of them by each warpgroup in turn
+    constexpr int DQN = SPLIT ? D / 2 : D;
     using S = kv_stage<D, BQ>;
+    using F = bwd_smem<D, BQ>;
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int tid = threadIdx.x % 128;
     const int hk = blk.h;
     const int j0 = c0 + wg * 64 + warp * 16; // this warp's first key
     if (iters > 0) {
@@ -119,13 +183,18 @@ __device__ __forceinline__ void dk_dv_rows(const fa_cuda_params &p, stage_ring<S
         cp_async_commit();
         cp_async_wait<0>();
         fence_async_smem();
-        named_barrier(1 + wg, 128);
+        // both halves of K feed every dQ product
+        named_barrier(3, 256);
     }
     const uint32_t ka = smem_addr(sK) + wg * 64 * 128, va = smem_addr(sV) + wg * 64 * 128;
-    const uint32_t ra = smem_addr(ring_mem);
+    const uint32_t ra = smem_addr(ring_mem), dsa = smem_addr(sDS);
+    // this lane's row address in a dS tile for stmatrix: block m = lane / 8 of the four holds
+    // queries + 8 (m / 2), keys + 8 (m % 2)
+    const int sm_q = lane % 8 + 8 * ((lane / 8) / 2), sm_k = wg * 64 + warp * 16 + 8 * ((lane / 8) % 2);
 
     float dk[1][ND][4], dv[1][ND][4], sc[1][NQ][4], dp[1][NQ][4];
     uint32_t pa[1][NQ / 2][4], da[1][NQ / 2][4];
+    float dq[DQN / 2];
     float(&dkf)[D / 2] = reinterpret_cast<float(&)[D / 2]>(dk);
     float(&dvf)[D / 2] = reinterpret_cast<float(&)[D / 2]>(dv);
     float(&sf)[BQ / 2] = reinterpret_cast<float(&)[BQ / 2]>(sc);
@@ -133,7 +202,8 @@ __device__ __forceinline__ void dk_dv_rows(const fa_cuda_params &p, stage_ring<S
     zero(dk);
     zero(dv);
     for (int it = 0; it < iters; it++) {
-        const int st = it % STAGES, h = hk * p.group + it / nm, i0 = (m_lo + it % nm) * BQ;
+        const bwd_step_t fs = bwd_step(it, hk, p.group, m_lo, nm);
+        const int st = it % STAGES, h = fs.h, mi = fs.mi, i0 = mi * BQ;
         const uint32_t qa = ra + st * S::bytes, oa = qa + S::tile;
         const float *sl = reinterpret_cast<const float *>(ring_mem + st * S::bytes + 2 * S::tile);
         mbar_wait(&ring.full[st], (it / STAGES) & 1);
@@ -151,27 +221,36 @@ __device__ __forceinline__ void dk_dv_rows(const fa_cuda_params &p, stage_ring<S
             }
             reg_fence(sf);
             reg_fence(dpf);
-            kv_grads(p, mk, blk.b, h, sc, dp, sl, sl + BQ, i0, j0, g, t);
+            kv_grads<NQ, true, DROPOUT>(p, mk, blk.b, h, sc, dp, sl, sl + BQ, i0, j0, g, t);
             wgmma_wait<0>(); // the previous step's products are done with pa, da and its stage
             reg_fence(dkf);
             reg_fence(dvf);
             reg_fence(pa[0]);
             reg_fence(da[0]);
-            __syncwarp(); // every lane's reads of the stage's lse2 / D before lane 0 lets it go
+            __syncwarp(); // every lane's reads of the stage's statistics before lane 0 lets it go
             if (it > 0 && lane == 0)
                 mbar_arrive(&ring.empty[(it - 1) % STAGES]);
             to_a<T, 1, NQ>(pa, sc);
             to_a<T, 1, NQ>(da, dp);
-        } else { // one round after the other: fewer live registers
+        } else {
             wgmma_wait<0>();
             reg_fence(sf);
             reg_fence(dpf);
-            kv_grads(p, mk, blk.b, h, sc, dp, sl, sl + BQ, i0, j0, g, t);
+            kv_grads<NQ, true, DROPOUT>(p, mk, blk.b, h, sc, dp, sl, sl + BQ, i0, j0, g, t);
             to_a<T, 1, NQ>(pa, sc);
             to_a<T, 1, NQ>(da, dp);
             wgmma_fence();
             wg_gemm_rn<T, D, BQ>(dvf, pa[0], oa); // dV += P^T dO
             wg_gemm_rn<T, D, BQ>(dkf, da[0], qa); // dK += dS^T Q
+        }
+        // dS (queries x keys) into this step's dS tile, both warpgroups' 64 keys side by side
+        const int par = it & 1;
+        const uint32_t dst = dsa + par * F::ds;
+#pragma unroll
+        for (int kt = 0; kt < NQ / 2; kt++)
+            stsm_x4_t(dst + sw_offset(kt * 16 + sm_q, sm_k, BQ), da[0][kt]);
+        fence_async_smem();
+        if constexpr (!OVERLAP) {
             wgmma_wait<0>();
             reg_fence(dkf);
             reg_fence(dvf);
@@ -179,6 +258,42 @@ __device__ __forceinline__ void dk_dv_rows(const fa_cuda_params &p, stage_ring<S
             if (lane == 0)
                 mbar_arrive(&ring.empty[st]);
         }
+        if constexpr (SPLIT) { // each warpgroup takes half of dQ's columns
+            named_barrier(4 + par, 256);
+        } else if (par != wg) { // the other warpgroup takes this step's dQ
+            named_barrier_arrive(4 + par, 256);
+            continue;
+        } else {
+            named_barrier(4 + par, 256);
+        }
+        wgmma_fence();
+        // dS K; the half's first column c sits c / 64 column blocks and c % 64 elements in
+        const int c0 = SPLIT ? wg * DQN : 0;
+        wg_gemm_sn<T, DQN, BN, BQ, BN>(dq, dst, smem_addr(sK) + (c0 / 64) * BN * 128 + (c0 % 64) * 2);
+        wgmma_wait<0>();
+        reg_fence(dq);
+        // add it after the key tiles before this one have added theirs, then count it
+        int *sem = p.dq_sem + ((int64_t)blk.b * p.heads_q + h) * p.dq_tiles + mi;
+        const int turn = tiles_before<BN, BQ>(mk, s, blk.tile, mi) * (SPLIT ? 2 : 1);
+        if (tid == 0)
+            while (ld_acquire(sem) < turn) {
+            }
+        named_barrier(1 + wg, 128);
+        float *acc = p.dq_acc + ((int64_t)h * p.rows + s.q_base * p.seqlen_q + s.q0) * p.dq_pitch +
+                     (SPLIT ? wg * DQN : 0);
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int r = i0 + warp * 16 + g + hf * 8;
+            if (r < s.sq)
+#pragma unroll
+                for (int dt = 0; dt < DQN / 8; dt++)
+                    red_add2(acc + (int64_t)r * p.dq_pitch + dt * 8 + 2 * t, dq[4 * dt + 2 * hf],
+                             dq[4 * dt + 2 * hf + 1]);
+        }
+        __threadfence();
+        named_barrier(1 + wg, 128);
+        if (tid == 0)
+            red_release_add(sem, 1);
     }
     if (OVERLAP && iters > 0) {
         const uint32_t pq = ra + ((iters - 1) % STAGES) * S::bytes;
@@ -193,37 +308,37 @@ __device__ __forceinline__ void dk_dv_rows(const fa_cuda_params &p, stage_ring<S
     store_acc<T, D>(p.dv, dv, s, true, hk, j0, s.sk, p.dim, p.dropout_scale, g, t);
 }
 
-template <typename T, int D, int BQ, int NWG, int STAGES>
-__global__ void __launch_bounds__((NWG + 1) * 128, 1) dk_dv_sm90(const fa_cuda_params p)
+template <typename T, int D, int BQ, int STAGES, bool DROPOUT, bool SPLIT>
+__global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int BN = 64 * NWG;
+    constexpr int BN = 128;
     using S = kv_stage<D, BQ>;
+    using F = bwd_smem<D, BQ>;
     extern __shared__ unsigned char smem_raw[];
     __shared__ stage_ring<STAGES> ring;
-    unsigned char *sK = align1024(smem_raw), *sV = sK + BN * D * 2, *ring_mem = sV + BN * D * 2;
+    unsigned char *sK = align1024(smem_raw), *sV = sK + F::kv, *sDS = sV + F::kv;
+    unsigned char *ring_mem = sDS + 2 * F::ds;
 
-    const int tiles = (p.max_k + BN - 1) / BN;
-    const block_t blk = block_of(tiles, p.heads_kv, false);
+    const block_t blk = block_of((p.max_k + BN - 1) / BN, p.heads_kv, false);
     const seq_t s = seq_of(p, blk.b);
     const int c0 = blk.tile * BN;
     if (c0 >= s.sk)
         return;
     const mask_t mk = mask_of(p, s);
-    const int c1 = min(c0 + BN, s.sk);
-    const int64_t ilo = max((int64_t)0, c0 - mk.diag - mk.wr);
-    const int64_t ihi = min((int64_t)s.sq, (c1 - 1) - mk.diag + mk.wl + 1);
-    const int m_lo = (int)(ilo / BQ), nm = ihi > ilo ? (int)((ihi + BQ - 1) / BQ) - m_lo : 0;
+    int m_lo, nm;
+    kv_span<BN, BQ>(mk, s, blk.tile, m_lo, nm);
     const int iters = nm * p.group;
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0); // uniform to the compiler
     if (threadIdx.x == 0)
-        ring_init(ring, 4 * NWG);
+        ring_init(ring, 8);
     __syncthreads();
-    if (wg == NWG) {
+    if (wg == 2) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
         const int tid = threadIdx.x % 128;
         fill_ring(ring, iters, [&](int it, int st) {
-            const int h = blk.h * p.group + it / nm, i0 = (m_lo + it % nm) * BQ;
+            const bwd_step_t fs = bwd_step(it, blk.h, p.group, m_lo, nm);
+            const int h = fs.h, i0 = fs.mi * BQ;
             unsigned char *base = ring_mem + st * S::bytes;
             load_tile_sw<T, BQ, D, 128>(base, (const T *)p.q.p + row_off(p.q, s, false, h, i0),
                                         p.q.ss, s.sq - i0, p.dim, p.aligned, tid);
@@ -232,149 +347,65 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1) dk_dv_sm90(const fa_cuda_p
                                         p.dout.ss, s.sq - i0, p.dim, p.aligned, tid);
             float *sl = reinterpret_cast<float *>(base + 2 * S::tile);
             for (int x = tid; x < BQ; x += 128) {
-                sl[x] = lse2_of(p, s, h, i0 + x);
-                sl[BQ + x] = dsum_of(p, s, h, i0 + x);
+                const bool ok = i0 + x < s.sq;
+                cp_async4(sl + x, ok ? p.lse + lse_index(p, s, h, i0 + x) : p.lse, ok ? 4 : 0);
+                cp_async4(sl + BQ + x,
+                          ok ? p.dsum + (int64_t)h * p.rows + s.q_base * p.seqlen_q + s.q0 + i0 + x
+                             : p.dsum,
+                          ok ? 4 : 0);
             }
         });
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<NWG>::value));
-        dk_dv_rows<T, D, BQ, NWG, STAGES>(p, ring, blk, s, mk, c0, m_lo, nm, iters, sK, sV, ring_mem,
-                                          wg);
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<2>::value));
+        bwd_rows<T, D, BQ, STAGES, DROPOUT, SPLIT>(p, ring, blk, s, mk, c0, m_lo, nm, iters, sK, sV, sDS, ring_mem,
+                                     wg);
     }
 #endif
 }
 
-// ---- dQ: one block per (query tile of 64 NWG rows, query head, sequence) ----
-template <typename T, int D, int BN, int NWG, int STAGES>
-__device__ __forceinline__ void dq_rows(const fa_cuda_params &p, stage_ring<STAGES> &ring,
-                                        const query_tile_t &qt, unsigned char *sQ, unsigned char *sO,
-                                        unsigned char *sK, unsigned char *sV, int wg)
+// dq = scale * the float32 accumulator, one block per (64 query rows, head, sequence).
+template <typename T> __global__ void __launch_bounds__(256) dq_store(const fa_cuda_params p)
 {
-    constexpr int BM = 64 * NWG, NS = BN / 8, ND = D / 8, TILE = BN * D * 2;
-    const seq_t &s = qt.s;
-    const int r0 = qt.r0, n_lo = qt.n_lo, n_hi = qt.n_hi, h = qt.blk.h;
-    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int wr0 = r0 + wg * 64 + warp * 16; // this warp's first row
-    float lse2[2], dsum[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        lse2[hf] = lse2_of(p, s, h, wr0 + g + hf * 8);
-        dsum[hf] = dsum_of(p, s, h, wr0 + g + hf * 8);
+    const block_t blk = block_of((p.max_q + 63) / 64, p.heads_q, false);
+    const seq_t s = seq_of(p, blk.b);
+    const int r0 = blk.tile * 64, rows = min(64, s.sq - r0);
+    const float *acc = p.dq_acc + ((int64_t)blk.h * p.rows + s.q_base * p.seqlen_q + s.q0 + r0) * p.dq_pitch;
+    for (int x = threadIdx.x; x < rows * p.dim; x += 256) {
+        const int r = x / p.dim, c = x % p.dim;
+        store<T>(p.dq, row_off(p.dq, s, false, blk.h, r0 + r) + c, acc[(int64_t)r * p.dq_pitch + c] * p.scale);
     }
-    if (n_lo < n_hi) {
-        load_own_rows<T, D, BM>(sQ, (const T *)p.q.p + row_off(p.q, s, false, h, r0 + wg * 64), p.q.ss,
-                                s.sq - r0 - wg * 64, p, wg);
-        load_own_rows<T, D, BM>(sO, (const T *)p.dout.p + row_off(p.dout, s, false, h, r0 + wg * 64),
-                                p.dout.ss, s.sq - r0 - wg * 64, p, wg);
-        cp_async_commit();
-        cp_async_wait<0>();
-        fence_async_smem();
-        named_barrier(1 + wg, 128);
-    }
-    const uint32_t qa = smem_addr(sQ) + wg * 64 * 128, oa = smem_addr(sO) + wg * 64 * 128;
-    const uint32_t ka = smem_addr(sK), va = smem_addr(sV);
-
-    float dq[1][ND][4], sc[1][NS][4], dp[1][NS][4];
-    uint32_t da[1][NS / 2][4];
-    float(&dqf)[D / 2] = reinterpret_cast<float(&)[D / 2]>(dq);
-    float(&sf)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(sc);
-    float(&dpf)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(dp);
-    zero(dq);
-    for (int n = n_lo; n < n_hi; n++) {
-        const int i = n - n_lo, st = i % STAGES;
-        mbar_wait(&ring.full[st], (i / STAGES) & 1);
-        wgmma_fence();
-        wg_gemm_nt<T, D, BM, BN>(sf, qa, ka + st * TILE);  // S = Q K^T
-        wg_gemm_nt<T, D, BM, BN>(dpf, oa, va + st * TILE); // dP = dO V^T
-        if (i > 0) {
-            wg_gemm_rn<T, D, BN>(dqf, da[0], ka + ((i - 1) % STAGES) * TILE); // dQ += dS K
-            wgmma_wait<1>();
-        } else {
-            wgmma_wait<0>();
-        }
-        reg_fence(sf);
-        reg_fence(dpf);
-        dq_grads(p, qt.mk, qt.blk.b, h, sc, dp, lse2, dsum, wr0, (int64_t)n * BN, g, t);
-        wgmma_wait<0>(); // the previous step's product is done with da and its stage
-        reg_fence(dqf);
-        reg_fence(da[0]);
-        if (i > 0 && lane == 0)
-            mbar_arrive(&ring.empty[(i - 1) % STAGES]);
-        to_a<T, 1, NS>(da, sc);
-    }
-    if (n_lo < n_hi) {
-        wgmma_fence();
-        wg_gemm_rn<T, D, BN>(dqf, da[0], ka + ((n_hi - 1 - n_lo) % STAGES) * TILE);
-        wgmma_wait<0>();
-        reg_fence(dqf);
-    }
-    store_acc<T, D>(p.dq, dq, s, false, h, wr0, s.sq, p.dim, p.scale, g, t);
 }
 
-template <typename T, int D, int BN, int NWG, int STAGES>
-__global__ void __launch_bounds__((NWG + 1) * 128, 1) dq_sm90(const fa_cuda_params p)
-{
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int BM = 64 * NWG, TILE = BN * D * 2;
-    extern __shared__ unsigned char smem_raw[];
-    __shared__ stage_ring<STAGES> ring;
-    unsigned char *sQ = align1024(smem_raw), *sO = sQ + BM * D * 2, *sK = sO + BM * D * 2;
-    unsigned char *sV = sK + STAGES * TILE;
-
-    query_tile_t qt;
-    if (!query_tile<BM, BN>(p, qt))
-        return;
-    const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0); // uniform to the compiler
-    if (threadIdx.x == 0)
-        ring_init(ring, 4 * NWG);
-    __syncthreads();
-    if (wg == NWG) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-        const int tid = threadIdx.x % 128;
-        const seq_t &s = qt.s;
-        const T *gK = (const T *)p.k.p + row_off(p.k, s, true, qt.hk, 0);
-        const T *gV = (const T *)p.v.p + row_off(p.v, s, true, qt.hk, 0);
-        fill_ring(ring, qt.n_hi - qt.n_lo, [&](int i, int st) {
-            const int c = (qt.n_lo + i) * BN;
-            load_tile_sw<T, BN, D, 128>(sK + st * TILE, gK + c * p.k.ss, p.k.ss, s.sk - c, p.dim,
-                                        p.aligned, tid);
-            load_tile_sw<T, BN, D, 128>(sV + st * TILE, gV + c * p.v.ss, p.v.ss, s.sk - c, p.dim,
-                                        p.aligned, tid);
-        });
-    } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<NWG>::value));
-        dq_rows<T, D, BN, NWG, STAGES>(p, ring, qt, sQ, sO, sK, sV, wg);
-    }
-#endif
-}
-
-// rowsum, then dK/dV (query step BQ, ring KST deep, NWG key warpgroups), then dQ (key step
-// QN, ring QST deep, NWG query warpgroups).
-template <typename T, int D, int BQ, int KST, int QN, int QST, int NWG>
+// rowsum, zeroed dQ accumulator and counters, the fused pass, then dQ out.
+template <typename T, int D, int BQ, int STAGES>
 cudaError_t launch_backward_sm90(const fa_cuda_params &p, bool bf16, cudaStream_t stream)
 {
     cudaError_t err = fa_cuda_rowsum(&p, bf16, stream);
     if (err != cudaSuccess)
         return err;
-    constexpr int BN = 64 * NWG;
-    const size_t smem_kv = 1024 + 2 * (size_t)BN * D * 2 + KST * (size_t)kv_stage<D, BQ>::bytes;
-    auto kv = dk_dv_sm90<T, D, BQ, NWG, KST>;
-    if ((err = cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv)) != cudaSuccess)
+    const size_t acc_bytes = sizeof(float) * (size_t)p.rows * p.heads_q * p.dq_pitch;
+    const size_t sem_bytes = sizeof(int) * (size_t)p.batch * p.heads_q * p.dq_tiles;
+    if ((acc_bytes && (err = cudaMemsetAsync(p.dq_acc, 0, acc_bytes, stream)) != cudaSuccess) ||
+        (sem_bytes && (err = cudaMemsetAsync(p.dq_sem, 0, sem_bytes, stream)) != cudaSuccess))
         return err;
-    const int64_t kv_blocks = (int64_t)((p.max_k + BN - 1) / BN) * p.heads_kv * p.batch;
-    if (kv_blocks > 0) {
-        kv<<<(unsigned)kv_blocks, (NWG + 1) * 128, smem_kv, stream>>>(p);
+    const size_t smem = bwd_smem<D, BQ>::bytes(STAGES);
+    // without dropout, a build whose element step holds no mask words (fewer live registers)
+    // dQ's columns split between the warpgroups at d128 (registers); below, whole, by each
+    // warpgroup in turn (measured faster at d64: 183 against 174 TFLOP/s fwd+bwd, s16k)
+    constexpr bool SPLIT = D >= 128;
+    auto kern = p.dropout_p > 0.0f ? backward_sm90<T, D, BQ, STAGES, true, SPLIT>
+                                   : backward_sm90<T, D, BQ, STAGES, false, SPLIT>;
+    if ((err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
+        return err;
+    const int64_t blocks = (int64_t)((p.max_k + 127) / 128) * p.heads_kv * p.batch;
+    if (blocks > 0) {
+        kern<<<(unsigned)blocks, 384, smem, stream>>>(p);
         if ((err = cudaGetLastError()) != cudaSuccess)
             return err;
     }
-    constexpr int BM = 64 * NWG;
-    const size_t smem_q = 1024 + 2 * (size_t)BM * D * 2 + 2 * QST * (size_t)QN * D * 2;
-    auto qk = dq_sm90<T, D, QN, NWG, QST>;
-    if ((err = cudaFuncSetAttribute(qk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q)) != cudaSuccess)
-        return err;
-    const int64_t q_blocks = (int64_t)((p.max_q + BM - 1) / BM) * p.heads_q * p.batch;
+    const int64_t q_blocks = (int64_t)((p.max_q + 63) / 64) * p.heads_q * p.batch;
     if (q_blocks > 0)
-        qk<<<(unsigned)q_blocks, (NWG + 1) * 128, smem_q, stream>>>(p);
+        dq_store<T><<<(unsigned)q_blocks, 256, 0, stream>>>(p);
     return cudaGetLastError();
 }
 

@@ -20,8 +20,9 @@ cudaError_t fa_cuda_flash_forward(const fa_cuda_params *p, int bf16, int dpad, c
 cudaError_t fa_cuda_flash_forward_sm90(const fa_cuda_params *p, int bf16, int dpad,
                                        cudaStream_t stream);
 
-/* The backward on Hopper's warpgroup tensor cores for the head dims of
- * FA_CUDA_SM90_BWD_TILES; cudaErrorInvalidValue for others. */
+/* The backward on Hopper's warpgroup tensor cores, one pass (dK, dV and dQ; dQ through
+ * p->dq_acc and p->dq_sem, zeroed here) for the head dims of FA_CUDA_SM90_BWD_TILES;
+ * cudaErrorInvalidValue for others. */
 cudaError_t fa_cuda_flash_backward_sm90(const fa_cuda_params *p, int bf16, int dpad,
                                         cudaStream_t stream);
 

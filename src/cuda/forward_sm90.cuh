@@ -256,8 +256,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1) flash_forward_sm90_ws(cons
     static_assert(D % 64 == 0 && BN % 64 == 0, "tiles are whole 64-element swizzle blocks");
     extern __shared__ unsigned char smem_raw[];
     __shared__ kv_ring<STAGES> ring;
-    unsigned char *sQ = reinterpret_cast<unsigned char *>(
-        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+    unsigned char *sQ = align1024(smem_raw);
     unsigned char *sK = sQ + L::q, *sV = sK + STAGES * L::kv;
 
     query_tile_t qt;

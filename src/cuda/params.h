@@ -18,6 +18,9 @@ typedef struct fa_cuda_params {
     float *lse;                    /* NULL when not asked for (forward) */
     int64_t lse_sb, lse_sh, lse_ss;
     float *dsum;      /* backward: rowsum(dO * O), [heads_q, rows] */
+    float *dq_acc;    /* Hopper backward: dQ / scale in float32, [heads_q, rows, dq_pitch] */
+    int *dq_sem;      /* its hand-over counters: [batch, heads_q, dq_tiles] */
+    int32_t dq_pitch, dq_tiles;
     int64_t rows;     /* packed query rows: batch * seqlen_q, or the varlen total */
     const int32_t *cu_q, *cu_k; /* device copies of cu_seqlens, NULL for fixed length */
     int32_t batch, heads_q, heads_kv, group, dim, seqlen_q, seqlen_k;
@@ -54,10 +57,10 @@ typedef struct fa_cuda_params {
     X(64, 128, 2, 2)          \
     X(128, 128, 2, 3)
 
-/* The Hopper backward's tiles: X(dim, dK/dV query step, its ring stages, dQ key step, its ring
- * stages, consumer warpgroups (64 keys / 64 queries each)). */
+/* The Hopper backward's tiles: X(dim, query rows per step, Q/dO ring stages). Two consumer
+ * warpgroups of 64 keys each; dQ added in key-tile order through p.dq_acc. */
 #define FA_CUDA_SM90_BWD_TILES(X) \
-    X(64, 64, 6, 64, 6, 2)        \
-    X(128, 32, 6, 64, 4, 2)
+    X(64, 64, 4)                  \
+    X(128, 64, 3)
 
 #endif

@@ -96,6 +96,12 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_b
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                  "r"(src_bytes));
 }
+// 4 bytes global -> shared (row statistics); src_bytes 0 writes zero.
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int N> __device__ __forceinline__ void cp_async_wait()
 {
@@ -476,13 +482,12 @@ struct grad_elem {
 __device__ __forceinline__ grad_elem grad_of(const fa_cuda_params &p, float x, float dp, float lse2,
                                              float dsum, bool keep)
 {
-    grad_elem r = { 0.0f, 0.0f };
+    // selects, no branches: a masked element (x = -inf, pr = 0) must not reach cap_grad's
+    // infinities, and per-element branches would keep the tile's registers from the allocator
     const float pr = exp2_fast(x - lse2);
-    if (!(pr > 0.0f))
-        return r;
-    r.pd = keep ? pr : 0.0f;
-    r.ds = pr * ((keep ? dp * p.dropout_scale : 0.0f) - dsum) * cap_grad(p, x);
-    return r;
+    const bool live = pr > 0.0f;
+    const float ds = pr * ((keep ? dp * p.dropout_scale : 0.0f) - dsum) * cap_grad(p, live ? x : 0.0f);
+    return grad_elem{ keep && live ? pr : 0.0f, live ? ds : 0.0f };
 }
 
 // dQ's element step on a [queries x keys] tile (rows row0 + g (+8), columns col0 + 2t ...):
@@ -513,8 +518,10 @@ __device__ __forceinline__ void dq_grads(const fa_cuda_params &p, const mask_t &
 
 // dK/dV's element step on a transposed [keys x queries] tile (rows key0 + g (+8), columns
 // query0 + 2t ...): raw scores in sc -> the kept P in sc, dP in dp -> dS in dp; the
-// queries' lse2 and D from sl / sd (indexed from query0).
-template <int NQ>
+// queries' lse2 and D from sl / sd (indexed from query0). RAW_LSE: sl holds the forward's
+// natural-log lse as stored (-inf for a row that saw no key), converted here. DROPOUT false:
+// a kernel built for calls without dropout (the mask's registers left out).
+template <int NQ, bool RAW_LSE = false, bool DROPOUT = true>
 __device__ __forceinline__ void kv_grads(const fa_cuda_params &p, const mask_t &mk, int b, int h,
                                          float (&sc)[1][NQ][4], float (&dp)[1][NQ][4],
                                          const float *sl, const float *sd, int64_t query0,
@@ -529,13 +536,14 @@ __device__ __forceinline__ void kv_grads(const fa_cuda_params &p, const mask_t &
         for (int e = 0; e < 4; e++) {
             const int il = nt * 8 + 2 * t + (e & 1);
             bool keep = true;
-            if (p.dropout_p > 0.0f) {
+            if (DROPOUT && p.dropout_p > 0.0f) {
                 const int64_t i = query0 + il, j = key0 + g + (e >> 1) * 8;
                 uint32_t w[4];
                 dropout_words(p, b, h, i, j, w);
                 keep = dropout_keep(p, w, j);
             }
-            const grad_elem ge = grad_of(p, sc[0][nt][e], dp[0][nt][e], sl[il], sd[il], keep);
+            const float l = RAW_LSE ? (sl[il] == -INFINITY ? INFINITY : sl[il] * kLog2e) : sl[il];
+            const grad_elem ge = grad_of(p, sc[0][nt][e], dp[0][nt][e], l, sd[il], keep);
             sc[0][nt][e] = ge.pd;
             dp[0][nt][e] = ge.ds;
         }

@@ -53,6 +53,14 @@ __device__ __forceinline__ void load_tile_sw(unsigned char *s, const T *g, int64
     }
 }
 
+// p advanced to the next 1024-byte boundary of the shared window; an offset from p (not an
+// integer round trip through uintptr_t) so that the compiler still knows the result is shared memory (LDS, not
+// generic loads).
+__device__ __forceinline__ unsigned char *align1024(unsigned char *p)
+{
+    return p + ((1024 - (smem_addr(p) & 1023)) & 1023);
+}
+
 // Matrix descriptor of a 128-byte-swizzled operand at shared address addr: lbo is the byte
 // distance between 64-element column blocks (used by MN-major operands only), the 8-row
 // groups are 1024 bytes apart.
@@ -125,6 +133,15 @@ template <typename T, int N> struct wgmma;
                          : FN(d)                                                                    \
                          : "l"(da), "l"(db), "r"(sc));                                              \
         }                                                                                           \
+        static __device__ __forceinline__ void ss_tb(float (&d)[N / 2], uint64_t da, uint64_t db,   \
+                                                     int sc)                                        \
+        {                                                                                           \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2 ", 0;\n"                          \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " " RN     \
+                         ", %" #A0 ", %" #A1 ", p, 1, 1, 0, 1;\n}\n"                               \
+                         : FN(d)                                                                    \
+                         : "l"(da), "l"(db), "r"(sc));                                              \
+        }                                                                                           \
         static __device__ __forceinline__ void rs(float (&d)[N / 2], const uint32_t (&a)[4],        \
                                                   uint64_t db, int sc)                              \
         {                                                                                           \
@@ -172,9 +189,49 @@ __device__ __forceinline__ void wg_gemm_rn(float (&acc)[N / 2], const uint32_t (
     wgmma_commit();
 }
 
+// acc[64 x N] = A B with A K-major (64 rows from address a, in a tile of AP rows, K = KP
+// deep) and B an MN-major tile of KP rows x N columns from b (column blocks BP * 128 bytes
+// apart): dQ = dS K with dS and K both in shared memory.
+template <typename T, int N, int KP, int AP, int BP>
+__device__ __forceinline__ void wg_gemm_sn(float (&acc)[N / 2], uint32_t a, uint32_t b)
+{
+#pragma unroll
+    for (int kk = 0; kk < KP / 16; kk++)
+        wgmma<T, N>::ss_tb(acc, sw_desc(a + (kk / 4) * AP * 128 + (kk % 4) * 32, 16),
+                           sw_desc(b + kk * 2048, BP * 128), kk > 0);
+    wgmma_commit();
+}
+
 __device__ __forceinline__ void named_barrier(int id, int threads)
 {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Arrive at a named barrier without waiting for it (the producer side of a hand-over).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Device-scope flag handshakes and a fire-and-forget float2 add into global memory.
+__device__ __forceinline__ int ld_acquire(const int *f)
+{
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release(int *f, int v)
+{
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(f), "r"(v) : "memory");
+}
+__device__ __forceinline__ void red_release_add(int *f, int v)
+{
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(f), "r"(v) : "memory");
+}
+__device__ __forceinline__ void red_add2(float *g, float a, float b)
+{
+    asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(g), "f"(a), "f"(b)
+                 : "memory");
 }
 
 __device__ __forceinline__ void mbar_init(uint64_t *b, int count)
