@@ -28,7 +28,7 @@ static const char *help =
     "  --prompt-len N        prompt tokens, one prefill                    [512]\n"
     "  --decode N            decode steps after the prompt                 [32]\n"
     "  --seed S              weights and prompt ids                        [1]\n"
-    "  --matvec own|blas     one-token projections                         [own]\n"
+    "  --matvec auto|own|blas  one-token projections: own loop or sgemv [auto]\n"
     "  --no-standard         skip the standard-attention run\n"
     "  --backend cpu         the runner runs on the CPU backend            [cpu]\n"
     "  --threads N           attention threads, 0 = all cores              [0]\n";
@@ -42,9 +42,8 @@ typedef struct result {
 static void progress(void *user, int32_t layer, int32_t n_layers)
 {
     const char *what = user;
-    fprintf(stderr, "\r  %s: layer %d/%d", what, (int)layer, (int)n_layers);
-    if (layer == n_layers)
-        fprintf(stderr, "\r%*s\r", 60, "");
+    fprintf(stderr, "\r  %s: layer %d/%d%s", what, (int)layer, (int)n_layers,
+            layer == n_layers ? "\n" : "");
     fflush(stderr);
 }
 
@@ -90,7 +89,8 @@ static int run(const fa_model *m, fa_context_t ctx, fa_algorithm alg, fa_matvec 
     const char *name = alg == FA_ALGORITHM_FLASH ? "flash" : "standard";
     char err[FA_MODEL_ERR_LEN], what[64];
     snprintf(what, sizeof(what), "%s prefill of %d tokens", name, (int)n);
-    fa_model_state_options o = { n, alg, mv, progress, what };
+    /* per-layer progress for the long prefills only */
+    fa_model_state_options o = { n, alg, mv, n >= 2048 ? progress : NULL, what };
     fa_model_state *s = NULL;
     fa_status st = fa_model_state_create(m, ctx, &o, &s, err);
     if (st != FA_OK) {
@@ -151,7 +151,7 @@ int cmd_bench_model(int argc, char **argv)
     const char *spec = "110m", *path = NULL;
     long prompt_len = 512, decode = 32, seed = 1, threads = 0;
     int no_standard = 0;
-    fa_matvec mv = FA_MATVEC_OWN;
+    fa_matvec mv = FA_MATVEC_AUTO;
     fa_backend backend = FA_BACKEND_CPU;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -183,12 +183,14 @@ int cmd_bench_model(int argc, char **argv)
             if (cli_parse_int(v, 0, INT64_MAX, &seed) != 0)
                 return cli_usage_error("bench-model", "--seed needs an integer >= 0");
         } else if (strcmp(a, "--matvec") == 0) {
-            if (strcmp(v, "own") == 0)
+            if (strcmp(v, "auto") == 0)
+                mv = FA_MATVEC_AUTO;
+            else if (strcmp(v, "own") == 0)
                 mv = FA_MATVEC_OWN;
             else if (strcmp(v, "blas") == 0)
                 mv = FA_MATVEC_BLAS;
             else
-                return cli_usage_error("bench-model", "--matvec needs own or blas");
+                return cli_usage_error("bench-model", "--matvec needs auto, own or blas");
         } else {
             return cli_usage_error("bench-model", "unknown option '%s'", a);
         }

@@ -24,7 +24,7 @@ static const char *gen_help =
     "  --topp P              nucleus sampling, 0 or 1 = off          [0.9]\n"
     "  --seed S              sampler seed                            [time]\n"
     "  --chunk N             prefill at most N tokens per forward    [whole prompt]\n"
-    "  --matvec own|blas     one-token projections                   [own]\n"
+    "  --matvec auto|own|blas  one-token projections: own loop or sgemv [auto]\n"
     "  --ids                 also print every token id (stderr)\n"
     "  --backend cpu         the runner runs on the CPU backend      [cpu]\n"
     "  --threads N           attention threads, 0 = all cores        [0]\n";
@@ -57,7 +57,7 @@ int cmd_generate(int argc, char **argv)
     long steps = 256, seed = -1, chunk = 0, threads = 0;
     double temperature = 1.0, topp = 0.9;
     int print_ids = 0;
-    fa_matvec matvec = FA_MATVEC_OWN;
+    fa_matvec matvec = FA_MATVEC_AUTO;
     fa_backend backend = FA_BACKEND_CPU;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -97,12 +97,14 @@ int cmd_generate(int argc, char **argv)
             if (cli_parse_int(v, 1, INT32_MAX, &chunk) != 0)
                 return cli_usage_error("generate", "--chunk needs an integer >= 1");
         } else if (strcmp(a, "--matvec") == 0) {
-            if (strcmp(v, "own") == 0)
+            if (strcmp(v, "auto") == 0)
+                matvec = FA_MATVEC_AUTO;
+            else if (strcmp(v, "own") == 0)
                 matvec = FA_MATVEC_OWN;
             else if (strcmp(v, "blas") == 0)
                 matvec = FA_MATVEC_BLAS;
             else
-                return cli_usage_error("generate", "--matvec needs own or blas");
+                return cli_usage_error("generate", "--matvec needs auto, own or blas");
         } else {
             return cli_usage_error("generate", "unknown option '%s'", a);
         }

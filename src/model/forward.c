@@ -83,7 +83,7 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
         return fail(err, FA_ERR_UNSUPPORTED,
                     "the runner keeps its KV cache in host memory: ctx must be a cpu context, not %s",
                     fa_backend_name(fa_context_backend(ctx)));
-    fa_model_state_options o = { 0, FA_ALGORITHM_FLASH, FA_MATVEC_OWN, NULL, NULL };
+    fa_model_state_options o = { 0, FA_ALGORITHM_FLASH, FA_MATVEC_AUTO, NULL, NULL };
     if (opts)
         o = *opts;
     const fa_model_config *c = &m->config;
@@ -95,8 +95,8 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
     if (o.algorithm != FA_ALGORITHM_FLASH && o.algorithm != FA_ALGORITHM_STANDARD)
         return fail(err, FA_ERR_INVALID_VALUE, "algorithm (%d) is neither flash nor standard",
                     (int)o.algorithm);
-    if (o.matvec != FA_MATVEC_OWN && o.matvec != FA_MATVEC_BLAS)
-        return fail(err, FA_ERR_INVALID_VALUE, "matvec (%d) is neither own nor blas", (int)o.matvec);
+    if (o.matvec != FA_MATVEC_AUTO && o.matvec != FA_MATVEC_OWN && o.matvec != FA_MATVEC_BLAS)
+        return fail(err, FA_ERR_INVALID_VALUE, "matvec (%d) is not auto, own or blas", (int)o.matvec);
     fa_model_state *s = calloc(1, sizeof(*s));
     if (!s)
         return fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the state");
@@ -184,7 +184,9 @@ static void matvec_own(float *y, const float *x, const float *w, int out, int in
 static void project(const fa_model_state *s, float *y, int ldy, const float *x, const float *w,
                     int T, int out, int in, int accumulate)
 {
-    if (T == 1 && s->opts.matvec == FA_MATVEC_OWN)
+    int own = s->opts.matvec == FA_MATVEC_OWN ||
+              (s->opts.matvec == FA_MATVEC_AUTO && (long)out * in >= (1l << 16));
+    if (T == 1 && own)
         matvec_own(y, x, w, out, in, accumulate);
     else if (T == 1)
         cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1,

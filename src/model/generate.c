@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Generation: BOS + prompt, then sampled tokens until BOS or a sequence of `steps` tokens. */
+/* Generation as llama2.c's run.c: BOS + prompt, `steps` forwards in all, stop at BOS. */
 #include "model.h"
 
 #include <stdlib.h>
@@ -46,7 +46,6 @@ fa_status fa_generate(const fa_model *m, const fa_tokenizer *t, fa_model_state *
     fa_status st = fa_tokenizer_encode(t, prompt, 1, 0, ids, (int32_t)cap, &n, err);
     if (st != FA_OK)
         goto done;
-    /* at most `steps` prompt tokens are fed; they are echoed (after BOS) as they are */
     int32_t np = n < steps ? n : steps, stop = 0;
     stats->prompt_tokens = np;
     float *logits;
@@ -55,18 +54,20 @@ fa_status fa_generate(const fa_model *m, const fa_tokenizer *t, fa_model_state *
     stats->prefill_s = now() - t0;
     if (st != FA_OK)
         goto done;
-    for (int32_t i = 1; i < np && !stop; i++) {
+    /* run.c feeds min(n, steps) prompt tokens and prints the prompt up to id `steps` */
+    int32_t echo = n - 1 < steps ? n - 1 : steps;
+    for (int32_t i = 1; i <= echo && !stop; i++) {
         size_t len;
         const char *txt = fa_tokenizer_decode(t, ids[i - 1], ids[i], &len);
         stop = on_token && on_token(user, ids[i], txt, len);
     }
     if (np < n || stop)
         goto done;
-    /* the sequence holds `steps` tokens, BOS included: position steps - 1 is the last sampled */
-    int32_t pos = np, prev = ids[np - 1], token;
+    /* a token is sampled from each of positions n-1 .. steps-1 (run.c's count) */
+    int32_t pos = np, prev = ids[np - 1];
     t0 = now();
-    while (pos < steps) {
-        token = fa_sampler_sample(smp, logits);
+    int32_t token = fa_sampler_sample(smp, logits);
+    for (;;) {
         stats->generated++;
         if (token == FA_TOKEN_BOS)
             break;
@@ -74,12 +75,14 @@ fa_status fa_generate(const fa_model *m, const fa_tokenizer *t, fa_model_state *
         const char *txt = fa_tokenizer_decode(t, prev, token, &len);
         if (on_token && on_token(user, token, txt, len))
             break;
-        if (++pos >= steps)
+        if (pos >= steps)
             break;
-        if ((st = fa_model_forward(m, s, &token, 1, pos - 1, &logits, err)) != FA_OK)
+        if ((st = fa_model_forward(m, s, &token, 1, pos, &logits, err)) != FA_OK)
             break;
         stats->decode_steps++;
+        pos++;
         prev = token;
+        token = fa_sampler_sample(smp, logits);
     }
     stats->decode_s = now() - t0;
 done:

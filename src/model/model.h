@@ -134,9 +134,13 @@ void fa_sampler_free(fa_sampler *s);
 int32_t fa_sampler_sample(fa_sampler *s, float *logits);
 
 /* ---- the forward pass ---- */
+/* One-token projections. Measured here (docs/runner.md): our loop is faster on large
+ * matrices (110M: 70 vs 47-57 tok/s, bandwidth-bound, rows over OpenMP threads), sgemv
+ * on small ones (stories260K, one thread: 6000 vs 4600 tok/s). */
 typedef enum fa_matvec {
-    FA_MATVEC_OWN = 0,  /* our OpenMP loop (measured faster here for one token) */
-    FA_MATVEC_BLAS = 1  /* cblas_sgemv */
+    FA_MATVEC_AUTO = 0, /* own for matrices of >= 65536 weights, sgemv below */
+    FA_MATVEC_OWN = 1,  /* our OpenMP loop */
+    FA_MATVEC_BLAS = 2  /* cblas_sgemv */
 } fa_matvec;
 
 typedef struct fa_model_state_options {
@@ -178,9 +182,9 @@ void fa_model_state_reset_stats(fa_model_state *s);
 fa_status fa_model_forward(const fa_model *m, fa_model_state *s, const int32_t *tokens, int32_t n,
                            int32_t pos, float **logits, char *err);
 
-/* ---- generation: steps is the length of the whole token sequence, BOS and prompt
- *      included (the README's 64-step example has 64 ids); llama2.c's run.c also
- *      prints the token sampled from the last position's logits, one more ---- */
+/* ---- generation, as llama2.c's run.c: `steps` forwards (positions 0 .. steps-1, the
+ *      prompt's included), each followed by the next token (the prompt's own, then
+ *      sampled ones), so BOS + `steps` tokens in all; generation stops at BOS ---- */
 typedef struct fa_generate_stats {
     int32_t prompt_tokens; /* BOS included */
     int32_t generated;     /* sampled tokens */
