@@ -39,10 +39,17 @@ typedef struct result {
     int ok;
 } result;
 
+typedef struct progress_line {
+    char what[64];
+    int on; /* off during the warm-up */
+} progress_line;
+
 static void progress(void *user, int32_t layer, int32_t n_layers)
 {
-    const char *what = user;
-    fprintf(stderr, "\r  %s: layer %d/%d%s", what, (int)layer, (int)n_layers,
+    const progress_line *p = user;
+    if (!p->on)
+        return;
+    fprintf(stderr, "\r  %s: layer %d/%d%s", p->what, (int)layer, (int)n_layers,
             layer == n_layers ? "\n" : "");
     fflush(stderr);
 }
@@ -87,10 +94,11 @@ static int run(const fa_model *m, fa_context_t ctx, fa_algorithm alg, fa_matvec 
                const int32_t *ids, int32_t n, int32_t decode, result *r)
 {
     const char *name = alg == FA_ALGORITHM_FLASH ? "flash" : "standard";
-    char err[FA_MODEL_ERR_LEN], what[64];
-    snprintf(what, sizeof(what), "%s prefill of %d tokens", name, (int)n);
+    char err[FA_MODEL_ERR_LEN];
+    progress_line line = { .on = 0 };
+    snprintf(line.what, sizeof(line.what), "%s prefill of %d tokens", name, (int)n);
     /* per-layer progress for the long prefills only */
-    fa_model_state_options o = { n, alg, mv, n >= 2048 ? progress : NULL, what };
+    fa_model_state_options o = { n, alg, mv, n >= 2048 ? progress : NULL, &line };
     fa_model_state *s = NULL;
     fa_status st = fa_model_state_create(m, ctx, &o, &s, err);
     if (st != FA_OK) {
@@ -102,6 +110,7 @@ static int run(const fa_model *m, fa_context_t ctx, fa_algorithm alg, fa_matvec 
     int32_t warm = n < 16 ? n : 16;
     if ((st = fa_model_forward(m, s, ids, warm, 0, &logits, err)) != FA_OK)
         goto fail;
+    line.on = 1;
     /* one prefill per measurement; short prompts are repeated and the median kept */
     double ms[5], attn[5];
     int reps = 0;
@@ -121,6 +130,7 @@ static int run(const fa_model *m, fa_context_t ctx, fa_algorithm alg, fa_matvec 
     } while (reps < 5 && spent < 2.0);
     r->prefill_ms = cli_median(ms, reps);
     r->attn_ms = cli_median(attn, reps);
+    line.on = 0;
     /* decode: greedy continuation of the prompt, one token per forward */
     int32_t tok = ids[n - 1];
     double t0 = cli_now();
