@@ -5,10 +5,11 @@
 
 BUILD ?= build
 JOBS ?= $(shell nproc)
-DEPS := cmake gcc make libopenblas-dev libcmocka-dev libegl-dev libgles-dev libegl-mesa0 libgl1-mesa-dri
+DEPS := cmake gcc make libopenblas-dev libcmocka-dev libegl-dev libgles-dev libegl-mesa0 libgl1-mesa-dri \
+        clang libclang-rt-dev libomp-dev
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run test sanitize clean
+.PHONY: all deps build run test sanitize fuzz clean
 
 all: build
 
@@ -26,6 +27,9 @@ build: deps
 
 run: build
 	./$(BUILD)/flashattn bench
+	@echo
+	@echo "a short story from stories260K (models/), attention by flashattn:"
+	./$(BUILD)/flashattn generate --prompt "Once upon a time" --steps 128 --temperature 0.8 --seed 42
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -36,5 +40,17 @@ sanitize: deps
 	cmake --build $(BUILD)-asan -j $(JOBS)
 	cd $(BUILD)-asan && FLASHATTN_TEST_QUICK=1 ctest --output-on-failure -j $(JOBS)
 
+# The checkpoint and tokenizer loaders under libFuzzer (clang) for FUZZ_SECONDS, seeded with
+# tok512 and a tiny synthetic checkpoint (used by CI).
+FUZZ_SECONDS ?= 25
+fuzz: build
+	CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFA_WITH_CUDA=OFF \
+	  -DFA_WITH_GLES=OFF -DFA_BUILD_TOOLS=OFF
+	cmake --build $(BUILD)-fuzz --target fuzz_loader -j $(JOBS)
+	mkdir -p $(BUILD)-fuzz/corpus
+	cp models/tok512.bin $(BUILD)-fuzz/corpus/
+	./$(BUILD)/flashattn gen-model --config 8x1x2x1x8x16x4 --out $(BUILD)-fuzz/corpus/tiny.bin
+	./$(BUILD)-fuzz/tests/fuzz_loader -max_total_time=$(FUZZ_SECONDS) -max_len=8192 $(BUILD)-fuzz/corpus
+
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz

@@ -22,7 +22,7 @@ expect_rc() { # want, description, command...
 }
 
 expect_rc 0 "top-level --help" "$fa" --help
-for cmd in bench check info; do
+for cmd in bench check info generate gen-model bench-model; do
   expect_rc 0 "$cmd --help" "$fa" $cmd --help
   grep -q "usage: flashattn $cmd" "$tmp/out" || { echo "FAIL: $cmd --help prints no usage"; fails=$((fails + 1)); }
 done
@@ -80,6 +80,37 @@ expect_rc 0 "bench --backward" "$fa" bench --seq 80 --heads 2 --dim 16 --causal 
 for field in ms_backward ms_backward_standard gflops_backward dq_rel_l2_err dk_rel_l2_err dv_rel_l2_err; do
   grep -q "\"$field\":[0-9]" "$tmp/bw.json" || { echo "FAIL: backward JSON lacks $field"; fails=$((fails + 1)); }
 done
+
+# The Llama runner: the models README's greedy example, exactly (text and ids)
+want="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.
+Lily"
+expect_rc 0 "generate greedy" "$fa" generate --prompt "Once upon a time" --steps 64 --temperature 0 --ids
+[ "$(cat "$tmp/out")" = "$want" ] || { echo "FAIL: generate text differs:"; cat "$tmp/out"; fails=$((fails + 1)); }
+grep -q "^ids: 1 403 407 261 378 432 383 .* 426 13 438 310$" "$tmp/err" || { echo "FAIL: generate ids"; cat "$tmp/err"; fails=$((fails + 1)); }
+grep -q "prompt tokens 5, prefill .* ms (.* tok/s), decode .* tok/s" "$tmp/err" || { echo "FAIL: generate summary"; cat "$tmp/err"; fails=$((fails + 1)); }
+expect_rc 0 "generate sampled, chunked prefill" "$fa" generate --prompt "Lily" --steps 40 --temperature 0.8 --topp 0.9 --seed 7 --chunk 2
+cp "$tmp/out" "$tmp/s1"
+expect_rc 0 "generate sampled again" "$fa" generate --prompt "Lily" --steps 40 --temperature 0.8 --topp 0.9 --seed 7 --matvec blas
+cmp -s "$tmp/out" "$tmp/s1" || { echo "FAIL: the same seed gave different text"; fails=$((fails + 1)); }
+expect_rc 2 "generate negative steps" "$fa" generate --steps -1
+expect_rc 2 "generate bad temperature" "$fa" generate --temperature -1
+expect_rc 2 "generate bad topp" "$fa" generate --topp 2
+expect_rc 2 "generate on cuda" "$fa" generate --backend cuda
+expect_rc 2 "generate unknown flag" "$fa" generate --frob
+expect_rc 2 "gen-model without --out" "$fa" gen-model --config 110m
+expect_rc 2 "gen-model bad config" "$fa" gen-model --config 64x3x5x1x8x8x8 --out "$tmp/x.bin"
+expect_rc 2 "bench-model bad config" "$fa" bench-model --config 12b
+expect_rc 1 "generate missing model" "$fa" generate --model "$tmp/none.bin"
+grep -q "none.bin" "$tmp/err" || { echo "FAIL: missing model not named"; fails=$((fails + 1)); }
+# a synthetic checkpoint with tok512's vocabulary runs; a truncated copy is refused by name
+expect_rc 0 "gen-model" "$fa" gen-model --config 32x2x4x2x48x512x64 --seed 3 --out "$tmp/s.bin"
+expect_rc 0 "generate on a synthetic model" "$fa" generate --model "$tmp/s.bin" --prompt "hi" --steps 20 --temperature 0
+head -c 1000 "$tmp/s.bin" >"$tmp/t.bin"
+expect_rc 1 "generate on a truncated model" "$fa" generate --model "$tmp/t.bin"
+grep -q "truncated" "$tmp/err" || { echo "FAIL: truncation not reported"; cat "$tmp/err"; fails=$((fails + 1)); }
+[ -s "$tmp/out" ] && { echo "FAIL: output written on error"; fails=$((fails + 1)); }
+expect_rc 0 "bench-model" "$fa" bench-model --config 64x2x4x2x96x512x64 --prompt-len 40 --decode 4
+grep -q "^flash " "$tmp/out" && grep -q "^standard " "$tmp/out" || { echo "FAIL: bench-model rows"; cat "$tmp/out"; fails=$((fails + 1)); }
 
 echo "cli: $pass passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -160,6 +160,12 @@ int main(int argc, char **argv)
         return cmd_check(argc - 1, argv + 1);
     if (strcmp(cmd, "info") == 0)
         return cmd_info(argc - 1, argv + 1);
+    if (strcmp(cmd, "generate") == 0)
+        return cmd_generate(argc - 1, argv + 1);
+    if (strcmp(cmd, "bench-model") == 0)
+        return cmd_bench_model(argc - 1, argv + 1);
+    if (strcmp(cmd, "gen-model") == 0)
+        return cmd_gen_model(argc - 1, argv + 1);
     fprintf(stderr, "flashattn: unknown command '%s'\n%s", cmd, usage);
     return CLI_EXIT_USAGE;
 }

@@ -1,0 +1,336 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The Llama forward pass (llama2.c's conventions), float32. Projections are
+ * OpenBLAS sgemm over every token of a chunk (one token: our matvec or
+ * sgemv); attention is one fa_forward per layer over the KV cache.
+ */
+#include "model.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct fa_model_state {
+    fa_context_t ctx;
+    fa_model_state_options opts;
+    int32_t seq_len, dim, hidden, kv_dim, head_size;
+    float *x;      /* [max_tokens, dim] residual stream */
+    float *xb;     /* [max_tokens, dim] normed input of a sublayer */
+    float *q;      /* [max_tokens, n_heads, head_size] queries, RoPE applied */
+    float *att;    /* [max_tokens, n_heads, head_size] attention output */
+    float *hb;     /* [max_tokens, hidden] gate, then silu(gate) * up */
+    float *hb2;    /* [max_tokens, hidden] up */
+    float *logits; /* [vocab] of the chunk's last token */
+    float *kc;     /* [layers, seq_len, n_kv_heads, head_size] keys, RoPE applied */
+    float *vc;     /* [layers, seq_len, n_kv_heads, head_size] values */
+    float *rope;   /* [seq_len, head_size / 2, 2] cos, sin of pos * 10000^(-2i/head_size) */
+    fa_model_stats stats;
+};
+
+static fa_status fail(char *err, fa_status st, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, FA_MODEL_ERR_LEN, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* rows x cols floats, 64-byte aligned; NULL on overflow or no memory. */
+static float *alloc_floats(uint64_t rows, uint64_t cols, uint64_t *total)
+{
+    uint64_t n, bytes;
+    if (__builtin_mul_overflow(rows, cols, &n) || __builtin_mul_overflow(n, 4, &bytes) ||
+        bytes > SIZE_MAX - 64)
+        return NULL;
+    bytes = (bytes + 63) & ~(uint64_t)63;
+    *total += bytes;
+    return aligned_alloc(64, bytes ? (size_t)bytes : 64);
+}
+
+void fa_model_state_free(fa_model_state *s)
+{
+    if (!s)
+        return;
+    float *bufs[] = { s->x, s->xb, s->q, s->att, s->hb, s->hb2, s->logits, s->kc, s->vc, s->rope };
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        free(bufs[i]);
+    free(s);
+}
+
+fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
+                                const fa_model_state_options *opts, fa_model_state **out,
+                                char *err)
+{
+    if (!out)
+        return fail(err, FA_ERR_NULL_POINTER, "out is NULL");
+    *out = NULL;
+    if (!m || !ctx)
+        return fail(err, FA_ERR_NULL_POINTER, "%s is NULL", !m ? "model" : "ctx");
+    if (fa_context_backend(ctx) != FA_BACKEND_CPU)
+        return fail(err, FA_ERR_UNSUPPORTED,
+                    "the runner keeps its KV cache in host memory: ctx must be a cpu context, not %s",
+                    fa_backend_name(fa_context_backend(ctx)));
+    fa_model_state_options o = { 0, FA_ALGORITHM_FLASH, FA_MATVEC_AUTO, NULL, NULL };
+    if (opts)
+        o = *opts;
+    const fa_model_config *c = &m->config;
+    if (o.max_tokens < 0 || o.max_tokens > c->seq_len)
+        return fail(err, FA_ERR_INVALID_VALUE, "max_tokens (%d) must be in 0..seq_len (%d)",
+                    (int)o.max_tokens, (int)c->seq_len);
+    if (o.max_tokens == 0)
+        o.max_tokens = c->seq_len;
+    if (o.algorithm != FA_ALGORITHM_FLASH && o.algorithm != FA_ALGORITHM_STANDARD)
+        return fail(err, FA_ERR_INVALID_VALUE, "algorithm (%d) is neither flash nor standard",
+                    (int)o.algorithm);
+    if (o.matvec != FA_MATVEC_AUTO && o.matvec != FA_MATVEC_OWN && o.matvec != FA_MATVEC_BLAS)
+        return fail(err, FA_ERR_INVALID_VALUE, "matvec (%d) is not auto, own or blas", (int)o.matvec);
+    fa_model_state *s = calloc(1, sizeof(*s));
+    if (!s)
+        return fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the state");
+    s->ctx = ctx;
+    s->opts = o;
+    s->seq_len = c->seq_len;
+    s->dim = c->dim;
+    s->hidden = c->hidden_dim;
+    s->head_size = c->dim / c->n_heads;
+    s->kv_dim = s->head_size * c->n_kv_heads;
+    uint64_t T = (uint64_t)o.max_tokens, total = 0, kv_rows, kv_bytes = 0;
+    s->x = alloc_floats(T, (uint64_t)c->dim, &total);
+    s->xb = alloc_floats(T, (uint64_t)c->dim, &total);
+    s->q = alloc_floats(T, (uint64_t)c->dim, &total);
+    s->att = alloc_floats(T, (uint64_t)c->dim, &total);
+    s->hb = alloc_floats(T, (uint64_t)c->hidden_dim, &total);
+    s->hb2 = alloc_floats(T, (uint64_t)c->hidden_dim, &total);
+    s->logits = alloc_floats(1, (uint64_t)c->vocab_size, &total);
+    s->rope = alloc_floats((uint64_t)c->seq_len, (uint64_t)s->head_size, &total);
+    int ok = !__builtin_mul_overflow((uint64_t)c->n_layers, (uint64_t)c->seq_len, &kv_rows);
+    if (ok) {
+        s->kc = alloc_floats(kv_rows, (uint64_t)s->kv_dim, &kv_bytes);
+        s->vc = alloc_floats(kv_rows, (uint64_t)s->kv_dim, &kv_bytes);
+    }
+    if (!ok || !s->x || !s->xb || !s->q || !s->att || !s->hb || !s->hb2 || !s->logits ||
+        !s->rope || !s->kc || !s->vc) {
+        int32_t kvd = s->kv_dim;
+        fa_model_state_free(s);
+        return fail(err, FA_ERR_OUT_OF_MEMORY,
+                    "out of memory for the state (KV cache of %d layers x %d positions x %d, "
+                    "activations of %d tokens)",
+                    (int)c->n_layers, (int)c->seq_len, (int)kvd, (int)o.max_tokens);
+    }
+    s->stats.kv_cache_bytes = kv_bytes;
+    s->stats.state_bytes = total + kv_bytes;
+    /* float arithmetic as llama2.c's run.c computes the angles, so the rotations agree */
+    int32_t half = s->head_size / 2;
+    for (int32_t p = 0; p < c->seq_len; p++)
+        for (int32_t i = 0; i < half; i++) {
+            float freq = 1.0f / powf(10000.0f, (float)(2 * i) / (float)s->head_size);
+            float a = (float)p * freq;
+            s->rope[((size_t)p * half + i) * 2] = cosf(a);
+            s->rope[((size_t)p * half + i) * 2 + 1] = sinf(a);
+        }
+    *out = s;
+    return FA_OK;
+}
+
+fa_model_stats fa_model_state_stats(const fa_model_state *s)
+{
+    fa_model_stats z = { 0 };
+    return s ? s->stats : z;
+}
+
+void fa_model_state_reset_stats(fa_model_state *s)
+{
+    if (!s)
+        return;
+    s->stats.forward_s = s->stats.attention_s = 0.0;
+    s->stats.attention_workspace = 0;
+}
+
+/* r . x, vectorised per ISA (the clone is picked once, at load time) */
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+static float dot(const float *r, const float *x, int n)
+{
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int j = 0; j < n; j++)
+        acc += r[j] * x[j];
+    return acc;
+}
+
+/* y[i] (+)= w[i, :] . x for one token, rows split over threads when there is enough work */
+static void matvec_own(float *y, const float *x, const float *w, int out, int in, int accumulate)
+{
+#pragma omp parallel for schedule(static) if ((long)out * in >= (1l << 16))
+    for (int i = 0; i < out; i++) {
+        float acc = dot(w + (size_t)i * (size_t)in, x, in);
+        y[i] = accumulate ? y[i] + acc : acc;
+    }
+}
+
+/* y[T, out] (row pitch ldy) (+)= x[T, in] w[out, in]^T */
+static void project(const fa_model_state *s, float *y, int ldy, const float *x, const float *w,
+                    int T, int out, int in, int accumulate)
+{
+    int own = s->opts.matvec == FA_MATVEC_OWN ||
+              (s->opts.matvec == FA_MATVEC_AUTO && (long)out * in >= (1l << 16));
+    if (T == 1 && own)
+        matvec_own(y, x, w, out, in, accumulate);
+    else if (T == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1,
+                    accumulate ? 1.0f : 0.0f, y, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, out, in, 1.0f, x, in, w, in,
+                    accumulate ? 1.0f : 0.0f, y, ldy);
+}
+
+/* o[T, n] = x * g / sqrt(mean(x^2) + 1e-5), row by row */
+static void rmsnorm(float *o, const float *x, const float *g, int T, int n)
+{
+#pragma omp parallel for schedule(static) if ((long)T * n >= (1l << 15))
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * n;
+        float *orow = o + (size_t)t * n;
+        float ss = 0.0f;
+        for (int j = 0; j < n; j++)
+            ss += xr[j] * xr[j];
+        ss = 1.0f / sqrtf(ss / (float)n + 1e-5f);
+        for (int j = 0; j < n; j++)
+            orow[j] = g[j] * (ss * xr[j]);
+    }
+}
+
+/* Rotate adjacent pairs of each head of T rows (row pitch ld, width n) at positions pos.. */
+static void rope(const fa_model_state *s, float *v, int64_t ld, int T, int n, int pos)
+{
+    int half = s->head_size / 2;
+#pragma omp parallel for schedule(static) if ((long)T * n >= (1l << 15))
+    for (int t = 0; t < T; t++) {
+        const float *cs = s->rope + (size_t)(pos + t) * half * 2;
+        float *r = v + (size_t)t * (size_t)ld;
+        for (int j = 0; j < n; j += 2) {
+            int i = (j % s->head_size) / 2;
+            float c = cs[2 * i], sn = cs[2 * i + 1], a = r[j], b = r[j + 1];
+            r[j] = a * c - b * sn;
+            r[j + 1] = a * sn + b * c;
+        }
+    }
+}
+
+static fa_status attention(const fa_model *m, fa_model_state *s, int l, int T, int pos, char *err)
+{
+    const fa_model_config *c = &m->config;
+    size_t layer = (size_t)l * (size_t)s->seq_len * (size_t)s->kv_dim;
+    fa_attention_desc d;
+    fa_attention_desc_init(&d);
+    d.batch = 1;
+    d.seqlen_q = T;
+    d.seqlen_k = pos + T; /* bottom-right causal: query t sees keys 0 .. pos + t */
+    d.num_heads_q = c->n_heads;
+    d.num_heads_kv = c->n_kv_heads;
+    d.head_dim = s->head_size;
+    d.causal = 1;
+    d.algorithm = s->opts.algorithm;
+    d.q = fa_tensor_contiguous(s->q, FA_DTYPE_F32, FA_LAYOUT_BSHD, T, c->n_heads, s->head_size);
+    d.o = fa_tensor_contiguous(s->att, FA_DTYPE_F32, FA_LAYOUT_BSHD, T, c->n_heads, s->head_size);
+    d.k = fa_tensor_contiguous(s->kc + layer, FA_DTYPE_F32, FA_LAYOUT_BSHD, s->seq_len,
+                               c->n_kv_heads, s->head_size);
+    d.v = fa_tensor_contiguous(s->vc + layer, FA_DTYPE_F32, FA_LAYOUT_BSHD, s->seq_len,
+                               c->n_kv_heads, s->head_size);
+    double t0 = now();
+    fa_status st = fa_forward(s->ctx, &d);
+    s->stats.attention_s += now() - t0;
+    if (st != FA_OK)
+        return fail(err, st, "layer %d attention: %s", l, fa_context_last_error(s->ctx));
+    fa_run_info ri = { .size = sizeof(ri) };
+    if (fa_context_last_run(s->ctx, &ri) == FA_OK && ri.workspace_bytes > s->stats.attention_workspace)
+        s->stats.attention_workspace = ri.workspace_bytes;
+    return FA_OK;
+}
+
+static fa_status forward_chunk(const fa_model *m, fa_model_state *s, const int32_t *tokens, int T,
+                               int pos, char *err)
+{
+    const fa_model_config *c = &m->config;
+    const fa_model_weights *w = &m->w;
+    int dim = c->dim, hid = c->hidden_dim, kvd = s->kv_dim;
+    for (int t = 0; t < T; t++)
+        memcpy(s->x + (size_t)t * dim, w->token_embedding + (size_t)tokens[t] * dim,
+               sizeof(float) * (size_t)dim);
+    for (int l = 0; l < c->n_layers; l++) {
+        size_t dd = (size_t)dim * dim, kd = (size_t)kvd * dim, hd = (size_t)hid * dim;
+        float *kc = s->kc + ((size_t)l * s->seq_len + (size_t)pos) * kvd;
+        float *vc = s->vc + ((size_t)l * s->seq_len + (size_t)pos) * kvd;
+        rmsnorm(s->xb, s->x, w->rms_att + (size_t)l * dim, T, dim);
+        /* K and V go straight into the cache rows of these positions; RoPE is applied to
+         * them there, so the cache only ever holds rotated keys */
+        project(s, s->q, dim, s->xb, w->wq + l * dd, T, dim, dim, 0);
+        project(s, kc, kvd, s->xb, w->wk + l * kd, T, kvd, dim, 0);
+        project(s, vc, kvd, s->xb, w->wv + l * kd, T, kvd, dim, 0);
+        rope(s, s->q, dim, T, dim, pos);
+        rope(s, kc, kvd, T, kvd, pos);
+        fa_status st = attention(m, s, l, T, pos, err);
+        if (st != FA_OK)
+            return st;
+        /* the residual add is the GEMM's beta = 1 */
+        project(s, s->x, dim, s->att, w->wo + l * dd, T, dim, dim, 1);
+        rmsnorm(s->xb, s->x, w->rms_ffn + (size_t)l * dim, T, dim);
+        project(s, s->hb, hid, s->xb, w->w1 + l * hd, T, hid, dim, 0);
+        project(s, s->hb2, hid, s->xb, w->w3 + l * hd, T, hid, dim, 0);
+        size_t n = (size_t)T * hid;
+#pragma omp parallel for schedule(static) if (n >= (1u << 15))
+        for (size_t i = 0; i < n; i++) {
+            float g = s->hb[i];
+            s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i];
+        }
+        project(s, s->x, dim, s->hb, w->w2 + l * hd, T, dim, hid, 1);
+        if (s->opts.progress)
+            s->opts.progress(s->opts.progress_user, l + 1, c->n_layers);
+    }
+    /* logits of the last token only: nothing reads the others */
+    rmsnorm(s->xb, s->x + (size_t)(T - 1) * dim, w->rms_final, 1, dim);
+    project(s, s->logits, c->vocab_size, s->xb, w->classifier, 1, c->vocab_size, dim, 0);
+    return FA_OK;
+}
+
+fa_status fa_model_forward(const fa_model *m, fa_model_state *s, const int32_t *tokens, int32_t n,
+                           int32_t pos, float **logits, char *err)
+{
+    if (!m || !s || !tokens)
+        return fail(err, FA_ERR_NULL_POINTER, "%s is NULL", !m ? "model" : !s ? "state" : "tokens");
+    const fa_model_config *c = &m->config;
+    if (s->dim != c->dim || s->seq_len != c->seq_len || s->hidden != c->hidden_dim)
+        return fail(err, FA_ERR_INVALID_ARGUMENT, "state was made for another model");
+    if (n < 1 || pos < 0 || pos > c->seq_len - n)
+        return fail(err, FA_ERR_INVALID_SHAPE,
+                    "positions pos (%d) .. pos + n (%d) must lie in 0..seq_len (%d)", (int)pos,
+                    (int)n, (int)c->seq_len);
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
+            return fail(err, FA_ERR_INVALID_VALUE, "tokens[%d] (%d) is outside 0..vocab_size-1 (%d)",
+                        (int)i, (int)tokens[i], (int)c->vocab_size - 1);
+    double t0 = now();
+    for (int32_t done = 0; done < n;) {
+        int32_t T = n - done < s->opts.max_tokens ? n - done : s->opts.max_tokens;
+        fa_status st = forward_chunk(m, s, tokens + done, T, pos + done, err);
+        if (st != FA_OK)
+            return st;
+        done += T;
+    }
+    s->stats.forward_s += now() - t0;
+    if (logits)
+        *logits = s->logits;
+    return FA_OK;
+}

@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: MIT */
+/* Generation as llama2.c's run.c: BOS + prompt, `steps` forwards in all, stop at BOS. */
+#include "model.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+fa_status fa_generate(const fa_model *m, const fa_tokenizer *t, fa_model_state *s, fa_sampler *smp,
+                      const char *prompt, int32_t steps, fa_token_fn on_token, void *user,
+                      fa_generate_stats *stats, char *err)
+{
+    fa_generate_stats z = { 0 };
+    if (!stats)
+        stats = &z;
+    memset(stats, 0, sizeof(*stats));
+    if (!m || !t || !s || !smp || !prompt) {
+        if (err)
+            snprintf(err, FA_MODEL_ERR_LEN, "%s is NULL",
+                     !m ? "model" : !t ? "tokenizer" : !s ? "state" : !smp ? "sampler" : "prompt");
+        return FA_ERR_NULL_POINTER;
+    }
+    if (fa_tokenizer_vocab_size(t) != m->config.vocab_size) {
+        if (err)
+            snprintf(err, FA_MODEL_ERR_LEN, "tokenizer vocab_size (%d) differs from the model's (%d)",
+                     (int)fa_tokenizer_vocab_size(t), (int)m->config.vocab_size);
+        return FA_ERR_INVALID_SHAPE;
+    }
+    if (steps <= 0 || steps > m->config.seq_len)
+        steps = m->config.seq_len;
+    size_t cap = strlen(prompt) + 3;
+    int32_t *ids = cap <= (size_t)INT32_MAX ? malloc(cap * sizeof(int32_t)) : NULL;
+    if (!ids) {
+        if (err)
+            snprintf(err, FA_MODEL_ERR_LEN, "out of memory for the prompt's tokens");
+        return FA_ERR_OUT_OF_MEMORY;
+    }
+    int32_t n = 0;
+    fa_status st = fa_tokenizer_encode(t, prompt, 1, 0, ids, (int32_t)cap, &n, err);
+    if (st != FA_OK)
+        goto done;
+    int32_t np = n < steps ? n : steps, stop = 0;
+    stats->prompt_tokens = np;
+    float *logits;
+    double t0 = now();
+    st = fa_model_forward(m, s, ids, np, 0, &logits, err);
+    stats->prefill_s = now() - t0;
+    if (st != FA_OK)
+        goto done;
+    /* run.c feeds min(n, steps) prompt tokens and prints the prompt up to id `steps` */
+    int32_t echo = n - 1 < steps ? n - 1 : steps;
+    for (int32_t i = 1; i <= echo && !stop; i++) {
+        size_t len;
+        const char *txt = fa_tokenizer_decode(t, ids[i - 1], ids[i], &len);
+        stop = on_token && on_token(user, ids[i], txt, len);
+    }
+    if (np < n || stop)
+        goto done;
+    /* a token is sampled from each of positions n-1 .. steps-1 (run.c's count) */
+    int32_t pos = np, prev = ids[np - 1];
+    t0 = now();
+    int32_t token = fa_sampler_sample(smp, logits);
+    for (;;) {
+        stats->generated++;
+        if (token == FA_TOKEN_BOS)
+            break;
+        size_t len;
+        const char *txt = fa_tokenizer_decode(t, prev, token, &len);
+        if (on_token && on_token(user, token, txt, len))
+            break;
+        if (pos >= steps)
+            break;
+        if ((st = fa_model_forward(m, s, &token, 1, pos, &logits, err)) != FA_OK)
+            break;
+        stats->decode_steps++;
+        pos++;
+        prev = token;
+        token = fa_sampler_sample(smp, logits);
+    }
+    stats->decode_s = now() - t0;
+done:
+    free(ids);
+    return st;
+}

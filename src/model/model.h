@@ -1,0 +1,205 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The Llama runner: llama2.c checkpoints (legacy version-0 format) and
+ * tokenizers, a float32 forward pass whose attention is flashattn's
+ * fa_forward, and a sampler. Glue around flashattn.h, OpenBLAS and OpenMP.
+ *
+ * Errors: every call that can fail returns an fa_status and, when err is not
+ * NULL, writes a message naming the offending field into err (at most
+ * FA_MODEL_ERR_LEN bytes). On error the out parameters are set to NULL (or
+ * left untouched for plain values) and nothing is allocated.
+ *
+ * Threads: a model and a tokenizer are read-only once loaded and may be
+ * shared by threads; a state, a sampler and the flashattn context belong to
+ * one thread at a time.
+ */
+#ifndef FA_MODEL_H
+#define FA_MODEL_H
+
+#include "flashattn.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define FA_MODEL_ERR_LEN 256
+#define FA_MODEL_HEADER_BYTES 28 /* seven int32: dim .. seq_len */
+#define FA_TOKEN_UNK 0
+#define FA_TOKEN_BOS 1
+#define FA_TOKEN_EOS 2
+
+/* The header, with vocab_size made positive and the classifier's sharing
+ * read from its sign (a negative header vocab_size means a separate one). */
+typedef struct fa_model_config {
+    int32_t dim;        /* model width */
+    int32_t hidden_dim; /* FFN width */
+    int32_t n_layers;
+    int32_t n_heads;    /* query heads; head_size = dim / n_heads */
+    int32_t n_kv_heads; /* key/value heads (GQA when fewer than n_heads) */
+    int32_t vocab_size; /* > 0 */
+    int32_t seq_len;    /* longest context */
+    int32_t shared_classifier; /* 1: the classifier is the embedding table */
+} fa_model_config;
+
+/* Views into the checkpoint image; shapes as stored, row-major, [out x in]. */
+typedef struct fa_model_weights {
+    const float *token_embedding; /* [vocab, dim] */
+    const float *rms_att;         /* [layers, dim] */
+    const float *wq;              /* [layers, n_heads * head_size, dim] */
+    const float *wk;              /* [layers, kv_dim, dim] */
+    const float *wv;              /* [layers, kv_dim, dim] */
+    const float *wo;              /* [layers, dim, n_heads * head_size] */
+    const float *rms_ffn;         /* [layers, dim] */
+    const float *w1;              /* [layers, hidden, dim]  gate */
+    const float *w2;              /* [layers, dim, hidden]  down */
+    const float *w3;              /* [layers, hidden, dim]  up */
+    const float *rms_final;       /* [dim] */
+    const float *classifier;      /* [vocab, dim]; token_embedding when shared */
+} fa_model_weights;
+
+typedef struct fa_model {
+    fa_model_config config;
+    fa_model_weights w;
+    const void *image; /* the whole checkpoint: header then floats */
+    size_t bytes;
+    int owner;         /* how image is released: 0 borrowed, 1 munmap, 2 free */
+} fa_model;
+
+/* Check a configuration (every header rule) and compute the checkpoint's size
+ * in bytes. FA_ERR_INVALID_SHAPE names a bad field, FA_ERR_SIZE_OVERFLOW a size
+ * that does not fit in 64 bits. bytes may be NULL. */
+fa_status fa_model_config_check(const fa_model_config *c, uint64_t *bytes, char *err);
+
+/* Memory-map a checkpoint and check it against its header. *out owns the
+ * mapping: release with fa_model_free. */
+fa_status fa_model_open(const char *path, fa_model **out, char *err);
+
+/* The same over a caller's buffer (4-byte aligned), which must outlive the
+ * model; take_ownership = 1 makes fa_model_free free() it (also on error). */
+fa_status fa_model_from_memory(const void *data, size_t bytes, int take_ownership, fa_model **out,
+                               char *err);
+
+/* fa_model_from_memory with the release spelled out: owner 0 borrowed,
+ * 1 munmap(data, bytes), 2 free(data); released on error too. */
+fa_status fa_model_adopt(const void *data, size_t bytes, int owner, fa_model **out, char *err);
+
+void fa_model_free(fa_model *m);
+
+/* Shapes by name: "110m" (dim 768, 12 layers, 12 heads), "1b" (TinyLlama-1.1B:
+ * 2048, 22 layers, 32 heads, 4 kv heads), "7b" (Llama-2-7B), or
+ * "DIMxLAYERSxHEADSxKVHEADSxHIDDENxVOCABxSEQ" (a negative VOCAB asks for a
+ * separate classifier). The result passed fa_model_config_check. */
+fa_status fa_model_config_parse(const char *spec, fa_model_config *c, char *err);
+
+/* Synthetic checkpoints: seeded uniform weights scaled by 1/sqrt(fan_in) (unit
+ * gains), so activations keep their size through any depth. Value i of the
+ * float section is a pure function of (seed, i): the file and the in-memory
+ * image hold the same bits. */
+fa_status fa_model_synth_write(const fa_model_config *c, uint64_t seed, FILE *f, char *err);
+fa_status fa_model_synth(const fa_model_config *c, uint64_t seed, fa_model **out, char *err);
+
+/* ---- tokenizer (llama2.c tokenizer.bin: max_token_length, then per id:
+ *      float score, int32 len, len bytes) ---- */
+typedef struct fa_tokenizer fa_tokenizer;
+
+/* vocab_size comes from the model (the file does not store it); the file
+ * must hold exactly that many records. */
+fa_status fa_tokenizer_open(const char *path, int32_t vocab_size, fa_tokenizer **out, char *err);
+fa_status fa_tokenizer_from_memory(const void *data, size_t bytes, int32_t vocab_size,
+                                   fa_tokenizer **out, char *err);
+void fa_tokenizer_free(fa_tokenizer *t);
+int32_t fa_tokenizer_vocab_size(const fa_tokenizer *t);
+
+/* run.c's encoding: BOS when bos, a dummy-prefix space when text is not
+ * empty, each UTF-8 character's piece or its byte-fallback ids (byte + 3),
+ * then merges of the best-scoring adjacent pair until none is in the
+ * vocabulary; EOS when eos. tokens needs strlen(text) + 3 entries. */
+fa_status fa_tokenizer_encode(const fa_tokenizer *t, const char *text, int bos, int eos,
+                              int32_t *tokens, int32_t cap, int32_t *n, char *err);
+
+/* The bytes token stands for after prev: byte-fallback pieces become their
+ * byte, and a piece right after BOS loses one leading space. Returns a pointer
+ * owned by the tokenizer ("" for an id out of range); *len gets its length. */
+const char *fa_tokenizer_decode(const fa_tokenizer *t, int32_t prev, int32_t token, size_t *len);
+
+/* ---- sampler ---- */
+typedef struct fa_sampler fa_sampler;
+
+/* temperature 0 = argmax; top-p in (0, 1) samples from the smallest set of
+ * tokens whose probability reaches topp (0 or >= 1 = the whole distribution). */
+fa_status fa_sampler_create(int32_t vocab_size, float temperature, float topp, uint64_t seed,
+                            fa_sampler **out, char *err);
+void fa_sampler_free(fa_sampler *s);
+/* A token id in [0, vocab_size); logits [vocab_size] is overwritten. */
+int32_t fa_sampler_sample(fa_sampler *s, float *logits);
+
+/* ---- the forward pass ---- */
+/* One-token projections. Measured here (docs/runner.md): our loop is faster on large
+ * matrices (110M: 70 vs 47-57 tok/s, bandwidth-bound, rows over OpenMP threads), sgemv
+ * on small ones (stories260K, one thread: 6000 vs 4600 tok/s). */
+typedef enum fa_matvec {
+    FA_MATVEC_AUTO = 0, /* own for matrices of >= 65536 weights, sgemv below */
+    FA_MATVEC_OWN = 1,  /* our OpenMP loop */
+    FA_MATVEC_BLAS = 2  /* cblas_sgemv */
+} fa_matvec;
+
+typedef struct fa_model_state_options {
+    int32_t max_tokens;     /* tokens per forward chunk (prefill); 0 = seq_len */
+    fa_algorithm algorithm; /* attention: flash, or standard for comparisons */
+    fa_matvec matvec;       /* the one-token projections */
+    /* called after each layer of each chunk (long prefills); may be NULL */
+    void (*progress)(void *user, int32_t layer, int32_t n_layers);
+    void *progress_user;
+} fa_model_state_options;
+
+/* Accumulated since the state was made or fa_model_state_reset. */
+typedef struct fa_model_stats {
+    double forward_s;             /* inside fa_model_forward */
+    double attention_s;           /* inside fa_forward */
+    uint64_t attention_workspace; /* the largest workspace one fa_forward allocated */
+    uint64_t state_bytes;         /* KV cache + activations + RoPE table */
+    uint64_t kv_cache_bytes;
+} fa_model_stats;
+
+typedef struct fa_model_state fa_model_state;
+
+/* Buffers for one sequence. ctx (a CPU context) is borrowed and must outlive
+ * the state; opts may be NULL (defaults). */
+fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
+                                const fa_model_state_options *opts, fa_model_state **out,
+                                char *err);
+void fa_model_state_free(fa_model_state *s);
+/* Statistics; the KV cache is simply overwritten by the next forward. */
+fa_model_stats fa_model_state_stats(const fa_model_state *s);
+void fa_model_state_reset_stats(fa_model_state *s);
+
+/*
+ * Run n tokens at positions pos .. pos+n-1 (one causal prefill, in chunks of
+ * max_tokens; n = 1 is a decode step), writing their keys and values into the
+ * cache. The cache must already hold positions 0 .. pos-1. *logits (may be
+ * NULL) points at the last token's [vocab_size] logits inside the state.
+ */
+fa_status fa_model_forward(const fa_model *m, fa_model_state *s, const int32_t *tokens, int32_t n,
+                           int32_t pos, float **logits, char *err);
+
+/* ---- generation, as llama2.c's run.c: `steps` forwards (positions 0 .. steps-1, the
+ *      prompt's included), each followed by the next token (the prompt's own, then
+ *      sampled ones), so BOS + `steps` tokens in all; generation stops at BOS ---- */
+typedef struct fa_generate_stats {
+    int32_t prompt_tokens; /* BOS included */
+    int32_t generated;     /* sampled tokens */
+    double prefill_s;
+    int32_t decode_steps;  /* one-token forwards */
+    double decode_s;
+} fa_generate_stats;
+
+/* Called with each token as it is produced (prompt tokens after BOS too) and
+ * its text; a non-zero return stops generation. */
+typedef int (*fa_token_fn)(void *user, int32_t token, const char *text, size_t len);
+
+/* steps <= 0 or > seq_len means seq_len. */
+fa_status fa_generate(const fa_model *m, const fa_tokenizer *t, fa_model_state *s, fa_sampler *smp,
+                      const char *prompt, int32_t steps, fa_token_fn on_token, void *user,
+                      fa_generate_stats *stats, char *err);
+
+#endif

@@ -1,0 +1,315 @@
+/* SPDX-License-Identifier: MIT */
+/* llama2.c's tokenizer: byte-level BPE with byte fallback, encoded as run.c does. */
+#include "model.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Longest piece we accept: llama2.c's vocabularies stay under 32 bytes. */
+#define MAX_PIECE 65536
+
+struct fa_tokenizer {
+    int32_t vocab_size;
+    int32_t max_token_length;
+    float *scores;     /* [vocab] merge priority: higher merges first */
+    uint32_t *offset;  /* [vocab + 1] start of each piece in text */
+    char *text;        /* every piece back to back, each followed by a NUL */
+    int32_t *sorted;   /* [vocab] ids ordered by piece bytes, then id */
+    int16_t *byte_of;  /* [vocab] the byte a "<0xNN>" piece stands for, or -1 */
+    char bytes[512];   /* byte b as a NUL-terminated string at bytes[2b] */
+};
+
+static fa_status fail(char *err, fa_status st, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, FA_MODEL_ERR_LEN, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+static int32_t rd_i32(const unsigned char *p)
+{
+    uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    int32_t v;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+static int cmp_piece(const fa_tokenizer *t, const char *s, size_t n, int32_t id)
+{
+    size_t m = t->offset[id + 1] - t->offset[id] - 1;
+    int c = memcmp(s, t->text + t->offset[id], n < m ? n : m);
+    return c ? c : (n > m) - (n < m);
+}
+
+static const fa_tokenizer *sort_ctx; /* qsort has no user pointer in C11 */
+static int cmp_ids(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    const fa_tokenizer *t = sort_ctx;
+    int c = cmp_piece(t, t->text + t->offset[x], t->offset[x + 1] - t->offset[x] - 1, y);
+    return c ? c : (x > y) - (x < y);
+}
+
+/* The lowest id whose piece is exactly s[0..n), or -1. */
+static int32_t lookup(const fa_tokenizer *t, const char *s, size_t n)
+{
+    int32_t lo = 0, hi = t->vocab_size;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (cmp_piece(t, s, n, t->sorted[mid]) > 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < t->vocab_size && cmp_piece(t, s, n, t->sorted[lo]) == 0 ? t->sorted[lo] : -1;
+}
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                        : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+void fa_tokenizer_free(fa_tokenizer *t)
+{
+    if (!t)
+        return;
+    free(t->scores);
+    free(t->offset);
+    free(t->text);
+    free(t->sorted);
+    free(t->byte_of);
+    free(t);
+}
+
+int32_t fa_tokenizer_vocab_size(const fa_tokenizer *t)
+{
+    return t ? t->vocab_size : 0;
+}
+
+fa_status fa_tokenizer_from_memory(const void *data, size_t bytes, int32_t vocab_size,
+                                   fa_tokenizer **out, char *err)
+{
+    if (!out)
+        return fail(err, FA_ERR_NULL_POINTER, "out is NULL");
+    *out = NULL;
+    if (!data)
+        return fail(err, FA_ERR_NULL_POINTER, "tokenizer data is NULL");
+    if (vocab_size < 3)
+        return fail(err, FA_ERR_INVALID_SHAPE,
+                    "vocab_size (%d) must be at least 3: ids 0..2 are <unk>, BOS and EOS",
+                    (int)vocab_size);
+    const unsigned char *p = data;
+    if (bytes < 4)
+        return fail(err, FA_ERR_INVALID_SHAPE,
+                    "tokenizer is %zu bytes, shorter than its 4-byte max_token_length", bytes);
+    int32_t maxlen = rd_i32(p);
+    if (maxlen < 1 || maxlen > MAX_PIECE)
+        return fail(err, FA_ERR_INVALID_SHAPE, "tokenizer max_token_length (%d) must be in 1..%d",
+                    (int)maxlen, MAX_PIECE);
+    /* First pass: check every record and size the text. */
+    size_t at = 4, text = 0;
+    for (int32_t id = 0; id < vocab_size; id++) {
+        if (bytes - at < 8)
+            return fail(err, FA_ERR_INVALID_SHAPE,
+                        "tokenizer ends inside record %d: it has fewer pieces than the model's "
+                        "vocab_size (%d)",
+                        (int)id, (int)vocab_size);
+        float score;
+        memcpy(&score, p + at, 4);
+        int32_t len = rd_i32(p + at + 4);
+        if (!isfinite(score))
+            return fail(err, FA_ERR_INVALID_VALUE, "tokenizer score of token %d is not finite",
+                        (int)id);
+        if (len < 0 || len > maxlen)
+            return fail(err, FA_ERR_INVALID_SHAPE,
+                        "tokenizer len of token %d (%d) is outside 0..max_token_length (%d)",
+                        (int)id, (int)len, (int)maxlen);
+        at += 8;
+        if (bytes - at < (size_t)len)
+            return fail(err, FA_ERR_INVALID_SHAPE,
+                        "tokenizer ends inside the piece of token %d (len %d)", (int)id, (int)len);
+        at += (size_t)len;
+        text += (size_t)len + 1;
+        if (text > UINT32_MAX)
+            return fail(err, FA_ERR_SIZE_OVERFLOW, "tokenizer pieces exceed 4 GiB");
+    }
+    if (at != bytes)
+        return fail(err, FA_ERR_INVALID_SHAPE,
+                    "tokenizer has %zu bytes after its last record: it does not match the model's "
+                    "vocab_size (%d)",
+                    bytes - at, (int)vocab_size);
+    fa_tokenizer *t = calloc(1, sizeof(*t));
+    if (!t)
+        return fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the tokenizer");
+    size_t nv = (size_t)vocab_size;
+    t->vocab_size = vocab_size;
+    t->max_token_length = maxlen;
+    t->scores = malloc(nv * sizeof(float));
+    t->offset = malloc((nv + 1) * sizeof(uint32_t));
+    t->text = malloc(text);
+    t->sorted = malloc(nv * sizeof(int32_t));
+    t->byte_of = malloc(nv * sizeof(int16_t));
+    if (!t->scores || !t->offset || !t->text || !t->sorted || !t->byte_of) {
+        fa_tokenizer_free(t);
+        return fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the tokenizer");
+    }
+    at = 4;
+    uint32_t o = 0;
+    for (int32_t id = 0; id < vocab_size; id++) {
+        memcpy(&t->scores[id], p + at, 4);
+        size_t len = (size_t)rd_i32(p + at + 4);
+        at += 8;
+        t->offset[id] = o;
+        memcpy(t->text + o, p + at, len);
+        t->text[o + len] = 0;
+        const char *s = t->text + o;
+        int hi, lo;
+        t->byte_of[id] = len == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>' &&
+                                 (hi = hexval(s[3])) >= 0 && (lo = hexval(s[4])) >= 0
+                             ? (int16_t)(hi * 16 + lo)
+                             : -1;
+        o += (uint32_t)(len + 1);
+        at += len;
+        t->sorted[id] = id;
+    }
+    t->offset[nv] = o;
+    for (int b = 0; b < 256; b++) {
+        t->bytes[2 * b] = (char)b;
+        t->bytes[2 * b + 1] = 0;
+    }
+    sort_ctx = t;
+    qsort(t->sorted, nv, sizeof(int32_t), cmp_ids);
+    sort_ctx = NULL;
+    *out = t;
+    return FA_OK;
+}
+
+fa_status fa_tokenizer_open(const char *path, int32_t vocab_size, fa_tokenizer **out, char *err)
+{
+    if (!out)
+        return fail(err, FA_ERR_NULL_POINTER, "out is NULL");
+    *out = NULL;
+    if (!path)
+        return fail(err, FA_ERR_NULL_POINTER, "path is NULL");
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return fail(err, FA_ERR_INVALID_ARGUMENT, "cannot open tokenizer '%s'", path);
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0)
+        n = ftell(f);
+    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return fail(err, FA_ERR_INVALID_ARGUMENT, "cannot read tokenizer '%s'", path);
+    }
+    if ((unsigned long)n > (1ul << 30)) {
+        fclose(f);
+        return fail(err, FA_ERR_SIZE_OVERFLOW, "tokenizer '%s' is over 1 GiB", path);
+    }
+    unsigned char *buf = malloc((size_t)n + 1);
+    if (!buf) {
+        fclose(f);
+        return fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory reading tokenizer '%s'", path);
+    }
+    size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    fa_status st = got == (size_t)n
+                       ? fa_tokenizer_from_memory(buf, got, vocab_size, out, err)
+                       : fail(err, FA_ERR_INVALID_ARGUMENT, "cannot read tokenizer '%s'", path);
+    free(buf);
+    return st;
+}
+
+const char *fa_tokenizer_decode(const fa_tokenizer *t, int32_t prev, int32_t token, size_t *len)
+{
+    size_t dummy;
+    if (!len)
+        len = &dummy;
+    *len = 0;
+    if (!t || token < 0 || token >= t->vocab_size)
+        return "";
+    if (t->byte_of[token] >= 0) {
+        *len = 1;
+        return &t->bytes[2 * t->byte_of[token]];
+    }
+    const char *s = t->text + t->offset[token];
+    size_t n = t->offset[token + 1] - t->offset[token] - 1;
+    if (prev == FA_TOKEN_BOS && n > 0 && s[0] == ' ')
+        s++, n--;
+    *len = n;
+    return s;
+}
+
+fa_status fa_tokenizer_encode(const fa_tokenizer *t, const char *text, int bos, int eos,
+                              int32_t *tokens, int32_t cap, int32_t *n, char *err)
+{
+    if (!t || !text || !tokens || !n)
+        return fail(err, FA_ERR_NULL_POINTER, "%s is NULL",
+                    !t ? "tokenizer" : !text ? "text" : !tokens ? "tokens" : "n");
+    size_t tl = strlen(text);
+    if (tl > (size_t)INT32_MAX - 3 || cap < (int32_t)tl + 3)
+        return fail(err, FA_ERR_INVALID_ARGUMENT,
+                    "cap (%d) must be at least strlen(text) + 3 (%zu)", (int)cap, tl + 3);
+    size_t pair_cap = 2 * (size_t)t->max_token_length;
+    char *buf = malloc(pair_cap > 4 ? pair_cap : 4);
+    if (!buf)
+        return fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for encoding");
+    int32_t k = 0;
+    if (bos)
+        tokens[k++] = FA_TOKEN_BOS;
+    /* SentencePiece's dummy prefix: the text is encoded as if it began with a space */
+    if (tl > 0) {
+        int32_t sp = lookup(t, " ", 1);
+        tokens[k++] = sp >= 0 ? sp : (' ' + 3 < t->vocab_size ? ' ' + 3 : FA_TOKEN_UNK);
+    }
+    /* one UTF-8 character (a lead byte and at most three continuation bytes) at a time */
+    for (size_t i = 0; i < tl;) {
+        size_t len = 1;
+        while (i + len < tl && len < 4 && ((unsigned char)text[i + len] & 0xC0) == 0x80)
+            len++;
+        int32_t id = lookup(t, text + i, len);
+        if (id >= 0) {
+            tokens[k++] = id;
+        } else {
+            for (size_t j = 0; j < len; j++) {
+                int32_t b = (unsigned char)text[i + j] + 3;
+                tokens[k++] = b < t->vocab_size ? b : FA_TOKEN_UNK;
+            }
+        }
+        i += len;
+    }
+    for (;;) {
+        float best = -INFINITY;
+        int32_t best_id = -1, best_at = -1;
+        for (int32_t i = 0; i + 1 < k; i++) {
+            size_t la, lb;
+            const char *a = t->text + t->offset[tokens[i]], *b = t->text + t->offset[tokens[i + 1]];
+            la = t->offset[tokens[i] + 1] - t->offset[tokens[i]] - 1;
+            lb = t->offset[tokens[i + 1] + 1] - t->offset[tokens[i + 1]] - 1;
+            memcpy(buf, a, la);
+            memcpy(buf + la, b, lb);
+            int32_t id = lookup(t, buf, la + lb);
+            if (id >= 0 && t->scores[id] > best) {
+                best = t->scores[id];
+                best_id = id;
+                best_at = i;
+            }
+        }
+        if (best_at < 0)
+            break;
+        tokens[best_at] = best_id;
+        memmove(&tokens[best_at + 1], &tokens[best_at + 2], sizeof(int32_t) * (size_t)(k - best_at - 2));
+        k--;
+    }
+    if (eos)
+        tokens[k++] = FA_TOKEN_EOS;
+    free(buf);
+    *n = k;
+    return FA_OK;
+}

@@ -1,0 +1,246 @@
+/* SPDX-License-Identifier: MIT */
+/* `flashattn generate` (text from a llama2.c checkpoint) and `flashattn gen-model`. */
+#include "cli.h"
+#include "model.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char *gen_help =
+    "usage: flashattn generate [options]\n"
+    "\n"
+    "Generates text with a llama2.c checkpoint (legacy format, float32) and its tokenizer,\n"
+    "streaming it to stdout as it is produced; attention runs through fa_forward (the whole\n"
+    "prompt in one causal prefill, then one query per step against the KV cache). At the\n"
+    "end, stderr gets the prompt tokens, prefill ms and tok/s, and decode tok/s. Steps count\n"
+    "the prompt (BOS included), as llama2.c's run.c does; generation stops at BOS.\n"
+    "\n"
+    "  --model PATH          checkpoint                  [" FA_MODELS_DIR "/stories260K.bin]\n"
+    "  --tokenizer PATH      tokenizer                   [" FA_MODELS_DIR "/tok512.bin]\n"
+    "  --prompt TEXT                                                 [\"\"]\n"
+    "  --steps N             0 = the model's seq_len                 [256]\n"
+    "  --temperature T       0 = greedy (argmax)                     [1.0]\n"
+    "  --topp P              nucleus sampling, 0 or 1 = off          [0.9]\n"
+    "  --seed S              sampler seed                            [time]\n"
+    "  --chunk N             prefill at most N tokens per forward    [whole prompt]\n"
+    "  --matvec auto|own|blas  one-token projections: own loop or sgemv [auto]\n"
+    "  --ids                 also print every token id (stderr)\n"
+    "  --backend cpu         the runner runs on the CPU backend      [cpu]\n"
+    "  --threads N           attention threads, 0 = all cores        [0]\n";
+
+typedef struct sink {
+    int32_t *ids;
+    int32_t n, cap;
+} sink;
+
+static int on_token(void *user, int32_t token, const char *text, size_t len)
+{
+    sink *k = user;
+    if (k->n < k->cap)
+        k->ids[k->n++] = token;
+    /* raw bytes, except control characters other than whitespace (a terminal's safety) */
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)text[i];
+        if (c >= 0x20 || c == '\n' || c == '\t' || c == '\r')
+            if (c != 0x7f)
+                fputc(c, stdout);
+    }
+    fflush(stdout);
+    return 0;
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    const char *model_path = FA_MODELS_DIR "/stories260K.bin",
+               *tok_path = FA_MODELS_DIR "/tok512.bin", *prompt = "";
+    long steps = 256, seed = -1, chunk = 0, threads = 0;
+    double temperature = 1.0, topp = 0.9;
+    int print_ids = 0;
+    fa_matvec matvec = FA_MATVEC_AUTO;
+    fa_backend backend = FA_BACKEND_CPU;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int used = cli_backend_option("generate", argc, argv, &i, &backend, &threads);
+        if (used == CLI_EXIT_USAGE)
+            return used;
+        if (used)
+            continue;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(gen_help, stdout);
+            return 0;
+        } else if (strcmp(a, "--ids") == 0) {
+            print_ids = 1;
+            continue;
+        }
+        if (!v)
+            return cli_usage_error("generate", "%s needs a value", a);
+        if (strcmp(a, "--model") == 0)
+            model_path = v;
+        else if (strcmp(a, "--tokenizer") == 0)
+            tok_path = v;
+        else if (strcmp(a, "--prompt") == 0)
+            prompt = v;
+        else if (strcmp(a, "--steps") == 0) {
+            if (cli_parse_int(v, 0, INT32_MAX, &steps) != 0)
+                return cli_usage_error("generate", "--steps needs an integer >= 0");
+        } else if (strcmp(a, "--temperature") == 0) {
+            if (cli_parse_float(v, &temperature) != 0 || temperature < 0)
+                return cli_usage_error("generate", "--temperature needs a number >= 0");
+        } else if (strcmp(a, "--topp") == 0) {
+            if (cli_parse_float(v, &topp) != 0 || topp < 0 || topp > 1)
+                return cli_usage_error("generate", "--topp needs a number in 0..1");
+        } else if (strcmp(a, "--seed") == 0) {
+            if (cli_parse_int(v, 0, INT64_MAX, &seed) != 0)
+                return cli_usage_error("generate", "--seed needs an integer >= 0");
+        } else if (strcmp(a, "--chunk") == 0) {
+            if (cli_parse_int(v, 1, INT32_MAX, &chunk) != 0)
+                return cli_usage_error("generate", "--chunk needs an integer >= 1");
+        } else if (strcmp(a, "--matvec") == 0) {
+            if (strcmp(v, "auto") == 0)
+                matvec = FA_MATVEC_AUTO;
+            else if (strcmp(v, "own") == 0)
+                matvec = FA_MATVEC_OWN;
+            else if (strcmp(v, "blas") == 0)
+                matvec = FA_MATVEC_BLAS;
+            else
+                return cli_usage_error("generate", "--matvec needs auto, own or blas");
+        } else {
+            return cli_usage_error("generate", "unknown option '%s'", a);
+        }
+        i++;
+    }
+    if (backend != FA_BACKEND_CPU)
+        return cli_usage_error("generate", "--backend: the runner keeps its KV cache in host "
+                                           "memory and runs on cpu only");
+    if (seed < 0)
+        seed = (long)time(NULL);
+
+    char err[FA_MODEL_ERR_LEN];
+    fa_model *m = NULL;
+    fa_tokenizer *tok = NULL;
+    fa_sampler *smp = NULL;
+    fa_model_state *st = NULL;
+    fa_context_t ctx = NULL;
+    sink k = { NULL, 0, 0 };
+    int rc = CLI_EXIT_FAIL;
+    fa_status s;
+    if ((s = fa_model_open(model_path, &m, err)) != FA_OK ||
+        (s = fa_tokenizer_open(tok_path, m->config.vocab_size, &tok, err)) != FA_OK ||
+        (s = fa_sampler_create(m->config.vocab_size, (float)temperature, (float)topp,
+                               (uint64_t)seed, &smp, err)) != FA_OK) {
+        fprintf(stderr, "flashattn generate: %s (%s)\n", err, fa_status_string(s));
+        goto done;
+    }
+    if (!(ctx = cli_context(FA_BACKEND_CPU, (int)threads)))
+        goto done;
+    fa_model_state_options so = { chunk < m->config.seq_len ? (int32_t)chunk : 0, FA_ALGORITHM_FLASH,
+                                  matvec, NULL, NULL };
+    if ((s = fa_model_state_create(m, ctx, &so, &st, err)) != FA_OK) {
+        fprintf(stderr, "flashattn generate: %s (%s)\n", err, fa_status_string(s));
+        goto done;
+    }
+    k.cap = m->config.seq_len + 1;
+    k.ids = malloc(sizeof(int32_t) * (size_t)k.cap);
+    if (!k.ids) {
+        fprintf(stderr, "flashattn generate: out of memory\n");
+        goto done;
+    }
+    fa_generate_stats gs;
+    s = fa_generate(m, tok, st, smp, prompt, (int32_t)(steps > INT32_MAX ? 0 : steps), on_token, &k,
+                    &gs, err);
+    printf("\n");
+    if (s != FA_OK) {
+        fprintf(stderr, "flashattn generate: %s (%s)\n", err, fa_status_string(s));
+        goto done;
+    }
+    if (print_ids) {
+        fprintf(stderr, "ids: %d", FA_TOKEN_BOS);
+        for (int32_t i = 0; i < k.n; i++)
+            fprintf(stderr, " %d", (int)k.ids[i]);
+        fprintf(stderr, "\n");
+    }
+    fprintf(stderr,
+            "prompt tokens %d, prefill %.3f ms (%.0f tok/s), decode %d tokens in %.3f ms (%.1f "
+            "tok/s), seed %ld\n",
+            (int)gs.prompt_tokens, gs.prefill_s * 1e3,
+            gs.prefill_s > 0 ? gs.prompt_tokens / gs.prefill_s : 0.0, (int)gs.decode_steps,
+            gs.decode_s * 1e3, gs.decode_s > 0 ? gs.decode_steps / gs.decode_s : 0.0, seed);
+    rc = 0;
+done:
+    free(k.ids);
+    fa_model_state_free(st);
+    fa_context_destroy(ctx);
+    fa_sampler_free(smp);
+    fa_tokenizer_free(tok);
+    fa_model_free(m);
+    return rc;
+}
+
+static const char *gm_help =
+    "usage: flashattn gen-model --config SHAPE --out PATH [--seed S]\n"
+    "\n"
+    "Writes a synthetic llama2.c checkpoint (legacy format) with seeded uniform weights\n"
+    "scaled by 1/sqrt(fan_in) and unit norm gains, for benchmarks of any Llama shape.\n"
+    "\n"
+    "  --config 110m|1b|7b|DIMxLAYERSxHEADSxKVHEADSxHIDDENxVOCABxSEQ\n"
+    "                        110m: 768x12x12x12x2048x32000x1024 (llama2.c stories110M)\n"
+    "                        1b:   2048x22x32x4x5632x-32000x2048 (TinyLlama-1.1B)\n"
+    "                        7b:   4096x32x32x32x11008x-32000x4096 (Llama-2-7B)\n"
+    "                        a negative VOCAB stores a separate classifier\n"
+    "  --out PATH            the checkpoint to write\n"
+    "  --seed S                                                      [1]\n";
+
+int cmd_gen_model(int argc, char **argv)
+{
+    const char *spec = NULL, *out = NULL;
+    long seed = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(gm_help, stdout);
+            return 0;
+        }
+        if (!v)
+            return cli_usage_error("gen-model", "%s needs a value", a);
+        if (strcmp(a, "--config") == 0)
+            spec = v;
+        else if (strcmp(a, "--out") == 0)
+            out = v;
+        else if (strcmp(a, "--seed") == 0) {
+            if (cli_parse_int(v, 0, INT64_MAX, &seed) != 0)
+                return cli_usage_error("gen-model", "--seed needs an integer >= 0");
+        } else
+            return cli_usage_error("gen-model", "unknown option '%s'", a);
+        i++;
+    }
+    if (!spec || !out)
+        return cli_usage_error("gen-model", "--config and --out are required");
+    char err[FA_MODEL_ERR_LEN];
+    fa_model_config c;
+    uint64_t bytes = 0;
+    if (fa_model_config_parse(spec, &c, err) != FA_OK)
+        return cli_usage_error("gen-model", "--config: %s", err);
+    fa_model_config_check(&c, &bytes, NULL);
+    FILE *f = fopen(out, "wb");
+    if (!f) {
+        fprintf(stderr, "flashattn gen-model: cannot create '%s'\n", out);
+        return CLI_EXIT_FAIL;
+    }
+    fa_status s = fa_model_synth_write(&c, (uint64_t)seed, f, err);
+    if (fclose(f) != 0 && s == FA_OK) {
+        s = FA_ERR_INVALID_ARGUMENT;
+        snprintf(err, sizeof(err), "closing '%s' failed", out);
+    }
+    if (s != FA_OK) {
+        remove(out);
+        fprintf(stderr, "flashattn gen-model: %s (%s)\n", err, fa_status_string(s));
+        return CLI_EXIT_FAIL;
+    }
+    printf("wrote %s: dim %d, layers %d, heads %d, kv heads %d, hidden %d, vocab %d%s, seq %d, "
+           "%.1f MiB, seed %ld\n",
+           out, (int)c.dim, (int)c.n_layers, (int)c.n_heads, (int)c.n_kv_heads, (int)c.hidden_dim,
+           (int)c.vocab_size, c.shared_classifier ? "" : " (separate classifier)", (int)c.seq_len,
+           (double)bytes / 1048576.0, seed);
+    return 0;
+}
