@@ -7,12 +7,16 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-build}
 mkdir -p "$out"
 # cmocka for the tests where the machine has no package manager: debs carried in .devdeps
-if [ -d .devdeps ] && ! ls /usr/lib/x86_64-linux-gnu/libcmocka.so >/dev/null 2>&1; then
+if [ -d .devdeps ] && ! ls /usr/lib/x86_64-linux-gnu/libcmocka.so /usr/lib/x86_64-linux-gnu/openblas-pthread >/dev/null 2>&1; then
   for f in .devdeps/*.deb; do dpkg -x "$f" /; done
   ldconfig
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFA_BUILD_TOOLS=OFF > "$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
+# OpenBLAS (the Llama runner's GEMMs) unpacked from .devdeps: no alternatives symlink there
+blas=/usr/lib/x86_64-linux-gnu/openblas-pthread
+export LD_LIBRARY_PATH=$blas${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFA_BUILD_TOOLS=OFF -DOPENBLAS_LIB=$blas/libopenblas.so \
+  -DCBLAS_INCLUDE=/usr/include/x86_64-linux-gnu/openblas-pthread > "$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
 cmake --build build -j "$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -20; exit 1; }
 echo "build ok"
 export FLASHATTN_TEST_BACKEND=cuda
