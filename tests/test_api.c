@@ -469,6 +469,69 @@ static void test_gles_backend(void **state)
     fa_context_destroy(gl);
 }
 
+/* The GLES backend on tensors in GL buffers (fa_memory_alloc there): the same bits as the
+ * host-memory call, and clear errors for mixed memory, views past a buffer's end and
+ * pointers it did not hand out. */
+static void test_gles_buffers(void **state)
+{
+    fixture *f = *state;
+    fa_context_t gl;
+    fa_context_options o = { sizeof(o), FA_BACKEND_GLES, 0 };
+    fa_status st = fa_context_create(&o, &gl);
+    if (st == FA_ERR_BACKEND_UNAVAILABLE)
+        skip();
+    assert_int_equal(st, FA_OK);
+    static float o_host[B * SQ * HQ * D], lse_host[B * HQ * SQ], o_gl[B * SQ * HQ * D], lse_gl[B * HQ * SQ];
+    f->d.causal = 1;
+    assert_int_equal(fa_forward(gl, &f->d), FA_OK);
+    memcpy(o_host, f->o, sizeof(o_host));
+    memcpy(lse_host, f->lse, sizeof(lse_host));
+
+    void *bq, *bk, *bv, *bo, *bl;
+    assert_int_equal(fa_memory_alloc(gl, sizeof(f->q), &bq), FA_OK);
+    assert_int_equal(fa_memory_alloc(gl, sizeof(f->k), &bk), FA_OK);
+    assert_int_equal(fa_memory_alloc(gl, sizeof(f->v), &bv), FA_OK);
+    assert_int_equal(fa_memory_alloc(gl, sizeof(f->o), &bo), FA_OK);
+    assert_int_equal(fa_memory_alloc(gl, sizeof(f->lse), &bl), FA_OK);
+    assert_int_equal(fa_memory_upload(gl, bq, f->q, sizeof(f->q)), FA_OK);
+    assert_int_equal(fa_memory_upload(gl, bk, f->k, sizeof(f->k)), FA_OK);
+    assert_int_equal(fa_memory_upload(gl, bv, f->v, sizeof(f->v)), FA_OK);
+    memset(o_gl, 0x5a, sizeof(o_gl));
+    assert_int_equal(fa_memory_upload(gl, bo, o_gl, sizeof(o_gl)), FA_OK);
+    fa_attention_desc d = f->d;
+    d.q.data = bq, d.k.data = bk, d.v.data = bv, d.o.data = bo, d.lse = bl;
+    assert_int_equal(fa_forward(gl, &d), FA_OK);
+    assert_int_equal(fa_memory_download(gl, o_gl, bo, sizeof(o_gl)), FA_OK);
+    assert_int_equal(fa_memory_download(gl, lse_gl, bl, sizeof(lse_gl)), FA_OK);
+    assert_memory_equal(o_gl, o_host, sizeof(o_gl));
+    assert_memory_equal(lse_gl, lse_host, sizeof(lse_gl));
+
+    /* k in host memory beside q in a buffer */
+    fa_attention_desc m = d;
+    m.k.data = f->k;
+    assert_int_equal(fa_forward(gl, &m), FA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fa_context_last_error(gl), "k.data"));
+    /* o's view one row past the end of its buffer; nothing written */
+    m = d;
+    m.o.data = (float *)bo + HQ * D;
+    memset(o_gl, 0x5a, sizeof(o_gl));
+    assert_int_equal(fa_memory_upload(gl, bo, o_gl, sizeof(o_gl)), FA_OK);
+    assert_int_equal(fa_forward(gl, &m), FA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fa_context_last_error(gl), "o.data"));
+    static float o_after[B * SQ * HQ * D];
+    assert_int_equal(fa_memory_download(gl, o_after, bo, sizeof(o_after)), FA_OK);
+    assert_memory_equal(o_after, o_gl, sizeof(o_gl));
+    /* copies past a buffer and frees of pointers it did not hand out */
+    assert_int_equal(fa_memory_upload(gl, (char *)bq + 4, f->q, sizeof(f->q)), FA_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fa_memory_free(gl, (char *)bq + 4), FA_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fa_memory_free(gl, f->q), FA_ERR_INVALID_ARGUMENT);
+
+    void *bufs[5] = { bq, bk, bv, bo, bl };
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(fa_memory_free(gl, bufs[i]), FA_OK);
+    fa_context_destroy(gl);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -484,6 +547,7 @@ int main(void)
         cmocka_unit_test(test_context_calls),
         cmocka_unit_test(test_memory_and_stream),
         cmocka_unit_test_setup_teardown(test_gles_backend, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gles_buffers, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

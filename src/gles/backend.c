@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* The OpenGL ES 3.1 compute backend: a headless EGL context (the EGL device platform, then
  * Mesa's surfaceless one), tiles derived from the context's limits, shaders compiled per
- * (head_dim, tiles, storage) from the embedded .comp sources, host tensors repacked into
- * shader storage buffers and the outputs read back. */
+ * (head_dim, tiles, storage) from the embedded .comp sources. Tensors either live in GL
+ * buffers (fa_memory_alloc on this backend: a reserved address range stands for a buffer,
+ * so views, offsets and strides work as with device pointers; a pack shader lays them out
+ * for the attention shaders and an unpack shader writes o and lse back, all on the GPU) or
+ * in host memory (repacked on the CPU, uploaded, read back). */
 #include "../core/internal.h"
 #include "../cpu/kernels/kernels.h"
 
@@ -14,21 +17,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "gles_common.h"
 #include "gles_decode_merge.h"
 #include "gles_decode_split.h"
 #include "gles_flash_forward.h"
+#include "gles_pack.h"
 #include "gles_std_pv.h"
 #include "gles_std_scores.h"
 #include "gles_std_softmax.h"
+#include "gles_unpack.h"
 
-enum { SH_FLASH, SH_SCORES, SH_SOFTMAX, SH_PV, SH_DEC_SPLIT, SH_DEC_MERGE, SH_COUNT };
+enum { SH_FLASH, SH_SCORES, SH_SOFTMAX, SH_PV, SH_DEC_SPLIT, SH_DEC_MERGE, SH_PACK, SH_UNPACK, SH_COUNT };
 static const char *const shader_src[SH_COUNT] = { fa_gles_flash_forward, fa_gles_std_scores,
                                                   fa_gles_std_softmax,   fa_gles_std_pv,
-                                                  fa_gles_decode_split,  fa_gles_decode_merge };
+                                                  fa_gles_decode_split,  fa_gles_decode_merge,
+                                                  fa_gles_pack,          fa_gles_unpack };
 static const char *const shader_name[SH_COUNT] = { "flash_forward", "std_scores",   "std_softmax",
-                                                   "std_pv",        "decode_split", "decode_merge" };
+                                                   "std_pv",        "decode_split", "decode_merge",
+                                                   "pack",          "unpack" };
 
 #define MAX_PROGRAMS 64
 #define STD_GROUP 64 /* local size of the standard passes and the decode passes */
@@ -48,7 +56,17 @@ typedef struct gles_state {
     int has_16bit_storage; /* GL_EXT_shader_16bit_storage */
     program programs[MAX_PROGRAMS];
     int n_programs;
+    struct gl_mem *mem; /* fa_memory_alloc's buffers */
+    int n_mem, cap_mem;
 } gles_state;
+
+/* A GL buffer handed out by fa_memory_alloc: [base, base + bytes) is reserved address space
+ * (no access, no memory behind it) that stands for buffer `name`. */
+typedef struct gl_mem {
+    unsigned char *base;
+    size_t bytes, reserved;
+    GLuint name;
+} gl_mem;
 
 /* The tiles of one call: head_dim in vec4s, query rows per workgroup, keys per K/V tile. */
 typedef struct tiles {
@@ -113,12 +131,18 @@ static void gles_destroy(void *state)
     if (!s)
         return;
     if (s->ctx != EGL_NO_CONTEXT) {
-        if (eglMakeCurrent(s->dpy, EGL_NO_SURFACE, EGL_NO_SURFACE, s->ctx))
+        if (eglMakeCurrent(s->dpy, EGL_NO_SURFACE, EGL_NO_SURFACE, s->ctx)) {
             for (int i = 0; i < s->n_programs; i++)
                 glDeleteProgram(s->programs[i].id);
+            for (int i = 0; i < s->n_mem; i++)
+                glDeleteBuffers(1, &s->mem[i].name);
+        }
         release_current(s);
         eglDestroyContext(s->dpy, s->ctx);
     }
+    for (int i = 0; i < s->n_mem; i++) /* buffers the caller did not free */
+        munmap(s->mem[i].base, s->mem[i].reserved);
+    free(s->mem);
     /* The display stays initialised: EGL displays are per process and shared with whatever
      * else in it uses the same device (terminating it would pull the driver from under them) */
     free(s);
@@ -420,6 +444,12 @@ static void *pack(const fa_problem *p, const fa_tensor *v, int32_t heads, int is
     return buf;
 }
 
+/* Bytes of a repacked [heads][rows][d4 vec4] tensor in the storage type. */
+static size_t packed_bytes(const tiles *t, int32_t heads, int64_t rows)
+{
+    return (size_t)heads * (size_t)rows * (size_t)t->d4 * 4 * (t->f16 ? 2 : 4);
+}
+
 static GLuint make_buffer(const void *data, size_t bytes)
 {
     GLuint b = 0;
@@ -491,6 +521,176 @@ static void store_elem(const fa_tensor *v, int64_t off, float x)
     }
 }
 
+/* ---- fa_memory_* on this backend: GL buffers named by reserved address ranges ---- */
+
+static fa_status gles_mem_alloc(fa_context_t ctx, void *state, size_t bytes, void **ptr)
+{
+    gles_state *s = state;
+    if (bytes > (size_t)INT32_MAX * 4)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "bytes (%zu): GLES shaders index buffers with 32-bit integers (at most %zu "
+                        "bytes a buffer)", bytes, (size_t)INT32_MAX * 4);
+    if (s->n_mem == s->cap_mem) {
+        const int cap = s->cap_mem ? 2 * s->cap_mem : 16;
+        gl_mem *m = realloc(s->mem, sizeof(*m) * (size_t)cap);
+        if (!m)
+            return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory recording a GL buffer");
+        s->mem = m;
+        s->cap_mem = cap;
+    }
+    const size_t reserved = bytes ? bytes : 1;
+    void *base = mmap(NULL, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED)
+        return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "reserving %zu bytes of address space for a GL "
+                                                   "buffer failed", reserved);
+    fa_status st = make_current(ctx, s);
+    if (st != FA_OK) {
+        munmap(base, reserved);
+        return st;
+    }
+    GLuint name = 0;
+    glGenBuffers(1, &name);
+    glBindBuffer(GL_SHADER_STORAGE_BUFFER, name);
+    /* whole 16-byte words: the shaders reach 16-bit elements through the 32-bit word holding them */
+    glBufferData(GL_SHADER_STORAGE_BUFFER, (GLsizeiptr)((bytes + 15) / 16 * 16 + (bytes ? 0 : 16)), NULL,
+                 GL_DYNAMIC_COPY);
+    if (glGetError() != GL_NO_ERROR) {
+        glDeleteBuffers(1, &name);
+        release_current(s);
+        munmap(base, reserved);
+        return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "creating a GL buffer of %zu bytes failed", bytes);
+    }
+    release_current(s);
+    s->mem[s->n_mem++] = (gl_mem){ base, bytes, reserved, name };
+    *ptr = base;
+    return FA_OK;
+}
+
+static fa_status gles_mem_free(fa_context_t ctx, void *state, void *ptr)
+{
+    gles_state *s = state;
+    for (int i = 0; i < s->n_mem; i++) {
+        if (s->mem[i].base != ptr)
+            continue;
+        if (make_current(ctx, s) == FA_OK) {
+            glDeleteBuffers(1, &s->mem[i].name);
+            release_current(s);
+        }
+        munmap(s->mem[i].base, s->mem[i].reserved);
+        s->mem[i] = s->mem[--s->n_mem];
+        return FA_OK;
+    }
+    return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                    "ptr (%p) is not a buffer fa_memory_alloc returned on this GLES context", ptr);
+}
+
+/* The buffer that holds [p, p + bytes), and p's byte offset in it; NULL when p is not in one. */
+static const gl_mem *find_mem(const gles_state *s, const void *p, size_t bytes, size_t *off)
+{
+    const unsigned char *c = p;
+    for (int i = 0; i < s->n_mem; i++) {
+        const gl_mem *m = &s->mem[i];
+        if (c >= m->base && c < m->base + m->reserved) {
+            *off = (size_t)(c - m->base);
+            return *off + bytes <= m->bytes || (bytes == 0 && *off <= m->bytes) ? m : NULL;
+        }
+    }
+    return NULL;
+}
+
+static fa_status gles_mem_copy(fa_context_t ctx, void *state, void *dst, const void *src,
+                               size_t bytes, int to_backend)
+{
+    gles_state *s = state;
+    size_t off = 0;
+    const gl_mem *m = find_mem(s, to_backend ? dst : src, bytes, &off);
+    if (!m)
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                        "%s: [%p, +%zu bytes) is not inside one buffer from fa_memory_alloc on "
+                        "this GLES context", to_backend ? "dst" : "src", to_backend ? dst : src, bytes);
+    fa_status st = make_current(ctx, s);
+    if (st != FA_OK)
+        return st;
+    glBindBuffer(GL_SHADER_STORAGE_BUFFER, m->name);
+    if (to_backend) {
+        glBufferSubData(GL_SHADER_STORAGE_BUFFER, (GLintptr)off, (GLsizeiptr)bytes, src);
+        st = gl_check(ctx, "uploading into a GL buffer");
+    } else {
+        glMemoryBarrier(GL_BUFFER_UPDATE_BARRIER_BIT);
+        const void *map = glMapBufferRange(GL_SHADER_STORAGE_BUFFER, (GLintptr)off, (GLsizeiptr)bytes,
+                                           GL_MAP_READ_BIT);
+        if (map) {
+            memcpy(dst, map, bytes);
+            glUnmapBuffer(GL_SHADER_STORAGE_BUFFER);
+        } else if ((st = gl_check(ctx, "mapping a GL buffer")) == FA_OK) {
+            st = fa_error(ctx, FA_ERR_BACKEND, "mapping a GL buffer for reading failed");
+        }
+    }
+    release_current(s);
+    return st;
+}
+
+/* A [batch, seq, heads, dim] view (lse: [batch, heads, seq] floats) inside one GL buffer:
+ * its buffer, first element and strides in elements, checked to lie inside the buffer and
+ * within the shaders' 32-bit indexing. */
+typedef struct gl_view {
+    const gl_mem *mem;
+    int32_t off, sb, ss, sh, type; /* type: 0 f32, 1 f16, 2 bf16 */
+} gl_view;
+
+static fa_status gl_view_of(fa_context_t ctx, const gles_state *s, const void *data, fa_dtype dt,
+                            int64_t sb, int64_t ss, int64_t sh, int64_t nb, int64_t rows,
+                            int64_t heads, int64_t dim, const char *name, gl_view *v)
+{
+    const int64_t esz = dt == FA_DTYPE_F32 ? 4 : 2;
+    size_t off = 0;
+    const gl_mem *m = find_mem(s, data, 0, &off);
+    if (!m)
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                        "%s is not in a GL buffer while q.data is: pass q, k, v, o (and lse) all in "
+                        "buffers from fa_memory_alloc, or all in host memory", name);
+    if (off % (size_t)esz)
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                        "%s: its byte offset in the GL buffer (%zu) is not a multiple of the element "
+                        "size (%d)", name, off, (int)esz);
+    /* the last element the view reaches (strides are positive after validation) */
+    const int64_t first = (int64_t)off / esz;
+    const int64_t last = first + (nb - 1) * sb + (rows - 1) * ss + (heads - 1) * sh + (dim - 1);
+    if (nb > 0 && rows > 0 && heads > 0 && dim > 0 && (size_t)((last + 1) * esz) > m->bytes)
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                        "%s: the view reaches byte %lld of its GL buffer of %zu bytes", name,
+                        (long long)((last + 1) * esz), m->bytes);
+    if (last > INT32_MAX / 2 || sb > INT32_MAX || ss > INT32_MAX || sh > INT32_MAX)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "%s: element offsets past 2^30 exceed the GLES shaders' 32-bit indexing", name);
+    *v = (gl_view){ m, (int32_t)first, (int32_t)sb, (int32_t)ss, (int32_t)sh,
+                    dt == FA_DTYPE_F32 ? 0 : dt == FA_DTYPE_F16 ? 1 : 2 };
+    return FA_OK;
+}
+
+/* Dispatch one pack or unpack pass over `rows` rows (x: a grid-stride loop) of every head. */
+static void move_pass(const gles_state *s, GLuint prog, const gl_view *v, int64_t rows, int heads,
+                      int dim, int rows_per_seq, int d4, int lse)
+{
+    glUniform1i(glGetUniformLocation(prog, "u_rows"), (GLint)rows);
+    glUniform1i(glGetUniformLocation(prog, "u_dim"), dim);
+    glUniform1i(glGetUniformLocation(prog, "u_src_type"), v->type);
+    glUniform1i(glGetUniformLocation(prog, "u_dst_type"), v->type);
+    glUniform1i(glGetUniformLocation(prog, "u_off"), v->off);
+    glUniform1i(glGetUniformLocation(prog, "u_sb"), v->sb);
+    glUniform1i(glGetUniformLocation(prog, "u_ss"), v->ss);
+    glUniform1i(glGetUniformLocation(prog, "u_sh"), v->sh);
+    glUniform1i(glGetUniformLocation(prog, "u_rows_per_seq"), rows_per_seq);
+    glUniform1i(glGetUniformLocation(prog, "u_lse"), lse);
+    glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 7, v->mem->name);
+    const int64_t n = lse ? rows : rows * d4;
+    int64_t groups = (n + 63) / 64;
+    if (groups > s->max_count[0])
+        groups = s->max_count[0];
+    if (groups > 0 && heads > 0)
+        glDispatchCompute((GLuint)groups, (GLuint)heads, 1);
+}
+
 static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
 {
     gles_state *s = state;
@@ -507,15 +707,48 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
                         "the tensors (%lld query rows, %lld key rows, %d heads) exceed the 32-bit "
                         "indexing of GLES shaders",
                         (long long)qrows, (long long)krows, (int)p->heads_q);
-    size_t qb, kb, vb;
-    void *hq = pack(p, &d->q, p->heads_q, 0, t.d4, t.f16, qrows, &qb);
-    void *hk = pack(p, &d->k, p->heads_kv, 1, t.d4, t.f16, krows, &kb);
-    void *hv = pack(p, &d->v, p->heads_kv, 1, t.d4, t.f16, krows, &vb);
+    /* tensors in GL buffers (all of them) or in host memory (all of them) */
+    size_t at;
+    const int resident = d->q.data && find_mem(s, d->q.data, 0, &at) != NULL;
+    gl_view gv[5] = { { 0 } };
+    const int64_t nb = p->varlen ? 1 : p->batch;
+    const int64_t sq_rows = p->varlen ? qrows : d->seqlen_q, sk_rows = p->varlen ? krows : d->seqlen_k;
+    const int rps_q = p->varlen ? 0 : d->seqlen_q, rps_k = p->varlen ? 0 : d->seqlen_k;
+    if (resident) {
+        const fa_tensor *tv[4] = { &d->q, &d->k, &d->v, &d->o };
+        const char *names[4] = { "q.data", "k.data", "v.data", "o.data" };
+        for (int i = 0; i < 4; i++) {
+            const int is_k = i == 1 || i == 2;
+            if ((st = gl_view_of(ctx, s, tv[i]->data, tv[i]->dtype, tv[i]->stride_batch, tv[i]->stride_seq,
+                                 tv[i]->stride_head, nb, is_k ? sk_rows : sq_rows,
+                                 is_k ? p->heads_kv : p->heads_q, p->dim, names[i], &gv[i])) != FA_OK)
+                return st;
+        }
+        if (d->lse && (st = gl_view_of(ctx, s, d->lse, FA_DTYPE_F32, p->lse_sb, p->lse_ss, p->lse_sh, nb,
+                                       sq_rows, p->heads_q, 1, "lse", &gv[4])) != FA_OK)
+            return st;
+    } else {
+        const void *ptrs[4] = { d->k.data, d->v.data, d->o.data, d->lse };
+        const char *names[4] = { "k.data", "v.data", "o.data", "lse" };
+        for (int i = 0; i < 4; i++)
+            if (ptrs[i] && find_mem(s, ptrs[i], 0, &at))
+                return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                                "%s is in a GL buffer while q.data is host memory: pass q, k, v, o "
+                                "(and lse) all in buffers from fa_memory_alloc, or all in host memory",
+                                names[i]);
+    }
+    size_t qb = packed_bytes(&t, p->heads_q, qrows), kb = packed_bytes(&t, p->heads_kv, krows), vb = kb;
+    void *hq = NULL, *hk = NULL, *hv = NULL;
+    if (!resident) {
+        hq = pack(p, &d->q, p->heads_q, 0, t.d4, t.f16, qrows, &qb);
+        hk = pack(p, &d->k, p->heads_kv, 1, t.d4, t.f16, krows, &kb);
+        hv = pack(p, &d->v, p->heads_kv, 1, t.d4, t.f16, krows, &vb);
+    }
     const size_t ob = (size_t)p->heads_q * (size_t)qrows * (size_t)t.d4 * 16;
     const size_t lb = (size_t)p->heads_q * (size_t)qrows * 4;
-    float *ho = malloc(ob ? ob : 1), *hl = malloc(lb ? lb : 1);
+    float *ho = resident ? NULL : malloc(ob ? ob : 1), *hl = resident ? NULL : malloc(lb ? lb : 1);
     int32_t *cu = malloc(sizeof(int32_t) * (size_t)(2 * p->batch + 2));
-    if (!hq || !hk || !hv || !ho || !hl || !cu) {
+    if ((!resident && (!hq || !hk || !hv || !ho || !hl)) || !cu) {
         st = fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory staging the GLES tensors");
         goto out;
     }
@@ -537,6 +770,18 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
     glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 5, bufs[5]);
     if ((st = gl_check(ctx, "uploading the tensors")) != FA_OK)
         goto release;
+    if (resident) { /* the caller's views into the layout the attention shaders read */
+        if ((st = use_pass(ctx, s, SH_PACK, &t, p, qrows, krows, 0)) != FA_OK)
+            goto release;
+        GLint prog = 0;
+        glGetIntegerv(GL_CURRENT_PROGRAM, &prog);
+        for (int i = 0; i < 3; i++) {
+            glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 6, bufs[i]);
+            move_pass(s, (GLuint)prog, &gv[i], i ? krows : qrows, i ? p->heads_kv : p->heads_q, p->dim,
+                      i ? rps_k : rps_q, t.d4, 0);
+        }
+        glMemoryBarrier(GL_SHADER_STORAGE_BARRIER_BIT);
+    }
     const int splits = decode_splits(p);
     if (splits) {
         /* chunks' partial outputs and (max, sum), then the merge into o and lse */
@@ -573,6 +818,22 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
         }
     }
     glMemoryBarrier(GL_BUFFER_UPDATE_BARRIER_BIT | GL_SHADER_STORAGE_BARRIER_BIT);
+    if (resident) { /* o and lse into the caller's buffers, on the GPU */
+        if ((st = gl_check(ctx, "running the attention shaders")) != FA_OK ||
+            (st = use_pass(ctx, s, SH_UNPACK, &t, p, qrows, krows, 0)) != FA_OK)
+            goto release;
+        GLint prog = 0;
+        glGetIntegerv(GL_CURRENT_PROGRAM, &prog);
+        glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 6, bufs[3]);
+        glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 3, bufs[4]);
+        move_pass(s, (GLuint)prog, &gv[3], qrows, p->heads_q, p->dim, rps_q, t.d4, 0);
+        if (d->lse)
+            move_pass(s, (GLuint)prog, &gv[4], qrows, p->heads_q, 1, rps_q, t.d4, 1);
+        glMemoryBarrier(GL_BUFFER_UPDATE_BARRIER_BIT | GL_SHADER_STORAGE_BARRIER_BIT);
+        if ((st = gl_check(ctx, "writing o and lse into their GL buffers")) == FA_OK)
+            report(&t, p, info);
+        goto release;
+    }
     if ((st = gl_check(ctx, "running the attention shaders")) != FA_OK ||
         (st = read_back(ctx, bufs[3], ob, ho)) != FA_OK ||
         (d->lse && (st = read_back(ctx, bufs[4], lb, hl)) != FA_OK))
@@ -628,4 +889,7 @@ const fa_backend_iface fa_gles_backend = {
     .forward = gles_forward,
     .plan_backward = unsupported_backward,
     .backward = unsupported_backward,
+    .mem_alloc = gles_mem_alloc,
+    .mem_free = gles_mem_free,
+    .mem_copy = gles_mem_copy,
 };
