@@ -131,6 +131,11 @@ static fa_status plan_decode(fa_context_t ctx, const fa_cpu_state *s, const fa_p
     pl->task_count = nslots * groups;
     if (pl->threads > pl->task_count)
         pl->threads = (int)pl->task_count;
+    /* Tens of microseconds of work do not pay for waking threads (a small model's decode
+     * step ran 3x slower on two threads than on one): one thread below 2^17 multiply-adds
+     * per product. The bits do not depend on the thread count. */
+    if ((int64_t)p->batch * p->heads_q * (int64_t)p->max_k * p->dim < ((int64_t)1 << 17))
+        pl->threads = 1;
     pl->per_thread_floats = fa_cpu_decode_thread_floats(s->kern, p, pl);
     int64_t bytes;
     if (!fa_mul_ok(nslots, fa_cpu_decode_slot_floats(p, pl), &bytes) || !fa_mul_ok(bytes, 4, &bytes))
