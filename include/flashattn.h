@@ -339,6 +339,21 @@ FA_API fa_status fa_memory_free(fa_context_t ctx, void *ptr);
 FA_API fa_status fa_memory_upload(fa_context_t ctx, void *dst, const void *src, size_t bytes);
 FA_API fa_status fa_memory_download(fa_context_t ctx, void *dst, const void *src, size_t bytes);
 
+/* A GLES context whose GL objects are shared with yours: egl_display an initialised
+ * EGLDisplay, egl_context an OpenGL ES 3.1 EGLContext of yours on it (both as void *).
+ * Your buffer objects then become tensor memory through fa_gles_buffer_wrap, no copies.
+ * flashattn makes its own context current only inside its calls and restores whatever was
+ * current before. Errors as fa_context_create (fa_last_create_error). */
+FA_API fa_status fa_gles_context_create(void *egl_display, void *egl_context, fa_context_t *out);
+
+/* On a context from fa_gles_context_create: your GL buffer object `buffer` (at least `bytes`
+ * long) as tensor memory. *ptr stands for its first byte, as fa_memory_alloc's pointers do:
+ * put ptr + offset into fa_tensor.data (every tensor of a call in such buffers, or all in
+ * host memory). fa_forward reads and writes the buffers on the GPU and finishes its
+ * commands before it returns, so your context sees o and lse after the call.
+ * fa_memory_free(ctx, *ptr) forgets the mapping; the buffer stays yours. */
+FA_API fa_status fa_gles_buffer_wrap(fa_context_t ctx, uint32_t buffer, size_t bytes, void **ptr);
+
 /*
  * The stream the context's calls are queued on: a cudaStream_t for the CUDA
  * backend (NULL = the legacy default stream). On CUDA, fa_forward and

@@ -15,6 +15,12 @@
 
 #include <cmocka.h>
 
+#ifdef FA_TEST_GLES
+#include <EGL/egl.h>
+#include <EGL/eglext.h>
+#include <GLES3/gl31.h>
+#endif
+
 enum { B = 2, SQ = 5, SK = 7, HQ = 4, HK = 2, D = 8 };
 
 typedef struct fixture {
@@ -532,6 +538,101 @@ static void test_gles_buffers(void **state)
     fa_context_destroy(gl);
 }
 
+#ifdef FA_TEST_GLES
+/* An application's own EGL display and ES 3.1 context (Mesa's surfaceless platform, else
+ * the EGL device platform), current on this thread. 0 when there is none. */
+static int caller_gl(EGLDisplay *dpy, EGLContext *gl)
+{
+    PFNEGLGETPLATFORMDISPLAYEXTPROC get =
+        (PFNEGLGETPLATFORMDISPLAYEXTPROC)eglGetProcAddress("eglGetPlatformDisplayEXT");
+    EGLint major, minor;
+    if (!get)
+        return 0;
+    *dpy = get(EGL_PLATFORM_SURFACELESS_MESA, EGL_DEFAULT_DISPLAY, NULL);
+    if (*dpy == EGL_NO_DISPLAY || !eglInitialize(*dpy, &major, &minor)) {
+        PFNEGLQUERYDEVICESEXTPROC query = (PFNEGLQUERYDEVICESEXTPROC)eglGetProcAddress("eglQueryDevicesEXT");
+        EGLDeviceEXT devs[4];
+        EGLint n = 0;
+        if (!query || !query(4, devs, &n) || n < 1)
+            return 0;
+        *dpy = get(EGL_PLATFORM_DEVICE_EXT, devs[0], NULL);
+        if (*dpy == EGL_NO_DISPLAY || !eglInitialize(*dpy, &major, &minor))
+            return 0;
+    }
+    const EGLint attr[] = { EGL_CONTEXT_MAJOR_VERSION, 3, EGL_CONTEXT_MINOR_VERSION, 1, EGL_NONE };
+    if (!eglBindAPI(EGL_OPENGL_ES_API) ||
+        (*gl = eglCreateContext(*dpy, EGL_NO_CONFIG_KHR, EGL_NO_CONTEXT, attr)) == EGL_NO_CONTEXT)
+        return 0;
+    return eglMakeCurrent(*dpy, EGL_NO_SURFACE, EGL_NO_SURFACE, *gl) == EGL_TRUE;
+}
+
+static GLuint gl_buffer(const void *data, size_t bytes)
+{
+    GLuint b = 0;
+    glGenBuffers(1, &b);
+    glBindBuffer(GL_SHADER_STORAGE_BUFFER, b);
+    glBufferData(GL_SHADER_STORAGE_BUFFER, (GLsizeiptr)bytes, data, GL_DYNAMIC_COPY);
+    return b;
+}
+
+/* The application's own buffer objects as tensors (fa_gles_context_create +
+ * fa_gles_buffer_wrap): results visible in its context right after the call, its context
+ * current again after every flashattn call, its buffers left alive. */
+static void test_gles_caller_buffers(void **state)
+{
+    fixture *f = *state;
+    EGLDisplay dpy = EGL_NO_DISPLAY;
+    EGLContext gl = EGL_NO_CONTEXT;
+    if (!caller_gl(&dpy, &gl))
+        skip();
+    const GLuint bufs[5] = { gl_buffer(f->q, sizeof(f->q)), gl_buffer(f->k, sizeof(f->k)),
+                             gl_buffer(f->v, sizeof(f->v)), gl_buffer(NULL, sizeof(f->o)),
+                             gl_buffer(NULL, sizeof(f->lse)) };
+    const size_t sizes[5] = { sizeof(f->q), sizeof(f->k), sizeof(f->v), sizeof(f->o), sizeof(f->lse) };
+    fa_context_t ctx;
+    assert_int_equal(fa_gles_context_create(dpy, gl, &ctx), FA_OK);
+    assert_true(eglGetCurrentContext() == gl);
+    void *ptr[5];
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(fa_gles_buffer_wrap(ctx, bufs[i], sizes[i], &ptr[i]), FA_OK);
+    f->d.causal = 1;
+    fa_attention_desc d = f->d;
+    d.q.data = ptr[0], d.k.data = ptr[1], d.v.data = ptr[2], d.o.data = ptr[3], d.lse = ptr[4];
+    assert_int_equal(fa_forward(ctx, &d), FA_OK);
+    assert_true(eglGetCurrentContext() == gl);
+    assert_int_equal(fa_forward(f->ctx, &f->d), FA_OK); /* the CPU backend's answer */
+    const float *want[2] = { f->o, f->lse };
+    for (int i = 0; i < 2; i++) { /* read in the application's context */
+        glBindBuffer(GL_SHADER_STORAGE_BUFFER, bufs[3 + i]);
+        const float *got = glMapBufferRange(GL_SHADER_STORAGE_BUFFER, 0, (GLsizeiptr)sizes[3 + i],
+                                            GL_MAP_READ_BIT);
+        assert_non_null(got);
+        for (size_t x = 0; x < sizes[3 + i] / sizeof(float); x++)
+            assert_true(fabsf(got[x] - want[i][x]) < 1e-5f);
+        glUnmapBuffer(GL_SHADER_STORAGE_BUFFER);
+    }
+    /* refusals: a name that is no buffer, more bytes than the buffer has, a context of its own */
+    void *bad;
+    assert_int_equal(fa_gles_buffer_wrap(ctx, 999999u, 16, &bad), FA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fa_context_last_error(ctx), "buffer"));
+    assert_int_equal(fa_gles_buffer_wrap(ctx, bufs[0], sizes[0] + 4, &bad), FA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fa_context_last_error(ctx), "bytes"));
+    assert_int_equal(fa_gles_buffer_wrap(f->ctx, bufs[0], 16, &bad), FA_ERR_UNSUPPORTED);
+    fa_context_t none;
+    assert_int_equal(fa_gles_context_create(dpy, NULL, &none), FA_ERR_NULL_POINTER);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(fa_memory_free(ctx, ptr[i]), FA_OK);
+    fa_context_destroy(ctx);
+    assert_true(eglGetCurrentContext() == gl);
+    for (int i = 0; i < 5; i++) { /* still the application's */
+        assert_true(glIsBuffer(bufs[i]));
+        glDeleteBuffers(1, &bufs[i]);
+    }
+    eglMakeCurrent(dpy, EGL_NO_SURFACE, EGL_NO_SURFACE, EGL_NO_CONTEXT);
+    eglDestroyContext(dpy, gl);
+}
+#endif
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -548,6 +649,9 @@ int main(void)
         cmocka_unit_test(test_memory_and_stream),
         cmocka_unit_test_setup_teardown(test_gles_backend, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gles_buffers, setup, teardown),
+#ifdef FA_TEST_GLES
+        cmocka_unit_test_setup_teardown(test_gles_caller_buffers, setup, teardown),
+#endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -72,6 +72,9 @@ typedef struct fa_backend_iface {
     /* to_backend: host src -> backend dst, else backend src -> host dst. */
     fa_status (*mem_copy)(struct fa_context *ctx, void *state, void *dst, const void *src,
                           size_t bytes, int to_backend);
+    /* GLES: a buffer object of the caller's (shared context) as memory, like mem_alloc's. */
+    fa_status (*mem_import)(struct fa_context *ctx, void *state, uint32_t buffer, size_t bytes,
+                            void **ptr);
     fa_status (*set_stream)(struct fa_context *ctx, void *state, void *stream);
     fa_status (*synchronize)(struct fa_context *ctx, void *state);
 } fa_backend_iface;
@@ -79,6 +82,7 @@ typedef struct fa_backend_iface {
 struct fa_context {
     const fa_backend_iface *iface;
     void *state;
+    void *gles_display, *gles_share; /* fa_gles_context_create's, read by the GLES init */
     fa_run_info last_run;
     int has_last_run;
     char error[FA_ERROR_CAP];

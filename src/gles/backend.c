@@ -56,16 +56,22 @@ typedef struct gles_state {
     int has_16bit_storage; /* GL_EXT_shader_16bit_storage */
     program programs[MAX_PROGRAMS];
     int n_programs;
-    struct gl_mem *mem; /* fa_memory_alloc's buffers */
+    struct gl_mem *mem; /* fa_memory_alloc's buffers and the caller's wrapped ones */
     int n_mem, cap_mem;
+    int shared; /* the context shares objects with the caller's (fa_gles_context_create) */
+    /* what was current on the calling thread before make_current, put back by release_current */
+    EGLDisplay prev_dpy;
+    EGLContext prev_ctx;
+    EGLSurface prev_draw, prev_read;
 } gles_state;
 
 /* A GL buffer handed out by fa_memory_alloc: [base, base + bytes) is reserved address space
  * (no access, no memory behind it) that stands for buffer `name`. */
 typedef struct gl_mem {
     unsigned char *base;
-    size_t bytes, reserved;
+    size_t bytes, reserved, gl_bytes; /* asked for, reserved, the GL buffer's own size */
     GLuint name;
+    int owned; /* ours (fa_memory_alloc), or the caller's (fa_gles_buffer_wrap) */
 } gl_mem;
 
 /* The tiles of one call: head_dim in vec4s, query rows per workgroup, keys per K/V tile. */
@@ -112,17 +118,25 @@ static EGLDisplay open_display(const char **platform)
     return EGL_NO_DISPLAY;
 }
 
-static fa_status make_current(fa_context_t ctx, const gles_state *s)
+static fa_status make_current(fa_context_t ctx, gles_state *s)
 {
+    s->prev_dpy = eglGetCurrentDisplay();
+    s->prev_ctx = eglGetCurrentContext();
+    s->prev_draw = eglGetCurrentSurface(EGL_DRAW);
+    s->prev_read = eglGetCurrentSurface(EGL_READ);
     if (!eglMakeCurrent(s->dpy, EGL_NO_SURFACE, EGL_NO_SURFACE, s->ctx))
         return fa_error(ctx, FA_ERR_BACKEND, "eglMakeCurrent failed (EGL error 0x%x)",
                         (unsigned)eglGetError());
     return FA_OK;
 }
 
-static void release_current(const gles_state *s)
+/* Put back what was current before make_current (nothing, or the caller's context). */
+static void release_current(gles_state *s)
 {
-    eglMakeCurrent(s->dpy, EGL_NO_SURFACE, EGL_NO_SURFACE, EGL_NO_CONTEXT);
+    if (s->prev_ctx != EGL_NO_CONTEXT)
+        eglMakeCurrent(s->prev_dpy, s->prev_draw, s->prev_read, s->prev_ctx);
+    else
+        eglMakeCurrent(s->dpy, EGL_NO_SURFACE, EGL_NO_SURFACE, EGL_NO_CONTEXT);
 }
 
 static void gles_destroy(void *state)
@@ -131,11 +145,12 @@ static void gles_destroy(void *state)
     if (!s)
         return;
     if (s->ctx != EGL_NO_CONTEXT) {
-        if (eglMakeCurrent(s->dpy, EGL_NO_SURFACE, EGL_NO_SURFACE, s->ctx)) {
+        if (make_current(NULL, s) == FA_OK) {
             for (int i = 0; i < s->n_programs; i++)
                 glDeleteProgram(s->programs[i].id);
             for (int i = 0; i < s->n_mem; i++)
-                glDeleteBuffers(1, &s->mem[i].name);
+                if (s->mem[i].owned)
+                    glDeleteBuffers(1, &s->mem[i].name);
         }
         release_current(s);
         eglDestroyContext(s->dpy, s->ctx);
@@ -155,7 +170,23 @@ static fa_status gles_init(fa_context_t ctx, int32_t num_threads, void **state)
     if (!s)
         return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the GLES backend");
     s->ctx = EGL_NO_CONTEXT;
-    s->dpy = open_display(&s->platform);
+    EGLContext share = EGL_NO_CONTEXT;
+    if (ctx->gles_share) { /* the caller's display, objects shared with the caller's context */
+        EGLint major, minor;
+        s->dpy = (EGLDisplay)ctx->gles_display;
+        share = (EGLContext)ctx->gles_share;
+        s->platform = "caller's";
+        s->shared = 1;
+        if (!eglInitialize(s->dpy, &major, &minor)) {
+            const EGLint err = eglGetError();
+            free(s);
+            return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                            "egl_display is not an EGL display that initialises (EGL error 0x%x)",
+                            (unsigned)err);
+        }
+    } else {
+        s->dpy = open_display(&s->platform);
+    }
     if (s->dpy == EGL_NO_DISPLAY) {
         gles_destroy(s);
         return fa_error(ctx, FA_ERR_BACKEND_UNAVAILABLE,
@@ -165,11 +196,18 @@ static fa_status gles_init(fa_context_t ctx, int32_t num_threads, void **state)
     }
     const EGLint ctx_attr[] = { EGL_CONTEXT_MAJOR_VERSION, 3, EGL_CONTEXT_MINOR_VERSION, 1, EGL_NONE };
     if (!eglBindAPI(EGL_OPENGL_ES_API) ||
-        (s->ctx = eglCreateContext(s->dpy, EGL_NO_CONFIG_KHR, EGL_NO_CONTEXT, ctx_attr)) ==
+        (s->ctx = eglCreateContext(s->dpy, EGL_NO_CONFIG_KHR, share, ctx_attr)) ==
             EGL_NO_CONTEXT) {
         EGLint err = eglGetError();
         const char *platform = s->platform;
+        const int shared = s->shared;
         gles_destroy(s);
+        if (shared)
+            return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                            "egl_context: no OpenGL ES 3.1 context sharing it could be made on the "
+                            "display (EGL error 0x%x; it must be an ES context of that display, "
+                            "created without a config or with EGL_KHR_no_config_context)",
+                            (unsigned)err);
         return fa_error(ctx, FA_ERR_BACKEND_UNAVAILABLE,
                         "no OpenGL ES 3.1 context on the %s display (EGL error 0x%x): compute "
                         "shaders need ES 3.1",
@@ -523,6 +561,20 @@ static void store_elem(const fa_tensor *v, int64_t off, float x)
 
 /* ---- fa_memory_* on this backend: GL buffers named by reserved address ranges ---- */
 
+/* Room for one more record (fa_memory_alloc, fa_gles_buffer_wrap). */
+static fa_status mem_room(fa_context_t ctx, gles_state *s)
+{
+    if (s->n_mem < s->cap_mem)
+        return FA_OK;
+    const int cap = s->cap_mem ? 2 * s->cap_mem : 16;
+    gl_mem *m = realloc(s->mem, sizeof(*m) * (size_t)cap);
+    if (!m)
+        return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory recording a GL buffer");
+    s->mem = m;
+    s->cap_mem = cap;
+    return FA_OK;
+}
+
 static fa_status gles_mem_alloc(fa_context_t ctx, void *state, size_t bytes, void **ptr)
 {
     gles_state *s = state;
@@ -530,21 +582,15 @@ static fa_status gles_mem_alloc(fa_context_t ctx, void *state, size_t bytes, voi
         return fa_error(ctx, FA_ERR_UNSUPPORTED,
                         "bytes (%zu): GLES shaders index buffers with 32-bit integers (at most %zu "
                         "bytes a buffer)", bytes, (size_t)INT32_MAX * 4);
-    if (s->n_mem == s->cap_mem) {
-        const int cap = s->cap_mem ? 2 * s->cap_mem : 16;
-        gl_mem *m = realloc(s->mem, sizeof(*m) * (size_t)cap);
-        if (!m)
-            return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory recording a GL buffer");
-        s->mem = m;
-        s->cap_mem = cap;
-    }
+    fa_status st = mem_room(ctx, s);
+    if (st != FA_OK)
+        return st;
     const size_t reserved = bytes ? bytes : 1;
     void *base = mmap(NULL, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED)
         return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "reserving %zu bytes of address space for a GL "
                                                    "buffer failed", reserved);
-    fa_status st = make_current(ctx, s);
-    if (st != FA_OK) {
+    if ((st = make_current(ctx, s)) != FA_OK) {
         munmap(base, reserved);
         return st;
     }
@@ -561,7 +607,40 @@ static fa_status gles_mem_alloc(fa_context_t ctx, void *state, size_t bytes, voi
         return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "creating a GL buffer of %zu bytes failed", bytes);
     }
     release_current(s);
-    s->mem[s->n_mem++] = (gl_mem){ base, bytes, reserved, name };
+    s->mem[s->n_mem++] = (gl_mem){ base, bytes, reserved, (bytes + 15) / 16 * 16 + (bytes ? 0 : 16),
+                                   name, 1 };
+    *ptr = base;
+    return FA_OK;
+}
+
+static fa_status gles_mem_import(fa_context_t ctx, void *state, uint32_t buffer, size_t bytes,
+                                 void **ptr)
+{
+    gles_state *s = state;
+    fa_status st = mem_room(ctx, s);
+    if (st != FA_OK || (st = make_current(ctx, s)) != FA_OK)
+        return st;
+    GLint64 size = -1;
+    const int is_buffer = glIsBuffer(buffer) == GL_TRUE;
+    if (is_buffer) {
+        glBindBuffer(GL_SHADER_STORAGE_BUFFER, buffer);
+        glGetBufferParameteri64v(GL_SHADER_STORAGE_BUFFER, GL_BUFFER_SIZE, &size);
+        glBindBuffer(GL_SHADER_STORAGE_BUFFER, 0);
+    }
+    release_current(s);
+    if (!is_buffer)
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                        "buffer (%u) is not a buffer object of the shared context (made with "
+                        "glGenBuffers and given storage with glBufferData?)", (unsigned)buffer);
+    if (size < 0 || (uint64_t)size < bytes)
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT, "bytes (%zu) exceeds buffer %u's size (%lld bytes)",
+                        bytes, (unsigned)buffer, (long long)size);
+    const size_t reserved = bytes ? bytes : 1;
+    void *base = mmap(NULL, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED)
+        return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "reserving %zu bytes of address space for a GL "
+                                                   "buffer failed", reserved);
+    s->mem[s->n_mem++] = (gl_mem){ base, bytes, reserved, (size_t)size, buffer, 0 };
     *ptr = base;
     return FA_OK;
 }
@@ -572,7 +651,7 @@ static fa_status gles_mem_free(fa_context_t ctx, void *state, void *ptr)
     for (int i = 0; i < s->n_mem; i++) {
         if (s->mem[i].base != ptr)
             continue;
-        if (make_current(ctx, s) == FA_OK) {
+        if (s->mem[i].owned && make_current(ctx, s) == FA_OK) {
             glDeleteBuffers(1, &s->mem[i].name);
             release_current(s);
         }
@@ -581,7 +660,8 @@ static fa_status gles_mem_free(fa_context_t ctx, void *state, void *ptr)
         return FA_OK;
     }
     return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
-                    "ptr (%p) is not a buffer fa_memory_alloc returned on this GLES context", ptr);
+                    "ptr (%p) is not a buffer fa_memory_alloc or fa_gles_buffer_wrap returned on "
+                    "this GLES context", ptr);
 }
 
 /* The buffer that holds [p, p + bytes), and p's byte offset in it; NULL when p is not in one. */
@@ -660,6 +740,12 @@ static fa_status gl_view_of(fa_context_t ctx, const gles_state *s, const void *d
         return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
                         "%s: the view reaches byte %lld of its GL buffer of %zu bytes", name,
                         (long long)((last + 1) * esz), m->bytes);
+    /* 16-bit elements are reached through the 32-bit word that holds them */
+    if (esz == 2 && nb > 0 && rows > 0 && heads > 0 && dim > 0 && (size_t)(last / 2 + 1) * 4 > m->gl_bytes)
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                        "%s: its last 16-bit element shares a 32-bit word with the byte past its GL "
+                        "buffer's end (%zu bytes): give the buffer a size that is a multiple of 4",
+                        name, m->gl_bytes);
     if (last > INT32_MAX / 2 || sb > INT32_MAX || ss > INT32_MAX || sh > INT32_MAX)
         return fa_error(ctx, FA_ERR_UNSUPPORTED,
                         "%s: element offsets past 2^30 exceed the GLES shaders' 32-bit indexing", name);
@@ -830,6 +916,8 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
         if (d->lse)
             move_pass(s, (GLuint)prog, &gv[4], qrows, p->heads_q, 1, rps_q, t.d4, 1);
         glMemoryBarrier(GL_BUFFER_UPDATE_BARRIER_BIT | GL_SHADER_STORAGE_BARRIER_BIT);
+        if (s->shared) /* the caller's context reads the results next: done before we return */
+            glFinish();
         if ((st = gl_check(ctx, "writing o and lse into their GL buffers")) == FA_OK)
             report(&t, p, info);
         goto release;
@@ -892,4 +980,5 @@ const fa_backend_iface fa_gles_backend = {
     .mem_alloc = gles_mem_alloc,
     .mem_free = gles_mem_free,
     .mem_copy = gles_mem_copy,
+    .mem_import = gles_mem_import,
 };
