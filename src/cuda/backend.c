@@ -266,13 +266,13 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
         c->dsum_bytes = sizeof(float) * (size_t)(k->rows * p->heads_q);
     if (c->hb && d->algorithm != FA_ALGORITHM_STANDARD) {
         /* dQ in float32 ([heads_q, rows, dim]) and a counter per (sequence, head, query tile) */
-        int64_t n, tiles = ((int64_t)p->max_q + c->hb->q_step - 1) / c->hb->q_step;
+        int64_t n, qtiles = ((int64_t)p->max_q + c->hb->q_step - 1) / c->hb->q_step;
         if (!fa_mul_ok(k->rows, p->heads_q, &n) || !fa_mul_ok(n, c->tl->dim * 4, &n))
             return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "the backward's dQ accumulator overflows 64 bits");
         c->acc_bytes = (size_t)n;
-        c->sem_bytes = (sizeof(int) * (size_t)p->batch * p->heads_q * tiles + 255) / 256 * 256;
+        c->sem_bytes = (sizeof(int) * (size_t)p->batch * p->heads_q * qtiles + 255) / 256 * 256;
         k->dq_pitch = c->tl->dim;
-        k->dq_tiles = (int32_t)tiles;
+        k->dq_tiles = (int32_t)qtiles;
     }
     if (d->algorithm == FA_ALGORITHM_STANDARD) {
         if (p->heads_q > 65535 || k->rows > INT32_MAX || c->krows > INT32_MAX)
