@@ -65,8 +65,9 @@ typedef struct gles_state {
     EGLSurface prev_draw, prev_read;
 } gles_state;
 
-/* A GL buffer handed out by fa_memory_alloc: [base, base + bytes) is reserved address space
- * (no access, no memory behind it) that stands for buffer `name`. */
+/* A GL buffer handed out by fa_memory_alloc or wrapped by fa_gles_buffer_wrap: [base, base +
+ * bytes) is reserved address space (no access, no memory behind it) that stands for buffer
+ * `name`. */
 typedef struct gl_mem {
     unsigned char *base;
     size_t bytes, reserved, gl_bytes; /* asked for, reserved, the GL buffer's own size */
