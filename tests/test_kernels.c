@@ -180,8 +180,11 @@ static void test_dot_axpy(void **state)
     const fa_dtype types[] = { FA_DTYPE_F32, FA_DTYPE_F16, FA_DTYPE_BF16 };
     FOR_EACH_TABLE(k)
     for (int ti = 0; ti < 3; ti++)
-        for (int dim = 1; dim <= 75; dim += 37) {
-            enum { H = 3, M = 2, N = 11, LDS = 8 };
+        for (int di = 0; di < 5; di++) {
+            /* 8 and 12: rows shorter than a 16-lane vector (8-lane and gathered paths);
+             * N spans two blocks of 16 keys and a tail */
+            const int dim = (const int[]){ 1, 8, 12, 38, 75 }[di];
+            enum { H = 3, M = 2, N = 37, LDS = 8 };
             const fa_dtype t = types[ti];
             const ptrdiff_t ldkv = H * 80; /* [seq, heads, dim] */
             uint16_t kv16[2][N * H * 80];
