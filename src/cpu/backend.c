@@ -70,7 +70,13 @@ static fa_status cpu_init(fa_context_t ctx, int32_t num_threads, void **state)
     return FA_OK;
 }
 
-static void cpu_destroy(void *state) { free(state); }
+static void cpu_destroy(void *state)
+{
+    fa_cpu_state *s = state;
+    if (s)
+        free(s->scratch);
+    free(s);
+}
 
 static void cpu_info(void *state, char *buf, size_t cap, size_t *len)
 {

@@ -17,6 +17,10 @@ typedef struct fa_cpu_state {
     const fa_cpu_kernels *kern;
     const char *kern_reason; /* why this table was chosen */
     int threads;
+    /* decode's workspace, kept between calls (one-token calls are microseconds of work:
+     * four allocations each were a measurable share); grows as needed */
+    void *scratch;
+    size_t scratch_bytes;
 } fa_cpu_state;
 
 /*
@@ -60,7 +64,7 @@ fa_status fa_cpu_plan_standard(fa_context_t ctx, const fa_cpu_state *s, const fa
 fa_status fa_cpu_flash_forward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
                                const fa_cpu_plan *plan);
 /* Split-KV decode for plans with use_dot (decode.c). */
-fa_status fa_cpu_decode_forward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
+fa_status fa_cpu_decode_forward(fa_context_t ctx, fa_cpu_state *s, const fa_problem *p,
                                 const fa_cpu_plan *plan);
 fa_status fa_cpu_standard_forward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
                                   const fa_cpu_plan *plan);

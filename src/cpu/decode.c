@@ -196,7 +196,10 @@ static void merge(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_
     fa_cpu_store_out(kern, p, &cc, acc, dim, m, l);
 }
 
-fa_status fa_cpu_decode_forward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
+/* bytes rounded up to whole 64-byte lines */
+static size_t lines(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+fa_status fa_cpu_decode_forward(fa_context_t ctx, fa_cpu_state *s, const fa_problem *p,
                                 const fa_cpu_plan *pl)
 {
     const fa_cpu_kernels *kern = s->kern;
@@ -204,18 +207,25 @@ fa_status fa_cpu_decode_forward(fa_context_t ctx, const fa_cpu_state *s, const f
     const int64_t nslots = pl->task_count / groups; /* one per (sequence, chunk) */
     const int64_t slot_floats = fa_cpu_decode_slot_floats(p, pl);
     size_t per = (size_t)pl->per_thread_floats;
-    float *ws = fa_alloc_aligned((size_t)pl->threads * per * sizeof(float));
-    float *slots = fa_alloc_aligned((size_t)nslots * (size_t)slot_floats * sizeof(float));
-    int64_t *first = malloc(sizeof(int64_t) * ((size_t)p->batch + 1));
-    int32_t *slot_b = malloc(sizeof(int32_t) * (size_t)(nslots ? nslots : 1));
-    if (!ws || !slots || !first || !slot_b) {
-        free(ws);
-        free(slots);
-        free(first);
-        free(slot_b);
-        return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating %llu bytes of workspace",
-                        (unsigned long long)pl->workspace_bytes);
+    /* the thread buffers, the chunks' partial results and two index arrays, in the context's
+     * scratch (sizes checked against overflow by the planner's workspace count) */
+    const size_t b_ws = lines((size_t)pl->threads * per * sizeof(float));
+    const size_t b_slots = lines((size_t)nslots * (size_t)slot_floats * sizeof(float));
+    const size_t b_first = lines(sizeof(int64_t) * ((size_t)p->batch + 1));
+    const size_t need = b_ws + b_slots + b_first + lines(sizeof(int32_t) * (size_t)(nslots ? nslots : 1));
+    if (need > s->scratch_bytes) {
+        void *grown = fa_alloc_aligned(need);
+        if (!grown)
+            return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating %llu bytes of workspace",
+                            (unsigned long long)pl->workspace_bytes);
+        free(s->scratch);
+        s->scratch = grown;
+        s->scratch_bytes = need;
     }
+    char *at = s->scratch;
+    float *ws = (float *)at, *slots = (float *)(at + b_ws);
+    int64_t *first = (int64_t *)(at + b_ws + b_slots);
+    int32_t *slot_b = (int32_t *)(at + b_ws + b_slots + b_first);
     /* Padded score columns are read by the softmax: keep them finite. */
     memset(ws, 0, (size_t)pl->threads * per * sizeof(float));
     first[0] = 0;
@@ -247,9 +257,5 @@ fa_status fa_cpu_decode_forward(fa_context_t ctx, const fa_cpu_state *s, const f
             merge(kern, p, pl, b, hk, slots + first[b] * slot_floats, first[b + 1] - first[b], &bf);
         }
     }
-    free(ws);
-    free(slots);
-    free(first);
-    free(slot_b);
     return FA_OK;
 }
