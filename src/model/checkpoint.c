@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* llama2.c checkpoints: header rules, sizes, memory mapping. Trusts nothing in the file. */
-#include "model.h"
+#include "fail.h"
 
 #include <fcntl.h>
 #include <stdarg.h>
@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static fa_status fail(char *err, fa_status st, const char *fmt, ...)
+fa_status fa_model_fail(char *err, fa_status st, const char *fmt, ...)
 {
     if (err) {
         va_list ap;
@@ -53,7 +53,7 @@ static int layout_of(const fa_model_config *c, layout *l)
 fa_status fa_model_config_check(const fa_model_config *c, uint64_t *bytes, char *err)
 {
     if (!c)
-        return fail(err, FA_ERR_NULL_POINTER, "config is NULL");
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "config is NULL");
     const struct {
         const char *name;
         int32_t v;
@@ -63,26 +63,26 @@ fa_status fa_model_config_check(const fa_model_config *c, uint64_t *bytes, char 
                 { "seq_len", c->seq_len } };
     for (size_t i = 0; i < sizeof(pos) / sizeof(pos[0]); i++)
         if (pos[i].v <= 0)
-            return fail(err, FA_ERR_INVALID_SHAPE, "%s (%d) must be positive", pos[i].name,
+            return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "%s (%d) must be positive", pos[i].name,
                         (int)pos[i].v);
     if (c->n_heads > FA_MAX_HEADS)
-        return fail(err, FA_ERR_INVALID_SHAPE, "n_heads (%d) exceeds %d", (int)c->n_heads,
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "n_heads (%d) exceeds %d", (int)c->n_heads,
                     FA_MAX_HEADS);
     if (c->dim % c->n_heads)
-        return fail(err, FA_ERR_INVALID_SHAPE, "dim (%d) must be a multiple of n_heads (%d)",
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "dim (%d) must be a multiple of n_heads (%d)",
                     (int)c->dim, (int)c->n_heads);
     if (c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads)
-        return fail(err, FA_ERR_INVALID_SHAPE, "n_heads (%d) must be a multiple of n_kv_heads (%d)",
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "n_heads (%d) must be a multiple of n_kv_heads (%d)",
                     (int)c->n_heads, (int)c->n_kv_heads);
     int32_t hs = c->dim / c->n_heads;
     if (hs % 2)
-        return fail(err, FA_ERR_INVALID_SHAPE,
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                     "head_size = dim / n_heads (%d) must be even: RoPE rotates pairs", (int)hs);
     if (hs > FA_MAX_HEAD_DIM)
-        return fail(err, FA_ERR_INVALID_SHAPE, "head_size = dim / n_heads (%d) exceeds %d",
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "head_size = dim / n_heads (%d) exceeds %d",
                     (int)hs, FA_MAX_HEAD_DIM);
     if (c->shared_classifier != 0 && c->shared_classifier != 1)
-        return fail(err, FA_ERR_INVALID_SHAPE, "shared_classifier (%d) must be 0 or 1",
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "shared_classifier (%d) must be 0 or 1",
                     (int)c->shared_classifier);
     layout l;
     uint64_t per_layer = 0, total = 0;
@@ -95,7 +95,7 @@ fa_status fa_model_config_check(const fa_model_config *c, uint64_t *bytes, char 
              add_ok(total, l.classifier, &total) && mul_ok(total, 4, &total) &&
              add_ok(total, FA_MODEL_HEADER_BYTES, &total) && total <= (uint64_t)SIZE_MAX;
     if (!ok)
-        return fail(err, FA_ERR_SIZE_OVERFLOW,
+        return fa_model_fail(err, FA_ERR_SIZE_OVERFLOW,
                     "the weights of dim %d, hidden_dim %d, n_layers %d, vocab_size %d, seq_len %d "
                     "do not fit in 64-bit sizes",
                     (int)c->dim, (int)c->hidden_dim, (int)c->n_layers, (int)c->vocab_size,
@@ -131,22 +131,22 @@ fa_status fa_model_adopt(const void *data, size_t bytes, int owner, fa_model **o
 {
     if (!out) {
         release(data, bytes, owner);
-        return fail(err, FA_ERR_NULL_POINTER, "out is NULL");
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "out is NULL");
     }
     *out = NULL;
     fa_status st = FA_OK;
     fa_model_config c;
     uint64_t need = 0;
     if (!data) {
-        st = fail(err, FA_ERR_NULL_POINTER, "checkpoint data is NULL");
+        st = fa_model_fail(err, FA_ERR_NULL_POINTER, "checkpoint data is NULL");
         goto bad;
     }
     if ((uintptr_t)data % 4) {
-        st = fail(err, FA_ERR_INVALID_ARGUMENT, "checkpoint data must be 4-byte aligned");
+        st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "checkpoint data must be 4-byte aligned");
         goto bad;
     }
     if (bytes < FA_MODEL_HEADER_BYTES) {
-        st = fail(err, FA_ERR_INVALID_SHAPE,
+        st = fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                   "checkpoint is %zu bytes, shorter than its %d-byte header", bytes,
                   FA_MODEL_HEADER_BYTES);
         goto bad;
@@ -165,7 +165,7 @@ fa_status fa_model_adopt(const void *data, size_t bytes, int owner, fa_model **o
     if ((st = fa_model_config_check(&c, &need, err)) != FA_OK)
         goto bad;
     if (need != bytes) {
-        st = fail(err, FA_ERR_INVALID_SHAPE,
+        st = fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                   need > bytes ? "checkpoint is %zu bytes but its header needs %llu: truncated"
                                : "checkpoint is %zu bytes but its header needs %llu: trailing data",
                   bytes, (unsigned long long)need);
@@ -173,7 +173,7 @@ fa_status fa_model_adopt(const void *data, size_t bytes, int owner, fa_model **o
     }
     fa_model *m = calloc(1, sizeof(*m));
     if (!m) {
-        st = fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the model");
+        st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the model");
         goto bad;
     }
     m->config = c;
@@ -206,33 +206,33 @@ bad:
 fa_status fa_model_open(const char *path, fa_model **out, char *err)
 {
     if (!out)
-        return fail(err, FA_ERR_NULL_POINTER, "out is NULL");
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "out is NULL");
     *out = NULL;
     if (!path)
-        return fail(err, FA_ERR_NULL_POINTER, "path is NULL");
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "path is NULL");
     int fd = open(path, O_RDONLY);
     if (fd < 0)
-        return fail(err, FA_ERR_INVALID_ARGUMENT, "cannot open checkpoint '%s'", path);
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot open checkpoint '%s'", path);
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
-        return fail(err, FA_ERR_INVALID_ARGUMENT, "checkpoint '%s' is not a regular file", path);
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "checkpoint '%s' is not a regular file", path);
     }
     if ((uint64_t)sb.st_size < FA_MODEL_HEADER_BYTES) {
         close(fd);
-        return fail(err, FA_ERR_INVALID_SHAPE,
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                     "checkpoint '%s' is %lld bytes, shorter than its %d-byte header", path,
                     (long long)sb.st_size, FA_MODEL_HEADER_BYTES);
     }
     if ((uint64_t)sb.st_size > (uint64_t)SIZE_MAX) {
         close(fd);
-        return fail(err, FA_ERR_SIZE_OVERFLOW, "checkpoint '%s' is too large to map", path);
+        return fa_model_fail(err, FA_ERR_SIZE_OVERFLOW, "checkpoint '%s' is too large to map", path);
     }
     size_t bytes = (size_t)sb.st_size;
     void *map = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (map == MAP_FAILED)
-        return fail(err, FA_ERR_OUT_OF_MEMORY, "cannot map checkpoint '%s' (%zu bytes)", path, bytes);
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "cannot map checkpoint '%s' (%zu bytes)", path, bytes);
     return fa_model_adopt(map, bytes, 1, out, err);
 }
 
@@ -247,7 +247,7 @@ void fa_model_free(fa_model *m)
 fa_status fa_model_config_parse(const char *spec, fa_model_config *c, char *err)
 {
     if (!spec || !c)
-        return fail(err, FA_ERR_NULL_POINTER, "config spec is NULL");
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "config spec is NULL");
     /* dim, layers, heads, kv heads, hidden, vocab (negative: separate classifier), seq */
     static const struct {
         const char *name;
@@ -270,7 +270,7 @@ fa_status fa_model_config_parse(const char *spec, fa_model_config *c, char *err)
             char *end;
             long x = strtol(s, &end, 10);
             if (end == s || x < INT32_MIN + 1 || x > INT32_MAX || (i < 6 ? *end != 'x' : *end != 0))
-                return fail(err, FA_ERR_INVALID_SHAPE,
+                return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                             "config '%s' is not 110m, 1b, 7b or "
                             "DIMxLAYERSxHEADSxKVHEADSxHIDDENxVOCABxSEQ",
                             spec);

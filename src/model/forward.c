@@ -4,12 +4,11 @@
  * OpenBLAS sgemm over every token of a chunk (one token: our matvec or
  * sgemv); attention is one fa_forward per layer over the KV cache.
  */
-#include "model.h"
+#include "fail.h"
 
 #include <cblas.h>
 #include <omp.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -30,17 +29,6 @@ struct fa_model_state {
     float *rope;   /* [seq_len, head_size / 2, 2] cos, sin of pos * 10000^(-2i/head_size) */
     fa_model_stats stats;
 };
-
-static fa_status fail(char *err, fa_status st, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, FA_MODEL_ERR_LEN, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
 
 static double now(void)
 {
@@ -76,12 +64,12 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
                                 char *err)
 {
     if (!out)
-        return fail(err, FA_ERR_NULL_POINTER, "out is NULL");
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "out is NULL");
     *out = NULL;
     if (!m || !ctx)
-        return fail(err, FA_ERR_NULL_POINTER, "%s is NULL", !m ? "model" : "ctx");
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "%s is NULL", !m ? "model" : "ctx");
     if (fa_context_backend(ctx) != FA_BACKEND_CPU)
-        return fail(err, FA_ERR_UNSUPPORTED,
+        return fa_model_fail(err, FA_ERR_UNSUPPORTED,
                     "the runner keeps its KV cache in host memory: ctx must be a cpu context, not %s",
                     fa_backend_name(fa_context_backend(ctx)));
     fa_model_state_options o = { 0, FA_ALGORITHM_FLASH, FA_MATVEC_AUTO, NULL, NULL };
@@ -89,20 +77,20 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
         o = *opts;
     const fa_model_config *c = &m->config;
     if (o.max_tokens < 0 || o.max_tokens > c->seq_len)
-        return fail(err, FA_ERR_INVALID_VALUE, "max_tokens (%d) must be in 0..seq_len (%d)",
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "max_tokens (%d) must be in 0..seq_len (%d)",
                     (int)o.max_tokens, (int)c->seq_len);
     if (o.max_tokens == 0)
         o.max_tokens = c->seq_len;
     /* the runner's threads are OpenMP's: OpenBLAS computes single-threaded inside them */
     openblas_set_num_threads(1);
     if (o.algorithm != FA_ALGORITHM_FLASH && o.algorithm != FA_ALGORITHM_STANDARD)
-        return fail(err, FA_ERR_INVALID_VALUE, "algorithm (%d) is neither flash nor standard",
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "algorithm (%d) is neither flash nor standard",
                     (int)o.algorithm);
     if (o.matvec != FA_MATVEC_AUTO && o.matvec != FA_MATVEC_OWN && o.matvec != FA_MATVEC_BLAS)
-        return fail(err, FA_ERR_INVALID_VALUE, "matvec (%d) is not auto, own or blas", (int)o.matvec);
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "matvec (%d) is not auto, own or blas", (int)o.matvec);
     fa_model_state *s = calloc(1, sizeof(*s));
     if (!s)
-        return fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the state");
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the state");
     s->ctx = ctx;
     s->opts = o;
     s->seq_len = c->seq_len;
@@ -128,7 +116,7 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
         !s->rope || !s->kc || !s->vc) {
         int32_t kvd = s->kv_dim;
         fa_model_state_free(s);
-        return fail(err, FA_ERR_OUT_OF_MEMORY,
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY,
                     "out of memory for the state (KV cache of %d layers x %d positions x %d, "
                     "activations of %d tokens)",
                     (int)c->n_layers, (int)c->seq_len, (int)kvd, (int)o.max_tokens);
@@ -274,7 +262,7 @@ static fa_status attention(const fa_model *m, fa_model_state *s, int l, int T, i
     fa_status st = fa_forward(s->ctx, &d);
     s->stats.attention_s += now() - t0;
     if (st != FA_OK)
-        return fail(err, st, "layer %d attention: %s", l, fa_context_last_error(s->ctx));
+        return fa_model_fail(err, st, "layer %d attention: %s", l, fa_context_last_error(s->ctx));
     fa_run_info ri = { .size = sizeof(ri) };
     if (fa_context_last_run(s->ctx, &ri) == FA_OK && ri.workspace_bytes > s->stats.attention_workspace)
         s->stats.attention_workspace = ri.workspace_bytes;
@@ -330,17 +318,17 @@ fa_status fa_model_forward(const fa_model *m, fa_model_state *s, const int32_t *
                            int32_t pos, float **logits, char *err)
 {
     if (!m || !s || !tokens)
-        return fail(err, FA_ERR_NULL_POINTER, "%s is NULL", !m ? "model" : !s ? "state" : "tokens");
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "%s is NULL", !m ? "model" : !s ? "state" : "tokens");
     const fa_model_config *c = &m->config;
     if (s->dim != c->dim || s->seq_len != c->seq_len || s->hidden != c->hidden_dim)
-        return fail(err, FA_ERR_INVALID_ARGUMENT, "state was made for another model");
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "state was made for another model");
     if (n < 1 || pos < 0 || pos > c->seq_len - n)
-        return fail(err, FA_ERR_INVALID_SHAPE,
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                     "positions pos (%d) .. pos + n (%d) must lie in 0..seq_len (%d)", (int)pos,
                     (int)n, (int)c->seq_len);
     for (int32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
-            return fail(err, FA_ERR_INVALID_VALUE, "tokens[%d] (%d) is outside 0..vocab_size-1 (%d)",
+            return fa_model_fail(err, FA_ERR_INVALID_VALUE, "tokens[%d] (%d) is outside 0..vocab_size-1 (%d)",
                         (int)i, (int)tokens[i], (int)c->vocab_size - 1);
     double t0 = now();
     for (int32_t done = 0; done < n;) {

@@ -1,22 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /* Synthetic checkpoints in llama2.c's format: seeded weights for benchmarks of any shape. */
-#include "model.h"
+#include "fail.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-
-static fa_status fail(char *err, fa_status st, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, FA_MODEL_ERR_LEN, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
 
 /* One stretch of the float section: count floats drawn uniformly in [-scale, scale],
  * or a constant (norm gains), or the legacy RoPE table (cos or sin). */
@@ -109,7 +97,7 @@ fa_status fa_model_synth_write(const fa_model_config *c, uint64_t seed, FILE *f,
     if (st != FA_OK)
         return st;
     if (!f)
-        return fail(err, FA_ERR_NULL_POINTER, "file is NULL");
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "file is NULL");
     seg s[14];
     int nseg = segments(c, s);
     int32_t h[7];
@@ -117,7 +105,7 @@ fa_status fa_model_synth_write(const fa_model_config *c, uint64_t seed, FILE *f,
     const uint64_t chunk = 1u << 20;
     float *buf = malloc(chunk * sizeof(float));
     if (!buf)
-        return fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the write buffer");
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the write buffer");
     uint64_t total = (bytes - FA_MODEL_HEADER_BYTES) / 4;
     int ok = fwrite(h, 4, 7, f) == 7;
     for (uint64_t at = 0; ok && at < total; at += chunk) {
@@ -127,14 +115,14 @@ fa_status fa_model_synth_write(const fa_model_config *c, uint64_t seed, FILE *f,
     }
     free(buf);
     if (!ok)
-        return fail(err, FA_ERR_INVALID_ARGUMENT, "writing the checkpoint failed (disk full?)");
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "writing the checkpoint failed (disk full?)");
     return FA_OK;
 }
 
 fa_status fa_model_synth(const fa_model_config *c, uint64_t seed, fa_model **out, char *err)
 {
     if (!out)
-        return fail(err, FA_ERR_NULL_POINTER, "out is NULL");
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "out is NULL");
     *out = NULL;
     uint64_t bytes;
     fa_status st = fa_model_config_check(c, &bytes, err);
@@ -142,7 +130,7 @@ fa_status fa_model_synth(const fa_model_config *c, uint64_t seed, fa_model **out
         return st;
     unsigned char *image = malloc((size_t)bytes);
     if (!image)
-        return fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for a %.2f GiB synthetic checkpoint",
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for a %.2f GiB synthetic checkpoint",
                     (double)bytes / (1u << 30));
     seg s[14];
     int nseg = segments(c, s);

@@ -1,9 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* llama2.c's tokenizer: byte-level BPE with byte fallback, encoded as run.c does. */
-#include "model.h"
+#include "fail.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,17 +19,6 @@ struct fa_tokenizer {
     int16_t *byte_of;  /* [vocab] the byte a "<0xNN>" piece stands for, or -1 */
     char bytes[512];   /* byte b as a NUL-terminated string at bytes[2b] */
 };
-
-static fa_status fail(char *err, fa_status st, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, FA_MODEL_ERR_LEN, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
 
 static int32_t rd_i32(const unsigned char *p)
 {
@@ -97,27 +85,27 @@ fa_status fa_tokenizer_from_memory(const void *data, size_t bytes, int32_t vocab
                                    fa_tokenizer **out, char *err)
 {
     if (!out)
-        return fail(err, FA_ERR_NULL_POINTER, "out is NULL");
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "out is NULL");
     *out = NULL;
     if (!data)
-        return fail(err, FA_ERR_NULL_POINTER, "tokenizer data is NULL");
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "tokenizer data is NULL");
     if (vocab_size < 3)
-        return fail(err, FA_ERR_INVALID_SHAPE,
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                     "vocab_size (%d) must be at least 3: ids 0..2 are <unk>, BOS and EOS",
                     (int)vocab_size);
     const unsigned char *p = data;
     if (bytes < 4)
-        return fail(err, FA_ERR_INVALID_SHAPE,
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                     "tokenizer is %zu bytes, shorter than its 4-byte max_token_length", bytes);
     int32_t maxlen = rd_i32(p);
     if (maxlen < 1 || maxlen > MAX_PIECE)
-        return fail(err, FA_ERR_INVALID_SHAPE, "tokenizer max_token_length (%d) must be in 1..%d",
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "tokenizer max_token_length (%d) must be in 1..%d",
                     (int)maxlen, MAX_PIECE);
     /* First pass: check every record and size the text. */
     size_t at = 4, text = 0;
     for (int32_t id = 0; id < vocab_size; id++) {
         if (bytes - at < 8)
-            return fail(err, FA_ERR_INVALID_SHAPE,
+            return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                         "tokenizer ends inside record %d: it has fewer pieces than the model's "
                         "vocab_size (%d)",
                         (int)id, (int)vocab_size);
@@ -125,29 +113,29 @@ fa_status fa_tokenizer_from_memory(const void *data, size_t bytes, int32_t vocab
         memcpy(&score, p + at, 4);
         int32_t len = rd_i32(p + at + 4);
         if (!isfinite(score))
-            return fail(err, FA_ERR_INVALID_VALUE, "tokenizer score of token %d is not finite",
+            return fa_model_fail(err, FA_ERR_INVALID_VALUE, "tokenizer score of token %d is not finite",
                         (int)id);
         if (len < 0 || len > maxlen)
-            return fail(err, FA_ERR_INVALID_SHAPE,
+            return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                         "tokenizer len of token %d (%d) is outside 0..max_token_length (%d)",
                         (int)id, (int)len, (int)maxlen);
         at += 8;
         if (bytes - at < (size_t)len)
-            return fail(err, FA_ERR_INVALID_SHAPE,
+            return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                         "tokenizer ends inside the piece of token %d (len %d)", (int)id, (int)len);
         at += (size_t)len;
         text += (size_t)len + 1;
         if (text > UINT32_MAX)
-            return fail(err, FA_ERR_SIZE_OVERFLOW, "tokenizer pieces exceed 4 GiB");
+            return fa_model_fail(err, FA_ERR_SIZE_OVERFLOW, "tokenizer pieces exceed 4 GiB");
     }
     if (at != bytes)
-        return fail(err, FA_ERR_INVALID_SHAPE,
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                     "tokenizer has %zu bytes after its last record: it does not match the model's "
                     "vocab_size (%d)",
                     bytes - at, (int)vocab_size);
     fa_tokenizer *t = calloc(1, sizeof(*t));
     if (!t)
-        return fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the tokenizer");
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the tokenizer");
     size_t nv = (size_t)vocab_size;
     t->vocab_size = vocab_size;
     t->max_token_length = maxlen;
@@ -158,7 +146,7 @@ fa_status fa_tokenizer_from_memory(const void *data, size_t bytes, int32_t vocab
     t->byte_of = malloc(nv * sizeof(int16_t));
     if (!t->scores || !t->offset || !t->text || !t->sorted || !t->byte_of) {
         fa_tokenizer_free(t);
-        return fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the tokenizer");
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the tokenizer");
     }
     at = 4;
     uint32_t o = 0;
@@ -194,34 +182,34 @@ fa_status fa_tokenizer_from_memory(const void *data, size_t bytes, int32_t vocab
 fa_status fa_tokenizer_open(const char *path, int32_t vocab_size, fa_tokenizer **out, char *err)
 {
     if (!out)
-        return fail(err, FA_ERR_NULL_POINTER, "out is NULL");
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "out is NULL");
     *out = NULL;
     if (!path)
-        return fail(err, FA_ERR_NULL_POINTER, "path is NULL");
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "path is NULL");
     FILE *f = fopen(path, "rb");
     if (!f)
-        return fail(err, FA_ERR_INVALID_ARGUMENT, "cannot open tokenizer '%s'", path);
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot open tokenizer '%s'", path);
     long n = -1;
     if (fseek(f, 0, SEEK_END) == 0)
         n = ftell(f);
     if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
         fclose(f);
-        return fail(err, FA_ERR_INVALID_ARGUMENT, "cannot read tokenizer '%s'", path);
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot read tokenizer '%s'", path);
     }
     if ((unsigned long)n > (1ul << 30)) {
         fclose(f);
-        return fail(err, FA_ERR_SIZE_OVERFLOW, "tokenizer '%s' is over 1 GiB", path);
+        return fa_model_fail(err, FA_ERR_SIZE_OVERFLOW, "tokenizer '%s' is over 1 GiB", path);
     }
     unsigned char *buf = malloc((size_t)n + 1);
     if (!buf) {
         fclose(f);
-        return fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory reading tokenizer '%s'", path);
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory reading tokenizer '%s'", path);
     }
     size_t got = fread(buf, 1, (size_t)n, f);
     fclose(f);
     fa_status st = got == (size_t)n
                        ? fa_tokenizer_from_memory(buf, got, vocab_size, out, err)
-                       : fail(err, FA_ERR_INVALID_ARGUMENT, "cannot read tokenizer '%s'", path);
+                       : fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot read tokenizer '%s'", path);
     free(buf);
     return st;
 }
@@ -250,16 +238,16 @@ fa_status fa_tokenizer_encode(const fa_tokenizer *t, const char *text, int bos, 
                               int32_t *tokens, int32_t cap, int32_t *n, char *err)
 {
     if (!t || !text || !tokens || !n)
-        return fail(err, FA_ERR_NULL_POINTER, "%s is NULL",
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "%s is NULL",
                     !t ? "tokenizer" : !text ? "text" : !tokens ? "tokens" : "n");
     size_t tl = strlen(text);
     if (tl > (size_t)INT32_MAX - 3 || cap < (int32_t)tl + 3)
-        return fail(err, FA_ERR_INVALID_ARGUMENT,
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
                     "cap (%d) must be at least strlen(text) + 3 (%zu)", (int)cap, tl + 3);
     size_t pair_cap = 2 * (size_t)t->max_token_length;
     char *buf = malloc(pair_cap > 4 ? pair_cap : 4);
     if (!buf)
-        return fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for encoding");
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for encoding");
     int32_t k = 0;
     if (bos)
         tokens[k++] = FA_TOKEN_BOS;
