@@ -126,6 +126,46 @@ static void test_greedy_readme(void **state)
     assert_int_equal(c.ids[3], 261);
 }
 
+/* Generation ends at EOS as at BOS, and emits neither: a model whose every next token is EOS
+ * (attention and FFN outputs zeroed, so the hidden state is the token's embedding, whose
+ * first element is made positive; the final norm keeps only that element; only EOS's row of
+ * the classifier weighs it). */
+static void test_stops_at_eos(void **state)
+{
+    story *s = *state;
+    char err[FA_MODEL_ERR_LEN];
+    const fa_model_config c = { 64, 96, 2, 8, 4, 512, 64, 0 };
+    fa_model *m;
+    assert_int_equal(fa_model_synth(&c, 7, &m, err), FA_OK);
+    float *wo = (float *)m->w.wo, *w2 = (float *)m->w.w2, *rf = (float *)m->w.rms_final;
+    float *emb = (float *)m->w.token_embedding, *cls = (float *)m->w.classifier;
+    memset(wo, 0, sizeof(float) * c.n_layers * c.dim * c.dim);
+    memset(w2, 0, sizeof(float) * c.n_layers * c.dim * c.hidden_dim);
+    for (int i = 0; i < c.dim; i++)
+        rf[i] = i == 0 ? 1.0f : 0.0f;
+    for (int r = 0; r < c.vocab_size; r++)
+        emb[(size_t)r * c.dim] = 1.0f;
+    memset(cls, 0, sizeof(float) * c.vocab_size * c.dim);
+    cls[(size_t)FA_TOKEN_EOS * c.dim] = 1.0f;
+
+    fa_model_state *st;
+    fa_sampler *smp;
+    assert_int_equal(fa_model_state_create(m, s->ctx, NULL, &st, err), FA_OK);
+    assert_int_equal(fa_sampler_create(c.vocab_size, 0.0f, 0.9f, 1, &smp, err), FA_OK);
+    collect col;
+    memset(&col, 0, sizeof(col));
+    fa_generate_stats gs;
+    assert_int_equal(fa_generate(m, s->t, st, smp, "Once upon", 40, on_token, &col, &gs, err), FA_OK);
+    assert_int_equal(gs.generated, 1);    /* EOS sampled right after the prompt */
+    assert_int_equal(gs.decode_steps, 0); /* and nothing run after it */
+    assert_int_equal(col.n, gs.prompt_tokens - 1); /* the prompt's tokens after BOS only */
+    for (int i = 0; i < col.n; i++)
+        assert_int_not_equal(col.ids[i], FA_TOKEN_EOS);
+    fa_sampler_free(smp);
+    fa_model_state_free(st);
+    fa_model_free(m);
+}
+
 static void test_encode_prompt(void **state)
 {
     story *s = *state;
@@ -442,6 +482,7 @@ int main(void)
            (unsigned long long)seed);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_readme),
+        cmocka_unit_test(test_stops_at_eos),
         cmocka_unit_test(test_encode_prompt),
         cmocka_unit_test(test_tokenizer_roundtrip),
         cmocka_unit_test(test_prefill_equals_decode),

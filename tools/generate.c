@@ -14,7 +14,7 @@ static const char *gen_help =
     "streaming it to stdout as it is produced; attention runs through fa_forward (the whole\n"
     "prompt in one causal prefill, then one query per step against the KV cache). At the\n"
     "end, stderr gets the prompt tokens, prefill ms and tok/s, and decode tok/s. Steps count\n"
-    "the prompt (BOS included), as llama2.c's run.c does; generation stops at BOS.\n"
+    "the prompt (BOS included), as llama2.c's run.c does; generation stops at BOS or EOS.\n"
     "\n"
     "  --model PATH          checkpoint                  [" FA_MODELS_DIR "/stories260K.bin]\n"
     "  --tokenizer PATH      tokenizer                   [" FA_MODELS_DIR "/tok512.bin]\n"

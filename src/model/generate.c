@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Generation as llama2.c's run.c: BOS + prompt, `steps` forwards in all, stop at BOS. */
+/* Generation as llama2.c's run.c: BOS + prompt, `steps` forwards in all; stops when BOS is
+ * sampled, as run.c does, and at EOS (the end of a sequence) as well. */
 #include "model.h"
 
 #include <stdlib.h>
@@ -69,7 +70,7 @@ fa_status fa_generate(const fa_model *m, const fa_tokenizer *t, fa_model_state *
     int32_t token = fa_sampler_sample(smp, logits);
     for (;;) {
         stats->generated++;
-        if (token == FA_TOKEN_BOS)
+        if (token == FA_TOKEN_BOS || token == FA_TOKEN_EOS)
             break;
         size_t len;
         const char *txt = fa_tokenizer_decode(t, prev, token, &len);
