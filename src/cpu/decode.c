@@ -196,6 +196,43 @@ static void merge(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_
     fa_cpu_store_out(kern, p, &cc, acc, dim, m, l);
 }
 
+/* One call's decode: its tasks (sequence, chunk, head group), then the merges. */
+typedef struct decode_job {
+    const fa_cpu_kernels *kern;
+    const fa_problem *p;
+    const fa_cpu_plan *pl;
+    float *ws;
+    size_t per;
+    float *slots;
+    int64_t slot_floats;
+    const int64_t *first;
+    const int32_t *slot_b;
+    int32_t groups;
+} decode_job;
+
+/* The loops of thread tid; inside a parallel region the iterations are shared out, outside
+ * one (a single thread) they all run here. */
+static void decode_tasks(const decode_job *j, int tid)
+{
+    const fa_problem *p = j->p;
+    const int64_t nt = j->pl->task_count, pairs = (int64_t)p->batch * p->heads_kv;
+    dbufs bf;
+    carve(j->kern, p, j->pl, j->ws + (size_t)tid * j->per, &bf);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < nt; t++) {
+        int64_t sl = t / j->groups;
+        int32_t b = j->slot_b[sl];
+        run_task(j->kern, p, j->pl, b, sl - j->first[b], (int32_t)(t % j->groups) * j->pl->decode_heads,
+                 j->slots + sl * j->slot_floats, &bf);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < pairs; i++) {
+        int32_t b = (int32_t)(i / p->heads_kv), hk = (int32_t)(i % p->heads_kv);
+        merge(j->kern, p, j->pl, b, hk, j->slots + j->first[b] * j->slot_floats,
+              j->first[b + 1] - j->first[b], &bf);
+    }
+}
+
 /* bytes rounded up to whole 64-byte lines */
 static size_t lines(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
@@ -235,27 +272,20 @@ fa_status fa_cpu_decode_forward(fa_context_t ctx, fa_cpu_state *s, const fa_prob
         for (int64_t k = first[b]; k < first[b + 1]; k++)
             slot_b[k] = b;
     }
-    const int64_t nt = pl->task_count, pairs = (int64_t)p->batch * p->heads_kv;
+    const decode_job job = { kern, p, pl, ws, per, slots, slot_floats, first, slot_b, groups };
+    if (pl->threads == 1) {
+        /* one thread: no parallel region (entering even a one-thread region costs a futex
+         * call per region in libgomp, a measurable share of a small model's decode step) */
+        decode_tasks(&job, 0);
+        return FA_OK;
+    }
 #pragma omp parallel num_threads(pl->threads)
     {
         int tid = 0;
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        dbufs bf;
-        carve(kern, p, pl, ws + (size_t)tid * per, &bf);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < nt; t++) {
-            int64_t sl = t / groups;
-            int32_t b = slot_b[sl];
-            run_task(kern, p, pl, b, sl - first[b], (int32_t)(t % groups) * pl->decode_heads,
-                     slots + sl * slot_floats, &bf);
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t i = 0; i < pairs; i++) {
-            int32_t b = (int32_t)(i / p->heads_kv), hk = (int32_t)(i % p->heads_kv);
-            merge(kern, p, pl, b, hk, slots + first[b] * slot_floats, first[b + 1] - first[b], &bf);
-        }
+        decode_tasks(&job, tid);
     }
     return FA_OK;
 }
