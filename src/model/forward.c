@@ -161,10 +161,22 @@ static float dot(const float *r, const float *x, int n)
     return acc;
 }
 
+/* Whether T rows of n elements are worth OpenMP threads. Below that the loops run without a
+ * parallel region at all: entering even a one-thread region costs libgomp a futex call, and
+ * a small model's decode step runs dozens of such loops. */
+static int threaded(long T, long n) { return T * n >= (1l << 15); }
+
 /* y[i] (+)= w[i, :] . x for one token, rows split over threads when there is enough work */
 static void matvec_own(float *y, const float *x, const float *w, int out, int in, int accumulate)
 {
-#pragma omp parallel for schedule(static) if ((long)out * in >= (1l << 16))
+    if (!threaded(2l * out, in)) {
+        for (int i = 0; i < out; i++) {
+            float acc = dot(w + (size_t)i * (size_t)in, x, in);
+            y[i] = accumulate ? y[i] + acc : acc;
+        }
+        return;
+    }
+#pragma omp parallel for schedule(static)
     for (int i = 0; i < out; i++) {
         float acc = dot(w + (size_t)i * (size_t)in, x, in);
         y[i] = accumulate ? y[i] + acc : acc;
@@ -180,7 +192,12 @@ static void gemm_split(float *y, int ldy, const float *x, const float *w, int T,
                        int accumulate)
 {
     const int chunks = (long)T * out * in >= (1l << 20) ? omp_get_max_threads() : 1;
-#pragma omp parallel for schedule(static) if (chunks > 1)
+    if (chunks == 1) { /* no parallel region for a single piece (see threaded()) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, out, in, 1.0f, x, in, w, in,
+                    accumulate ? 1.0f : 0.0f, y, ldy);
+        return;
+    }
+#pragma omp parallel for schedule(static)
     for (int c = 0; c < chunks; c++) {
         const int o0 = (int)((long)out * c / chunks / 16 * 16);
         const int o1 = c + 1 == chunks ? out : (int)((long)out * (c + 1) / chunks / 16 * 16);
@@ -205,37 +222,66 @@ static void project(const fa_model_state *s, float *y, int ldy, const float *x, 
         gemm_split(y, ldy, x, w, T, out, in, accumulate);
 }
 
+/* o = x * g / sqrt(mean(x^2) + 1e-5) for one row of n */
+static void rmsnorm_row(float *o, const float *x, const float *g, int n)
+{
+    float ss = 0.0f;
+    for (int j = 0; j < n; j++)
+        ss += x[j] * x[j];
+    ss = 1.0f / sqrtf(ss / (float)n + 1e-5f);
+    for (int j = 0; j < n; j++)
+        o[j] = g[j] * (ss * x[j]);
+}
+
 /* o[T, n] = x * g / sqrt(mean(x^2) + 1e-5), row by row */
 static void rmsnorm(float *o, const float *x, const float *g, int T, int n)
 {
-#pragma omp parallel for schedule(static) if ((long)T * n >= (1l << 15))
-    for (int t = 0; t < T; t++) {
-        const float *xr = x + (size_t)t * n;
-        float *orow = o + (size_t)t * n;
-        float ss = 0.0f;
-        for (int j = 0; j < n; j++)
-            ss += xr[j] * xr[j];
-        ss = 1.0f / sqrtf(ss / (float)n + 1e-5f);
-        for (int j = 0; j < n; j++)
-            orow[j] = g[j] * (ss * xr[j]);
+    if (!threaded(T, n)) {
+        for (int t = 0; t < T; t++)
+            rmsnorm_row(o + (size_t)t * n, x + (size_t)t * n, g, n);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++)
+        rmsnorm_row(o + (size_t)t * n, x + (size_t)t * n, g, n);
+}
+
+/* Rotate adjacent pairs of each head of row r (width n) by the angles cs of its position. */
+static void rope_row(const fa_model_state *s, float *r, const float *cs, int n)
+{
+    for (int j = 0; j < n; j += 2) {
+        int i = (j % s->head_size) / 2;
+        float c = cs[2 * i], sn = cs[2 * i + 1], a = r[j], b = r[j + 1];
+        r[j] = a * c - b * sn;
+        r[j + 1] = a * sn + b * c;
     }
 }
 
 /* Rotate adjacent pairs of each head of T rows (row pitch ld, width n) at positions pos.. */
 static void rope(const fa_model_state *s, float *v, int64_t ld, int T, int n, int pos)
 {
-    int half = s->head_size / 2;
-#pragma omp parallel for schedule(static) if ((long)T * n >= (1l << 15))
-    for (int t = 0; t < T; t++) {
-        const float *cs = s->rope + (size_t)(pos + t) * half * 2;
-        float *r = v + (size_t)t * (size_t)ld;
-        for (int j = 0; j < n; j += 2) {
-            int i = (j % s->head_size) / 2;
-            float c = cs[2 * i], sn = cs[2 * i + 1], a = r[j], b = r[j + 1];
-            r[j] = a * c - b * sn;
-            r[j + 1] = a * sn + b * c;
-        }
+    const size_t step = (size_t)(s->head_size / 2) * 2;
+    if (!threaded(T, n)) {
+        for (int t = 0; t < T; t++)
+            rope_row(s, v + (size_t)t * (size_t)ld, s->rope + (size_t)(pos + t) * step, n);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++)
+        rope_row(s, v + (size_t)t * (size_t)ld, s->rope + (size_t)(pos + t) * step, n);
+}
+
+/* hb = silu(hb) * hb2 over n elements */
+static void swiglu(float *hb, const float *hb2, size_t n)
+{
+    if (!threaded(1, (long)n)) {
+        for (size_t i = 0; i < n; i++)
+            hb[i] = hb[i] / (1.0f + expf(-hb[i])) * hb2[i];
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        hb[i] = hb[i] / (1.0f + expf(-hb[i])) * hb2[i];
 }
 
 static fa_status attention(const fa_model *m, fa_model_state *s, int l, int T, int pos, char *err)
@@ -298,12 +344,7 @@ static fa_status forward_chunk(const fa_model *m, fa_model_state *s, const int32
         rmsnorm(s->xb, s->x, w->rms_ffn + (size_t)l * dim, T, dim);
         project(s, s->hb, hid, s->xb, w->w1 + l * hd, T, hid, dim, 0);
         project(s, s->hb2, hid, s->xb, w->w3 + l * hd, T, hid, dim, 0);
-        size_t n = (size_t)T * hid;
-#pragma omp parallel for schedule(static) if (n >= (1u << 15))
-        for (size_t i = 0; i < n; i++) {
-            float g = s->hb[i];
-            s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i];
-        }
+        swiglu(s->hb, s->hb2, (size_t)T * hid);
         project(s, s->x, dim, s->hb, w->w2 + l * hd, T, dim, hid, 1);
         if (s->opts.progress)
             s->opts.progress(s->opts.progress_user, l + 1, c->n_layers);
