@@ -434,17 +434,25 @@ static void test_memory_and_stream(void **state)
     fa_context_destroy(ctx);
 }
 
+/* A GLES context, or the test skipped where there is none (not built in, or no GLES 3.1
+ * driver reachable). */
+static fa_context_t gles_context(void)
+{
+    fa_context_t gl = NULL;
+    fa_context_options o = { sizeof(o), FA_BACKEND_GLES, 0 };
+    fa_status st = fa_context_create(&o, &gl);
+    if (st == FA_ERR_BACKEND_UNAVAILABLE)
+        skip();
+    assert_int_equal(st, FA_OK);
+    return gl;
+}
+
 /* The GLES backend (where a GLES 3.1 driver is reachable): host tensors in and out, the
  * same results as the CPU; dropout and the backward refused, naming them, outputs untouched. */
 static void test_gles_backend(void **state)
 {
     fixture *f = *state;
-    fa_context_t gl;
-    fa_context_options o = { sizeof(o), FA_BACKEND_GLES, 0 };
-    fa_status st = fa_context_create(&o, &gl);
-    if (st == FA_ERR_BACKEND_UNAVAILABLE)
-        skip(); /* not built in, or no GLES 3.1 driver here */
-    assert_int_equal(st, FA_OK);
+    fa_context_t gl = gles_context();
     static float o_cpu[B * SQ * HQ * D], lse_cpu[B * HQ * SQ];
     f->d.causal = 1;
     assert_int_equal(fa_forward(f->ctx, &f->d), FA_OK);
@@ -481,12 +489,7 @@ static void test_gles_backend(void **state)
 static void test_gles_buffers(void **state)
 {
     fixture *f = *state;
-    fa_context_t gl;
-    fa_context_options o = { sizeof(o), FA_BACKEND_GLES, 0 };
-    fa_status st = fa_context_create(&o, &gl);
-    if (st == FA_ERR_BACKEND_UNAVAILABLE)
-        skip();
-    assert_int_equal(st, FA_OK);
+    fa_context_t gl = gles_context();
     static float o_host[B * SQ * HQ * D], lse_host[B * HQ * SQ], o_gl[B * SQ * HQ * D], lse_gl[B * HQ * SQ];
     f->d.causal = 1;
     assert_int_equal(fa_forward(gl, &f->d), FA_OK);

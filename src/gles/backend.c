@@ -595,12 +595,12 @@ static fa_status gles_mem_alloc(fa_context_t ctx, void *state, size_t bytes, voi
         munmap(base, reserved);
         return st;
     }
+    /* whole 16-byte words: the shaders reach 16-bit elements through the 32-bit word holding them */
+    const size_t gl_bytes = bytes ? (bytes + 15) / 16 * 16 : 16;
     GLuint name = 0;
     glGenBuffers(1, &name);
     glBindBuffer(GL_SHADER_STORAGE_BUFFER, name);
-    /* whole 16-byte words: the shaders reach 16-bit elements through the 32-bit word holding them */
-    glBufferData(GL_SHADER_STORAGE_BUFFER, (GLsizeiptr)((bytes + 15) / 16 * 16 + (bytes ? 0 : 16)), NULL,
-                 GL_DYNAMIC_COPY);
+    glBufferData(GL_SHADER_STORAGE_BUFFER, (GLsizeiptr)gl_bytes, NULL, GL_DYNAMIC_COPY);
     if (glGetError() != GL_NO_ERROR) {
         glDeleteBuffers(1, &name);
         release_current(s);
@@ -608,8 +608,7 @@ static fa_status gles_mem_alloc(fa_context_t ctx, void *state, size_t bytes, voi
         return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "creating a GL buffer of %zu bytes failed", bytes);
     }
     release_current(s);
-    s->mem[s->n_mem++] = (gl_mem){ base, bytes, reserved, (bytes + 15) / 16 * 16 + (bytes ? 0 : 16),
-                                   name, 1 };
+    s->mem[s->n_mem++] = (gl_mem){ base, bytes, reserved, gl_bytes, name, 1 };
     *ptr = base;
     return FA_OK;
 }

@@ -166,21 +166,24 @@ static float dot(const float *r, const float *x, int n)
  * a small model's decode step runs dozens of such loops. */
 static int threaded(long T, long n) { return T * n >= (1l << 15); }
 
+/* y[i] (+)= w[i, :] . x for one row */
+static void matvec_row(float *y, const float *x, const float *w, int i, int in, int accumulate)
+{
+    float acc = dot(w + (size_t)i * (size_t)in, x, in);
+    y[i] = accumulate ? y[i] + acc : acc;
+}
+
 /* y[i] (+)= w[i, :] . x for one token, rows split over threads when there is enough work */
 static void matvec_own(float *y, const float *x, const float *w, int out, int in, int accumulate)
 {
     if (!threaded(2l * out, in)) {
-        for (int i = 0; i < out; i++) {
-            float acc = dot(w + (size_t)i * (size_t)in, x, in);
-            y[i] = accumulate ? y[i] + acc : acc;
-        }
+        for (int i = 0; i < out; i++)
+            matvec_row(y, x, w, i, in, accumulate);
         return;
     }
 #pragma omp parallel for schedule(static)
-    for (int i = 0; i < out; i++) {
-        float acc = dot(w + (size_t)i * (size_t)in, x, in);
-        y[i] = accumulate ? y[i] + acc : acc;
-    }
+    for (int i = 0; i < out; i++)
+        matvec_row(y, x, w, i, in, accumulate);
 }
 
 /* y[T, out] (row pitch ldy) (+)= x[T, in] w[out, in]^T with the output columns split over
