@@ -265,13 +265,17 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
     if (backward)
         c->dsum_bytes = sizeof(float) * (size_t)(k->rows * p->heads_q);
     if (c->hb && d->algorithm != FA_ALGORITHM_STANDARD) {
-        /* dQ in float32 ([heads_q, rows, dim]) and a counter per (sequence, head, query tile) */
-        int64_t n, qtiles = ((int64_t)p->max_q + c->hb->q_step - 1) / c->hb->q_step;
-        if (!fa_mul_ok(k->rows, p->heads_q, &n) || !fa_mul_ok(n, c->tl->dim * 4, &n))
+        /* dQ in float32, a block of q_step x dim per (head, query tile) with a tile of room per
+         * sequence (varlen sequences start anywhere), and a counter per (sequence, head, query
+         * tile) */
+        const int64_t step = c->hb->q_step, qtiles = ((int64_t)p->max_q + step - 1) / step;
+        const int64_t htiles = (k->rows + step - 1) / step + p->batch;
+        int64_t n;
+        if (htiles > INT32_MAX || !fa_mul_ok(htiles, p->heads_q, &n) || !fa_mul_ok(n, step * c->tl->dim * 4, &n))
             return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "the backward's dQ accumulator overflows 64 bits");
         c->acc_bytes = (size_t)n;
         c->sem_bytes = (sizeof(int) * (size_t)p->batch * p->heads_q * qtiles + 255) / 256 * 256;
-        k->dq_pitch = c->tl->dim;
+        k->dq_htiles = (int32_t)htiles;
         k->dq_tiles = (int32_t)qtiles;
     }
     if (d->algorithm == FA_ALGORITHM_STANDARD) {
@@ -397,7 +401,7 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
     }
     fa_cuda_params *k = &c.kp;
     char *at = ws;
-    if (c.acc_bytes) { /* first: the float2 adds want 8-byte alignment */
+    if (c.acc_bytes) { /* first: the bulk adds want 16-byte alignment */
         k->dq_acc = (float *)at;
         k->dq_sem = (int *)(at + c.acc_bytes);
         at += c.acc_bytes + c.sem_bytes;

@@ -15,12 +15,13 @@ template <int STAGES> struct stage_ring {
     uint64_t full[STAGES], empty[STAGES];
 };
 
-// Set up by one thread before the block barrier: full counts the loading warpgroup's 128
-// threads, empty the consumers' warps.
-template <int STAGES> __device__ __forceinline__ void ring_init(stage_ring<STAGES> &ring, int warps)
+// Set up by one thread before the block barrier: full counts the loading threads, empty the
+// consumers' warps.
+template <int STAGES>
+__device__ __forceinline__ void ring_init(stage_ring<STAGES> &ring, int loaders, int warps)
 {
     for (int i = 0; i < STAGES; i++) {
-        mbar_init(&ring.full[i], 128);
+        mbar_init(&ring.full[i], loaders);
         mbar_init(&ring.empty[i], warps);
     }
 }
@@ -85,11 +86,40 @@ __device__ __forceinline__ void store_acc(const fa_cuda_view &v, const float (&a
     }
 }
 
-// One ring stage: BQ query rows of Q and dO, then their lse and D.
+// One ring stage: BQ query rows of Q and dO (their lse and D sit in a separate array of stages,
+// so that the tiles stay 1024-byte aligned without padding).
 template <int D, int BQ> struct kv_stage {
-    static constexpr int tile = BQ * D * 2;                     // Q, then dO
-    static constexpr int bytes = (2 * tile + 8 * BQ + 1023) / 1024 * 1024; // + lse, D
+    static constexpr int tile = BQ * D * 2; // Q, then dO
+    static constexpr int bytes = 2 * tile;
+    static constexpr int stats = 2 * BQ;    // floats: lse, then D
 };
+
+// dQ's columns: at d128 each warpgroup takes half of them every step (the whole would not fit
+// in registers beside dK and dV); below, each warpgroup takes all of them in alternate steps
+// (measured faster at d64: 183 against 174 TFLOP/s fwd+bwd, s16k).
+template <int D> __host__ __device__ constexpr bool bwd_split() { return D >= 128; }
+
+// The float32 dQ accumulator: one block of 64 x D floats per (head, query tile), query tile
+// i of sequence b at dq_tile_base + i, where the base leaves a tile of room per sequence so
+// that varlen sequences need not start on a tile boundary. Inside a block the values lie in
+// the order the consumers hold them, so that they stage them in shared memory with 16-byte
+// stores free of bank conflicts and hand them to one bulk add: the float4 at
+// ((c / 8) * 4 + r / 16) * 32 + lane holds rows r, r + 8 (r = 16 w + lane / 4) and columns
+// c, c + 1 (c = 8 k + 2 (lane % 4)).
+constexpr int kDqRows = 64;
+__device__ __forceinline__ int64_t dq_tile_base(const fa_cuda_params &p, const seq_t &s, int b)
+{
+    return (s.q_base * p.seqlen_q + s.q0) / kDqRows + b;
+}
+
+// The dQ hand-over inside a block: each consumer warpgroup stages its share of a step's dQ in
+// one of NB buffers of its own (full: its 4 warps have written it; empty: the writer's bulk
+// add has read it); the loading warpgroup's last warp adds the step's shares in order.
+template <int NB> struct dq_bars {
+    uint64_t full[2][NB], empty[2][NB];
+};
+// dQ staging buffers per consumer warpgroup: one at d128 (shared memory is full), two below.
+template <int D> __host__ __device__ constexpr int dq_buffers() { return D >= 128 ? 1 : 2; }
 
 // ---- One block per (key tile of 128 keys, kv head, sequence) computes
 // dK and dV of its keys and adds its share dS K of every query tile's dQ into a float32
@@ -146,33 +176,38 @@ __device__ __forceinline__ void stsm_x4_t(uint32_t addr, const uint32_t (&r)[4])
                  : "memory");
 }
 
+// Shared memory: K, V, two dS tiles, the ring's Q / dO tiles, their statistics, and the dQ
+// staging buffers ([warpgroup][buffer]).
 template <int D, int BQ> struct bwd_smem {
     static constexpr int BN = 128;
     static constexpr int kv = BN * D * 2;  // K, then V
     static constexpr int ds = BQ * BN * 2; // one dS tile; two alternate
+    static constexpr int dq = BQ * (bwd_split<D>() ? D / 2 : D) * 4;
     static constexpr size_t bytes(int stages)
     {
-        return 1024 + 2 * (size_t)kv + 2 * (size_t)ds + stages * (size_t)kv_stage<D, BQ>::bytes;
+        using S = kv_stage<D, BQ>;
+        return 1024 + 2 * (size_t)kv + 2 * (size_t)ds + stages * (size_t)(S::bytes + 4 * S::stats) +
+               2 * dq_buffers<D>() * (size_t)dq;
     }
 };
 
 template <typename T, int D, int BQ, int STAGES, bool DROPOUT, bool SPLIT>
 __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STAGES> &ring,
+                                           dq_bars<dq_buffers<D>()> &bars,
                                            const block_t &blk, const seq_t &s, const mask_t &mk,
                                            int c0, int m_lo, int nm, int iters, unsigned char *sK,
                                            unsigned char *sV, unsigned char *sDS,
-                                           unsigned char *ring_mem, int wg)
+                                           unsigned char *ring_mem, const float *stats,
+                                           unsigned char *sDQ, int wg)
 {
     constexpr int BN = 128, NQ = BQ / 8, ND = D / 8;
     static_assert(BQ == 64, "dQ's product takes the step's 64 query rows as its M");
     constexpr bool OVERLAP = D + 3 * BQ / 2 <= 176;
-    // dQ's columns: SPLIT, half each every step (at d128 the whole would not fit in registers
-    // beside dK and dV); else all of them by each warpgroup in turn
-    constexpr int DQN = SPLIT ? D / 2 : D;
+    constexpr int DQN = SPLIT ? D / 2 : D; // dQ columns per warpgroup and step
+    constexpr int NB = dq_buffers<D>();
     using S = kv_stage<D, BQ>;
     using F = bwd_smem<D, BQ>;
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int tid = threadIdx.x % 128;
     const int hk = blk.h;
     const int j0 = c0 + wg * 64 + warp * 16; // this warp's first key
     if (iters > 0) {
@@ -205,7 +240,7 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
         const bwd_step_t fs = bwd_step(it, hk, p.group, m_lo, nm);
         const int st = it % STAGES, h = fs.h, mi = fs.mi, i0 = mi * BQ;
         const uint32_t qa = ra + st * S::bytes, oa = qa + S::tile;
-        const float *sl = reinterpret_cast<const float *>(ring_mem + st * S::bytes + 2 * S::tile);
+        const float *sl = stats + st * S::stats;
         mbar_wait(&ring.full[st], (it / STAGES) & 1);
         wgmma_fence();
         wg_gemm_nt<T, D, BN, BQ>(sf, ka, qa);  // S^T = K Q^T
@@ -272,28 +307,18 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
         wg_gemm_sn<T, DQN, BN, BQ, BN>(dq, dst, smem_addr(sK) + (c0 / 64) * BN * 128 + (c0 % 64) * 2);
         wgmma_wait<0>();
         reg_fence(dq);
-        // add it after the key tiles before this one have added theirs, then count it
-        int *sem = p.dq_sem + ((int64_t)blk.b * p.heads_q + h) * p.dq_tiles + mi;
-        const int turn = tiles_before<BN, BQ>(mk, s, blk.tile, mi) * (SPLIT ? 2 : 1);
-        if (tid == 0)
-            while (ld_acquire(sem) < turn) {
-            }
-        named_barrier(1 + wg, 128);
-        float *acc = p.dq_acc + ((int64_t)h * p.rows + s.q_base * p.seqlen_q + s.q0) * p.dq_pitch +
-                     (SPLIT ? wg * DQN : 0);
+        // staged for the writer in the accumulator's order, once its last add has read the buffer
+        const int kq = SPLIT ? it : it / 2, nb = kq % NB;
+        if (kq >= NB)
+            mbar_wait(&bars.empty[wg][nb], (kq / NB - 1) & 1);
+        float4 *buf = reinterpret_cast<float4 *>(sDQ + nb * F::dq);
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int r = i0 + warp * 16 + g + hf * 8;
-            if (r < s.sq)
-#pragma unroll
-                for (int dt = 0; dt < DQN / 8; dt++)
-                    red_add2(acc + (int64_t)r * p.dq_pitch + dt * 8 + 2 * t, dq[4 * dt + 2 * hf],
-                             dq[4 * dt + 2 * hf + 1]);
-        }
-        __threadfence();
-        named_barrier(1 + wg, 128);
-        if (tid == 0)
-            red_release_add(sem, 1);
+        for (int dt = 0; dt < DQN / 8; dt++)
+            buf[(dt * 4 + warp) * 32 + lane] = make_float4(dq[4 * dt], dq[4 * dt + 1], dq[4 * dt + 2], dq[4 * dt + 3]);
+        fence_async_smem();
+        __syncwarp();
+        if (lane == 0)
+            mbar_arrive(&bars.full[wg][nb]);
     }
     if (OVERLAP && iters > 0) {
         const uint32_t pq = ra + ((iters - 1) % STAGES) * S::bytes;
@@ -308,6 +333,42 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
     store_acc<T, D>(p.dv, dv, s, true, hk, j0, s.sk, p.dim, p.dropout_scale, g, t);
 }
 
+// The writer (one thread): every step's staged dQ shares, in step order, added into the
+// accumulator by bulk adds once the key tiles before this one have added theirs (the
+// counter), the buffers handed back as soon as the adds have read them, and the step counted
+// once its adds have been performed.
+template <int D, int BQ, bool SPLIT>
+__device__ __forceinline__ void dq_writer(const fa_cuda_params &p, dq_bars<dq_buffers<D>()> &bars,
+                                          const block_t &blk, const seq_t &s, const mask_t &mk, int m_lo,
+                                          int nm, int iters, const unsigned char *sDQ)
+{
+    constexpr int BN = 128, DQN = SPLIT ? D / 2 : D, NB = dq_buffers<D>();
+    using F = bwd_smem<D, BQ>;
+    const int64_t base = dq_tile_base(p, s, blk.b);
+    for (int it = 0; it < iters; it++) {
+        const bwd_step_t fs = bwd_step(it, blk.h, p.group, m_lo, nm);
+        const int w0 = SPLIT ? 0 : it % 2, w1 = SPLIT ? 2 : w0 + 1, kq = SPLIT ? it : it / 2, nb = kq % NB;
+        int *sem = p.dq_sem + ((int64_t)blk.b * p.heads_q + fs.h) * p.dq_tiles + fs.mi;
+        const int turn = tiles_before<BN, BQ>(mk, s, blk.tile, fs.mi);
+        for (int w = w0; w < w1; w++)
+            mbar_wait(&bars.full[w][nb], (kq / NB) & 1);
+        while (ld_acquire(sem) < turn) {
+        }
+        fence_async_all();
+        float *acc = p.dq_acc + ((int64_t)fs.h * p.dq_htiles + base + fs.mi) * kDqRows * D;
+        for (int w = w0; w < w1; w++)
+            bulk_reduce_add_f32(acc + (SPLIT ? w * BQ * DQN : 0), smem_addr(sDQ + (w * NB + nb) * F::dq),
+                                BQ * DQN * 4);
+        bulk_commit();
+        bulk_wait_read_all();
+        for (int w = w0; w < w1; w++)
+            mbar_arrive(&bars.empty[w][nb]);
+        bulk_wait_all();
+        fence_async_all();
+        red_release_add(sem, 1);
+    }
+}
+
 template <typename T, int D, int BQ, int STAGES, bool DROPOUT, bool SPLIT>
 __global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
 {
@@ -317,8 +378,12 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
     using F = bwd_smem<D, BQ>;
     extern __shared__ unsigned char smem_raw[];
     __shared__ stage_ring<STAGES> ring;
+    constexpr int NB = dq_buffers<D>();
+    __shared__ dq_bars<NB> bars;
     unsigned char *sK = align1024(smem_raw), *sV = sK + F::kv, *sDS = sV + F::kv;
     unsigned char *ring_mem = sDS + 2 * F::ds;
+    float *stats = reinterpret_cast<float *>(ring_mem + STAGES * S::bytes);
+    unsigned char *sDQ = reinterpret_cast<unsigned char *>(stats + STAGES * S::stats);
 
     const block_t blk = block_of((p.max_k + BN - 1) / BN, p.heads_kv, false);
     const seq_t s = seq_of(p, blk.b);
@@ -330,23 +395,35 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
     kv_span<BN, BQ>(mk, s, blk.tile, m_lo, nm);
     const int iters = nm * p.group;
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0); // uniform to the compiler
-    if (threadIdx.x == 0)
-        ring_init(ring, 8);
+    constexpr int LOADERS = 96; // the loading warpgroup's first three warps; the last adds dQ
+    if (threadIdx.x == 0) {
+        ring_init(ring, LOADERS, 8);
+        for (int w = 0; w < 2; w++)
+            for (int i = 0; i < NB; i++) {
+                mbar_init(&bars.full[w][i], 4);
+                mbar_init(&bars.empty[w][i], 1);
+            }
+    }
     __syncthreads();
     if (wg == 2) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
         const int tid = threadIdx.x % 128;
+        if (tid >= LOADERS) {
+            if (tid == LOADERS)
+                dq_writer<D, BQ, SPLIT>(p, bars, blk, s, mk, m_lo, nm, iters, sDQ);
+            return;
+        }
         fill_ring(ring, iters, [&](int it, int st) {
             const bwd_step_t fs = bwd_step(it, blk.h, p.group, m_lo, nm);
             const int h = fs.h, i0 = fs.mi * BQ;
             unsigned char *base = ring_mem + st * S::bytes;
-            load_tile_sw<T, BQ, D, 128>(base, (const T *)p.q.p + row_off(p.q, s, false, h, i0),
+            load_tile_sw<T, BQ, D, LOADERS>(base, (const T *)p.q.p + row_off(p.q, s, false, h, i0),
                                         p.q.ss, s.sq - i0, p.dim, p.aligned, tid);
-            load_tile_sw<T, BQ, D, 128>(base + S::tile,
+            load_tile_sw<T, BQ, D, LOADERS>(base + S::tile,
                                         (const T *)p.dout.p + row_off(p.dout, s, false, h, i0),
                                         p.dout.ss, s.sq - i0, p.dim, p.aligned, tid);
-            float *sl = reinterpret_cast<float *>(base + 2 * S::tile);
-            for (int x = tid; x < BQ; x += 128) {
+            float *sl = stats + st * S::stats;
+            for (int x = tid; x < BQ; x += LOADERS) {
                 const bool ok = i0 + x < s.sq;
                 cp_async4(sl + x, ok ? p.lse + lse_index(p, s, h, i0 + x) : p.lse, ok ? 4 : 0);
                 cp_async4(sl + BQ + x,
@@ -357,22 +434,33 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
         });
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<2>::value));
-        bwd_rows<T, D, BQ, STAGES, DROPOUT, SPLIT>(p, ring, blk, s, mk, c0, m_lo, nm, iters, sK, sV, sDS, ring_mem,
-                                     wg);
+        bwd_rows<T, D, BQ, STAGES, DROPOUT, SPLIT>(p, ring, bars, blk, s, mk, c0, m_lo, nm, iters, sK, sV,
+                                                   sDS, ring_mem, stats, sDQ + wg * NB * F::dq, wg);
     }
 #endif
 }
 
-// dq = scale * the float32 accumulator, one block per (64 query rows, head, sequence).
-template <typename T> __global__ void __launch_bounds__(256) dq_store(const fa_cuda_params p)
+// dq = scale * the float32 accumulator, one block per (query tile, head, sequence).
+template <typename T, int D> __global__ void __launch_bounds__(256) dq_store(const fa_cuda_params p)
 {
-    const block_t blk = block_of((p.max_q + 63) / 64, p.heads_q, false);
+    const block_t blk = block_of((p.max_q + kDqRows - 1) / kDqRows, p.heads_q, false);
     const seq_t s = seq_of(p, blk.b);
-    const int r0 = blk.tile * 64, rows = min(64, s.sq - r0);
-    const float *acc = p.dq_acc + ((int64_t)blk.h * p.rows + s.q_base * p.seqlen_q + s.q0 + r0) * p.dq_pitch;
-    for (int x = threadIdx.x; x < rows * p.dim; x += 256) {
-        const int r = x / p.dim, c = x % p.dim;
-        store<T>(p.dq, row_off(p.dq, s, false, blk.h, r0 + r) + c, acc[(int64_t)r * p.dq_pitch + c] * p.scale);
+    const int r0 = blk.tile * kDqRows;
+    if (r0 >= s.sq)
+        return;
+    const float4 *acc = reinterpret_cast<const float4 *>(
+        p.dq_acc + ((int64_t)blk.h * p.dq_htiles + dq_tile_base(p, s, blk.b) + blk.tile) * kDqRows * D);
+    for (int x = threadIdx.x; x < kDqRows * D / 4; x += 256) {
+        const int lane = x % 32, c = (x / 128) * 8 + 2 * (lane % 4);
+        const int r = r0 + ((x / 32) % 4) * 16 + lane / 4;
+        const float4 v = acc[x];
+        const float w[4] = { v.x, v.y, v.z, v.w };
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int rr = r + 8 * (e / 2), cc = c + e % 2;
+            if (rr < s.sq && cc < p.dim)
+                store<T>(p.dq, row_off(p.dq, s, false, blk.h, rr) + cc, w[e] * p.scale);
+        }
     }
 }
 
@@ -383,16 +471,15 @@ cudaError_t launch_backward_sm90(const fa_cuda_params &p, bool bf16, cudaStream_
     cudaError_t err = fa_cuda_rowsum(&p, bf16, stream);
     if (err != cudaSuccess)
         return err;
-    const size_t acc_bytes = sizeof(float) * (size_t)p.rows * p.heads_q * p.dq_pitch;
+    static_assert(BQ == kDqRows, "the accumulator's tiles are the steps' query tiles");
+    const size_t acc_bytes = sizeof(float) * (size_t)p.dq_htiles * p.heads_q * kDqRows * D;
     const size_t sem_bytes = sizeof(int) * (size_t)p.batch * p.heads_q * p.dq_tiles;
     if ((acc_bytes && (err = cudaMemsetAsync(p.dq_acc, 0, acc_bytes, stream)) != cudaSuccess) ||
         (sem_bytes && (err = cudaMemsetAsync(p.dq_sem, 0, sem_bytes, stream)) != cudaSuccess))
         return err;
     const size_t smem = bwd_smem<D, BQ>::bytes(STAGES);
     // without dropout, a build whose element step holds no mask words (fewer live registers)
-    // dQ's columns split between the warpgroups at d128 (registers); below, whole, by each
-    // warpgroup in turn (measured faster at d64: 183 against 174 TFLOP/s fwd+bwd, s16k)
-    constexpr bool SPLIT = D >= 128;
+    constexpr bool SPLIT = bwd_split<D>();
     auto kern = p.dropout_p > 0.0f ? backward_sm90<T, D, BQ, STAGES, true, SPLIT>
                                    : backward_sm90<T, D, BQ, STAGES, false, SPLIT>;
     if ((err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
@@ -405,7 +492,7 @@ cudaError_t launch_backward_sm90(const fa_cuda_params &p, bool bf16, cudaStream_
     }
     const int64_t q_blocks = (int64_t)((p.max_q + 63) / 64) * p.heads_q * p.batch;
     if (q_blocks > 0)
-        dq_store<T><<<(unsigned)q_blocks, 256, 0, stream>>>(p);
+        dq_store<T, D><<<(unsigned)q_blocks, 256, 0, stream>>>(p);
     return cudaGetLastError();
 }
 

@@ -18,9 +18,9 @@ typedef struct fa_cuda_params {
     float *lse;                    /* NULL when not asked for (forward) */
     int64_t lse_sb, lse_sh, lse_ss;
     float *dsum;      /* backward: rowsum(dO * O), [heads_q, rows] */
-    float *dq_acc;    /* Hopper backward: dQ / scale in float32, [heads_q, rows, dq_pitch] */
+    float *dq_acc;    /* Hopper backward: dQ / scale in float32, [heads_q, dq_htiles, 64 x dim] */
     int *dq_sem;      /* its hand-over counters: [batch, heads_q, dq_tiles] */
-    int32_t dq_pitch, dq_tiles;
+    int32_t dq_htiles, dq_tiles;
     int64_t rows;     /* packed query rows: batch * seqlen_q, or the varlen total */
     const int32_t *cu_q, *cu_k; /* device copies of cu_seqlens, NULL for fixed length */
     int32_t batch, heads_q, heads_kv, group, dim, seqlen_q, seqlen_k;

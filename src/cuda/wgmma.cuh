@@ -29,9 +29,10 @@ __device__ __forceinline__ void load_tile_sw(unsigned char *s, const T *g, int64
                                              int pitch = ROWS)
 {
     constexpr int CHUNKS = D / 8, RP = NT / CHUNKS; // rows per pass
-    static_assert(NT % CHUNKS == 0 && RP % 8 == 0, "a thread keeps its column and swizzle phase");
+    static_assert(NT % CHUNKS == 0, "a thread keeps its column");
     if (aligned) {
-        // thread tid copies column chunk tid % CHUNKS of rows tid / CHUNKS + k RP
+        // thread tid copies column chunk tid % CHUNKS of rows tid / CHUNKS + k RP (the swizzle
+        // phase is the same every pass when RP is a multiple of 8)
         const int col = (tid % CHUNKS) * 8, r0 = tid / CHUNKS;
         unsigned char *d = s + sw_offset(r0, col, pitch);
         const T *src = g + r0 * row_stride + col;
@@ -39,7 +40,7 @@ __device__ __forceinline__ void load_tile_sw(unsigned char *s, const T *g, int64
 #pragma unroll 4
         for (int r = r0; r < ROWS; r += RP, d += RP * 128, src += RP * row_stride) {
             const bool ok = col_ok && r < valid_rows;
-            cp_async16(d, ok ? src : g, ok ? 16 : 0);
+            cp_async16(RP % 8 == 0 ? d : s + sw_offset(r, col, pitch), ok ? src : g, ok ? 16 : 0);
         }
     } else {
         for (int c = tid; c < ROWS * CHUNKS; c += NT) {
@@ -213,7 +214,7 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads)
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Device-scope flag handshakes and a fire-and-forget float2 add into global memory.
+// Device-scope flag handshakes.
 __device__ __forceinline__ int ld_acquire(const int *f)
 {
     int v;
@@ -228,11 +229,25 @@ __device__ __forceinline__ void red_release_add(int *f, int v)
 {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(f), "r"(v) : "memory");
 }
-__device__ __forceinline__ void red_add2(float *g, float a, float b)
+
+// The tensor memory accelerator's bulk add: bytes (a multiple of 16) of float32 from shared
+// memory added into global memory, asynchronously, as one bulk group of the issuing thread.
+// bulk_wait_all returns once every group that thread committed has been performed ...
+__device__ __forceinline__ void bulk_reduce_add_f32(float *g, uint32_t src, int bytes)
 {
-    asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(g), "f"(a), "f"(b)
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(g),
+                 "r"(src), "r"(bytes)
                  : "memory");
 }
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// ... once every such group has finished reading its shared-memory source.
+__device__ __forceinline__ void bulk_wait_read_all()
+{
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Orders the async proxy's global accesses (bulk copies) with this thread's generic ones.
+__device__ __forceinline__ void fence_async_all() { asm volatile("fence.proxy.async;\n" ::: "memory"); }
 
 __device__ __forceinline__ void mbar_init(uint64_t *b, int count)
 {
