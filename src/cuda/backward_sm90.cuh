@@ -15,42 +15,34 @@ template <int STAGES> struct stage_ring {
     uint64_t full[STAGES], empty[STAGES];
 };
 
-// Set up by one thread before the block barrier: full counts the loading threads, empty the
-// consumers' warps.
+// Set up by one thread before the block barrier: full counts two arrivals per loading thread
+// (see fill_ring), empty the consumers' warps.
 template <int STAGES>
 __device__ __forceinline__ void ring_init(stage_ring<STAGES> &ring, int loaders, int warps)
 {
     for (int i = 0; i < STAGES; i++) {
-        mbar_init(&ring.full[i], loaders);
+        mbar_init(&ring.full[i], 2 * loaders);
         mbar_init(&ring.empty[i], warps);
     }
 }
 
-// The loading warpgroup: step i's tiles into stage i % STAGES (load(i, st) issues the copies
-// and any plain stores) once the consumers have let go of what was there. Consumers let a
-// stage go one step late, so STAGES - 2 steps can be in flight: step i - (STAGES - 2) is
-// handed over once its copies have landed.
+// The loading warps: step i's tiles into stage i % STAGES (load(i, st) issues the copies and
+// any plain stores) once the consumers have let go of what was there. Each thread arrives on
+// the stage's full barrier twice: at once for its plain stores, and by cp.async's own arrival
+// when its copies land, so that no loader waits for its copies and a stage is handed over the
+// moment it is complete (the consumers fence it for the tensor cores after their wait).
 template <int STAGES, typename F>
 __device__ __forceinline__ void fill_ring(stage_ring<STAGES> &ring, int steps, F load)
 {
-    constexpr int LAG = STAGES - 2;
-    static_assert(LAG >= 1, "stages are let go one step late");
     for (int i = 0; i < steps; i++) {
         const int st = i % STAGES;
         if (i >= STAGES)
             mbar_wait(&ring.empty[st], (i / STAGES - 1) & 1);
         load(i, st);
-        cp_async_commit();
-        if (i >= LAG) {
-            cp_async_wait<LAG>();
-            fence_async_smem();
-            mbar_arrive(&ring.full[(i - LAG) % STAGES]);
-        }
+        cp_async_mbar_arrive(&ring.full[st]);
+        mbar_arrive(&ring.full[st]);
     }
     cp_async_wait<0>();
-    fence_async_smem();
-    for (int i = max(0, steps - LAG); i < steps; i++)
-        mbar_arrive(&ring.full[i % STAGES]);
 }
 
 // 64 rows of a [seq, head_dim] slab into rows wg * 64 .. of a swizzled tile of PITCH rows,
@@ -242,6 +234,7 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
         const uint32_t qa = ra + st * S::bytes, oa = qa + S::tile;
         const float *sl = stats + st * S::stats;
         mbar_wait(&ring.full[st], (it / STAGES) & 1);
+        fence_async_smem(); // the loaders' writes, seen through the barrier, before the tensor cores read them
         wgmma_fence();
         wg_gemm_nt<T, D, BN, BQ>(sf, ka, qa);  // S^T = K Q^T
         wg_gemm_nt<T, D, BN, BQ>(dpf, va, oa); // dP^T = V dO^T
@@ -333,6 +326,21 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
     store_acc<T, D>(p.dv, dv, s, true, hk, j0, s.sk, p.dim, p.dropout_scale, g, t);
 }
 
+// Block index -> (key tile, kv head, sequence). The key tiles of a head add dQ one after the
+// other, so those that run at the same time wait for each other once per run (each a little
+// later than the one before); with few key tiles per head that wait is a large part of the
+// run, and the order puts every head's first tile first, then every head's second, so that a
+// tile's predecessor has finished long before. With many, tile-major: the blocks of a head run
+// together and share its Q and dO in L2. Either way a block's predecessor has the lower index.
+constexpr int kKeyMajorTiles = 16;
+__device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch)
+{
+    if (tiles > kKeyMajorTiles)
+        return block_of(tiles, heads, false);
+    const int64_t x = blockIdx.x, hb = (int64_t)heads * batch;
+    return block_t{ (int)(x / hb), (int)(x % hb % heads), (int)(x % hb / heads) };
+}
+
 // The writer (one thread): every step's staged dQ shares, in step order, added into the
 // accumulator by bulk adds once the key tiles before this one have added theirs (the
 // counter), the buffers handed back as soon as the adds have read them, and the step counted
@@ -385,7 +393,7 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
     float *stats = reinterpret_cast<float *>(ring_mem + STAGES * S::bytes);
     unsigned char *sDQ = reinterpret_cast<unsigned char *>(stats + STAGES * S::stats);
 
-    const block_t blk = block_of((p.max_k + BN - 1) / BN, p.heads_kv, false);
+    const block_t blk = bwd_block((p.max_k + BN - 1) / BN, p.heads_kv, p.batch);
     const seq_t s = seq_of(p, blk.b);
     const int c0 = blk.tile * BN;
     if (c0 >= s.sk)

@@ -258,6 +258,12 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *b)
     asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_addr(b))
                  : "memory");
 }
+// An arrival on b once every cp.async this thread issued before has landed (not counted in
+// advance: b's count includes it).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t *b)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(b)) : "memory");
+}
 __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity)
 {
     asm volatile("{\n.reg .pred done;\nwait_%=:\n"
