@@ -118,7 +118,8 @@ template <int N> __device__ __forceinline__ void reg_fence(uint32_t (&a)[N][4])
     "%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,"   \
     "%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 
-// D[64 x N] (+)= A * B for one warpgroup. ss: A and B K-major in shared memory (S = Q K^T).
+// D[64 x N] (+)= A * B for one warpgroup. ss: A and B K-major in shared memory (S = Q K^T);
+// ss<1>: B MN-major (transposed) instead.
 // rs: A in registers as mma.sync-style fragments, B MN-major in shared memory (O += P V).
 // scale_d 0 overwrites D. The accumulator fragment is mma.sync's m16n8 layout per warp:
 // d[4 j + e] is row 16 warp + g + 8 (e / 2), column 8 j + 2 t + (e % 2).
@@ -126,22 +127,14 @@ template <typename T, int N> struct wgmma;
 
 #define FA_WGMMA(TYPE, PTX, N, RN, FN, A0, A1, A2, A3, A4, A5)                                       \
     template <> struct wgmma<TYPE, N> {                                                             \
+        template <int TB = 0>                                                                       \
         static __device__ __forceinline__ void ss(float (&d)[N / 2], uint64_t da, uint64_t db, int sc) \
         {                                                                                           \
             asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2 ", 0;\n"                          \
                          "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " " RN     \
-                         ", %" #A0 ", %" #A1 ", p, 1, 1, 0, 0;\n}\n"                               \
+                         ", %" #A0 ", %" #A1 ", p, 1, 1, 0, %" #A3 ";\n}\n"                       \
                          : FN(d)                                                                    \
-                         : "l"(da), "l"(db), "r"(sc));                                              \
-        }                                                                                           \
-        static __device__ __forceinline__ void ss_tb(float (&d)[N / 2], uint64_t da, uint64_t db,   \
-                                                     int sc)                                        \
-        {                                                                                           \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2 ", 0;\n"                          \
-                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " " RN     \
-                         ", %" #A0 ", %" #A1 ", p, 1, 1, 0, 1;\n}\n"                               \
-                         : FN(d)                                                                    \
-                         : "l"(da), "l"(db), "r"(sc));                                              \
+                         : "l"(da), "l"(db), "r"(sc), "n"(TB));                                     \
         }                                                                                           \
         static __device__ __forceinline__ void rs(float (&d)[N / 2], const uint32_t (&a)[4],        \
                                                   uint64_t db, int sc)                              \
@@ -198,7 +191,7 @@ __device__ __forceinline__ void wg_gemm_sn(float (&acc)[N / 2], uint32_t a, uint
 {
 #pragma unroll
     for (int kk = 0; kk < KP / 16; kk++)
-        wgmma<T, N>::ss_tb(acc, sw_desc(a + (kk / 4) * AP * 128 + (kk % 4) * 32, 16),
+        wgmma<T, N>::template ss<1>(acc, sw_desc(a + (kk / 4) * AP * 128 + (kk % 4) * 32, 16),
                            sw_desc(b + kk * 2048, BP * 128), kk > 0);
     wgmma_commit();
 }
