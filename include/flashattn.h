@@ -184,6 +184,11 @@ typedef struct fa_run_info {
     int32_t block_k;          /* key columns per tile */
     int32_t threads;
     uint64_t workspace_bytes; /* memory the call allocates beyond its inputs and outputs */
+    double device_ms;         /* fa_forward: the attention kernels' own time on the GPU, by
+                                 the backend's timers (GLES: a GL_EXT_disjoint_timer_query
+                                 around the attention dispatches, without the repacking
+                                 passes); 0 where not measured (CPU, CUDA, plans, backward,
+                                 GLES without the extension or after a disjoint event) */
 } fa_run_info;
 
 typedef struct fa_context_options {

@@ -72,6 +72,7 @@ typedef struct row {
     long b, h, hk, sq, sk, d;
     int causal;
     double ms_flash, ms_std, gflops, pct_sgemm;
+    double dev_flash, dev_std; /* kernel-only ms by the backend's timers; 0 = not measured */
     uint64_t bytes_flash, bytes_std;
     double max_err, mean_err, frac_err, rel_l2;
     int64_t sampled_rows, rows;
@@ -113,18 +114,31 @@ int cli_time(int (*fn)(void *), void *arg, long reps, double *ms)
 typedef struct fwd_call {
     fa_context_t ctx;
     const fa_attention_desc *d;
+    double dev[64]; /* the backend's own kernel times (fa_run_info.device_ms) of the timed calls */
+    int calls, n_dev;
 } fwd_call;
 
 static int run_forward(void *arg)
 {
     fwd_call *c = arg; /* synchronised: asynchronous backends are timed to completion */
-    return fa_forward(c->ctx, c->d) == FA_OK && fa_context_synchronize(c->ctx) == FA_OK ? 0 : -1;
+    fa_run_info ri = { .size = sizeof(ri) };
+    if (fa_forward(c->ctx, c->d) != FA_OK || fa_context_synchronize(c->ctx) != FA_OK ||
+        fa_context_last_run(c->ctx, &ri) != FA_OK)
+        return -1;
+    if (c->calls++ > 0 && ri.device_ms > 0.0 && c->n_dev < 64) /* the first call warms up */
+        c->dev[c->n_dev++] = ri.device_ms;
+    return 0;
 }
 
-static int time_call(fa_context_t ctx, const fa_attention_desc *d, long reps, double *ms)
+/* Median wall time of the timed calls in *ms; *dev_ms the median of the backend's kernel
+ * times where it measures them (GLES timer queries), 0 otherwise. */
+static int time_call(fa_context_t ctx, const fa_attention_desc *d, long reps, double *ms, double *dev_ms)
 {
-    fwd_call c = { ctx, d };
-    return cli_time(run_forward, &c, reps, ms);
+    fwd_call c = { .ctx = ctx, .d = d };
+    if (cli_time(run_forward, &c, reps, ms) != 0)
+        return -1;
+    *dev_ms = c.n_dev ? cli_median(c.dev, c.n_dev) : 0.0;
+    return 0;
 }
 
 static double sgemm_gflops(int threads)
@@ -269,12 +283,12 @@ static int run_row(fa_context_t ctx, const opts *o, long sq, long sk, long h, lo
     if (!o->no_standard && fa_forward_plan(ctx, &desc, &ri) == FA_OK &&
         ri.workspace_bytes < (uint64_t)12 << 30) {
         r->bytes_std = ri.workspace_bytes;
-        if (time_call(ctx, &desc, o->reps, &r->ms_std) != 0)
+        if (time_call(ctx, &desc, o->reps, &r->ms_std, &r->dev_std) != 0)
             goto api_error;
         r->has_std = 1;
     }
     desc.algorithm = FA_ALGORITHM_FLASH;
-    if (fa_forward_plan(ctx, &desc, &ri) != FA_OK || time_call(ctx, &desc, o->reps, &r->ms_flash) != 0)
+    if (fa_forward_plan(ctx, &desc, &ri) != FA_OK || time_call(ctx, &desc, o->reps, &r->ms_flash, &r->dev_flash) != 0)
         goto api_error;
     r->backend = ri.backend_name;
     r->kernel = ri.kernel;
@@ -335,6 +349,13 @@ static void print_row(const opts *o, const row *r)
            r->causal ? "yes" : "no", r->ms_flash, std_ms, speed, r->gflops, pct,
            (double)r->bytes_flash / 1048576.0, std_mib, r->max_err, r->mean_err,
            100.0 * r->frac_err, r->rel_l2, r->sampled_rows < r->rows ? " *" : "");
+    if (r->dev_flash > 0.0) {
+        printf("     attention kernels alone (GPU timer): flash %.3f ms, %.1f GFLOP/s", r->dev_flash,
+               r->gflops * r->ms_flash / r->dev_flash);
+        if (r->has_std && r->dev_std > 0.0)
+            printf("; standard %.3f ms (%.2fx)", r->dev_std, r->dev_std / r->dev_flash);
+        printf("\n");
+    }
     if (r->has_bwd) {
         const cli_bwd_row *w = &r->bwd;
         printf("     backward: flash %.3f ms", w->ms);
@@ -366,6 +387,11 @@ static void json_row(FILE *f, const opts *o, const row *r, double sgemm)
     else
         fprintf(f, "\"ms_standard\":null,\"speedup\":null,");
     fprintf(f, "\"gflops\":%.3f,\"bytes_flash\":%llu,", r->gflops, (unsigned long long)r->bytes_flash);
+    if (r->dev_flash > 0.0)
+        fprintf(f, "\"device_ms_flash\":%.6f,\"device_gflops\":%.3f,", r->dev_flash,
+                r->gflops * r->ms_flash / r->dev_flash);
+    if (r->dev_std > 0.0)
+        fprintf(f, "\"device_ms_standard\":%.6f,", r->dev_std);
     if (r->has_std)
         fprintf(f, "\"bytes_standard\":%llu,", (unsigned long long)r->bytes_std);
     else

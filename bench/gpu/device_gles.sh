@@ -18,14 +18,19 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFA_WITH_GLES=ON -DOPENBLAS_LIB=
 cmake --build build -j "$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -20; exit 1; }
 echo "build ok"
 ./build/flashattn info --backend gles 2>&1 | tee "$out/gles_info.txt"
-FLASHATTN_TEST_BACKEND=gles FLASHATTN_TEST_QUICK=1 timeout 300 ./build/tests/test_conformance > "$out/conformance_gles.log" 2>&1
-echo "conformance_gles rc=$?"; grep -E "FAILED|cases|could not" "$out/conformance_gles.log" | head
+for fwd in tiled rows; do
+  FLASHATTN_GLES_FORWARD=$fwd FLASHATTN_TEST_BACKEND=gles FLASHATTN_TEST_QUICK=1 timeout 300 \
+    ./build/tests/test_conformance > "$out/conformance_gles_$fwd.log" 2>&1
+  echo "conformance_gles ($fwd) rc=$?"; grep -E "FAILED|cases|could not" "$out/conformance_gles_$fwd.log" | head
+done
 j="$out/gles-h200.jsonl"
 : > "$j"
 row() { ./build/flashattn bench --backend gles "$@" --json "$out/row.jsonl" && cat "$out/row.jsonl" >> "$j"; }
-for dt in f32 f16; do
-  row --dtype $dt --seq 2048 --heads 8 --dim 64 --causal yes --reps 10
-  row --dtype $dt --seq 2048 --heads 32 --dim 128 --causal no --reps 5
+for fwd in tiled rows; do
+  for dt in f32 f16; do
+    FLASHATTN_GLES_FORWARD=$fwd row --dtype $dt --seq 2048 --heads 8 --dim 64 --causal yes --reps 10
+    FLASHATTN_GLES_FORWARD=$fwd row --dtype $dt --seq 2048 --heads 32 --dim 128 --causal no --reps 5
+  done
 done
 row --seq 4096 --seq-q 1 --heads 32 --dim 128 --causal yes --reps 20
 rm -f "$out/row.jsonl"

@@ -12,6 +12,7 @@
 #include <EGL/egl.h>
 #include <EGL/eglext.h>
 #include <GLES3/gl31.h>
+#include <GLES2/gl2ext.h> /* after gl31.h: GL_EXT_disjoint_timer_query's names */
 
 #include <math.h>
 #include <stdio.h>
@@ -23,27 +24,48 @@
 #include "gles_decode_merge.h"
 #include "gles_decode_split.h"
 #include "gles_flash_forward.h"
+#include "gles_flash_tiled.h"
 #include "gles_pack.h"
 #include "gles_std_pv.h"
 #include "gles_std_scores.h"
 #include "gles_std_softmax.h"
 #include "gles_unpack.h"
 
-enum { SH_FLASH, SH_SCORES, SH_SOFTMAX, SH_PV, SH_DEC_SPLIT, SH_DEC_MERGE, SH_PACK, SH_UNPACK, SH_COUNT };
-static const char *const shader_src[SH_COUNT] = { fa_gles_flash_forward, fa_gles_std_scores,
-                                                  fa_gles_std_softmax,   fa_gles_std_pv,
-                                                  fa_gles_decode_split,  fa_gles_decode_merge,
-                                                  fa_gles_pack,          fa_gles_unpack };
-static const char *const shader_name[SH_COUNT] = { "flash_forward", "std_scores",   "std_softmax",
-                                                   "std_pv",        "decode_split", "decode_merge",
-                                                   "pack",          "unpack" };
+enum {
+    SH_FLASH,
+    SH_FLASH_TILED,
+    SH_SCORES,
+    SH_SOFTMAX,
+    SH_PV,
+    SH_DEC_SPLIT,
+    SH_DEC_MERGE,
+    SH_PACK,
+    SH_UNPACK,
+    SH_COUNT
+};
+static const char *const shader_src[SH_COUNT] = { fa_gles_flash_forward, fa_gles_flash_tiled,  fa_gles_std_scores,
+                                                  fa_gles_std_softmax,   fa_gles_std_pv,       fa_gles_decode_split,
+                                                  fa_gles_decode_merge,  fa_gles_pack,         fa_gles_unpack };
+static const char *const shader_name[SH_COUNT] = { "flash_forward", "flash_tiled",  "std_scores",
+                                                   "std_softmax",   "std_pv",       "decode_split",
+                                                   "decode_merge",  "pack",         "unpack" };
 
 #define MAX_PROGRAMS 64
 #define STD_GROUP 64 /* local size of the standard passes and the decode passes */
 #define MIN_SSBOS 8  /* storage blocks a shader may use (the flash shader binds 6) */
 
+/* The tiles of one call: head_dim in vec4s, query rows per workgroup, keys per K/V tile,
+ * 16-bit storage; for the tiled fused forward also its invocation grid (nx keys x ny row
+ * groups), the head_dim chunk of its Q/K staging (dc4 vec4s), its V chunk (kc keys) and its
+ * shared-memory regions in vec4s (Q/K chunk or V chunk, probabilities, row partials). */
+typedef struct tiles {
+    int d4, br, bc, f16;
+    int tiled, nx, ny, dc4, kc, sh_qk, sh_p, sh_r;
+} tiles;
+
 typedef struct program {
-    int shader, d4, br, bc, f16;
+    int shader;
+    tiles t;
     GLuint id;
 } program;
 
@@ -54,6 +76,13 @@ typedef struct gles_state {
     char renderer[128], version[128];
     GLint max_shared, max_invocations, max_count[3], max_ssbos;
     int has_16bit_storage; /* GL_EXT_shader_16bit_storage */
+    /* GL_EXT_disjoint_timer_query's 64-bit result getter (NULL without the extension) */
+    void(GL_APIENTRYP query_u64)(GLuint id, GLenum pname, GLuint64 *params);
+    int forward;           /* FLASHATTN_GLES_FORWARD: 0 the planner's choice, 1 rows, 2 tiled */
+    /* a call's working buffers (repacked q, k, v, o, lse, offsets, scores or partials), kept
+     * between calls and grown as needed: allocating them per call cost more than the shaders */
+    GLuint scratch[8];
+    size_t scratch_bytes[8];
     program programs[MAX_PROGRAMS];
     int n_programs;
     struct gl_mem *mem; /* fa_memory_alloc's buffers and the caller's wrapped ones */
@@ -74,11 +103,6 @@ typedef struct gl_mem {
     GLuint name;
     int owned; /* ours (fa_memory_alloc), or the caller's (fa_gles_buffer_wrap) */
 } gl_mem;
-
-/* The tiles of one call: head_dim in vec4s, query rows per workgroup, keys per K/V tile. */
-typedef struct tiles {
-    int d4, br, bc, f16;
-} tiles;
 
 static int has_ext(const char *list, const char *name)
 {
@@ -152,6 +176,7 @@ static void gles_destroy(void *state)
             for (int i = 0; i < s->n_mem; i++)
                 if (s->mem[i].owned)
                     glDeleteBuffers(1, &s->mem[i].name);
+            glDeleteBuffers(8, s->scratch); /* names 0 are ignored */
         }
         release_current(s);
         eglDestroyContext(s->dpy, s->ctx);
@@ -164,12 +189,28 @@ static void gles_destroy(void *state)
     free(s);
 }
 
+static int cpu_renderer(const char *renderer)
+{
+    return strstr(renderer, "llvmpipe") || strstr(renderer, "softpipe") || strstr(renderer, "SwiftShader");
+}
+
 static fa_status gles_init(fa_context_t ctx, int32_t num_threads, void **state)
 {
     (void)num_threads;
     gles_state *s = calloc(1, sizeof(*s));
     if (!s)
         return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the GLES backend");
+    const char *fwd = getenv("FLASHATTN_GLES_FORWARD");
+    if (fwd && *fwd) {
+        s->forward = strcmp(fwd, "rows") == 0 ? 1 : strcmp(fwd, "tiled") == 0 ? 2 : -1;
+        if (s->forward < 0) {
+            free(s);
+            return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                            "FLASHATTN_GLES_FORWARD=%s: use \"rows\" or \"tiled\" (or leave it unset "
+                            "for the planner's choice)",
+                            fwd);
+        }
+    }
     s->ctx = EGL_NO_CONTEXT;
     EGLContext share = EGL_NO_CONTEXT;
     if (ctx->gles_share) { /* the caller's display, objects shared with the caller's context */
@@ -246,19 +287,26 @@ static fa_status gles_init(fa_context_t ctx, int32_t num_threads, void **state)
         glGetIntegeri_v(GL_MAX_COMPUTE_WORK_GROUP_COUNT, i, &s->max_count[i]);
     GLint n = 0;
     glGetIntegerv(GL_NUM_EXTENSIONS, &n);
-    for (GLint i = 0; i < n; i++)
-        if (strcmp((const char *)glGetStringi(GL_EXTENSIONS, (GLuint)i), "GL_EXT_shader_16bit_storage") == 0)
+    for (GLint i = 0; i < n; i++) {
+        const char *e = (const char *)glGetStringi(GL_EXTENSIONS, (GLuint)i);
+        if (strcmp(e, "GL_EXT_shader_16bit_storage") == 0)
             s->has_16bit_storage = 1;
+        /* CPU renderers expose the timer but their elapsed times leave the shaders out
+         * (llvmpipe reports about a nanosecond for a second's dispatch): wall time is theirs */
+        if (strcmp(e, "GL_EXT_disjoint_timer_query") == 0 && !cpu_renderer(s->renderer))
+            s->query_u64 = (void(GL_APIENTRYP)(GLuint, GLenum, GLuint64 *))eglGetProcAddress(
+                "glGetQueryObjectui64vEXT");
+    }
     release_current(s);
     *state = s;
     return FA_OK;
 }
 
-/* Keys per K/V tile: K and V rows (vec4 float32 each) in shared memory, at most 3/4 of the
- * limit (the rest is the driver's and headroom), a power of two between 1 and 64. Query
- * rows: one invocation each, up to 64 within the invocation limit. Q and O rows stay in
- * registers. */
-static tiles tiles_for(const gles_state *s, int32_t dim, int f16)
+/* The row variant (flash_forward.comp): keys per K/V tile from K and V rows (vec4 float32
+ * each) in shared memory, at most 3/4 of the limit (the rest is the driver's and headroom), a
+ * power of two between 1 and 64; one invocation per query row, up to 64 within the invocation
+ * limit. Q and O rows stay in registers. */
+static tiles rows_tiles(const gles_state *s, int32_t dim, int f16)
 {
     tiles t = { 0 };
     t.d4 = (dim + 3) / 4;
@@ -270,6 +318,47 @@ static tiles tiles_for(const gles_state *s, int32_t dim, int f16)
     t.bc = bc;
     t.br = s->max_invocations >= 64 ? 64 : s->max_invocations;
     return t;
+}
+
+/* The tiled variant (flash_tiled.comp): the largest (rows, keys) tile whose invocation grid
+ * (a 4x4 score block each) fits the invocation limit and whose regions fit the shared-memory
+ * limit, with the widest head_dim chunk (dc4 vec4s, 8 down to 2) and then the longest V
+ * chunk (kc keys) that fit. Returns 0 where nothing fits (tiny limits). */
+static int tiled_tiles(const gles_state *s, int32_t dim, int f16, tiles *out)
+{
+    static const int shapes[][2] = { { 64, 64 }, { 32, 64 }, { 32, 32 }, { 16, 16 } };
+    const int d4 = (dim + 3) / 4;
+    int dc_max = 8;
+    while (dc_max > 2 && dc_max / 2 >= d4)
+        dc_max /= 2;
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+        const int br = shapes[i][0], bc = shapes[i][1], nx = bc / 4, ny = br / 4;
+        if (nx * ny > s->max_invocations)
+            continue;
+        const int sh_p = bc * (ny + 1), sh_r = nx * ny;
+        for (int dc4 = dc_max; dc4 >= 2; dc4 /= 2) {
+            const int qk = (br + bc) * (dc4 + 1);
+            for (int kc = bc; kc >= 4; kc /= 2) {
+                const int sh_qk = qk > kc * d4 ? qk : kc * d4;
+                if ((int64_t)(sh_qk + sh_p + sh_r) * 16 > s->max_shared)
+                    continue;
+                *out = (tiles){ .d4 = d4, .br = br, .bc = bc, .f16 = f16, .tiled = 1, .nx = nx, .ny = ny,
+                                .dc4 = dc4, .kc = kc, .sh_qk = sh_qk, .sh_p = sh_p, .sh_r = sh_r };
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* The fused forward's variant and tiles: the tiled one wherever it fits, unless
+ * FLASHATTN_GLES_FORWARD asks for the other. */
+static tiles tiles_for(const gles_state *s, int32_t dim, int f16)
+{
+    tiles t;
+    if (s->forward != 1 && tiled_tiles(s, dim, f16, &t))
+        return t;
+    return rows_tiles(s, dim, f16);
 }
 
 static fa_status gl_check(fa_context_t ctx, const char *what)
@@ -285,15 +374,18 @@ static fa_status get_program(fa_context_t ctx, gles_state *s, int shader, const 
 {
     for (int i = 0; i < s->n_programs; i++) {
         const program *p = &s->programs[i];
-        if (p->shader == shader && p->d4 == t->d4 && p->br == t->br && p->bc == t->bc && p->f16 == t->f16) {
+        if (p->shader == shader && memcmp(&p->t, t, sizeof(*t)) == 0) {
             *out = p->id;
             return FA_OK;
         }
     }
-    char preamble[256];
+    char preamble[512];
     snprintf(preamble, sizeof(preamble),
-             "#version 310 es\n#define D4 %d\n#define BR %d\n#define BC %d\n#define STORE_F16 %d\n",
-             t->d4, t->br, t->bc, t->f16);
+             "#version 310 es\n#define D4 %d\n#define BR %d\n#define BC %d\n#define STORE_F16 %d\n"
+             "#define NX %d\n#define NY %d\n#define DC4 %d\n#define KC %d\n#define SH_P %d\n"
+             "#define SH_R %d\n#define SH_TOTAL %d\n",
+             t->d4, t->br, t->bc, t->f16, t->nx, t->ny, t->dc4, t->kc, t->sh_qk, t->sh_qk + t->sh_p,
+             t->sh_qk + t->sh_p + t->sh_r);
     const char *parts[3] = { preamble, fa_gles_common, shader_src[shader] };
     GLuint sh = glCreateShader(GL_COMPUTE_SHADER);
     glShaderSource(sh, 3, parts, NULL);
@@ -323,7 +415,7 @@ static fa_status get_program(fa_context_t ctx, gles_state *s, int shader, const 
             glDeleteProgram(s->programs[i].id);
         s->n_programs = 0;
     }
-    s->programs[s->n_programs++] = (program){ shader, t->d4, t->br, t->bc, t->f16, prog };
+    s->programs[s->n_programs++] = (program){ shader, *t, prog };
     *out = prog;
     return FA_OK;
 }
@@ -339,6 +431,10 @@ static void gles_info(void *state, char *buf, size_t cap, size_t *len)
                (int)s->max_shared, (int)s->max_invocations, (int)s->max_count[0],
                (int)s->max_count[1], (int)s->max_count[2], (int)s->max_ssbos);
     fa_appendf(buf, cap, len, "gles.GL_EXT_shader_16bit_storage: %s\n", s->has_16bit_storage ? "yes" : "no");
+    fa_appendf(buf, cap, len, "gles.timer: %s\n",
+               s->query_u64 ? "GL_EXT_disjoint_timer_query: the attention dispatches are timed on the GPU "
+                              "(fa_run_info.device_ms)"
+                            : "none (no GL_EXT_disjoint_timer_query, or a CPU renderer): wall time only");
     fa_appendf(buf, cap, len,
                "gles.storage: f32 inputs as float32, f16 as packed halves (packHalf2x16, core "
                "GLSL ES 3.10: half the bytes without the 16-bit storage extension), bf16 as "
@@ -346,11 +442,23 @@ static void gles_info(void *state, char *buf, size_t cap, size_t *len)
     static const int dims[] = { 64, 128, 256 };
     for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
         tiles t = tiles_for(s, dims[i], 0);
-        fa_appendf(buf, cap, len,
-                   "gles.tiles.d%d: %d query rows x %d keys per workgroup step (K/V tiles %d "
-                   "bytes of shared memory)\n",
-                   dims[i], t.br, t.bc, 2 * t.bc * t.d4 * 16);
+        if (t.tiled)
+            fa_appendf(buf, cap, len,
+                       "gles.forward.d%d: tiled (flash_tiled.comp), %d query rows x %d keys per step, "
+                       "%d x %d invocations of 4x4 score blocks, head_dim staged %d floats at a time, V "
+                       "%d keys at a time, %d bytes of shared memory\n",
+                       dims[i], t.br, t.bc, t.nx, t.ny, 4 * t.dc4, t.kc, 16 * (t.sh_qk + t.sh_p + t.sh_r));
+        else
+            fa_appendf(buf, cap, len,
+                       "gles.forward.d%d: rows (flash_forward.comp), one invocation per query row, %d "
+                       "rows x %d keys per step (K/V tiles %d bytes of shared memory)\n",
+                       dims[i], t.br, t.bc, 2 * t.bc * t.d4 * 16);
     }
+    fa_appendf(buf, cap, len, "gles.forward.why: %s\n",
+               s->forward == 1   ? "rows, forced by FLASHATTN_GLES_FORWARD"
+               : s->forward == 2 ? "tiled where it fits, forced by FLASHATTN_GLES_FORWARD"
+                                 : "tiled wherever its invocation grid and shared memory fit the limits "
+                                   "(no invocation holds a whole row), rows otherwise");
 }
 
 static fa_status check(fa_context_t ctx, const gles_state *s, const fa_problem *p, tiles *t)
@@ -415,10 +523,11 @@ static void report(const tiles *t, const fa_problem *p, fa_run_info *info)
         info->threads = STD_GROUP;
     } else {
         info->kernel = standard ? (t->f16 ? "gles-standard-f16" : "gles-standard-f32")
-                                : (t->f16 ? "gles-flash-f16pk" : "gles-flash-f32");
+                       : t->tiled ? (t->f16 ? "gles-flash-tiled-f16pk" : "gles-flash-tiled-f32")
+                                  : (t->f16 ? "gles-flash-f16pk" : "gles-flash-f32");
         info->block_q = standard ? 1 : t->br;
         info->block_k = standard ? p->max_k : t->bc;
-        info->threads = standard ? STD_GROUP : t->br;
+        info->threads = standard ? STD_GROUP : t->tiled ? t->nx * t->ny : t->br;
     }
     info->workspace_bytes = call_bytes(t, p, standard);
 }
@@ -489,14 +598,30 @@ static size_t packed_bytes(const tiles *t, int32_t heads, int64_t rows)
     return (size_t)heads * (size_t)rows * (size_t)t->d4 * 4 * (t->f16 ? 2 : 4);
 }
 
-static GLuint make_buffer(const void *data, size_t bytes)
+/* Working buffer `slot` holding at least `bytes` (data copied in when given) in *out: the
+ * kept one when it is large enough, else a new one. */
+static fa_status scratch_buffer(fa_context_t ctx, gles_state *s, int slot, const void *data, size_t bytes,
+                                GLuint *out)
 {
-    GLuint b = 0;
-    glGenBuffers(1, &b);
-    glBindBuffer(GL_SHADER_STORAGE_BUFFER, b);
-    glBufferData(GL_SHADER_STORAGE_BUFFER, (GLsizeiptr)(bytes ? bytes : 16), data,
-                 data ? GL_STATIC_DRAW : GL_DYNAMIC_READ);
-    return b;
+    if (bytes == 0)
+        bytes = 16;
+    if (!s->scratch[slot])
+        glGenBuffers(1, &s->scratch[slot]);
+    glBindBuffer(GL_SHADER_STORAGE_BUFFER, s->scratch[slot]);
+    if (s->scratch_bytes[slot] < bytes) {
+        s->scratch_bytes[slot] = 0; /* until the allocation is known to have worked */
+        glBufferData(GL_SHADER_STORAGE_BUFFER, (GLsizeiptr)bytes, data, GL_DYNAMIC_COPY);
+        const GLenum e = glGetError();
+        if (e != GL_NO_ERROR)
+            return fa_error(ctx, e == GL_OUT_OF_MEMORY ? FA_ERR_OUT_OF_MEMORY : FA_ERR_BACKEND,
+                            "allocating a %zu-byte GL buffer for the call failed (OpenGL ES error 0x%x)",
+                            bytes, (unsigned)e);
+        s->scratch_bytes[slot] = bytes;
+    } else if (data) {
+        glBufferSubData(GL_SHADER_STORAGE_BUFFER, 0, (GLsizeiptr)bytes, data);
+    }
+    *out = s->scratch[slot];
+    return FA_OK;
 }
 
 /* Every uniform the shaders declare (a shader ignores those it lacks: location -1). */
@@ -777,6 +902,19 @@ static void move_pass(const gles_state *s, GLuint prog, const gl_view *v, int64_
         glDispatchCompute((GLuint)groups, (GLuint)heads, 1);
 }
 
+/* A finished call's timer query in ms; 0 where the GPU reported a disjoint event (clock
+ * change, reset) since it began, which makes the result meaningless. */
+static double timer_ms(const gles_state *s, GLuint timer)
+{
+    if (!timer)
+        return 0.0;
+    GLint disjoint = 0;
+    glGetIntegerv(GL_GPU_DISJOINT_EXT, &disjoint);
+    GLuint64 ns = 0;
+    s->query_u64(timer, GL_QUERY_RESULT, &ns);
+    return disjoint ? 0.0 : (double)ns * 1e-6;
+}
+
 static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
 {
     gles_state *s = state;
@@ -844,13 +982,15 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
     }
     if ((st = make_current(ctx, s)) != FA_OK)
         goto out;
-    GLuint bufs[8] = { 0 };
-    bufs[0] = make_buffer(hq, qb);
-    bufs[1] = make_buffer(hk, kb);
-    bufs[2] = make_buffer(hv, vb);
-    bufs[3] = make_buffer(NULL, ob);
-    bufs[4] = make_buffer(NULL, lb);
-    bufs[5] = make_buffer(cu, sizeof(int32_t) * (size_t)(2 * p->batch + 2));
+    GLuint bufs[8] = { 0 }, timer = 0;
+    int timing = 0; /* the timer query is active */
+    if ((st = scratch_buffer(ctx, s, 0, hq, qb, &bufs[0])) != FA_OK ||
+        (st = scratch_buffer(ctx, s, 1, hk, kb, &bufs[1])) != FA_OK ||
+        (st = scratch_buffer(ctx, s, 2, hv, vb, &bufs[2])) != FA_OK ||
+        (st = scratch_buffer(ctx, s, 3, NULL, ob, &bufs[3])) != FA_OK ||
+        (st = scratch_buffer(ctx, s, 4, NULL, lb, &bufs[4])) != FA_OK ||
+        (st = scratch_buffer(ctx, s, 5, cu, sizeof(int32_t) * (size_t)(2 * p->batch + 2), &bufs[5])) != FA_OK)
+        goto release;
     for (int i = 0; i < 3; i++)
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, (GLuint)i, bufs[i]);
     glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 5, bufs[5]);
@@ -868,12 +1008,21 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
         }
         glMemoryBarrier(GL_SHADER_STORAGE_BARRIER_BIT);
     }
+    /* the attention dispatches alone on the GPU clock, where the driver has the timer */
+    if (s->query_u64) {
+        GLint disjoint;
+        glGetIntegerv(GL_GPU_DISJOINT_EXT, &disjoint); /* reads and clears the flag */
+        glGenQueries(1, &timer);
+        glBeginQuery(GL_TIME_ELAPSED_EXT, timer);
+        timing = 1;
+    }
     const int splits = decode_splits(p);
     if (splits) {
         /* chunks' partial outputs and (max, sum), then the merge into o and lse */
-        bufs[6] = make_buffer(NULL, (size_t)p->heads_q * (size_t)p->batch * (size_t)splits * (size_t)t.d4 * 16);
-        bufs[7] = make_buffer(NULL, (size_t)p->heads_q * (size_t)p->batch * (size_t)splits * 8);
-        if ((st = use_pass(ctx, s, SH_DEC_SPLIT, &t, p, qrows, krows, splits)) != FA_OK)
+        const size_t parts = (size_t)p->heads_q * (size_t)p->batch * (size_t)splits;
+        if ((st = scratch_buffer(ctx, s, 6, NULL, parts * (size_t)t.d4 * 16, &bufs[6])) != FA_OK ||
+            (st = scratch_buffer(ctx, s, 7, NULL, parts * 8, &bufs[7])) != FA_OK ||
+            (st = use_pass(ctx, s, SH_DEC_SPLIT, &t, p, qrows, krows, splits)) != FA_OK)
             goto release;
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 3, bufs[6]);
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 4, bufs[7]);
@@ -885,14 +1034,15 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 7, bufs[4]);
         glDispatchCompute(1, (GLuint)p->heads_q, (GLuint)p->batch);
     } else if (!standard) {
-        if ((st = use_pass(ctx, s, SH_FLASH, &t, p, qrows, krows, 0)) != FA_OK)
+        if ((st = use_pass(ctx, s, t.tiled ? SH_FLASH_TILED : SH_FLASH, &t, p, qrows, krows, 0)) != FA_OK)
             goto release;
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 3, bufs[3]);
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 4, bufs[4]);
         glDispatchCompute((GLuint)((p->max_q + t.br - 1) / t.br), (GLuint)p->heads_q, (GLuint)p->batch);
     } else {
         const size_t sb = (size_t)p->heads_q * (size_t)qrows * (size_t)p->max_k * 4;
-        bufs[6] = make_buffer(NULL, sb);
+        if ((st = scratch_buffer(ctx, s, 6, NULL, sb, &bufs[6])) != FA_OK)
+            goto release;
         const GLuint groups = (GLuint)((p->max_q + STD_GROUP - 1) / STD_GROUP);
         for (int pass = SH_SCORES; pass <= SH_PV; pass++) {
             if ((st = use_pass(ctx, s, pass, &t, p, qrows, krows, 0)) != FA_OK)
@@ -903,6 +1053,9 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
             glMemoryBarrier(GL_SHADER_STORAGE_BARRIER_BIT);
         }
     }
+    if (timing)
+        glEndQuery(GL_TIME_ELAPSED_EXT);
+    timing = 0;
     glMemoryBarrier(GL_BUFFER_UPDATE_BARRIER_BIT | GL_SHADER_STORAGE_BARRIER_BIT);
     if (resident) { /* o and lse into the caller's buffers, on the GPU */
         if ((st = gl_check(ctx, "running the attention shaders")) != FA_OK ||
@@ -916,10 +1069,13 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
         if (d->lse)
             move_pass(s, (GLuint)prog, &gv[4], qrows, p->heads_q, 1, rps_q, t.d4, 1);
         glMemoryBarrier(GL_BUFFER_UPDATE_BARRIER_BIT | GL_SHADER_STORAGE_BARRIER_BIT);
-        if (s->shared) /* the caller's context reads the results next: done before we return */
-            glFinish();
-        if ((st = gl_check(ctx, "writing o and lse into their GL buffers")) == FA_OK)
+        /* done before we return, as the API promises for synchronous backends (and the caller's
+         * context, when shared, reads the results next) */
+        glFinish();
+        if ((st = gl_check(ctx, "writing o and lse into their GL buffers")) == FA_OK) {
             report(&t, p, info);
+            info->device_ms = timer_ms(s, timer);
+        }
         goto release;
     }
     if ((st = gl_check(ctx, "running the attention shaders")) != FA_OK ||
@@ -944,8 +1100,12 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
             }
     }
     report(&t, p, info);
+    info->device_ms = timer_ms(s, timer);
 release:
-    glDeleteBuffers(8, bufs);
+    if (timing) /* left by an error between the dispatches */
+        glEndQuery(GL_TIME_ELAPSED_EXT);
+    if (timer)
+        glDeleteQueries(1, &timer);
     release_current(s);
 out:
     free(hq);
