@@ -55,12 +55,12 @@ static const char *const shader_name[SH_COUNT] = { "flash_forward", "flash_tiled
 #define MIN_SSBOS 8  /* storage blocks a shader may use (the flash shader binds 6) */
 
 /* The tiles of one call: head_dim in vec4s, query rows per workgroup, keys per K/V tile,
- * 16-bit storage; for the tiled fused forward also its invocation grid (nx keys x ny row
- * groups), the head_dim chunk of its Q/K staging (dc4 vec4s), its V chunk (kc keys) and its
+ * 16-bit storage; for the tiled fused forward also each invocation's block (tm rows x tn
+ * keys), the invocation grid (nx x ny), the head_dim chunk of its Q/K staging (dc4 vec4s), its V chunk (kc keys) and its
  * shared-memory regions in vec4s (Q/K chunk or V chunk, probabilities, row partials). */
 typedef struct tiles {
     int d4, br, bc, f16;
-    int tiled, nx, ny, dc4, kc, sh_qk, sh_p, sh_r;
+    int tiled, tm, tn, nx, ny, dc4, kc, sh_qk, sh_p, sh_r;
 } tiles;
 
 typedef struct program {
@@ -189,6 +189,7 @@ static void gles_destroy(void *state)
     free(s);
 }
 
+/* Renderers that run shaders on the CPU (Mesa's llvmpipe and softpipe, SwiftShader). */
 static int cpu_renderer(const char *renderer)
 {
     return strstr(renderer, "llvmpipe") || strstr(renderer, "softpipe") || strstr(renderer, "SwiftShader");
@@ -320,30 +321,40 @@ static tiles rows_tiles(const gles_state *s, int32_t dim, int f16)
     return t;
 }
 
-/* The tiled variant (flash_tiled.comp): the largest (rows, keys) tile whose invocation grid
- * (a 4x4 score block each) fits the invocation limit and whose regions fit the shared-memory
- * limit, with the widest head_dim chunk (dc4 vec4s, 8 down to 2) and then the longest V
- * chunk (kc keys) that fit. Returns 0 where nothing fits (tiny limits). */
+/* The tiled variant (flash_tiled.comp): the first block shape (tm rows x tn keys per
+ * invocation, br x bc per workgroup) whose invocation grid fits the invocation limit and
+ * whose regions fit the shared-memory limit, with the widest head_dim chunk (dc4 vec4s, 8
+ * down to 2) and then the longest V chunk (kc keys) that fit. Returns 0 where nothing fits
+ * (tiny limits). */
 static int tiled_tiles(const gles_state *s, int32_t dim, int f16, tiles *out)
 {
-    static const int shapes[][2] = { { 64, 64 }, { 32, 64 }, { 32, 32 }, { 16, 16 } };
+    /* tm, tn, br, bc. GPUs: 4x4 blocks over 256 invocations, the fastest on the H200 (docs/perf/
+     * gles.md). CPU renderers run invocations as SIMD lanes and load shared memory one lane at
+     * a time, so what counts there is multiply-adds per load: 16x8 blocks (3.96x the standard
+     * on llvmpipe against 2.52x for 4x4; 32-row blocks miscompile there). */
+    static const int gpu[][4] = { { 4, 4, 64, 64 }, { 4, 4, 32, 64 }, { 4, 4, 32, 32 }, { 4, 4, 16, 16 } };
+    static const int cpu[][4] = { { 16, 8, 64, 64 }, { 8, 8, 64, 64 }, { 4, 4, 32, 32 }, { 4, 4, 16, 16 } };
+    const int(*shapes)[4] = cpu_renderer(s->renderer) ? cpu : gpu;
+    const size_t n_shapes = sizeof(gpu) / sizeof(gpu[0]);
     const int d4 = (dim + 3) / 4;
     int dc_max = 8;
     while (dc_max > 2 && dc_max / 2 >= d4)
         dc_max /= 2;
-    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
-        const int br = shapes[i][0], bc = shapes[i][1], nx = bc / 4, ny = br / 4;
+    for (size_t i = 0; i < n_shapes; i++) {
+        const int tm = shapes[i][0], tn = shapes[i][1], br = shapes[i][2], bc = shapes[i][3];
+        const int nx = bc / tn, ny = br / tm;
         if (nx * ny > s->max_invocations)
             continue;
-        const int sh_p = bc * (ny + 1), sh_r = nx * ny;
+        const int sh_p = bc * (ny * tm / 4 + 1), sh_r = nx * ny * tm / 4;
         for (int dc4 = dc_max; dc4 >= 2; dc4 /= 2) {
             const int qk = (br + bc) * (dc4 + 1);
             for (int kc = bc; kc >= 4; kc /= 2) {
                 const int sh_qk = qk > kc * d4 ? qk : kc * d4;
                 if ((int64_t)(sh_qk + sh_p + sh_r) * 16 > s->max_shared)
                     continue;
-                *out = (tiles){ .d4 = d4, .br = br, .bc = bc, .f16 = f16, .tiled = 1, .nx = nx, .ny = ny,
-                                .dc4 = dc4, .kc = kc, .sh_qk = sh_qk, .sh_p = sh_p, .sh_r = sh_r };
+                *out = (tiles){ .d4 = d4, .br = br, .bc = bc, .f16 = f16, .tiled = 1, .tm = tm, .tn = tn,
+                                .nx = nx, .ny = ny, .dc4 = dc4, .kc = kc, .sh_qk = sh_qk, .sh_p = sh_p,
+                                .sh_r = sh_r };
                 return 1;
             }
         }
@@ -382,10 +393,10 @@ static fa_status get_program(fa_context_t ctx, gles_state *s, int shader, const 
     char preamble[512];
     snprintf(preamble, sizeof(preamble),
              "#version 310 es\n#define D4 %d\n#define BR %d\n#define BC %d\n#define STORE_F16 %d\n"
-             "#define NX %d\n#define NY %d\n#define DC4 %d\n#define KC %d\n#define SH_P %d\n"
-             "#define SH_R %d\n#define SH_TOTAL %d\n",
-             t->d4, t->br, t->bc, t->f16, t->nx, t->ny, t->dc4, t->kc, t->sh_qk, t->sh_qk + t->sh_p,
-             t->sh_qk + t->sh_p + t->sh_r);
+             "#define TM %d\n#define TN %d\n#define NX %d\n#define NY %d\n#define DC4 %d\n#define KC %d\n"
+             "#define SH_P %d\n#define SH_R %d\n#define SH_TOTAL %d\n",
+             t->d4, t->br, t->bc, t->f16, t->tm, t->tn, t->nx, t->ny, t->dc4, t->kc, t->sh_qk,
+             t->sh_qk + t->sh_p, t->sh_qk + t->sh_p + t->sh_r);
     const char *parts[3] = { preamble, fa_gles_common, shader_src[shader] };
     GLuint sh = glCreateShader(GL_COMPUTE_SHADER);
     glShaderSource(sh, 3, parts, NULL);
@@ -445,9 +456,10 @@ static void gles_info(void *state, char *buf, size_t cap, size_t *len)
         if (t.tiled)
             fa_appendf(buf, cap, len,
                        "gles.forward.d%d: tiled (flash_tiled.comp), %d query rows x %d keys per step, "
-                       "%d x %d invocations of 4x4 score blocks, head_dim staged %d floats at a time, V "
-                       "%d keys at a time, %d bytes of shared memory\n",
-                       dims[i], t.br, t.bc, t.nx, t.ny, 4 * t.dc4, t.kc, 16 * (t.sh_qk + t.sh_p + t.sh_r));
+                       "%d x %d invocations of %dx%d score blocks, head_dim staged %d floats at a time, "
+                       "V %d keys at a time, %d bytes of shared memory\n",
+                       dims[i], t.br, t.bc, t.nx, t.ny, t.tm, t.tn, 4 * t.dc4, t.kc,
+                       16 * (t.sh_qk + t.sh_p + t.sh_r));
         else
             fa_appendf(buf, cap, len,
                        "gles.forward.d%d: rows (flash_forward.comp), one invocation per query row, %d "
