@@ -32,5 +32,5 @@ for fwd in tiled rows; do
     FLASHATTN_GLES_FORWARD=$fwd row --dtype $dt --seq 2048 --heads 32 --dim 128 --causal no --reps 5
   done
 done
-row --seq 4096 --seq-q 1 --heads 32 --dim 128 --causal yes --reps 20
+for dt in f32 f16; do row --dtype $dt --seq 4096 --seq-q 1 --heads 32 --dim 128 --causal yes --reps 20; done
 rm -f "$out/row.jsonl"
