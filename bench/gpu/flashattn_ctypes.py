@@ -36,7 +36,7 @@ class ContextOptions(C.Structure):
 class RunInfo(C.Structure):
     _fields_ = [("size", C.c_size_t), ("backend", C.c_int), ("backend_name", C.c_char_p),
                 ("kernel", C.c_char_p), ("block_q", C.c_int32), ("block_k", C.c_int32),
-                ("threads", C.c_int32), ("workspace_bytes", C.c_uint64)]
+                ("threads", C.c_int32), ("workspace_bytes", C.c_uint64), ("device_ms", C.c_double)]
 
 
 def load(path=None):
