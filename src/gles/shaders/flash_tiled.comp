@@ -10,8 +10,12 @@
 // keys at a time. Each element loaded from shared memory feeds TM or TN multiply-adds.
 // S never reaches global memory; the softmax statistics are float32 in exp2 units. Each
 // invocation keeps partial row sums over its own keys, added up once at the end.
+// KCOL = 1 stages the K chunk column-major instead (seed 000's layout: head_dim rows of BC
+// keys, no padding) and gives each invocation the TN adjacent keys TN*tx + jj, read as vec4s
+// of 4 keys at one head_dim index; the loads per multiply-add are the same, the bank pattern
+// and the staging's stores (scalar, transposed) are not.
 // Preamble: D4, BR (= TM NY), BC (= TN NX), TM and TN (multiples of 4), NX, NY, DC4, KC,
-// SH_P, SH_R, SH_TOTAL.
+// KCOL, SH_P, SH_R, SH_TOTAL.
 layout(local_size_x = NX, local_size_y = NY) in;
 
 layout(std430, binding = 3) writeonly buffer OBuf { vec4 o_data[]; };
@@ -34,6 +38,11 @@ shared vec4 sh[SH_TOTAL];
 #define SQ 0
 #define SK (BR * QP)
 #define SV 0
+#if KCOL
+#define KEY(jj) (TN * tx + (jj)) // the invocation's jj-th key in the tile
+#else
+#define KEY(jj) (tx + NX * (jj))
+#endif
 
 void main()
 {
@@ -62,7 +71,7 @@ void main()
     }
 
     for (int c0 = (lo / BC) * BC; c0 < hi; c0 += BC) {
-        // scores: component jj % 4 of sc[i * TN4 + jj / 4] = q(row rme + i) . k(key c0 + tx + NX*jj)
+        // scores: component jj % 4 of sc[i * TN4 + jj / 4] = q(row rme + i) . k(key c0 + KEY(jj))
         vec4 sc[TM * TN4];
         for (int e = 0; e < TM * TN4; e++)
             sc[e] = vec4(0.0);
@@ -76,19 +85,37 @@ void main()
             for (int e = lid; e < BC * DC4; e += NT) {
                 int r = e / DC4, c = e % DC4, j = c0 + r;
                 bool ok = j < s.sk && dc + c < D4;
-                sh[SK + r * QP + c] = ok ? LOAD4(k_data, (kbase + j) * D4 + dc + c) : vec4(0.0);
+                vec4 kv = ok ? LOAD4(k_data, (kbase + j) * D4 + dc + c) : vec4(0.0);
+#if KCOL // head_dim index 4c + x, keys r: component r % 4 of vec4 r / 4 of that row
+                for (int x = 0; x < 4; x++)
+                    sh[SK + (4 * c + x) * (BC / 4) + r / 4][r % 4] = kv[x];
+#else
+                sh[SK + r * QP + c] = kv;
+#endif
             }
             barrier();
             for (int c = 0; c < DC4; c++) {
+#if KCOL
+                vec4 qv[TM];
+                for (int i = 0; i < TM; i++)
+                    qv[i] = sh[SQ + (TM * ty + i) * QP + c];
+                for (int x = 0; x < 4; x++)
+                    for (int j4 = 0; j4 < TN4; j4++) {
+                        vec4 k4 = sh[SK + (4 * c + x) * (BC / 4) + tx * TN4 + j4]; // keys KEY(4 j4) + 0..3
+                        for (int i = 0; i < TM; i++)
+                            sc[i * TN4 + j4] += qv[i][x] * k4;
+                    }
+#else
                 vec4 kv[TN];
                 for (int jj = 0; jj < TN; jj++)
-                    kv[jj] = sh[SK + (tx + NX * jj) * QP + c];
+                    kv[jj] = sh[SK + KEY(jj) * QP + c];
                 for (int i = 0; i < TM; i++) {
                     vec4 qv = sh[SQ + (TM * ty + i) * QP + c];
                     for (int j4 = 0; j4 < TN4; j4++)
                         sc[i * TN4 + j4] += vec4(dot(qv, kv[4 * j4]), dot(qv, kv[4 * j4 + 1]),
                                                  dot(qv, kv[4 * j4 + 2]), dot(qv, kv[4 * j4 + 3]));
                 }
+#endif
             }
         }
         // logits in exp2 units, masked; the tile's row maxima across the row's NX invocations
@@ -98,7 +125,7 @@ void main()
             float mx = NEG_INF;
             for (int jj = 0; jj < TN; jj++) {
                 float x = logit2(sc[i * TN4 + jj / 4][jj % 4]);
-                if (!full && !visible(rme + i, c0 + tx + NX * jj, s))
+                if (!full && !visible(rme + i, c0 + KEY(jj), s))
                     x = NEG_INF;
                 sc[i * TN4 + jj / 4][jj % 4] = x;
                 mx = max(mx, x);
@@ -129,7 +156,7 @@ void main()
                               sc[(4 * g + 2) * TN4 + jj / 4][jj % 4], sc[(4 * g + 3) * TN4 + jj / 4][jj % 4]);
                 vec4 p = exp2(x - muse[g]);
                 lrow[g] += p;
-                sh[SH_P + (tx + NX * jj) * PP + ty * G + g] = p;
+                sh[SH_P + KEY(jj) * PP + ty * G + g] = p;
             }
         // output: acc += P V over the tile, V staged KC keys at a time over the Q/K region
         for (int k0 = 0; k0 < BC; k0 += KC) {
