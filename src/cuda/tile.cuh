@@ -479,12 +479,17 @@ __device__ __forceinline__ float dsum_of(const fa_cuda_params &p, const seq_t &s
 struct grad_elem {
     float pd, ds;
 };
+// CAP false: a call without softcap, where a masked element (x = -inf) gives pr = 0 and so
+// ds = 0 by itself (dP and D are finite), and the guards below are not needed.
+template <bool CAP = true>
 __device__ __forceinline__ grad_elem grad_of(const fa_cuda_params &p, float x, float dp, float lse2,
                                              float dsum, bool keep)
 {
+    const float pr = exp2_fast(x - lse2);
+    if constexpr (!CAP)
+        return grad_elem{ keep ? pr : 0.0f, pr * ((keep ? dp * p.dropout_scale : 0.0f) - dsum) };
     // selects, no branches: a masked element (x = -inf, pr = 0) must not reach cap_grad's
     // infinities, and per-element branches would keep the tile's registers from the allocator
-    const float pr = exp2_fast(x - lse2);
     const bool live = pr > 0.0f;
     const float ds = pr * ((keep ? dp * p.dropout_scale : 0.0f) - dsum) * cap_grad(p, live ? x : 0.0f);
     return grad_elem{ keep && live ? pr : 0.0f, live ? ds : 0.0f };
@@ -521,15 +526,11 @@ __device__ __forceinline__ void dq_grads(const fa_cuda_params &p, const mask_t &
 // queries' lse2 and D from sl / sd (indexed from query0). RAW_LSE: sl holds the forward's
 // natural-log lse as stored (-inf for a row that saw no key), converted here. DROPOUT false:
 // a kernel built for calls without dropout (the mask's registers left out).
-template <int NQ, bool RAW_LSE = false, bool DROPOUT = true>
-__device__ __forceinline__ void kv_grads(const fa_cuda_params &p, const mask_t &mk, int b, int h,
-                                         float (&sc)[1][NQ][4], float (&dp)[1][NQ][4],
-                                         const float *sl, const float *sd, int64_t query0,
-                                         int64_t key0, int g, int t)
+template <int NQ, bool RAW_LSE, bool DROPOUT, bool CAP>
+__device__ __forceinline__ void kv_elems(const fa_cuda_params &p, int b, int h, float (&sc)[1][NQ][4],
+                                         float (&dp)[1][NQ][4], const float *sl, const float *sd,
+                                         int64_t query0, int64_t key0, int g, int t)
 {
-    to_logits(p, sc);
-    if (!mk.all_visible(query0, query0 + 8 * NQ, key0, key0 + 16))
-        apply_mask<true>(mk, sc, key0 + g, query0 + 2 * t);
 #pragma unroll
     for (int nt = 0; nt < NQ; nt++)
 #pragma unroll
@@ -543,10 +544,24 @@ __device__ __forceinline__ void kv_grads(const fa_cuda_params &p, const mask_t &
                 keep = dropout_keep(p, w, j);
             }
             const float l = RAW_LSE ? (sl[il] == -INFINITY ? INFINITY : sl[il] * kLog2e) : sl[il];
-            const grad_elem ge = grad_of(p, sc[0][nt][e], dp[0][nt][e], l, sd[il], keep);
+            const grad_elem ge = grad_of<CAP>(p, sc[0][nt][e], dp[0][nt][e], l, sd[il], keep);
             sc[0][nt][e] = ge.pd;
             dp[0][nt][e] = ge.ds;
         }
+}
+template <int NQ, bool RAW_LSE = false, bool DROPOUT = true>
+__device__ __forceinline__ void kv_grads(const fa_cuda_params &p, const mask_t &mk, int b, int h,
+                                         float (&sc)[1][NQ][4], float (&dp)[1][NQ][4],
+                                         const float *sl, const float *sd, int64_t query0,
+                                         int64_t key0, int g, int t)
+{
+    to_logits(p, sc);
+    if (!mk.all_visible(query0, query0 + 8 * NQ, key0, key0 + 16))
+        apply_mask<true>(mk, sc, key0 + g, query0 + 2 * t);
+    if (p.softcap > 0.0f)
+        kv_elems<NQ, RAW_LSE, DROPOUT, true>(p, b, h, sc, dp, sl, sd, query0, key0, g, t);
+    else
+        kv_elems<NQ, RAW_LSE, DROPOUT, false>(p, b, h, sc, dp, sl, sd, query0, key0, g, t);
 }
 
 } // namespace fa
