@@ -511,14 +511,15 @@ static int64_t packed_rows(const fa_problem *p, int is_k)
     return (int64_t)p->batch * (is_k ? d->seqlen_k : d->seqlen_q);
 }
 
-/* The buffers a call creates: repacked q, k, v, o (float32) and lse; the standard
- * algorithm adds its [heads, rows, max_k] float scores. */
-static size_t call_bytes(const tiles *t, const fa_problem *p, int standard)
+/* The buffers a call creates: repacked q, k, v (those not read in place), o (float32) and
+ * lse; the standard algorithm adds its [heads, rows, max_k] float scores. */
+static size_t call_bytes(const tiles *t, const fa_problem *p, int standard, const int in_place[3])
 {
     const size_t esz = t->f16 ? 2 : 4, row = (size_t)t->d4 * 4;
     const size_t qrows = (size_t)packed_rows(p, 0), krows = (size_t)packed_rows(p, 1);
-    size_t bytes = (size_t)p->heads_q * qrows * row * (esz + 4) + 2 * (size_t)p->heads_kv * krows * row * esz +
-                   (size_t)p->heads_q * qrows * 4;
+    const size_t n_kv = (size_t)!in_place[1] + (size_t)!in_place[2];
+    size_t bytes = (size_t)p->heads_q * qrows * row * ((in_place[0] ? 0 : esz) + 4) +
+                   n_kv * (size_t)p->heads_kv * krows * row * esz + (size_t)p->heads_q * qrows * 4;
     if (standard)
         bytes += (size_t)p->heads_q * qrows * (size_t)p->max_k * 4;
     const int splits = decode_splits(p);
@@ -527,7 +528,7 @@ static size_t call_bytes(const tiles *t, const fa_problem *p, int standard)
     return bytes;
 }
 
-static void report(const tiles *t, const fa_problem *p, fa_run_info *info)
+static void report(const tiles *t, const fa_problem *p, const int in_place[3], fa_run_info *info)
 {
     const int standard = p->desc->algorithm == FA_ALGORITHM_STANDARD, splits = decode_splits(p);
     if (splits) {
@@ -543,16 +544,7 @@ static void report(const tiles *t, const fa_problem *p, fa_run_info *info)
         info->block_k = standard ? p->max_k : t->bc;
         info->threads = standard ? STD_GROUP : t->tiled ? t->nx * t->ny : t->br;
     }
-    info->workspace_bytes = call_bytes(t, p, standard);
-}
-
-static fa_status gles_plan(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
-{
-    tiles t = { 0 };
-    fa_status st = check(ctx, state, p, &t);
-    if (st == FA_OK)
-        report(&t, p, info);
-    return st;
+    info->workspace_bytes = call_bytes(t, p, standard, in_place);
 }
 
 /* Element e of a tensor view at (batch b, sequence row r, head h), as a double. */
@@ -638,8 +630,16 @@ static fa_status scratch_buffer(fa_context_t ctx, gles_state *s, int slot, const
     return FA_OK;
 }
 
+/* Where the attention shaders read q, k and v (u_qv, u_kv, u_vv): offset, batch stride, row
+ * stride and head stride in the shaders' 4-element units, of the call's repacked copy or of
+ * the caller's buffer read in place. */
+typedef struct qkv_at {
+    GLint v[3][4];
+} qkv_at;
+
 /* Every uniform the shaders declare (a shader ignores those it lacks: location -1). */
-static void set_uniforms(GLuint prog, const fa_problem *p, int64_t qrows, int64_t krows, int splits)
+static void set_uniforms(GLuint prog, const fa_problem *p, int64_t qrows, int64_t krows, int splits,
+                         const qkv_at *at)
 {
     const fa_attention_desc *d = p->desc;
     const int64_t cap = (int64_t)1 << 30;
@@ -661,16 +661,19 @@ static void set_uniforms(GLuint prog, const fa_problem *p, int64_t qrows, int64_
     glUniform1i(glGetUniformLocation(prog, "u_max_k"), p->max_k);
     glUniform1i(glGetUniformLocation(prog, "u_write_lse"), p->desc->lse != NULL);
     glUniform1i(glGetUniformLocation(prog, "u_splits"), splits);
+    static const char *const names[3] = { "u_qv", "u_kv", "u_vv" };
+    for (int i = 0; i < 3; i++)
+        glUniform4i(glGetUniformLocation(prog, names[i]), at->v[i][0], at->v[i][1], at->v[i][2], at->v[i][3]);
 }
 
 /* Make shader's program (compiled on first use) current with the call's uniforms. */
 static fa_status use_pass(fa_context_t ctx, gles_state *s, int shader, const tiles *t,
-                          const fa_problem *p, int64_t qrows, int64_t krows, int splits)
+                          const fa_problem *p, int64_t qrows, int64_t krows, int splits, const qkv_at *at)
 {
     GLuint prog;
     fa_status st = get_program(ctx, s, shader, t, &prog);
     if (st == FA_OK)
-        set_uniforms(prog, p, qrows, krows, splits);
+        set_uniforms(prog, p, qrows, krows, splits, at);
     return st;
 }
 
@@ -916,6 +919,72 @@ static void move_pass(const gles_state *s, GLuint prog, const gl_view *v, int64_
         glDispatchCompute((GLuint)groups, (GLuint)heads, 1);
 }
 
+/* Where a call's tensors are: all in GL buffers (*resident: their views in gv, q k v o lse)
+ * or all in host memory. And where the attention shaders read q, k and v (qkv): in place,
+ * from the caller's buffer, where it holds them in the storage type as rows of whole aligned
+ * vec4s (no repacking pass; in_place[i] set), else from the call's repacked copy. */
+static fa_status call_views(fa_context_t ctx, const gles_state *s, const fa_problem *p, const tiles *t,
+                            int *resident, gl_view gv[5], int in_place[3], qkv_at *qkv)
+{
+    const fa_attention_desc *d = p->desc;
+    const int64_t qrows = packed_rows(p, 0), krows = packed_rows(p, 1);
+    const int64_t nb = p->varlen ? 1 : p->batch;
+    const int64_t sq_rows = p->varlen ? qrows : d->seqlen_q, sk_rows = p->varlen ? krows : d->seqlen_k;
+    size_t at;
+    fa_status st;
+    *resident = d->q.data && find_mem(s, d->q.data, 0, &at) != NULL;
+    if (*resident) {
+        const fa_tensor *tv[4] = { &d->q, &d->k, &d->v, &d->o };
+        const char *names[4] = { "q.data", "k.data", "v.data", "o.data" };
+        for (int i = 0; i < 4; i++) {
+            const int is_k = i == 1 || i == 2;
+            if ((st = gl_view_of(ctx, s, tv[i]->data, tv[i]->dtype, tv[i]->stride_batch, tv[i]->stride_seq,
+                                 tv[i]->stride_head, nb, is_k ? sk_rows : sq_rows,
+                                 is_k ? p->heads_kv : p->heads_q, p->dim, names[i], &gv[i])) != FA_OK)
+                return st;
+        }
+        if (d->lse && (st = gl_view_of(ctx, s, d->lse, FA_DTYPE_F32, p->lse_sb, p->lse_ss, p->lse_sh, nb,
+                                       sq_rows, p->heads_q, 1, "lse", &gv[4])) != FA_OK)
+            return st;
+    } else {
+        const void *ptrs[4] = { d->k.data, d->v.data, d->o.data, d->lse };
+        const char *names[4] = { "k.data", "v.data", "o.data", "lse" };
+        for (int i = 0; i < 4; i++)
+            if (ptrs[i] && find_mem(s, ptrs[i], 0, &at))
+                return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                                "%s is in a GL buffer while q.data is host memory: pass q, k, v, o "
+                                "(and lse) all in buffers from fa_memory_alloc, or all in host memory",
+                                names[i]);
+    }
+    for (int i = 0; i < 3; i++) {
+        const int64_t rows = i ? krows : qrows, per_seq = i ? d->seqlen_k : d->seqlen_q;
+        const gl_view *v = &gv[i];
+        const int one_seq = p->varlen || p->batch == 1; /* the batch stride is never used */
+        in_place[i] = *resident && v->type == (t->f16 ? 1 : 0) && p->dim % 4 == 0 && v->off % 4 == 0 &&
+                      (one_seq || v->sb % 4 == 0) && v->ss % 4 == 0 && v->sh % 4 == 0;
+        if (in_place[i]) {
+            const GLint w[4] = { v->off / 4, one_seq ? 0 : v->sb / 4, v->ss / 4, v->sh / 4 };
+            memcpy(qkv->v[i], w, sizeof(w));
+        } else { /* [heads][packed rows][d4] */
+            const GLint w[4] = { 0, p->varlen ? 0 : (GLint)(per_seq * t->d4), t->d4, (GLint)(rows * t->d4) };
+            memcpy(qkv->v[i], w, sizeof(w));
+        }
+    }
+    return FA_OK;
+}
+
+static fa_status gles_plan(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
+{
+    tiles t = { 0 };
+    int resident, in_place[3];
+    gl_view gv[5] = { { 0 } };
+    qkv_at qkv;
+    fa_status st = check(ctx, state, p, &t);
+    if (st == FA_OK && (st = call_views(ctx, state, p, &t, &resident, gv, in_place, &qkv)) == FA_OK)
+        report(&t, p, in_place, info);
+    return st;
+}
+
 /* A finished call's timer query in ms; 0 where the GPU reported a disjoint event (clock
  * change, reset) since it began, which makes the result meaningless. */
 static double timer_ms(const gles_state *s, GLuint timer)
@@ -945,36 +1014,12 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
                         "the tensors (%lld query rows, %lld key rows, %d heads) exceed the 32-bit "
                         "indexing of GLES shaders",
                         (long long)qrows, (long long)krows, (int)p->heads_q);
-    /* tensors in GL buffers (all of them) or in host memory (all of them) */
-    size_t at;
-    const int resident = d->q.data && find_mem(s, d->q.data, 0, &at) != NULL;
+    int resident, in_place[3];
     gl_view gv[5] = { { 0 } };
-    const int64_t nb = p->varlen ? 1 : p->batch;
-    const int64_t sq_rows = p->varlen ? qrows : d->seqlen_q, sk_rows = p->varlen ? krows : d->seqlen_k;
+    qkv_at qkv;
+    if ((st = call_views(ctx, s, p, &t, &resident, gv, in_place, &qkv)) != FA_OK)
+        return st;
     const int rps_q = p->varlen ? 0 : d->seqlen_q, rps_k = p->varlen ? 0 : d->seqlen_k;
-    if (resident) {
-        const fa_tensor *tv[4] = { &d->q, &d->k, &d->v, &d->o };
-        const char *names[4] = { "q.data", "k.data", "v.data", "o.data" };
-        for (int i = 0; i < 4; i++) {
-            const int is_k = i == 1 || i == 2;
-            if ((st = gl_view_of(ctx, s, tv[i]->data, tv[i]->dtype, tv[i]->stride_batch, tv[i]->stride_seq,
-                                 tv[i]->stride_head, nb, is_k ? sk_rows : sq_rows,
-                                 is_k ? p->heads_kv : p->heads_q, p->dim, names[i], &gv[i])) != FA_OK)
-                return st;
-        }
-        if (d->lse && (st = gl_view_of(ctx, s, d->lse, FA_DTYPE_F32, p->lse_sb, p->lse_ss, p->lse_sh, nb,
-                                       sq_rows, p->heads_q, 1, "lse", &gv[4])) != FA_OK)
-            return st;
-    } else {
-        const void *ptrs[4] = { d->k.data, d->v.data, d->o.data, d->lse };
-        const char *names[4] = { "k.data", "v.data", "o.data", "lse" };
-        for (int i = 0; i < 4; i++)
-            if (ptrs[i] && find_mem(s, ptrs[i], 0, &at))
-                return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
-                                "%s is in a GL buffer while q.data is host memory: pass q, k, v, o "
-                                "(and lse) all in buffers from fa_memory_alloc, or all in host memory",
-                                names[i]);
-    }
     size_t qb = packed_bytes(&t, p->heads_q, qrows), kb = packed_bytes(&t, p->heads_kv, krows), vb = kb;
     void *hq = NULL, *hk = NULL, *hv = NULL;
     if (!resident) {
@@ -998,10 +1043,16 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
         goto out;
     GLuint bufs[8] = { 0 }, timer = 0;
     int timing = 0; /* the timer query is active */
-    if ((st = scratch_buffer(ctx, s, 0, hq, qb, &bufs[0])) != FA_OK ||
-        (st = scratch_buffer(ctx, s, 1, hk, kb, &bufs[1])) != FA_OK ||
-        (st = scratch_buffer(ctx, s, 2, hv, vb, &bufs[2])) != FA_OK ||
-        (st = scratch_buffer(ctx, s, 3, NULL, ob, &bufs[3])) != FA_OK ||
+    /* q, k and v: the caller's buffer where it is read in place, else a repacked copy */
+    const void *host[3] = { hq, hk, hv };
+    const size_t bytes[3] = { qb, kb, vb };
+    for (int i = 0; i < 3; i++) {
+        if (in_place[i])
+            bufs[i] = gv[i].mem->name;
+        else if ((st = scratch_buffer(ctx, s, i, host[i], bytes[i], &bufs[i])) != FA_OK)
+            goto release;
+    }
+    if ((st = scratch_buffer(ctx, s, 3, NULL, ob, &bufs[3])) != FA_OK ||
         (st = scratch_buffer(ctx, s, 4, NULL, lb, &bufs[4])) != FA_OK ||
         (st = scratch_buffer(ctx, s, 5, cu, sizeof(int32_t) * (size_t)(2 * p->batch + 2), &bufs[5])) != FA_OK)
         goto release;
@@ -1011,11 +1062,13 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
     if ((st = gl_check(ctx, "uploading the tensors")) != FA_OK)
         goto release;
     if (resident) { /* the caller's views into the layout the attention shaders read */
-        if ((st = use_pass(ctx, s, SH_PACK, &t, p, qrows, krows, 0)) != FA_OK)
+        if ((st = use_pass(ctx, s, SH_PACK, &t, p, qrows, krows, 0, &qkv)) != FA_OK)
             goto release;
         GLint prog = 0;
         glGetIntegerv(GL_CURRENT_PROGRAM, &prog);
         for (int i = 0; i < 3; i++) {
+            if (in_place[i])
+                continue;
             glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 6, bufs[i]);
             move_pass(s, (GLuint)prog, &gv[i], i ? krows : qrows, i ? p->heads_kv : p->heads_q, p->dim,
                       i ? rps_k : rps_q, t.d4, 0);
@@ -1036,19 +1089,19 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
         const size_t parts = (size_t)p->heads_q * (size_t)p->batch * (size_t)splits;
         if ((st = scratch_buffer(ctx, s, 6, NULL, parts * (size_t)t.d4 * 16, &bufs[6])) != FA_OK ||
             (st = scratch_buffer(ctx, s, 7, NULL, parts * 8, &bufs[7])) != FA_OK ||
-            (st = use_pass(ctx, s, SH_DEC_SPLIT, &t, p, qrows, krows, splits)) != FA_OK)
+            (st = use_pass(ctx, s, SH_DEC_SPLIT, &t, p, qrows, krows, splits, &qkv)) != FA_OK)
             goto release;
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 3, bufs[6]);
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 4, bufs[7]);
         glDispatchCompute((GLuint)splits, (GLuint)p->heads_q, (GLuint)p->batch);
         glMemoryBarrier(GL_SHADER_STORAGE_BARRIER_BIT);
-        if ((st = use_pass(ctx, s, SH_DEC_MERGE, &t, p, qrows, krows, splits)) != FA_OK)
+        if ((st = use_pass(ctx, s, SH_DEC_MERGE, &t, p, qrows, krows, splits, &qkv)) != FA_OK)
             goto release;
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 6, bufs[3]);
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 7, bufs[4]);
         glDispatchCompute(1, (GLuint)p->heads_q, (GLuint)p->batch);
     } else if (!standard) {
-        if ((st = use_pass(ctx, s, t.tiled ? SH_FLASH_TILED : SH_FLASH, &t, p, qrows, krows, 0)) != FA_OK)
+        if ((st = use_pass(ctx, s, t.tiled ? SH_FLASH_TILED : SH_FLASH, &t, p, qrows, krows, 0, &qkv)) != FA_OK)
             goto release;
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 3, bufs[3]);
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 4, bufs[4]);
@@ -1059,7 +1112,7 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
             goto release;
         const GLuint groups = (GLuint)((p->max_q + STD_GROUP - 1) / STD_GROUP);
         for (int pass = SH_SCORES; pass <= SH_PV; pass++) {
-            if ((st = use_pass(ctx, s, pass, &t, p, qrows, krows, 0)) != FA_OK)
+            if ((st = use_pass(ctx, s, pass, &t, p, qrows, krows, 0, &qkv)) != FA_OK)
                 goto release;
             glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 3, bufs[6]);
             glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 4, pass == SH_PV ? bufs[3] : bufs[4]);
@@ -1073,7 +1126,7 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
     glMemoryBarrier(GL_BUFFER_UPDATE_BARRIER_BIT | GL_SHADER_STORAGE_BARRIER_BIT);
     if (resident) { /* o and lse into the caller's buffers, on the GPU */
         if ((st = gl_check(ctx, "running the attention shaders")) != FA_OK ||
-            (st = use_pass(ctx, s, SH_UNPACK, &t, p, qrows, krows, 0)) != FA_OK)
+            (st = use_pass(ctx, s, SH_UNPACK, &t, p, qrows, krows, 0, &qkv)) != FA_OK)
             goto release;
         GLint prog = 0;
         glGetIntegerv(GL_CURRENT_PROGRAM, &prog);
@@ -1087,7 +1140,7 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
          * context, when shared, reads the results next) */
         glFinish();
         if ((st = gl_check(ctx, "writing o and lse into their GL buffers")) == FA_OK) {
-            report(&t, p, info);
+            report(&t, p, in_place, info);
             info->device_ms = timer_ms(s, timer);
         }
         goto release;
@@ -1113,7 +1166,7 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
                         hl[(size_t)h * qrows + (size_t)(r0 + i)];
             }
     }
-    report(&t, p, info);
+    report(&t, p, in_place, info);
     info->device_ms = timer_ms(s, timer);
 release:
     if (timing) /* left by an error between the dispatches */

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: MIT
 // Shared by every attention shader (after the #define preamble the backend writes: D4, BR,
-// BC, STORE_F16). Tensors arrive repacked by the host: q and o as [heads_q][rows][D4 vec4],
-// k and v as [heads_kv][krows][D4 vec4], rows in packed order (sequence b's rows start at
-// cu[b], or b * seqlen when every sequence has the same length).
+// BC, STORE_F16, ...). q, k and v are read where u_qv / u_kv / u_vv say (row_at): either a
+// copy the call repacked as [heads][rows][D4 vec4] (rows in packed order: sequence b's rows
+// start at cu[b], or b * seqlen when every sequence has the same length), or the caller's
+// own GL buffer in place when its layout allows vec4 reads. o, lse and the standard
+// algorithm's scores are [heads_q][rows][...] in the call's buffers.
 precision highp float;
 precision highp int;
 
@@ -29,6 +31,8 @@ layout(std430, binding = 5) readonly buffer CuBuf { int cu[]; }; // cu_q[0..batc
 
 uniform int u_batch, u_heads_q, u_group, u_seqlen_q, u_seqlen_k, u_varlen;
 uniform int u_qrows, u_krows; // packed rows of q (and o) and of k (and v) per head
+// (offset, batch stride, row stride, head stride) of q, k and v in LOAD4 units
+uniform ivec4 u_qv, u_kv, u_vv;
 uniform int u_win_left, u_win_right; // clamped to 2^30 when unbounded
 uniform float u_scale_log2;          // softmax scale * log2(e)
 uniform float u_softcap, u_cap_in, u_cap_out; // cap, scale / cap, cap * log2(e); cap 0 = off
@@ -56,6 +60,16 @@ seq_t seq_of(int b)
     }
     return s;
 }
+
+// Where row r of sequence b (s = seq_of(b)), head h of a q, k or v view starts, in LOAD4
+// units; varlen rows count from the sequence's offset in the packed rows.
+int row_at(ivec4 v, int seq_row0, int b, int r, int h)
+{
+    return v.x + (u_varlen != 0 ? seq_row0 * v.z : b * v.y) + r * v.z + h * v.w;
+}
+#define Q_ROW(s, b, r, h) row_at(u_qv, (s).q0, b, r, h)
+#define K_ROW(s, b, r, h) row_at(u_kv, (s).k0, b, r, h)
+#define V_ROW(s, b, r, h) row_at(u_vv, (s).k0, b, r, h)
 
 // tanh without exp overflow: drivers that build it from exp(2x) give NaN for large x
 float safe_tanh(float x)

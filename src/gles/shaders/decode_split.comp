@@ -30,7 +30,7 @@ void main()
     int c_lo = lo + split * chunk, c_hi = min(hi, c_lo + chunk);
     int hk = h / u_group;
     for (int c = t; c < D4; c += 64)
-        sh_q[c] = LOAD4(q_data, (h * u_qrows + s.q0 + i) * D4 + c);
+        sh_q[c] = LOAD4(q_data, Q_ROW(s, b, i, h) + c);
     barrier();
 
     float m = NEG_INF, l = 0.0;
@@ -39,7 +39,7 @@ void main()
         int j = j0 + t;
         float x = NEG_INF;
         if (j < c_hi) {
-            int krow = (hk * u_krows + s.k0 + j) * D4;
+            int krow = K_ROW(s, b, j, hk);
             float dot4 = 0.0;
             for (int c = 0; c < D4; c++)
                 dot4 += dot(sh_q[c], LOAD4(k_data, krow + c));
@@ -58,7 +58,7 @@ void main()
             float p = exp2(sh_p[k] - mx);
             l += p;
             if (t < D4)
-                acc += p * LOAD4(v_data, (hk * u_krows + s.k0 + j0 + k) * D4 + t);
+                acc += p * LOAD4(v_data, V_ROW(s, b, j0 + k, hk) + t);
         }
         m = mx;
         barrier(); // sh_p is rewritten next tile

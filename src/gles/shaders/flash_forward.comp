@@ -31,22 +31,20 @@ void main()
 
     vec4 qv[D4];
     vec4 acc[D4];
-    int qrow = (h * u_qrows + s.q0 + (valid ? i : 0)) * D4;
+    int qrow = Q_ROW(s, b, valid ? i : 0, h);
     for (int c = 0; c < D4; c++) {
         qv[c] = valid ? LOAD4(q_data, qrow + c) : vec4(0.0);
         acc[c] = vec4(0.0);
     }
     float m = NEG_INF, l = 0.0;
 
-    int kbase = hk * u_krows + s.k0;
     for (int c0 = (lo / BC) * BC; c0 < hi; c0 += BC) {
         barrier(); // the previous tile is read
         for (int e = lid; e < BC * D4; e += BR) {
             int j = c0 + e / D4, c = e % D4;
             bool in_seq = j < s.sk;
-            int row = (kbase + (in_seq ? j : 0)) * D4 + c;
-            sh_k[e] = in_seq ? LOAD4(k_data, row) : vec4(0.0);
-            sh_v[e] = in_seq ? LOAD4(v_data, row) : vec4(0.0);
+            sh_k[e] = in_seq ? LOAD4(k_data, K_ROW(s, b, j, hk) + c) : vec4(0.0);
+            sh_v[e] = in_seq ? LOAD4(v_data, V_ROW(s, b, j, hk) + c) : vec4(0.0);
         }
         barrier();
         if (!valid)

@@ -58,7 +58,7 @@ void main()
     int r1 = min(r0 + BR, s.sq);
     int lo = max(0, r0 + d - u_win_left);
     int hi = min(s.sk, (r1 - 1) + d + u_win_right + 1);
-    int qbase = h * u_qrows + s.q0, kbase = hk * u_krows + s.k0;
+    int qbase = h * u_qrows + s.q0; // o and lse rows
     int rme = r0 + TM * ty; // the invocation's first row
 
     vec4 acc[TM * DV4]; // acc[i * DV4 + m]: row rme + i, output vec4 tx + NX*m
@@ -80,12 +80,12 @@ void main()
             for (int e = lid; e < BR * DC4; e += NT) {
                 int r = e / DC4, c = e % DC4, i = r0 + r;
                 bool ok = i < s.sq && dc + c < D4;
-                sh[SQ + r * QP + c] = ok ? LOAD4(q_data, (qbase + i) * D4 + dc + c) : vec4(0.0);
+                sh[SQ + r * QP + c] = ok ? LOAD4(q_data, Q_ROW(s, b, i, h) + dc + c) : vec4(0.0);
             }
             for (int e = lid; e < BC * DC4; e += NT) {
                 int r = e / DC4, c = e % DC4, j = c0 + r;
                 bool ok = j < s.sk && dc + c < D4;
-                vec4 kv = ok ? LOAD4(k_data, (kbase + j) * D4 + dc + c) : vec4(0.0);
+                vec4 kv = ok ? LOAD4(k_data, K_ROW(s, b, j, hk) + dc + c) : vec4(0.0);
 #if KCOL // head_dim index 4c + x, keys r: component r % 4 of vec4 r / 4 of that row
                 for (int x = 0; x < 4; x++)
                     sh[SK + (4 * c + x) * (BC / 4) + r / 4][r % 4] = kv[x];
@@ -163,7 +163,7 @@ void main()
             barrier(); // P written, Q/K (or the previous V chunk) read
             for (int e = lid; e < KC * D4; e += NT) {
                 int j = c0 + k0 + e / D4;
-                sh[SV + e] = j < s.sk ? LOAD4(v_data, (kbase + j) * D4 + e % D4) : vec4(0.0);
+                sh[SV + e] = j < s.sk ? LOAD4(v_data, V_ROW(s, b, j, hk) + e % D4) : vec4(0.0);
             }
             barrier();
             for (int j = 0; j < KC; j++) {

@@ -21,7 +21,7 @@ void main()
         for (int j = 0; j < s.sk; j++) {
             float p = s_data[srow + j];
             if (p != 0.0)
-                acc += p * LOAD4(v_data, (hk * u_krows + s.k0 + j) * D4 + c);
+                acc += p * LOAD4(v_data, V_ROW(s, b, j, hk) + c);
         }
         o_data[orow + c] = acc;
     }

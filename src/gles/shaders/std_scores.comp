@@ -14,12 +14,12 @@ void main()
     if (i >= s.sq)
         return;
     int hk = h / u_group;
-    int qrow = (h * u_qrows + s.q0 + i) * D4;
+    int qrow = Q_ROW(s, b, i, h);
     int srow = (h * u_qrows + s.q0 + i) * u_max_k;
     for (int j = 0; j < s.sk; j++) {
         float x = NEG_INF;
         if (visible(i, j, s)) {
-            int krow = (hk * u_krows + s.k0 + j) * D4;
+            int krow = K_ROW(s, b, j, hk);
             float acc = 0.0;
             for (int c = 0; c < D4; c++)
                 acc += dot(LOAD4(q_data, qrow + c), LOAD4(k_data, krow + c));
