@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
-// The fused forward for GPUs: one workgroup per (query tile of BR rows, query head,
-// sequence) as in flash_forward.comp, but the tile's scores and output are spread over
+// The fused forward in register blocks: one workgroup per (query tile of BR rows, query
+// head, sequence) as in flash_forward.comp, but the tile's scores and output are spread over
 // NX x NY invocations as register blocks, so no invocation holds a whole head_dim row (at
 // d128 that is 256 floats, more than an NVIDIA invocation's registers). Invocation (tx, ty)
 // owns the TM query rows TM*ty + i. Per K/V tile it computes their scores against the TN keys
