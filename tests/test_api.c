@@ -495,6 +495,8 @@ static void test_gles_buffers(void **state)
     assert_int_equal(fa_forward(gl, &f->d), FA_OK);
     memcpy(o_host, f->o, sizeof(o_host));
     memcpy(lse_host, f->lse, sizeof(lse_host));
+    fa_run_info ri_host = { .size = sizeof(ri_host) }, ri_gl = { .size = sizeof(ri_gl) };
+    assert_int_equal(fa_context_last_run(gl, &ri_host), FA_OK);
 
     void *bq, *bk, *bv, *bo, *bl;
     assert_int_equal(fa_memory_alloc(gl, sizeof(f->q), &bq), FA_OK);
@@ -514,6 +516,24 @@ static void test_gles_buffers(void **state)
     assert_int_equal(fa_memory_download(gl, lse_gl, bl, sizeof(lse_gl)), FA_OK);
     assert_memory_equal(o_gl, o_host, sizeof(o_gl));
     assert_memory_equal(lse_gl, lse_host, sizeof(lse_gl));
+    /* f32 rows of whole vec4s: q, k and v read in place, no copies of them made */
+    assert_int_equal(fa_context_last_run(gl, &ri_gl), FA_OK);
+    assert_true(ri_gl.workspace_bytes < ri_host.workspace_bytes);
+    /* k two floats into its buffer: not vec4-aligned, so repacked first; the same bits */
+    void *bk2;
+    assert_int_equal(fa_memory_alloc(gl, sizeof(f->k) + 2 * sizeof(float), &bk2), FA_OK);
+    assert_int_equal(fa_memory_upload(gl, (float *)bk2 + 2, f->k, sizeof(f->k)), FA_OK);
+    fa_attention_desc shifted = d;
+    shifted.k.data = (float *)bk2 + 2;
+    memset(o_gl, 0x5a, sizeof(o_gl));
+    assert_int_equal(fa_memory_upload(gl, bo, o_gl, sizeof(o_gl)), FA_OK);
+    assert_int_equal(fa_forward(gl, &shifted), FA_OK);
+    assert_int_equal(fa_memory_download(gl, o_gl, bo, sizeof(o_gl)), FA_OK);
+    assert_memory_equal(o_gl, o_host, sizeof(o_gl));
+    fa_run_info ri_shifted = { .size = sizeof(ri_shifted) };
+    assert_int_equal(fa_context_last_run(gl, &ri_shifted), FA_OK);
+    assert_true(ri_shifted.workspace_bytes > ri_gl.workspace_bytes);
+    assert_int_equal(fa_memory_free(gl, bk2), FA_OK);
 
     /* k in host memory beside q in a buffer */
     fa_attention_desc m = d;
