@@ -57,11 +57,11 @@ static const char *const shader_name[SH_COUNT] = { "flash_forward", "flash_tiled
 /* The tiles of one call: head_dim in vec4s, query rows per workgroup, keys per K/V tile,
  * 16-bit storage; for the tiled fused forward also each invocation's block (tm rows x tn
  * keys), the invocation grid (nx x ny), the head_dim chunk of its Q/K staging (dc4 vec4s),
- * its V chunk (kc keys), the K chunk's layout and its shared-memory regions in vec4s (Q/K
+ * its V chunk (kc keys) and its shared-memory regions in vec4s (Q/K
  * chunk or V chunk, probabilities, row partials). */
 typedef struct tiles {
     int d4, br, bc, f16;
-    int tiled, tm, tn, nx, ny, dc4, kc, kcol, sh_qk, sh_p, sh_r;
+    int tiled, tm, tn, nx, ny, dc4, kc, sh_qk, sh_p, sh_r;
 } tiles;
 
 typedef struct program {
@@ -336,7 +336,6 @@ static int tiled_tiles(const gles_state *s, int32_t dim, int f16, tiles *out)
     static const int gpu[][4] = { { 4, 4, 64, 64 }, { 4, 4, 32, 64 }, { 4, 4, 32, 32 }, { 4, 4, 16, 16 } };
     static const int cpu[][4] = { { 16, 8, 64, 64 }, { 8, 8, 64, 64 }, { 4, 4, 32, 32 }, { 4, 4, 16, 16 } };
     const int(*shapes)[4] = cpu_renderer(s->renderer) ? cpu : gpu;
-    const int kcol = 0; /* K chunk row-major (padded); column-major measured in docs/perf/gles.md */
     const size_t n_shapes = sizeof(gpu) / sizeof(gpu[0]);
     const int d4 = (dim + 3) / 4;
     int dc_max = 8;
@@ -349,13 +348,13 @@ static int tiled_tiles(const gles_state *s, int32_t dim, int f16, tiles *out)
             continue;
         const int sh_p = bc * (ny * tm / 4 + 1), sh_r = nx * ny * tm / 4;
         for (int dc4 = dc_max; dc4 >= 2; dc4 /= 2) {
-            const int qk = br * (dc4 + 1) + bc * (kcol ? dc4 : dc4 + 1);
+            const int qk = (br + bc) * (dc4 + 1);
             for (int kc = bc; kc >= 4; kc /= 2) {
                 const int sh_qk = qk > kc * d4 ? qk : kc * d4;
                 if ((int64_t)(sh_qk + sh_p + sh_r) * 16 > s->max_shared)
                     continue;
                 *out = (tiles){ .d4 = d4, .br = br, .bc = bc, .f16 = f16, .tiled = 1, .tm = tm, .tn = tn,
-                                .nx = nx, .ny = ny, .dc4 = dc4, .kc = kc, .kcol = kcol, .sh_qk = sh_qk,
+                                .nx = nx, .ny = ny, .dc4 = dc4, .kc = kc, .sh_qk = sh_qk,
                                 .sh_p = sh_p, .sh_r = sh_r };
                 return 1;
             }
@@ -396,8 +395,8 @@ static fa_status get_program(fa_context_t ctx, gles_state *s, int shader, const 
     snprintf(preamble, sizeof(preamble),
              "#version 310 es\n#define D4 %d\n#define BR %d\n#define BC %d\n#define STORE_F16 %d\n"
              "#define TM %d\n#define TN %d\n#define NX %d\n#define NY %d\n#define DC4 %d\n#define KC %d\n"
-             "#define KCOL %d\n#define SH_P %d\n#define SH_R %d\n#define SH_TOTAL %d\n",
-             t->d4, t->br, t->bc, t->f16, t->tm, t->tn, t->nx, t->ny, t->dc4, t->kc, t->kcol, t->sh_qk,
+             "#define SH_P %d\n#define SH_R %d\n#define SH_TOTAL %d\n",
+             t->d4, t->br, t->bc, t->f16, t->tm, t->tn, t->nx, t->ny, t->dc4, t->kc, t->sh_qk,
              t->sh_qk + t->sh_p, t->sh_qk + t->sh_p + t->sh_r);
     const char *parts[3] = { preamble, fa_gles_common, shader_src[shader] };
     GLuint sh = glCreateShader(GL_COMPUTE_SHADER);

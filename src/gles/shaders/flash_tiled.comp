@@ -10,12 +10,9 @@
 // keys at a time. Each element loaded from shared memory feeds TM or TN multiply-adds.
 // S never reaches global memory; the softmax statistics are float32 in exp2 units. Each
 // invocation keeps partial row sums over its own keys, added up once at the end.
-// KCOL = 1 stages the K chunk column-major instead (seed 000's layout: head_dim rows of BC
-// keys, no padding) and gives each invocation the TN adjacent keys TN*tx + jj, read as vec4s
-// of 4 keys at one head_dim index; the loads per multiply-add are the same, the bank pattern
-// and the staging's stores (scalar, transposed) are not.
+// (Seed 000's column-major K tile measured 35-42% slower here: docs/perf/gles.md.)
 // Preamble: D4, BR (= TM NY), BC (= TN NX), TM and TN (multiples of 4), NX, NY, DC4, KC,
-// KCOL, SH_P, SH_R, SH_TOTAL.
+// SH_P, SH_R, SH_TOTAL.
 layout(local_size_x = NX, local_size_y = NY) in;
 
 layout(std430, binding = 3) writeonly buffer OBuf { vec4 o_data[]; };
@@ -38,11 +35,7 @@ shared vec4 sh[SH_TOTAL];
 #define SQ 0
 #define SK (BR * QP)
 #define SV 0
-#if KCOL
-#define KEY(jj) (TN * tx + (jj)) // the invocation's jj-th key in the tile
-#else
-#define KEY(jj) (tx + NX * (jj))
-#endif
+#define KEY(jj) (tx + NX * (jj)) // the invocation's jj-th key in the tile
 
 void main()
 {
@@ -85,27 +78,10 @@ void main()
             for (int e = lid; e < BC * DC4; e += NT) {
                 int r = e / DC4, c = e % DC4, j = c0 + r;
                 bool ok = j < s.sk && dc + c < D4;
-                vec4 kv = ok ? LOAD4(k_data, K_ROW(s, b, j, hk) + dc + c) : vec4(0.0);
-#if KCOL // head_dim index 4c + x, keys r: component r % 4 of vec4 r / 4 of that row
-                for (int x = 0; x < 4; x++)
-                    sh[SK + (4 * c + x) * (BC / 4) + r / 4][r % 4] = kv[x];
-#else
-                sh[SK + r * QP + c] = kv;
-#endif
+                sh[SK + r * QP + c] = ok ? LOAD4(k_data, K_ROW(s, b, j, hk) + dc + c) : vec4(0.0);
             }
             barrier();
             for (int c = 0; c < DC4; c++) {
-#if KCOL
-                vec4 qv[TM];
-                for (int i = 0; i < TM; i++)
-                    qv[i] = sh[SQ + (TM * ty + i) * QP + c];
-                for (int x = 0; x < 4; x++)
-                    for (int j4 = 0; j4 < TN4; j4++) {
-                        vec4 k4 = sh[SK + (4 * c + x) * (BC / 4) + tx * TN4 + j4]; // keys KEY(4 j4) + 0..3
-                        for (int i = 0; i < TM; i++)
-                            sc[i * TN4 + j4] += qv[i][x] * k4;
-                    }
-#else
                 vec4 kv[TN];
                 for (int jj = 0; jj < TN; jj++)
                     kv[jj] = sh[SK + KEY(jj) * QP + c];
@@ -115,7 +91,6 @@ void main()
                         sc[i * TN4 + j4] += vec4(dot(qv, kv[4 * j4]), dot(qv, kv[4 * j4 + 1]),
                                                  dot(qv, kv[4 * j4 + 2]), dot(qv, kv[4 * j4 + 3]));
                 }
-#endif
             }
         }
         // logits in exp2 units, masked; the tile's row maxima across the row's NX invocations
