@@ -263,7 +263,7 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
                         "batch * heads * query tiles (%lld) exceeds CUDA's grid limit; split the call",
                         (long long)fwd_blocks);
     if (backward)
-        c->dsum_bytes = sizeof(float) * (size_t)(k->rows * p->heads_q);
+        c->dsum_bytes = 2 * sizeof(float) * (size_t)(k->rows * p->heads_q); /* dsum, lse2 */
     if (c->hb && d->algorithm != FA_ALGORITHM_STANDARD) {
         /* dQ in float32, a block of q_step x dim per (head, query tile) with a tile of room per
          * sequence (varlen sequences start anywhere), and a counter per (sequence, head, query
@@ -420,6 +420,7 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
     }
     if (c.dsum_bytes) {
         k->dsum = (float *)at;
+        k->lse2 = k->dsum + k->rows * p->heads_q;
         at += c.dsum_bytes;
     }
     if (c.std_bytes) {

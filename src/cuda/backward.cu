@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // The flash backward on tensor cores, deterministic: no atomics. Three launches:
-//   rowsum   D = rowsum(dO * O) per query row
+//   rowsum   D = rowsum(dO * O) per query row, and the row's lse in log2 units
 //   dk_dv    one block per key tile (all query heads of its group, every query tile the
 //            mask allows, in a fixed order): dV += P^T dO, dK += dS^T Q
 //   dq       one block per query tile: dQ += dS K
@@ -18,14 +18,16 @@ __global__ void __launch_bounds__(256) rowsum_kernel(const fa_cuda_params p, boo
         return;
     const int h = (int)(wid / p.rows);
     const int64_t r = wid % p.rows;
-    int64_t off_o, off_d;
+    int64_t off_o, off_d, off_l;
     if (p.cu_q) {
         off_o = r * p.o.ss + (int64_t)h * p.o.sh;
         off_d = r * p.dout.ss + (int64_t)h * p.dout.sh;
+        off_l = r * p.lse_ss + (int64_t)h * p.lse_sh;
     } else {
         const int64_t b = r / p.seqlen_q, i = r % p.seqlen_q;
         off_o = b * p.o.sb + i * p.o.ss + (int64_t)h * p.o.sh;
         off_d = b * p.dout.sb + i * p.dout.ss + (int64_t)h * p.dout.sh;
+        off_l = b * p.lse_sb + i * p.lse_ss + (int64_t)h * p.lse_sh;
     }
     float acc = 0.0f;
     for (int x = lane; x < p.dim; x += 32)
@@ -34,8 +36,11 @@ __global__ void __launch_bounds__(256) rowsum_kernel(const fa_cuda_params p, boo
 #pragma unroll
     for (int w = 16; w > 0; w /= 2)
         acc += __shfl_xor_sync(0xffffffffu, acc, w);
-    if (lane == 0)
+    if (lane == 0) {
+        const float l = p.lse[off_l];
         p.dsum[(int64_t)h * p.rows + r] = acc;
+        p.lse2[(int64_t)h * p.rows + r] = l == -INFINITY ? INFINITY : l * kLog2e;
+    }
 }
 
 template <typename T, int D, int BQ, int W, int DS>

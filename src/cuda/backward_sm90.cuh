@@ -151,16 +151,25 @@ __device__ __forceinline__ int tiles_before(const mask_t &mk, const seq_t &s, in
     return j - lo;
 }
 
-// Step it of a block: query tile mi (last first) of query head h (the group's heads taken in
+// A block's steps: query tile mi (last first) of query head h (the group's heads taken in
 // turn for each tile). Last first, every block reaches a query tile no later (in steps) than
 // the one after it, so under a causal mask the hand-overs wait for nothing but their order.
-struct bwd_step_t {
-    int h, mi;
+// Counted forward one step at a time (no division per step).
+struct bwd_steps {
+    int h0, group, hh, mi;
+    __device__ __forceinline__ bwd_steps(int hk, int group_, int m_lo, int nm)
+        : h0(hk * group_), group(group_), hh(0), mi(m_lo + nm - 1)
+    {
+    }
+    __device__ __forceinline__ int h() const { return h0 + hh; }
+    __device__ __forceinline__ void next()
+    {
+        if (++hh == group) {
+            hh = 0;
+            mi--;
+        }
+    }
 };
-__device__ __forceinline__ bwd_step_t bwd_step(int it, int hk, int group, int m_lo, int nm)
-{
-    return bwd_step_t{ hk * group + it % group, m_lo + nm - 1 - it / group };
-}
 
 // Four 8x8 blocks of 16-bit values stored transposed (row addresses from lanes 8m .. 8m + 7).
 __device__ __forceinline__ void stsm_x4_t(uint32_t addr, const uint32_t (&r)[4])
@@ -230,9 +239,9 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
     float(&dpf)[BQ / 2] = reinterpret_cast<float(&)[BQ / 2]>(dp);
     zero(dk);
     zero(dv);
-    for (int it = 0; it < iters; it++) {
-        const bwd_step_t fs = bwd_step(it, hk, p.group, m_lo, nm);
-        const int st = it % STAGES, h = fs.h, mi = fs.mi, i0 = mi * BQ;
+    bwd_steps fs(hk, p.group, m_lo, nm);
+    for (int it = 0; it < iters; it++, fs.next()) {
+        const int st = it % STAGES, h = fs.h(), i0 = fs.mi * BQ;
         const uint32_t qa = ra + st * S::bytes, oa = qa + S::tile;
         const float *sl = stats + st * S::stats;
         mbar_wait(&ring.full[st], (it / STAGES) & 1);
@@ -251,7 +260,7 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
             }
             reg_fence(sf);
             reg_fence(dpf);
-            kv_grads<NQ, true, DROPOUT>(p, mk, blk.b, h, sc, dp, sl, sl + BQ, i0, j0, g, t);
+            kv_grads<NQ, DROPOUT>(p, mk, blk.b, h, sc, dp, sl, sl + BQ, i0, j0, g, t);
             wgmma_wait<0>(); // the previous step's products are done with pa, da and its stage
             reg_fence(dkf);
             reg_fence(dvf);
@@ -266,7 +275,7 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
             wgmma_wait<0>();
             reg_fence(sf);
             reg_fence(dpf);
-            kv_grads<NQ, true, DROPOUT>(p, mk, blk.b, h, sc, dp, sl, sl + BQ, i0, j0, g, t);
+            kv_grads<NQ, DROPOUT>(p, mk, blk.b, h, sc, dp, sl, sl + BQ, i0, j0, g, t);
             to_a<T, 1, NQ>(pa, sc);
             to_a<T, 1, NQ>(da, dp);
             wgmma_fence();
@@ -345,8 +354,8 @@ __device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch)
 
 // The writer (one thread): every step's staged dQ shares, in step order, added into the
 // accumulator by bulk adds once the key tiles before this one have added theirs (the
-// counter), the buffers handed back as soon as the adds have read them, and the step counted
-// once its adds have been performed.
+// counter; the first key tile of a query tile stores instead), the buffers handed back as
+// soon as the adds have read them, and the step counted once its adds have been performed.
 template <int D, int BQ, bool SPLIT>
 __device__ __forceinline__ void dq_writer(const fa_cuda_params &p, dq_bars<dq_buffers<D>()> &bars,
                                           const block_t &blk, const seq_t &s, const mask_t &mk, int m_lo,
@@ -355,20 +364,25 @@ __device__ __forceinline__ void dq_writer(const fa_cuda_params &p, dq_bars<dq_bu
     constexpr int BN = 128, DQN = SPLIT ? D / 2 : D, NB = dq_buffers<D>();
     using F = bwd_smem<D, BQ>;
     const int64_t base = dq_tile_base(p, s, blk.b);
-    for (int it = 0; it < iters; it++) {
-        const bwd_step_t fs = bwd_step(it, blk.h, p.group, m_lo, nm);
+    bwd_steps fs(blk.h, p.group, m_lo, nm);
+    for (int it = 0; it < iters; it++, fs.next()) {
         const int w0 = SPLIT ? 0 : it % 2, w1 = SPLIT ? 2 : w0 + 1, kq = SPLIT ? it : it / 2, nb = kq % NB;
-        int *sem = p.dq_sem + ((int64_t)blk.b * p.heads_q + fs.h) * p.dq_tiles + fs.mi;
+        int *sem = p.dq_sem + ((int64_t)blk.b * p.heads_q + fs.h()) * p.dq_tiles + fs.mi;
         const int turn = tiles_before<BN, BQ>(mk, s, blk.tile, fs.mi);
         for (int w = w0; w < w1; w++)
             mbar_wait(&bars.full[w][nb], (kq / NB) & 1);
         while (ld_acquire(sem) < turn) {
         }
         fence_async_all();
-        float *acc = p.dq_acc + ((int64_t)fs.h * p.dq_htiles + base + fs.mi) * kDqRows * D;
-        for (int w = w0; w < w1; w++)
-            bulk_reduce_add_f32(acc + (SPLIT ? w * BQ * DQN : 0), smem_addr(sDQ + (w * NB + nb) * F::dq),
-                                BQ * DQN * 4);
+        float *acc = p.dq_acc + ((int64_t)fs.h() * p.dq_htiles + base + fs.mi) * kDqRows * D;
+        for (int w = w0; w < w1; w++) {
+            float *dst = acc + (SPLIT ? w * BQ * DQN : 0);
+            const uint32_t src = smem_addr(sDQ + (w * NB + nb) * F::dq);
+            if (turn == 0) // the first share of the tile: the accumulator is not zeroed beforehand
+                bulk_store_f32(dst, src, BQ * DQN * 4);
+            else
+                bulk_reduce_add_f32(dst, src, BQ * DQN * 4);
+        }
         bulk_commit();
         bulk_wait_read_all();
         for (int w = w0; w < w1; w++)
@@ -423,9 +437,10 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
                 dq_writer<D, BQ, SPLIT>(p, bars, blk, s, mk, m_lo, nm, iters, sDQ);
             return;
         }
-        fill_ring(ring, iters, [&](int it, int st) {
-            const bwd_step_t fs = bwd_step(it, blk.h, p.group, m_lo, nm);
-            const int h = fs.h, i0 = fs.mi * BQ;
+        bwd_steps fs(blk.h, p.group, m_lo, nm);
+        fill_ring(ring, iters, [&](int, int st) {
+            const int h = fs.h(), i0 = fs.mi * BQ;
+            fs.next();
             unsigned char *base = ring_mem + st * S::bytes;
             load_tile_sw<T, BQ, D, LOADERS>(base, (const T *)p.q.p + row_off(p.q, s, false, h, i0),
                                         p.q.ss, s.sq - i0, p.dim, p.aligned, tid);
@@ -433,13 +448,11 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
                                         (const T *)p.dout.p + row_off(p.dout, s, false, h, i0),
                                         p.dout.ss, s.sq - i0, p.dim, p.aligned, tid);
             float *sl = stats + st * S::stats;
+            const int64_t row = (int64_t)h * p.rows + s.q_base * p.seqlen_q + s.q0 + i0;
             for (int x = tid; x < BQ; x += LOADERS) {
                 const bool ok = i0 + x < s.sq;
-                cp_async4(sl + x, ok ? p.lse + lse_index(p, s, h, i0 + x) : p.lse, ok ? 4 : 0);
-                cp_async4(sl + BQ + x,
-                          ok ? p.dsum + (int64_t)h * p.rows + s.q_base * p.seqlen_q + s.q0 + i0 + x
-                             : p.dsum,
-                          ok ? 4 : 0);
+                cp_async4(sl + x, ok ? p.lse2 + row + x : p.lse2, ok ? 4 : 0);
+                cp_async4(sl + BQ + x, ok ? p.dsum + row + x : p.dsum, ok ? 4 : 0);
             }
         });
     } else {
@@ -450,7 +463,8 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
 #endif
 }
 
-// dq = scale * the float32 accumulator, one block per (query tile, head, sequence).
+// dq = scale * the float32 accumulator, one block per (query tile, head, sequence); zero
+// for a query tile no key tile saw (its counter still 0, its accumulator never written).
 template <typename T, int D> __global__ void __launch_bounds__(256) dq_store(const fa_cuda_params p)
 {
     const block_t blk = block_of((p.max_q + kDqRows - 1) / kDqRows, p.heads_q, false);
@@ -460,10 +474,11 @@ template <typename T, int D> __global__ void __launch_bounds__(256) dq_store(con
         return;
     const float4 *acc = reinterpret_cast<const float4 *>(
         p.dq_acc + ((int64_t)blk.h * p.dq_htiles + dq_tile_base(p, s, blk.b) + blk.tile) * kDqRows * D);
+    const bool seen = p.dq_sem[((int64_t)blk.b * p.heads_q + blk.h) * p.dq_tiles + blk.tile] > 0;
     for (int x = threadIdx.x; x < kDqRows * D / 4; x += 256) {
         const int lane = x % 32, c = (x / 128) * 8 + 2 * (lane % 4);
         const int r = r0 + ((x / 32) % 4) * 16 + lane / 4;
-        const float4 v = acc[x];
+        const float4 v = seen ? acc[x] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         const float w[4] = { v.x, v.y, v.z, v.w };
 #pragma unroll
         for (int e = 0; e < 4; e++) {
@@ -474,7 +489,7 @@ template <typename T, int D> __global__ void __launch_bounds__(256) dq_store(con
     }
 }
 
-// rowsum, zeroed dQ accumulator and counters, the fused pass, then dQ out.
+// rowsum, zeroed counters, the fused pass, then dQ out.
 template <typename T, int D, int BQ, int STAGES>
 cudaError_t launch_backward_sm90(const fa_cuda_params &p, bool bf16, cudaStream_t stream)
 {
@@ -482,10 +497,8 @@ cudaError_t launch_backward_sm90(const fa_cuda_params &p, bool bf16, cudaStream_
     if (err != cudaSuccess)
         return err;
     static_assert(BQ == kDqRows, "the accumulator's tiles are the steps' query tiles");
-    const size_t acc_bytes = sizeof(float) * (size_t)p.dq_htiles * p.heads_q * kDqRows * D;
     const size_t sem_bytes = sizeof(int) * (size_t)p.batch * p.heads_q * p.dq_tiles;
-    if ((acc_bytes && (err = cudaMemsetAsync(p.dq_acc, 0, acc_bytes, stream)) != cudaSuccess) ||
-        (sem_bytes && (err = cudaMemsetAsync(p.dq_sem, 0, sem_bytes, stream)) != cudaSuccess))
+    if (sem_bytes && (err = cudaMemsetAsync(p.dq_sem, 0, sem_bytes, stream)) != cudaSuccess)
         return err;
     const size_t smem = bwd_smem<D, BQ>::bytes(STAGES);
     // without dropout, a build whose element step holds no mask words (fewer live registers)

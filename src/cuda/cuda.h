@@ -26,7 +26,8 @@ cudaError_t fa_cuda_flash_forward_sm90(const fa_cuda_params *p, int bf16, int dp
 cudaError_t fa_cuda_flash_backward_sm90(const fa_cuda_params *p, int bf16, int dpad,
                                         cudaStream_t stream);
 
-/* rowsum(dO * O) of every query row into p->dsum ([heads_q, rows] floats). */
+/* rowsum(dO * O) of every query row into p->dsum, its lse in log2 units into p->lse2
+ * ([heads_q, rows] floats each). */
 cudaError_t fa_cuda_rowsum(const fa_cuda_params *p, int bf16, cudaStream_t stream);
 
 /* Flash backward: the row sums, then dK/dV and dQ, each written once. */

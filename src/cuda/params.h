@@ -18,6 +18,7 @@ typedef struct fa_cuda_params {
     float *lse;                    /* NULL when not asked for (forward) */
     int64_t lse_sb, lse_sh, lse_ss;
     float *dsum;      /* backward: rowsum(dO * O), [heads_q, rows] */
+    float *lse2;      /* backward: lse in log2 units (+inf for a row that saw no key), [heads_q, rows] */
     float *dq_acc;    /* Hopper backward: dQ / scale in float32, [heads_q, dq_htiles, 64 x dim] */
     int *dq_sem;      /* its hand-over counters: [batch, heads_q, dq_tiles] */
     int32_t dq_htiles, dq_tiles;

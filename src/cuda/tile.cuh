@@ -460,14 +460,12 @@ template <typename T> __device__ __forceinline__ float load(const fa_cuda_view &
     return t.f32 ? ((const float *)t.p)[off] : to_float<T>(((const T *)t.p)[off]);
 }
 
-// Row statistics of query row i (within sequence s) of head h for the backward: lse in log2
-// units (+inf for a row that saw no key, so its P is 0) and D = rowsum(dO * O).
+// Row statistics of query row i (within sequence s) of head h for the backward, as the
+// rowsum pass left them: lse in log2 units (+inf for a row that saw no key, so its P is 0)
+// and D = rowsum(dO * O).
 __device__ __forceinline__ float lse2_of(const fa_cuda_params &p, const seq_t &s, int h, int64_t i)
 {
-    if (i >= s.sq)
-        return INFINITY;
-    const float v = p.lse[lse_index(p, s, h, i)];
-    return v == -INFINITY ? INFINITY : v * kLog2e;
+    return i < s.sq ? p.lse2[(int64_t)h * p.rows + s.q_base * p.seqlen_q + s.q0 + i] : INFINITY;
 }
 __device__ __forceinline__ float dsum_of(const fa_cuda_params &p, const seq_t &s, int h, int64_t i)
 {
@@ -480,12 +478,15 @@ struct grad_elem {
     float pd, ds;
 };
 // CAP false: a call without softcap, where a masked element (x = -inf) gives pr = 0 and so
-// ds = 0 by itself (dP and D are finite), and the guards below are not needed.
-template <bool CAP = true>
+// ds = 0 by itself (dP and D are finite), and the guards below are not needed. DROP false: a
+// call without dropout (keep is true and the scale 1).
+template <bool CAP = true, bool DROP = true>
 __device__ __forceinline__ grad_elem grad_of(const fa_cuda_params &p, float x, float dp, float lse2,
                                              float dsum, bool keep)
 {
     const float pr = exp2_fast(x - lse2);
+    if constexpr (!CAP && !DROP)
+        return grad_elem{ pr, pr * (dp - dsum) };
     if constexpr (!CAP)
         return grad_elem{ keep ? pr : 0.0f, pr * ((keep ? dp * p.dropout_scale : 0.0f) - dsum) };
     // selects, no branches: a masked element (x = -inf, pr = 0) must not reach cap_grad's
@@ -522,11 +523,12 @@ __device__ __forceinline__ void dq_grads(const fa_cuda_params &p, const mask_t &
 }
 
 // dK/dV's element step on a transposed [keys x queries] tile (rows key0 + g (+8), columns
-// query0 + 2t ...): raw scores in sc -> the kept P in sc, dP in dp -> dS in dp; the
-// queries' lse2 and D from sl / sd (indexed from query0). RAW_LSE: sl holds the forward's
-// natural-log lse as stored (-inf for a row that saw no key), converted here. DROPOUT false:
-// a kernel built for calls without dropout (the mask's registers left out).
-template <int NQ, bool RAW_LSE, bool DROPOUT, bool CAP>
+// query0 + 2t ...): the scores' exponents in sc -> the kept P in sc, dP in dp -> dS in dp;
+// the queries' lse2 and D from sl / sd (indexed from query0). CAP: sc holds log2-domain
+// logits and sl is still to be subtracted; without softcap the caller has folded the scale
+// and lse2 into sc. DROPOUT false: a kernel built for calls without dropout (the mask's
+// registers and the 1 / (1 - p) scale left out).
+template <int NQ, bool DROPOUT, bool CAP>
 __device__ __forceinline__ void kv_elems(const fa_cuda_params &p, int b, int h, float (&sc)[1][NQ][4],
                                          float (&dp)[1][NQ][4], const float *sl, const float *sd,
                                          int64_t query0, int64_t key0, int g, int t)
@@ -543,25 +545,36 @@ __device__ __forceinline__ void kv_elems(const fa_cuda_params &p, int b, int h, 
                 dropout_words(p, b, h, i, j, w);
                 keep = dropout_keep(p, w, j);
             }
-            const float l = RAW_LSE ? (sl[il] == -INFINITY ? INFINITY : sl[il] * kLog2e) : sl[il];
-            const grad_elem ge = grad_of<CAP>(p, sc[0][nt][e], dp[0][nt][e], l, sd[il], keep);
+            const grad_elem ge = grad_of<CAP, DROPOUT>(p, sc[0][nt][e], dp[0][nt][e], CAP ? sl[il] : 0.0f,
+                                                       sd[il], keep);
             sc[0][nt][e] = ge.pd;
             dp[0][nt][e] = ge.ds;
         }
 }
-template <int NQ, bool RAW_LSE = false, bool DROPOUT = true>
+template <int NQ, bool DROPOUT = true>
 __device__ __forceinline__ void kv_grads(const fa_cuda_params &p, const mask_t &mk, int b, int h,
                                          float (&sc)[1][NQ][4], float (&dp)[1][NQ][4],
                                          const float *sl, const float *sd, int64_t query0,
                                          int64_t key0, int g, int t)
 {
-    to_logits(p, sc);
-    if (!mk.all_visible(query0, query0 + 8 * NQ, key0, key0 + 16))
+    const bool full = mk.all_visible(query0, query0 + 8 * NQ, key0, key0 + 16);
+    if (p.softcap > 0.0f) {
+        to_logits(p, sc);
+        if (!full)
+            apply_mask<true>(mk, sc, key0 + g, query0 + 2 * t);
+        kv_elems<NQ, DROPOUT, true>(p, b, h, sc, dp, sl, sd, query0, key0, g, t);
+        return;
+    }
+    // the exponent score * scale_log2 - lse2 in one step, masked after it (the scale may be
+    // negative, so a masked raw score could not stand in for -inf)
+#pragma unroll
+    for (int nt = 0; nt < NQ; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            sc[0][nt][e] = fmaf(sc[0][nt][e], p.scale_log2, -sl[nt * 8 + 2 * t + (e & 1)]);
+    if (!full)
         apply_mask<true>(mk, sc, key0 + g, query0 + 2 * t);
-    if (p.softcap > 0.0f)
-        kv_elems<NQ, RAW_LSE, DROPOUT, true>(p, b, h, sc, dp, sl, sd, query0, key0, g, t);
-    else
-        kv_elems<NQ, RAW_LSE, DROPOUT, false>(p, b, h, sc, dp, sl, sd, query0, key0, g, t);
+    kv_elems<NQ, DROPOUT, false>(p, b, h, sc, dp, sl, sd, query0, key0, g, t);
 }
 
 } // namespace fa

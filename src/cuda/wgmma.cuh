@@ -64,11 +64,19 @@ __device__ __forceinline__ unsigned char *align1024(unsigned char *p)
 
 // Matrix descriptor of a 128-byte-swizzled operand at shared address addr: lbo is the byte
 // distance between 64-element column blocks (used by MN-major operands only), the 8-row
-// groups are 1024 bytes apart.
-__device__ __forceinline__ uint64_t sw_desc(uint32_t addr, uint32_t lbo)
+// groups are 1024 bytes apart. The low word holds the address (bits 0-13, in 16-byte units)
+// and lbo; the high word is the same for every operand.
+constexpr uint32_t kSwDescHi = (1024 >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t sw_desc_lo(uint32_t addr, uint32_t lbo)
 {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
-           ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+    return ((addr & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16);
+}
+// The descriptor of the operand bytes past the one whose low word is lo. A shared address
+// stays below 2^18, so the address field takes the sum without carrying into lbo: one add
+// per product instead of rebuilding the descriptor.
+__device__ __forceinline__ uint64_t sw_desc_at(uint32_t lo, uint32_t bytes)
+{
+    return ((uint64_t)kSwDescHi << 32) | (lo + (bytes >> 4));
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -168,18 +176,20 @@ FA_WGMMA(__nv_bfloat16, "bf16", 128, FA_R64, FA_F64, 64, 65, 66, 67, 68, 69)
 template <typename T, int D, int AP, int N>
 __device__ __forceinline__ void wg_gemm_nt(float (&acc)[N / 2], uint32_t a, uint32_t b)
 {
+    const uint32_t da = sw_desc_lo(a, 16), db = sw_desc_lo(b, 16);
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
-        wgmma<T, N>::ss(acc, sw_desc(a + (kk / 4) * AP * 128 + (kk % 4) * 32, 16),
-                        sw_desc(b + (kk / 4) * N * 128 + (kk % 4) * 32, 16), kk > 0);
+        wgmma<T, N>::ss(acc, sw_desc_at(da, (kk / 4) * AP * 128 + (kk % 4) * 32),
+                        sw_desc_at(db, (kk / 4) * N * 128 + (kk % 4) * 32), kk > 0);
     wgmma_commit();
 }
 template <typename T, int N, int KP>
 __device__ __forceinline__ void wg_gemm_rn(float (&acc)[N / 2], const uint32_t (&a)[KP / 16][4], uint32_t b)
 {
+    const uint32_t db = sw_desc_lo(b, KP * 128);
 #pragma unroll
     for (int kk = 0; kk < KP / 16; kk++)
-        wgmma<T, N>::rs(acc, a[kk], sw_desc(b + kk * 2048, KP * 128), 1);
+        wgmma<T, N>::rs(acc, a[kk], sw_desc_at(db, kk * 2048), 1);
     wgmma_commit();
 }
 
@@ -189,10 +199,11 @@ __device__ __forceinline__ void wg_gemm_rn(float (&acc)[N / 2], const uint32_t (
 template <typename T, int N, int KP, int AP, int BP>
 __device__ __forceinline__ void wg_gemm_sn(float (&acc)[N / 2], uint32_t a, uint32_t b)
 {
+    const uint32_t da = sw_desc_lo(a, 16), db = sw_desc_lo(b, BP * 128);
 #pragma unroll
     for (int kk = 0; kk < KP / 16; kk++)
-        wgmma<T, N>::template ss<1>(acc, sw_desc(a + (kk / 4) * AP * 128 + (kk % 4) * 32, 16),
-                           sw_desc(b + kk * 2048, BP * 128), kk > 0);
+        wgmma<T, N>::template ss<1>(acc, sw_desc_at(da, (kk / 4) * AP * 128 + (kk % 4) * 32),
+                                    sw_desc_at(db, kk * 2048), kk > 0);
     wgmma_commit();
 }
 
@@ -230,6 +241,12 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float *g, uint32_t src, int 
 {
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(g),
                  "r"(src), "r"(bytes)
+                 : "memory");
+}
+// The same bytes copied rather than added (the first share of a tile).
+__device__ __forceinline__ void bulk_store_f32(float *g, uint32_t src, int bytes)
+{
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(g), "r"(src), "r"(bytes)
                  : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
