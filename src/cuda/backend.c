@@ -220,6 +220,7 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
         view_of(&k->dk, &p->bwd->d_k, p->varlen);
         view_of(&k->dv, &p->bwd->d_v, p->varlen);
         k->aligned = k->aligned && view_aligned(&p->bwd->d_o, p->varlen);
+        k->dq_vec = p->dim % 8 == 0 && !k->dq.f32 && view_aligned(&p->bwd->d_q, p->varlen);
     }
     k->o_vec = p->dim % 8 == 0 && !k->o.f32 && view_aligned(&d->o, p->varlen);
     k->lse = d->lse;

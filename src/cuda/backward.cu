@@ -10,37 +10,78 @@
 
 namespace fa {
 
+// Where row x of the packed (head, row) order finds its O, dO and lse.
+struct rowsum_row {
+    int h;
+    int64_t r, off_o, off_d, off_l;
+};
+__device__ __forceinline__ rowsum_row rowsum_row_of(const fa_cuda_params &p, int64_t x)
+{
+    rowsum_row w;
+    w.h = (int)(x / p.rows);
+    w.r = x % p.rows;
+    if (p.cu_q) {
+        w.off_o = w.r * p.o.ss + (int64_t)w.h * p.o.sh;
+        w.off_d = w.r * p.dout.ss + (int64_t)w.h * p.dout.sh;
+        w.off_l = w.r * p.lse_ss + (int64_t)w.h * p.lse_sh;
+    } else {
+        const int64_t b = w.r / p.seqlen_q, i = w.r % p.seqlen_q;
+        w.off_o = b * p.o.sb + i * p.o.ss + (int64_t)w.h * p.o.sh;
+        w.off_d = b * p.dout.sb + i * p.dout.ss + (int64_t)w.h * p.dout.sh;
+        w.off_l = b * p.lse_sb + i * p.lse_ss + (int64_t)w.h * p.lse_sh;
+    }
+    return w;
+}
+__device__ __forceinline__ void rowsum_out(const fa_cuda_params &p, const rowsum_row &w, float acc)
+{
+    const float l = p.lse[w.off_l];
+    p.dsum[(int64_t)w.h * p.rows + w.r] = acc;
+    p.lse2[(int64_t)w.h * p.rows + w.r] = l == -INFINITY ? INFINITY : l * kLog2e;
+}
+
+// Any layout: one warp a row, element by element.
 __global__ void __launch_bounds__(256) rowsum_kernel(const fa_cuda_params p, bool bf16)
 {
     const int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     if (wid >= p.rows * p.heads_q)
         return;
-    const int h = (int)(wid / p.rows);
-    const int64_t r = wid % p.rows;
-    int64_t off_o, off_d, off_l;
-    if (p.cu_q) {
-        off_o = r * p.o.ss + (int64_t)h * p.o.sh;
-        off_d = r * p.dout.ss + (int64_t)h * p.dout.sh;
-        off_l = r * p.lse_ss + (int64_t)h * p.lse_sh;
-    } else {
-        const int64_t b = r / p.seqlen_q, i = r % p.seqlen_q;
-        off_o = b * p.o.sb + i * p.o.ss + (int64_t)h * p.o.sh;
-        off_d = b * p.dout.sb + i * p.dout.ss + (int64_t)h * p.dout.sh;
-        off_l = b * p.lse_sb + i * p.lse_ss + (int64_t)h * p.lse_sh;
-    }
+    const rowsum_row w = rowsum_row_of(p, wid);
     float acc = 0.0f;
     for (int x = lane; x < p.dim; x += 32)
-        acc += bf16 ? load<__nv_bfloat16>(p.o, off_o + x) * load<__nv_bfloat16>(p.dout, off_d + x)
-                    : load<__half>(p.o, off_o + x) * load<__half>(p.dout, off_d + x);
+        acc += bf16 ? load<__nv_bfloat16>(p.o, w.off_o + x) * load<__nv_bfloat16>(p.dout, w.off_d + x)
+                    : load<__half>(p.o, w.off_o + x) * load<__half>(p.dout, w.off_d + x);
 #pragma unroll
-    for (int w = 16; w > 0; w /= 2)
-        acc += __shfl_xor_sync(0xffffffffu, acc, w);
-    if (lane == 0) {
-        const float l = p.lse[off_l];
-        p.dsum[(int64_t)h * p.rows + r] = acc;
-        p.lse2[(int64_t)h * p.rows + r] = l == -INFINITY ? INFINITY : l * kLog2e;
+    for (int m = 16; m > 0; m /= 2)
+        acc += __shfl_xor_sync(0xffffffffu, acc, m);
+    if (lane == 0)
+        rowsum_out(p, w, acc);
+}
+
+// O and dO in the input dtype with 16-byte-aligned rows (head_dim % 8 == 0): eight lanes a
+// row, 16-byte loads.
+template <typename T> __global__ void __launch_bounds__(256) rowsum_vec_kernel(const fa_cuda_params p)
+{
+    const int64_t x = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 8;
+    const int sub = threadIdx.x % 8;
+    if (x >= p.rows * p.heads_q) // the row's eight lanes leave together
+        return;
+    const rowsum_row w = rowsum_row_of(p, x);
+    const T *o = (const T *)p.o.p + w.off_o, *d = (const T *)p.dout.p + w.off_d;
+    float acc = 0.0f;
+    for (int c = sub * 8; c < p.dim; c += 64) {
+        const uint4 a = *reinterpret_cast<const uint4 *>(o + c), b = *reinterpret_cast<const uint4 *>(d + c);
+        const T *ae = reinterpret_cast<const T *>(&a), *be = reinterpret_cast<const T *>(&b);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            acc += to_float<T>(ae[e]) * to_float<T>(be[e]);
     }
+    const unsigned group = 0xffu << (threadIdx.x % 32 / 8 * 8);
+#pragma unroll
+    for (int m = 4; m > 0; m /= 2)
+        acc += __shfl_xor_sync(group, acc, m, 8);
+    if (sub == 0)
+        rowsum_out(p, w, acc);
 }
 
 template <typename T, int D, int BQ, int W, int DS>
@@ -113,7 +154,8 @@ __global__ void __launch_bounds__(W * 32) dk_dv_kernel(const fa_cuda_params p)
         gemm_nt<T, 1, NQ, D, LDS>(sc, sK + kw * 16 * LDS, q, lane);
         gemm_nt<T, 1, NQ, D, LDS>(dp, sV + kw * 16 * LDS, dO, lane);
 
-        kv_grads(p, mk, blk.b, h, sc, dp, sL + st * BQ, sD + st * BQ, i0, j0, g, t);
+        kv_grads(p, mk, mk.all_visible(i0, i0 + BQ, j0, j0 + 16), blk.b, h, sc, dp, sL + st * BQ,
+                 sD + st * BQ, i0, j0, g, t);
         uint32_t a[1][NQ / 2][4];
         to_a<T, 1, NQ>(a, sc);
         gemm_rn<T, 1, DN, NQ / 2, LDS>(dv, a, dO + dw * (D / DS), lane);
@@ -254,9 +296,17 @@ static cudaError_t launch(const fa_cuda_params &p, bool bf16, cudaStream_t strea
 
 extern "C" cudaError_t fa_cuda_rowsum(const fa_cuda_params *p, int bf16, cudaStream_t stream)
 {
-    const int64_t warps = p->rows * p->heads_q;
-    if (warps > 0)
-        fa::rowsum_kernel<<<(unsigned)((warps + 7) / 8), 256, 0, stream>>>(*p, bf16 != 0);
+    const int64_t rows = p->rows * p->heads_q;
+    if (rows <= 0)
+        return cudaSuccess;
+    if (p->o_vec && p->aligned && !p->dout.f32) {
+        if (bf16)
+            fa::rowsum_vec_kernel<__nv_bfloat16><<<(unsigned)((rows + 31) / 32), 256, 0, stream>>>(*p);
+        else
+            fa::rowsum_vec_kernel<__half><<<(unsigned)((rows + 31) / 32), 256, 0, stream>>>(*p);
+    } else {
+        fa::rowsum_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(*p, bf16 != 0);
+    }
     return cudaGetLastError();
 }
 

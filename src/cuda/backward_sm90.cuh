@@ -2,11 +2,12 @@
 // The flash backward on Hopper's warpgroup tensor cores (sm_90a), one pass, deterministic.
 // One block per key tile of 128 keys: two consumer warpgroups of 64 keys each recompute S^T
 // and dP^T for every query tile (and query head of the group) the mask lets them see,
-// accumulate dK and dV in registers, and stage their share dS K of dQ in shared memory. A
-// loading warpgroup holds three warps that fill a STAGES-deep ring of Q / dO tiles through
-// full/empty mbarriers, and one writer warp that adds the staged shares into a float32 dQ
-// accumulator with bulk adds, in a fixed order of key tiles. A short kernel then writes dQ in
-// the output's dtype.
+// accumulate dK and dV in registers, and stage their share dS K of dQ in shared memory (a
+// step's dQ is taken one step later, so that neither warpgroup waits for the other's). A
+// loading warpgroup holds two warps that fill a STAGES-deep ring of Q / dO tiles through
+// full/empty mbarriers, and one or two writer threads that add the staged shares into a
+// float32 dQ accumulator with bulk adds, in a fixed order of key tiles. A short kernel then
+// writes dQ in the output's dtype.
 #pragma once
 
 #include "wgmma.cuh"
@@ -151,6 +152,26 @@ __device__ __forceinline__ int tiles_before(const mask_t &mk, const seq_t &s, in
     return j - lo;
 }
 
+// The query tiles (BQ rows) every row of which sees all 16 keys from key0: [lo, hi], empty
+// when lo > hi. A step then tests its tile against two integers instead of the mask.
+struct full_tiles_t {
+    int lo, hi;
+};
+__device__ __forceinline__ int64_t floor_div(int64_t a, int64_t b)
+{
+    return a >= 0 ? a / b : -((b - 1 - a) / b);
+}
+template <int BQ> __device__ __forceinline__ full_tiles_t full_tiles(const mask_t &mk, int64_t key0)
+{
+    if (key0 + 16 > mk.sk)
+        return full_tiles_t{ 1, 0 };
+    // query0 >= key0 + 15 - diag - wr (the last key within the first row's right edge) and
+    // query0 + BQ - 1 <= key0 + wl - diag (the first key within the last row's left edge)
+    const int64_t lo = -floor_div(-(key0 + 15 - mk.diag - mk.wr), BQ);
+    const int64_t hi = floor_div(key0 - (BQ - 1) - mk.diag + mk.wl, BQ);
+    return full_tiles_t{ (int)max(lo, (int64_t)-1), (int)min(hi, (int64_t)INT_MAX / 2) };
+}
+
 // A block's steps: query tile mi (last first) of query head h (the group's heads taken in
 // turn for each tile). Last first, every block reaches a query tile no later (in steps) than
 // the one after it, so under a causal mask the hand-overs wait for nothing but their order.
@@ -239,9 +260,41 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
     float(&dpf)[BQ / 2] = reinterpret_cast<float(&)[BQ / 2]>(dp);
     zero(dk);
     zero(dv);
+    // This warpgroup's share of step q's dQ, dS K from dS tile q & 1, staged for the writer in
+    // the accumulator's order once its last add has read the buffer. d128: every step, half
+    // the columns each; below: every other step, all columns.
+    auto dq_share = [&](int q) {
+        if (!SPLIT && (q & 1) != wg)
+            return;
+        wgmma_fence();
+        // the half's first column c sits c / 64 column blocks and c % 64 elements in
+        const int c = SPLIT ? wg * DQN : 0;
+        wg_gemm_sn<T, DQN, BN, BQ, BN>(dq, dsa + (q & 1) * F::ds,
+                                       smem_addr(sK) + (c / 64) * BN * 128 + (c % 64) * 2);
+        wgmma_wait<0>();
+        reg_fence(dq);
+        const int kq = SPLIT ? q : q / 2, nb = kq % NB;
+        if (kq >= NB)
+            mbar_wait(&bars.empty[wg][nb], (kq / NB - 1) & 1);
+        float4 *buf = reinterpret_cast<float4 *>(sDQ + nb * F::dq);
+#pragma unroll
+        for (int dt = 0; dt < DQN / 8; dt++)
+            buf[(dt * 4 + warp) * 32 + lane] = make_float4(dq[4 * dt], dq[4 * dt + 1], dq[4 * dt + 2], dq[4 * dt + 3]);
+        fence_async_smem();
+        __syncwarp();
+        if (lane == 0)
+            mbar_arrive(&bars.full[wg][nb]);
+    };
+    // End of step q of warpgroup w (its dS of q stored, its share of q - 1's dQ read from dS
+    // tile (q - 1) & 1): named barrier 4 + 2 w + q % 2, arrived at by w and waited for by the
+    // other warpgroup before it stores dS of q + 1 (into the tile q - 1 used) and takes its
+    // share of q's dQ. Two ids per warpgroup, so that w never arrives twice before the wait.
+    auto end_of_step = [&](int w, int q) { return 4 + 2 * w + (q & 1); };
+    const full_tiles_t full = full_tiles<BQ>(mk, j0);
     bwd_steps fs(hk, p.group, m_lo, nm);
     for (int it = 0; it < iters; it++, fs.next()) {
         const int st = it % STAGES, h = fs.h(), i0 = fs.mi * BQ;
+        const bool all_seen = fs.mi >= full.lo && fs.mi <= full.hi;
         const uint32_t qa = ra + st * S::bytes, oa = qa + S::tile;
         const float *sl = stats + st * S::stats;
         mbar_wait(&ring.full[st], (it / STAGES) & 1);
@@ -260,7 +313,7 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
             }
             reg_fence(sf);
             reg_fence(dpf);
-            kv_grads<NQ, DROPOUT>(p, mk, blk.b, h, sc, dp, sl, sl + BQ, i0, j0, g, t);
+            kv_grads<NQ, DROPOUT>(p, mk, all_seen, blk.b, h, sc, dp, sl, sl + BQ, i0, j0, g, t);
             wgmma_wait<0>(); // the previous step's products are done with pa, da and its stage
             reg_fence(dkf);
             reg_fence(dvf);
@@ -275,16 +328,20 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
             wgmma_wait<0>();
             reg_fence(sf);
             reg_fence(dpf);
-            kv_grads<NQ, DROPOUT>(p, mk, blk.b, h, sc, dp, sl, sl + BQ, i0, j0, g, t);
+            kv_grads<NQ, DROPOUT>(p, mk, all_seen, blk.b, h, sc, dp, sl, sl + BQ, i0, j0, g, t);
             to_a<T, 1, NQ>(pa, sc);
             to_a<T, 1, NQ>(da, dp);
             wgmma_fence();
             wg_gemm_rn<T, D, BQ>(dvf, pa[0], oa); // dV += P^T dO
             wg_gemm_rn<T, D, BQ>(dkf, da[0], qa); // dK += dS^T Q
         }
-        // dS (queries x keys) into this step's dS tile, both warpgroups' 64 keys side by side
-        const int par = it & 1;
-        const uint32_t dst = dsa + par * F::ds;
+        // dS (queries x keys) into this step's dS tile, both warpgroups' 64 keys side by side,
+        // once the other warpgroup is done with the step before (and so with this tile's dS of
+        // two steps ago); then this warpgroup's share of the previous step's dQ, whose dS is
+        // complete by the same wait. One step of slack: neither waits for the other's dQ.
+        if (it > 0)
+            named_barrier(end_of_step(1 - wg, it - 1), 256);
+        const uint32_t dst = dsa + (it & 1) * F::ds;
 #pragma unroll
         for (int kt = 0; kt < NQ / 2; kt++)
             stsm_x4_t(dst + sw_offset(kt * 16 + sm_q, sm_k, BQ), da[0][kt]);
@@ -297,32 +354,13 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
             if (lane == 0)
                 mbar_arrive(&ring.empty[st]);
         }
-        if constexpr (SPLIT) { // each warpgroup takes half of dQ's columns
-            named_barrier(4 + par, 256);
-        } else if (par != wg) { // the other warpgroup takes this step's dQ
-            named_barrier_arrive(4 + par, 256);
-            continue;
-        } else {
-            named_barrier(4 + par, 256);
-        }
-        wgmma_fence();
-        // dS K; the half's first column c sits c / 64 column blocks and c % 64 elements in
-        const int c0 = SPLIT ? wg * DQN : 0;
-        wg_gemm_sn<T, DQN, BN, BQ, BN>(dq, dst, smem_addr(sK) + (c0 / 64) * BN * 128 + (c0 % 64) * 2);
-        wgmma_wait<0>();
-        reg_fence(dq);
-        // staged for the writer in the accumulator's order, once its last add has read the buffer
-        const int kq = SPLIT ? it : it / 2, nb = kq % NB;
-        if (kq >= NB)
-            mbar_wait(&bars.empty[wg][nb], (kq / NB - 1) & 1);
-        float4 *buf = reinterpret_cast<float4 *>(sDQ + nb * F::dq);
-#pragma unroll
-        for (int dt = 0; dt < DQN / 8; dt++)
-            buf[(dt * 4 + warp) * 32 + lane] = make_float4(dq[4 * dt], dq[4 * dt + 1], dq[4 * dt + 2], dq[4 * dt + 3]);
-        fence_async_smem();
-        __syncwarp();
-        if (lane == 0)
-            mbar_arrive(&bars.full[wg][nb]);
+        if (it > 0)
+            dq_share(it - 1);
+        named_barrier_arrive(end_of_step(wg, it), 256);
+    }
+    if (iters > 0) { // the last step's dQ
+        named_barrier(end_of_step(1 - wg, iters - 1), 256);
+        dq_share(iters - 1);
     }
     if (OVERLAP && iters > 0) {
         const uint32_t pq = ra + ((iters - 1) % STAGES) * S::bytes;
@@ -352,20 +390,25 @@ __device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch)
     return block_t{ (int)(x / hb), (int)(x % hb % heads), (int)(x % hb / heads) };
 }
 
-// The writer (one thread): every step's staged dQ shares, in step order, added into the
+// The dQ writers (one thread each): the staged dQ shares of every step, added into the
 // accumulator by bulk adds once the key tiles before this one have added theirs (the
 // counter; the first key tile of a query tile stores instead), the buffers handed back as
 // soon as the adds have read them, and the step counted once its adds have been performed.
+// d128 has one writer for both warpgroups' halves; below, writer w takes the steps whose dQ
+// warpgroup w computes, so that the two add and wait for the adds to land side by side.
+template <bool SPLIT> __host__ __device__ constexpr int dq_writers() { return SPLIT ? 1 : 2; }
 template <int D, int BQ, bool SPLIT>
 __device__ __forceinline__ void dq_writer(const fa_cuda_params &p, dq_bars<dq_buffers<D>()> &bars,
                                           const block_t &blk, const seq_t &s, const mask_t &mk, int m_lo,
-                                          int nm, int iters, const unsigned char *sDQ)
+                                          int nm, int iters, const unsigned char *sDQ, int writer)
 {
-    constexpr int BN = 128, DQN = SPLIT ? D / 2 : D, NB = dq_buffers<D>();
+    constexpr int BN = 128, DQN = SPLIT ? D / 2 : D, NB = dq_buffers<D>(), NW = dq_writers<SPLIT>();
     using F = bwd_smem<D, BQ>;
     const int64_t base = dq_tile_base(p, s, blk.b);
     bwd_steps fs(blk.h, p.group, m_lo, nm);
     for (int it = 0; it < iters; it++, fs.next()) {
+        if (it % NW != writer)
+            continue;
         const int w0 = SPLIT ? 0 : it % 2, w1 = SPLIT ? 2 : w0 + 1, kq = SPLIT ? it : it / 2, nb = kq % NB;
         int *sem = p.dq_sem + ((int64_t)blk.b * p.heads_q + fs.h()) * p.dq_tiles + fs.mi;
         const int turn = tiles_before<BN, BQ>(mk, s, blk.tile, fs.mi);
@@ -419,7 +462,8 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
     kv_span<BN, BQ>(mk, s, blk.tile, m_lo, nm);
     const int iters = nm * p.group;
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0); // uniform to the compiler
-    constexpr int LOADERS = 96; // the loading warpgroup's first three warps; the last adds dQ
+    // the loading warpgroup's first two warps; the others add dQ
+    constexpr int LOADERS = 64, WRITERS = dq_writers<SPLIT>();
     if (threadIdx.x == 0) {
         ring_init(ring, LOADERS, 8);
         for (int w = 0; w < 2; w++)
@@ -433,8 +477,9 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
         const int tid = threadIdx.x % 128;
         if (tid >= LOADERS) {
-            if (tid == LOADERS)
-                dq_writer<D, BQ, SPLIT>(p, bars, blk, s, mk, m_lo, nm, iters, sDQ);
+            const int w = (tid - LOADERS) / 32;
+            if (tid % 32 == 0 && w < WRITERS)
+                dq_writer<D, BQ, SPLIT>(p, bars, blk, s, mk, m_lo, nm, iters, sDQ, w);
             return;
         }
         bwd_steps fs(blk.h, p.group, m_lo, nm);
@@ -465,8 +510,12 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
 
 // dq = scale * the float32 accumulator, one block per (query tile, head, sequence); zero
 // for a query tile no key tile saw (its counter still 0, its accumulator never written).
+// With dq in the input dtype and 16-byte-aligned rows the tile is rounded into shared memory
+// first and goes out in 16-byte row stores; otherwise element by element.
 template <typename T, int D> __global__ void __launch_bounds__(256) dq_store(const fa_cuda_params p)
 {
+    constexpr int PITCH = D + 8; // elements; rows stay 16-byte aligned
+    __shared__ __align__(16) T tile[kDqRows * PITCH];
     const block_t blk = block_of((p.max_q + kDqRows - 1) / kDqRows, p.heads_q, false);
     const seq_t s = seq_of(p, blk.b);
     const int r0 = blk.tile * kDqRows;
@@ -477,15 +526,27 @@ template <typename T, int D> __global__ void __launch_bounds__(256) dq_store(con
     const bool seen = p.dq_sem[((int64_t)blk.b * p.heads_q + blk.h) * p.dq_tiles + blk.tile] > 0;
     for (int x = threadIdx.x; x < kDqRows * D / 4; x += 256) {
         const int lane = x % 32, c = (x / 128) * 8 + 2 * (lane % 4);
-        const int r = r0 + ((x / 32) % 4) * 16 + lane / 4;
+        const int r = ((x / 32) % 4) * 16 + lane / 4;
         const float4 v = seen ? acc[x] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        const float w[4] = { v.x, v.y, v.z, v.w };
+        const float w[4] = { v.x * p.scale, v.y * p.scale, v.z * p.scale, v.w * p.scale };
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int rr = r + 8 * (e / 2), cc = c + e % 2;
-            if (rr < s.sq && cc < p.dim)
-                store<T>(p.dq, row_off(p.dq, s, false, blk.h, rr) + cc, w[e] * p.scale);
+            if (p.dq_vec)
+                tile[rr * PITCH + cc] = from_float<T>(w[e]);
+            else if (r0 + rr < s.sq && cc < p.dim)
+                store<T>(p.dq, row_off(p.dq, s, false, blk.h, r0 + rr) + cc, w[e]);
         }
+    }
+    if (!p.dq_vec)
+        return;
+    __syncthreads();
+    const int rows = min(kDqRows, s.sq - r0);
+    for (int x = threadIdx.x; x < rows * (D / 8); x += 256) {
+        const int r = x / (D / 8), c = (x % (D / 8)) * 8;
+        if (c < p.dim)
+            *reinterpret_cast<uint4 *>((T *)p.dq.p + row_off(p.dq, s, false, blk.h, r0 + r) + c) =
+                *reinterpret_cast<const uint4 *>(&tile[r * PITCH + c]);
     }
 }
 

@@ -34,6 +34,7 @@ typedef struct fa_cuda_params {
     int64_t win_left, win_right; /* resolved; causal folded in */
     int aligned;      /* every row start 16-byte aligned and head_dim % 8 == 0: vector loads */
     int o_vec;        /* the same for o, stored in the input dtype: vector stores */
+    int dq_vec;       /* the same for dq (backward) */
     float dropout_p, dropout_scale;
     uint32_t dropout_threshold;
     uint64_t dropout_seed, dropout_offset;

@@ -551,13 +551,13 @@ __device__ __forceinline__ void kv_elems(const fa_cuda_params &p, int b, int h, 
             dp[0][nt][e] = ge.ds;
         }
 }
+// full: every element of the tile is visible (the mask is not applied).
 template <int NQ, bool DROPOUT = true>
-__device__ __forceinline__ void kv_grads(const fa_cuda_params &p, const mask_t &mk, int b, int h,
-                                         float (&sc)[1][NQ][4], float (&dp)[1][NQ][4],
+__device__ __forceinline__ void kv_grads(const fa_cuda_params &p, const mask_t &mk, bool full, int b,
+                                         int h, float (&sc)[1][NQ][4], float (&dp)[1][NQ][4],
                                          const float *sl, const float *sd, int64_t query0,
                                          int64_t key0, int g, int t)
 {
-    const bool full = mk.all_visible(query0, query0 + 8 * NQ, key0, key0 + 16);
     if (p.softcap > 0.0f) {
         to_logits(p, sc);
         if (!full)
