@@ -47,12 +47,19 @@ grep -q "cpu.kernels:" "$tmp/out" || { echo "FAIL: info names no kernel table"; 
 # GLES (where a GLES 3.1 driver is usable): info and a small bench with the variant and tiles
 # in the row; on Mesa, a context limited to ES 3.0 is refused with a message naming 3.1.
 if "$fa" info --backend gles >"$tmp/gl" 2>/dev/null; then
-  grep -q "gles.forward.d64: tiled .* score blocks" "$tmp/gl" || { echo "FAIL: gles info names no tiles"; fails=$((fails + 1)); }
+  grep -q "gles.forward.d64: \(tiled .* score blocks\|rows-tex .* buffer textures\|rows .* keys per step\)" "$tmp/gl" ||
+    { echo "FAIL: gles info names no variant and tiles"; fails=$((fails + 1)); }
   grep -q "gles.forward.why:" "$tmp/gl" || { echo "FAIL: gles info gives no reason for the variant"; fails=$((fails + 1)); }
+  FLASHATTN_GLES_FORWARD=tiled "$fa" info --backend gles >"$tmp/out" 2>&1
+  grep -q "gles.forward.d64: tiled .* score blocks" "$tmp/out" || { echo "FAIL: gles info names no tiles"; cat "$tmp/out"; fails=$((fails + 1)); }
   expect_rc 0 "gles bench" "$fa" bench --backend gles --seq 64 --heads 2 --dim 32 --reps 3 --dtype f16
-  grep -q "gles-flash-tiled-f16pk  *[0-9]*x[0-9]" "$tmp/out" || { echo "FAIL: gles bench row"; cat "$tmp/out"; fails=$((fails + 1)); }
-  FLASHATTN_GLES_FORWARD=rows "$fa" bench --backend gles --seq 64 --heads 2 --dim 32 --reps 3 --dtype f16 >"$tmp/out" 2>&1
-  grep -q "gles-flash-f16pk  *[0-9]*x[0-9]" "$tmp/out" || { echo "FAIL: gles bench row (rows variant)"; cat "$tmp/out"; fails=$((fails + 1)); }
+  grep -q "gles-flash-[a-z-]*f16pk  *[0-9]*x[0-9]" "$tmp/out" || { echo "FAIL: gles bench row"; cat "$tmp/out"; fails=$((fails + 1)); }
+  # each variant the planner may pick, forced: its kernel in the row
+  for v in tiled:gles-flash-tiled-f16pk rows:gles-flash-f16pk rows-tex:gles-flash-tex-f16pk; do
+    if [ "${v%%:*}" = rows-tex ] && ! grep -q "gles.buffer_textures: GL_" "$tmp/gl"; then continue; fi
+    FLASHATTN_GLES_FORWARD=${v%%:*} "$fa" bench --backend gles --seq 64 --heads 2 --dim 32 --reps 3 --dtype f16 >"$tmp/out" 2>&1
+    grep -q "${v#*:}  *[0-9]*x[0-9]" "$tmp/out" || { echo "FAIL: gles bench row (${v%%:*} variant)"; cat "$tmp/out"; fails=$((fails + 1)); }
+  done
   FLASHATTN_GLES_FORWARD=bogus "$fa" info --backend gles >"$tmp/out" 2>&1
   grep -q "FLASHATTN_GLES_FORWARD=bogus: use" "$tmp/out" || { echo "FAIL: a bad FLASHATTN_GLES_FORWARD is not named"; cat "$tmp/out"; fails=$((fails + 1)); }
   expect_rc 2 "gles check --backward (no backward there)" "$fa" check --backend gles --quick --backward

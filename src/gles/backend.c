@@ -61,6 +61,7 @@ static const char *const shader_name[SH_COUNT] = { "flash_forward", "flash_tiled
  * chunk or V chunk, probabilities, row partials). */
 typedef struct tiles {
     int d4, br, bc, f16;
+    int tex; /* the row variant reads K and V through buffer textures */
     int tiled, tm, tn, nx, ny, dc4, kc, sh_qk, sh_p, sh_r;
 } tiles;
 
@@ -79,7 +80,13 @@ typedef struct gles_state {
     int has_16bit_storage; /* GL_EXT_shader_16bit_storage */
     /* GL_EXT_disjoint_timer_query's 64-bit result getter (NULL without the extension) */
     void(GL_APIENTRYP query_u64)(GLuint id, GLenum pname, GLuint64 *params);
-    int forward;           /* FLASHATTN_GLES_FORWARD: 0 the planner's choice, 1 rows, 2 tiled */
+    int forward; /* FLASHATTN_GLES_FORWARD: 0 the planner's choice, 1 rows, 2 tiled, 3 rows-tex */
+    /* buffer textures (GL_EXT_texture_buffer or GL_OES_texture_buffer: the extension's name,
+     * NULL without), their texel limit, and the two the row variant reads K and V through */
+    const char *texbuf;
+    PFNGLTEXBUFFEREXTPROC tex_buffer;
+    GLint max_texels;
+    GLuint kv_tex[2];
     /* a call's working buffers (repacked q, k, v, o, lse, offsets, scores or partials), kept
      * between calls and grown as needed: allocating them per call cost more than the shaders */
     GLuint scratch[8];
@@ -178,6 +185,7 @@ static void gles_destroy(void *state)
                 if (s->mem[i].owned)
                     glDeleteBuffers(1, &s->mem[i].name);
             glDeleteBuffers(8, s->scratch); /* names 0 are ignored */
+            glDeleteTextures(2, s->kv_tex);
         }
         release_current(s);
         eglDestroyContext(s->dpy, s->ctx);
@@ -204,12 +212,15 @@ static fa_status gles_init(fa_context_t ctx, int32_t num_threads, void **state)
         return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the GLES backend");
     const char *fwd = getenv("FLASHATTN_GLES_FORWARD");
     if (fwd && *fwd) {
-        s->forward = strcmp(fwd, "rows") == 0 ? 1 : strcmp(fwd, "tiled") == 0 ? 2 : -1;
+        s->forward = strcmp(fwd, "rows") == 0       ? 1
+                     : strcmp(fwd, "tiled") == 0    ? 2
+                     : strcmp(fwd, "rows-tex") == 0 ? 3
+                                                    : -1;
         if (s->forward < 0) {
             free(s);
             return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
-                            "FLASHATTN_GLES_FORWARD=%s: use \"rows\" or \"tiled\" (or leave it unset "
-                            "for the planner's choice)",
+                            "FLASHATTN_GLES_FORWARD=%s: use \"rows\", \"rows-tex\" or \"tiled\" (or "
+                            "leave it unset for the planner's choice)",
                             fwd);
         }
     }
@@ -293,29 +304,45 @@ static fa_status gles_init(fa_context_t ctx, int32_t num_threads, void **state)
         const char *e = (const char *)glGetStringi(GL_EXTENSIONS, (GLuint)i);
         if (strcmp(e, "GL_EXT_shader_16bit_storage") == 0)
             s->has_16bit_storage = 1;
+        if (!s->texbuf && (strcmp(e, "GL_EXT_texture_buffer") == 0 || strcmp(e, "GL_OES_texture_buffer") == 0))
+            s->texbuf = strcmp(e, "GL_EXT_texture_buffer") == 0 ? "GL_EXT_texture_buffer" : "GL_OES_texture_buffer";
         /* CPU renderers expose the timer but their elapsed times leave the shaders out
          * (llvmpipe reports about a nanosecond for a second's dispatch): wall time is theirs */
         if (strcmp(e, "GL_EXT_disjoint_timer_query") == 0 && !cpu_renderer(s->renderer))
             s->query_u64 = (void(GL_APIENTRYP)(GLuint, GLenum, GLuint64 *))eglGetProcAddress(
                 "glGetQueryObjectui64vEXT");
     }
+    if (s->texbuf) { /* the OES and EXT extensions share the enums; the entry point is named after either */
+        s->tex_buffer = (PFNGLTEXBUFFEREXTPROC)eglGetProcAddress(
+            strcmp(s->texbuf, "GL_EXT_texture_buffer") == 0 ? "glTexBufferEXT" : "glTexBufferOES");
+        glGetIntegerv(GL_MAX_TEXTURE_BUFFER_SIZE_EXT, &s->max_texels);
+        if (!s->tex_buffer || s->max_texels <= 0)
+            s->texbuf = NULL;
+    }
     release_current(s);
+    if (s->forward == 3 && !s->texbuf) {
+        gles_destroy(s);
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                        "FLASHATTN_GLES_FORWARD=rows-tex: the device has no buffer textures "
+                        "(GL_EXT_texture_buffer or GL_OES_texture_buffer); use \"rows\" or \"tiled\"");
+    }
     *state = s;
     return FA_OK;
 }
 
-/* The row variant (flash_forward.comp): keys per K/V tile from K and V rows (vec4 float32
- * each) in shared memory, at most 3/4 of the limit (the rest is the driver's and headroom), a
- * power of two between 1 and 64; one invocation per query row, up to 64 within the invocation
- * limit. Q and O rows stay in registers. */
-static tiles rows_tiles(const gles_state *s, int32_t dim, int f16)
+/* The row variant (flash_forward.comp): one invocation per query row, up to 64 within the
+ * invocation limit; Q and O rows stay in registers. K and V through buffer textures (tex), or
+ * staged in shared memory: keys per K/V tile from K and V rows (vec4 float32 each), at most
+ * 3/4 of the limit (the rest is the driver's and headroom), a power of two between 1 and 64. */
+static tiles rows_tiles(const gles_state *s, int32_t dim, int f16, int tex)
 {
     tiles t = { 0 };
     t.d4 = (dim + 3) / 4;
     t.f16 = f16;
+    t.tex = tex;
     const int per_key = 2 * t.d4 * 16;
     int bc = 64;
-    while (bc > 1 && bc * per_key > s->max_shared * 3 / 4)
+    while (!tex && bc > 1 && bc * per_key > s->max_shared * 3 / 4)
         bc /= 2;
     t.bc = bc;
     t.br = s->max_invocations >= 64 ? 64 : s->max_invocations;
@@ -363,14 +390,25 @@ static int tiled_tiles(const gles_state *s, int32_t dim, int f16, tiles *out)
     return 0;
 }
 
-/* The fused forward's variant and tiles: the tiled one wherever it fits, unless
- * FLASHATTN_GLES_FORWARD asks for the other. */
+/* The largest head_dim the row variant runs on a CPU renderer by the planner's choice: above
+ * it Mesa 22.3's llvmpipe gets rows wrong (errors up to 3e-2 from about 448 keys at d224 and
+ * d256, either K/V source; the tiled variant is exact there: docs/perf/gles.md). */
+#define CPU_ROWS_MAX_DIM 192
+
+/* The fused forward's variant and tiles, unless FLASHATTN_GLES_FORWARD asks for one: on CPU
+ * renderers with buffer textures the row variant reading K and V through them (where
+ * shared-memory loads go one SIMD lane at a time, texel fetches are gathered: 2-3x faster than
+ * the tiled variant on llvmpipe, docs/perf/gles.md); elsewhere the tiled one wherever it fits,
+ * the row variant through shared memory otherwise. */
 static tiles tiles_for(const gles_state *s, int32_t dim, int f16)
 {
     tiles t;
+    if (s->forward == 3 ||
+        (s->forward == 0 && s->texbuf && cpu_renderer(s->renderer) && dim <= CPU_ROWS_MAX_DIM))
+        return rows_tiles(s, dim, f16, 1);
     if (s->forward != 1 && tiled_tiles(s, dim, f16, &t))
         return t;
-    return rows_tiles(s, dim, f16);
+    return rows_tiles(s, dim, f16, 0);
 }
 
 static fa_status gl_check(fa_context_t ctx, const char *what)
@@ -391,13 +429,15 @@ static fa_status get_program(fa_context_t ctx, gles_state *s, int shader, const 
             return FA_OK;
         }
     }
-    char preamble[512];
+    char preamble[640], ext[64] = "";
+    if (t->tex && s->texbuf)
+        snprintf(ext, sizeof(ext), "#extension %s : require\n", s->texbuf);
     snprintf(preamble, sizeof(preamble),
-             "#version 310 es\n#define D4 %d\n#define BR %d\n#define BC %d\n#define STORE_F16 %d\n"
-             "#define TM %d\n#define TN %d\n#define NX %d\n#define NY %d\n#define DC4 %d\n#define KC %d\n"
-             "#define SH_P %d\n#define SH_R %d\n#define SH_TOTAL %d\n",
-             t->d4, t->br, t->bc, t->f16, t->tm, t->tn, t->nx, t->ny, t->dc4, t->kc, t->sh_qk,
-             t->sh_qk + t->sh_p, t->sh_qk + t->sh_p + t->sh_r);
+             "#version 310 es\n%s#define D4 %d\n#define BR %d\n#define BC %d\n#define STORE_F16 %d\n"
+             "#define KV_TEX %d\n#define TM %d\n#define TN %d\n#define NX %d\n#define NY %d\n"
+             "#define DC4 %d\n#define KC %d\n#define SH_P %d\n#define SH_R %d\n#define SH_TOTAL %d\n",
+             ext, t->d4, t->br, t->bc, t->f16, ext[0] != '\0', t->tm, t->tn, t->nx, t->ny, t->dc4, t->kc,
+             t->sh_qk, t->sh_qk + t->sh_p, t->sh_qk + t->sh_p + t->sh_r);
     const char *parts[3] = { preamble, fa_gles_common, shader_src[shader] };
     GLuint sh = glCreateShader(GL_COMPUTE_SHADER);
     glShaderSource(sh, 3, parts, NULL);
@@ -461,17 +501,28 @@ static void gles_info(void *state, char *buf, size_t cap, size_t *len)
                        "V %d keys at a time, %d bytes of shared memory\n",
                        dims[i], t.br, t.bc, t.nx, t.ny, t.tm, t.tn, 4 * t.dc4, t.kc,
                        16 * (t.sh_qk + t.sh_p + t.sh_r));
+        else if (t.tex)
+            fa_appendf(buf, cap, len,
+                       "gles.forward.d%d: rows-tex (flash_forward.comp), one invocation per query row, "
+                       "%d rows per workgroup, K and V through buffer textures (%s), no shared memory\n",
+                       dims[i], t.br, s->texbuf);
         else
             fa_appendf(buf, cap, len,
                        "gles.forward.d%d: rows (flash_forward.comp), one invocation per query row, %d "
                        "rows x %d keys per step (K/V tiles %d bytes of shared memory)\n",
                        dims[i], t.br, t.bc, 2 * t.bc * t.d4 * 16);
     }
+    fa_appendf(buf, cap, len, "gles.buffer_textures: %s\n", s->texbuf ? s->texbuf : "no");
     fa_appendf(buf, cap, len, "gles.forward.why: %s\n",
                s->forward == 1   ? "rows, forced by FLASHATTN_GLES_FORWARD"
                : s->forward == 2 ? "tiled where it fits, forced by FLASHATTN_GLES_FORWARD"
-                                 : "tiled wherever its invocation grid and shared memory fit the limits "
-                                   "(no invocation holds a whole row), rows otherwise");
+               : s->forward == 3 ? "rows-tex, forced by FLASHATTN_GLES_FORWARD"
+               : s->texbuf && cpu_renderer(s->renderer)
+                   ? "a CPU renderer with buffer textures: rows-tex up to head_dim 192 (texel "
+                     "fetches are gathered across SIMD lanes, shared-memory loads go one lane at a "
+                     "time), tiled above"
+                   : "tiled wherever its invocation grid and shared memory fit the limits (no "
+                     "invocation holds a whole row), rows otherwise");
 }
 
 static fa_status check(fa_context_t ctx, const gles_state *s, const fa_problem *p, tiles *t)
@@ -538,6 +589,7 @@ static void report(const tiles *t, const fa_problem *p, const int in_place[3], f
     } else {
         info->kernel = standard ? (t->f16 ? "gles-standard-f16" : "gles-standard-f32")
                        : t->tiled ? (t->f16 ? "gles-flash-tiled-f16pk" : "gles-flash-tiled-f32")
+                       : t->tex   ? (t->f16 ? "gles-flash-tex-f16pk" : "gles-flash-tex-f32")
                                   : (t->f16 ? "gles-flash-f16pk" : "gles-flash-f32");
         info->block_q = standard ? 1 : t->br;
         info->block_k = standard ? p->max_k : t->bc;
@@ -663,6 +715,24 @@ static void set_uniforms(GLuint prog, const fa_problem *p, int64_t qrows, int64_
     static const char *const names[3] = { "u_qv", "u_kv", "u_vv" };
     for (int i = 0; i < 3; i++)
         glUniform4i(glGetUniformLocation(prog, names[i]), at->v[i][0], at->v[i][1], at->v[i][2], at->v[i][3]);
+}
+
+/* K and V buffers as the row variant's buffer textures, units 0 and 1 of the current program
+ * (buffer 0 detaches). */
+static void bind_kv_textures(gles_state *s, const tiles *t, GLuint k, GLuint v)
+{
+    if (!s->kv_tex[0])
+        glGenTextures(2, s->kv_tex);
+    const GLuint bufs[2] = { k, v };
+    GLint prog = 0;
+    glGetIntegerv(GL_CURRENT_PROGRAM, &prog);
+    for (int i = 0; i < 2; i++) {
+        glActiveTexture(GL_TEXTURE0 + (GLenum)i);
+        glBindTexture(GL_TEXTURE_BUFFER_EXT, s->kv_tex[i]);
+        s->tex_buffer(GL_TEXTURE_BUFFER_EXT, t->f16 ? GL_RG32UI : GL_RGBA32F, bufs[i]);
+    }
+    glUniform1i(glGetUniformLocation((GLuint)prog, "u_ktex"), 0);
+    glUniform1i(glGetUniformLocation((GLuint)prog, "u_vtex"), 1);
 }
 
 /* Make shader's program (compiled on first use) current with the call's uniforms. */
@@ -1060,6 +1130,13 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
     glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 5, bufs[5]);
     if ((st = gl_check(ctx, "uploading the tensors")) != FA_OK)
         goto release;
+    if (t.tex) { /* K and V as buffer textures, where their buffers fit the texel limit */
+        for (int i = 1; i < 3; i++) {
+            const size_t gl_bytes = in_place[i] ? gv[i].mem->gl_bytes : s->scratch_bytes[i];
+            if (gl_bytes / (t.f16 ? 8 : 16) > (size_t)s->max_texels)
+                t = rows_tiles(s, p->dim, t.f16, 0);
+        }
+    }
     if (resident) { /* the caller's views into the layout the attention shaders read */
         if ((st = use_pass(ctx, s, SH_PACK, &t, p, qrows, krows, 0, &qkv)) != FA_OK)
             goto release;
@@ -1072,7 +1149,7 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
             move_pass(s, (GLuint)prog, &gv[i], i ? krows : qrows, i ? p->heads_kv : p->heads_q, p->dim,
                       i ? rps_k : rps_q, t.d4, 0);
         }
-        glMemoryBarrier(GL_SHADER_STORAGE_BARRIER_BIT);
+        glMemoryBarrier(GL_SHADER_STORAGE_BARRIER_BIT | (t.tex ? GL_TEXTURE_FETCH_BARRIER_BIT : 0));
     }
     /* the attention dispatches alone on the GPU clock, where the driver has the timer */
     if (s->query_u64) {
@@ -1104,7 +1181,11 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
             goto release;
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 3, bufs[3]);
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 4, bufs[4]);
+        if (t.tex)
+            bind_kv_textures(s, &t, bufs[1], bufs[2]);
         glDispatchCompute((GLuint)((p->max_q + t.br - 1) / t.br), (GLuint)p->heads_q, (GLuint)p->batch);
+        if (t.tex) /* the dispatch has its textures; the buffers are not held past the call */
+            bind_kv_textures(s, &t, 0, 0);
     } else {
         const size_t sb = (size_t)p->heads_q * (size_t)qrows * (size_t)p->max_k * 4;
         if ((st = scratch_buffer(ctx, s, 6, NULL, sb, &bufs[6])) != FA_OK)

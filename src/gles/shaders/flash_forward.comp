@@ -1,8 +1,14 @@
 // SPDX-License-Identifier: MIT
-// The fused forward: one workgroup per (query tile of BR rows, query head, sequence), one
-// invocation per query row. The workgroup walks every K/V tile of BC keys its mask allows,
-// staging each through shared memory; each score, the online softmax (float32 statistics in
-// exp2 units) and the output accumulator stay in registers, so S never reaches memory.
+// The fused forward with one invocation per query row: one workgroup per (query tile of BR
+// rows, query head, sequence). Each invocation keeps its q row, its output accumulator and
+// its softmax statistics (float32, exp2 units) in registers and walks every key its
+// workgroup's mask range allows, KB keys at a time: their scores, one running-maximum update
+// for the block, then their share of P V. S never reaches memory.
+// K and V come either through shared memory, BC keys a tile staged by the whole workgroup
+// (KV_TEX 0), or straight from buffer textures (KV_TEX 1): CPU renderers gather texel
+// fetches vector-wide where they load shared and storage memory one lane at a time
+// (docs/perf/gles.md), and with textures no invocation waits for another.
+#define KB 4
 layout(local_size_x = BR) in;
 
 layout(std430, binding = 3) writeonly buffer OBuf { vec4 o_data[]; };
@@ -10,8 +16,22 @@ layout(std430, binding = 4) writeonly buffer LBuf { float lse_data[]; }; // [hea
 
 uniform int u_write_lse;
 
+#if KV_TEX
+#if STORE_F16
+uniform highp usamplerBuffer u_ktex, u_vtex;
+#define KV_LOAD(tex, row, c) unpack4(texelFetch(tex, (row) + (c)).xy)
+#else
+uniform highp samplerBuffer u_ktex, u_vtex;
+#define KV_LOAD(tex, row, c) texelFetch(tex, (row) + (c))
+#endif
+#define K_AT(j, c) KV_LOAD(u_ktex, K_ROW(s, b, j, hk), c)
+#define V_AT(j, c) KV_LOAD(u_vtex, V_ROW(s, b, j, hk), c)
+#else
 shared vec4 sh_k[BC * D4];
 shared vec4 sh_v[BC * D4];
+#define K_AT(j, c) sh_k[((j) - c0) * D4 + (c)]
+#define V_AT(j, c) sh_v[((j) - c0) * D4 + (c)]
+#endif
 
 void main()
 {
@@ -39,6 +59,8 @@ void main()
     float m = NEG_INF, l = 0.0;
 
     for (int c0 = (lo / BC) * BC; c0 < hi; c0 += BC) {
+        int c1 = min(c0 + BC, hi);
+#if !KV_TEX
         barrier(); // the previous tile is read
         for (int e = lid; e < BC * D4; e += BR) {
             int j = c0 + e / D4, c = e % D4;
@@ -47,29 +69,36 @@ void main()
             sh_v[e] = in_seq ? LOAD4(v_data, V_ROW(s, b, j, hk) + c) : vec4(0.0);
         }
         barrier();
+#endif
         if (!valid)
             continue;
-        // keys one at a time, the running maximum moving only upward: a dynamic loop over
-        // the tile (no score array, no unrolled BC x D4 body for the compiler to chew on)
-        int nk = min(BC, hi - c0);
-        for (int j = 0; j < nk; j++) {
-            if (!visible(i, c0 + j, s))
-                continue;
-            float dot4 = 0.0;
-            for (int c = 0; c < D4; c++)
-                dot4 += dot(qv[c], sh_k[j * D4 + c]);
-            float x = logit2(dot4);
-            if (x > m) {
-                float alpha = exp2(m - x); // m = -inf gives 0
-                l *= alpha;
+        for (int j0 = c0; j0 < c1; j0 += KB) {
+            // the block's logits (-inf where masked or past the tile), keys past it read as
+            // the tile's last so that every load stays inside the sequence
+            float x[KB];
+            float mx = m;
+            for (int kk = 0; kk < KB; kk++) {
+                int j = min(j0 + kk, c1 - 1);
+                float dot4 = 0.0;
                 for (int c = 0; c < D4; c++)
-                    acc[c] *= alpha;
-                m = x;
+                    dot4 += dot(qv[c], K_AT(j, c));
+                x[kk] = j0 + kk < c1 && visible(i, j, s) ? logit2(dot4) : NEG_INF;
+                mx = max(mx, x[kk]);
             }
-            float p = exp2(x - m);
-            l += p;
+            // one rescale a block; rows with nothing visible yet keep m = -inf and subtract 0
+            float base = mx == NEG_INF ? 0.0 : mx;
+            float alpha = exp2(m - base);
+            l *= alpha;
             for (int c = 0; c < D4; c++)
-                acc[c] += p * sh_v[j * D4 + c];
+                acc[c] *= alpha;
+            m = mx;
+            for (int kk = 0; kk < KB; kk++) {
+                int j = min(j0 + kk, c1 - 1);
+                float p = exp2(x[kk] - base);
+                l += p;
+                for (int c = 0; c < D4; c++)
+                    acc[c] += p * V_AT(j, c);
+            }
         }
     }
     if (!valid)
