@@ -1,15 +1,17 @@
 // SPDX-License-Identifier: MIT
-// The fused forward with one invocation per query row: one workgroup per (query tile of BR
-// rows, query head, sequence). Each invocation keeps its q row, its output accumulator and
-// its softmax statistics (float32, exp2 units) in registers and walks every key its
-// workgroup's mask range allows, KB keys at a time: their scores, one running-maximum update
-// for the block, then their share of P V. S never reaches memory.
+// The fused forward with query rows in registers: one workgroup per (query tile of BR rows,
+// query head, sequence), each invocation two of the rows (i and i + BR / 2: every K and V
+// element loaded feeds both). An invocation keeps its q rows, output accumulators and softmax
+// statistics (float32, exp2 units) in registers and walks every key its workgroup's mask
+// range allows, KB keys at a time: their scores, one running-maximum update per row for the
+// block, then their share of P V. S never reaches memory.
 // K and V come either through shared memory, BC keys a tile staged by the whole workgroup
 // (KV_TEX 0), or straight from buffer textures (KV_TEX 1): CPU renderers gather texel
 // fetches vector-wide where they load shared and storage memory one lane at a time
 // (docs/perf/gles.md), and with textures no invocation waits for another.
+// Preamble: D4, BR, BC, NI (= BR / 2, the invocations), KV_TEX, STORE_F16.
 #define KB 4
-layout(local_size_x = BR) in;
+layout(local_size_x = NI) in;
 
 layout(std430, binding = 3) writeonly buffer OBuf { vec4 o_data[]; };
 layout(std430, binding = 4) writeonly buffer LBuf { float lse_data[]; }; // [heads_q][rows]
@@ -33,6 +35,17 @@ shared vec4 sh_v[BC * D4];
 #define V_AT(j, c) sh_v[((j) - c0) * D4 + (c)]
 #endif
 
+// Row i's output and lse (acc scaled by 1 / l).
+#define WRITE_ROW(i, acc, m, l)                                                                 \
+    {                                                                                           \
+        float inv = l > 0.0 ? 1.0 / l : 0.0;                                                    \
+        int orow = (h * u_qrows + s.q0 + (i)) * D4;                                             \
+        for (int c = 0; c < D4; c++)                                                            \
+            o_data[orow + c] = acc[c] * inv;                                                    \
+        if (u_write_lse != 0)                                                                   \
+            lse_data[h * u_qrows + s.q0 + (i)] = l > 0.0 ? (m + log2(l)) * LN2 : NEG_INF;       \
+    }
+
 void main()
 {
     int tile = int(gl_WorkGroupID.x), h = int(gl_WorkGroupID.y), b = int(gl_WorkGroupID.z);
@@ -42,27 +55,28 @@ void main()
     if (r0 >= s.sq)
         return; // the whole workgroup: no barrier is left waiting
     int hk = h / u_group;
-    int i = r0 + lid;
-    bool valid = i < s.sq;
+    int ia = r0 + lid, ib = ia + NI; // this invocation's rows
+    bool va = ia < s.sq, vb = ib < s.sq;
     int d = s.sk - s.sq;
     int r1 = min(r0 + BR, s.sq);
     int lo = max(0, r0 + d - u_win_left);
     int hi = min(s.sk, (r1 - 1) + d + u_win_right + 1);
 
-    vec4 qv[D4];
-    vec4 acc[D4];
-    int qrow = Q_ROW(s, b, valid ? i : 0, h);
+    vec4 qa[D4], qb[D4], acca[D4], accb[D4];
+    int qra = Q_ROW(s, b, va ? ia : 0, h), qrb = Q_ROW(s, b, vb ? ib : 0, h);
     for (int c = 0; c < D4; c++) {
-        qv[c] = valid ? LOAD4(q_data, qrow + c) : vec4(0.0);
-        acc[c] = vec4(0.0);
+        qa[c] = va ? LOAD4(q_data, qra + c) : vec4(0.0);
+        qb[c] = vb ? LOAD4(q_data, qrb + c) : vec4(0.0);
+        acca[c] = vec4(0.0);
+        accb[c] = vec4(0.0);
     }
-    float m = NEG_INF, l = 0.0;
+    float ma = NEG_INF, la = 0.0, mb = NEG_INF, lb = 0.0;
 
     for (int c0 = (lo / BC) * BC; c0 < hi; c0 += BC) {
         int c1 = min(c0 + BC, hi);
 #if !KV_TEX
         barrier(); // the previous tile is read
-        for (int e = lid; e < BC * D4; e += BR) {
+        for (int e = lid; e < BC * D4; e += NI) {
             int j = c0 + e / D4, c = e % D4;
             bool in_seq = j < s.sk;
             sh_k[e] = in_seq ? LOAD4(k_data, K_ROW(s, b, j, hk) + c) : vec4(0.0);
@@ -70,43 +84,53 @@ void main()
         }
         barrier();
 #endif
-        if (!valid)
-            continue;
+        if (!va)
+            continue; // (b's row lies after a's)
         for (int j0 = c0; j0 < c1; j0 += KB) {
             // the block's logits (-inf where masked or past the tile), keys past it read as
             // the tile's last so that every load stays inside the sequence
-            float x[KB];
-            float mx = m;
+            float xa[KB], xb[KB];
+            float mxa = ma, mxb = mb;
             for (int kk = 0; kk < KB; kk++) {
                 int j = min(j0 + kk, c1 - 1);
-                float dot4 = 0.0;
-                for (int c = 0; c < D4; c++)
-                    dot4 += dot(qv[c], K_AT(j, c));
-                x[kk] = j0 + kk < c1 && visible(i, j, s) ? logit2(dot4) : NEG_INF;
-                mx = max(mx, x[kk]);
+                float sa = 0.0, sb = 0.0;
+                for (int c = 0; c < D4; c++) {
+                    vec4 k = K_AT(j, c);
+                    sa += dot(qa[c], k);
+                    sb += dot(qb[c], k);
+                }
+                bool in_tile = j0 + kk < c1;
+                xa[kk] = in_tile && visible(ia, j, s) ? logit2(sa) : NEG_INF;
+                xb[kk] = in_tile && visible(ib, j, s) ? logit2(sb) : NEG_INF;
+                mxa = max(mxa, xa[kk]);
+                mxb = max(mxb, xb[kk]);
             }
             // one rescale a block; rows with nothing visible yet keep m = -inf and subtract 0
-            float base = mx == NEG_INF ? 0.0 : mx;
-            float alpha = exp2(m - base);
-            l *= alpha;
-            for (int c = 0; c < D4; c++)
-                acc[c] *= alpha;
-            m = mx;
+            float basea = mxa == NEG_INF ? 0.0 : mxa, baseb = mxb == NEG_INF ? 0.0 : mxb;
+            float alphaa = exp2(ma - basea), alphab = exp2(mb - baseb);
+            la *= alphaa;
+            lb *= alphab;
+            for (int c = 0; c < D4; c++) {
+                acca[c] *= alphaa;
+                accb[c] *= alphab;
+            }
+            ma = mxa;
+            mb = mxb;
             for (int kk = 0; kk < KB; kk++) {
                 int j = min(j0 + kk, c1 - 1);
-                float p = exp2(x[kk] - base);
-                l += p;
-                for (int c = 0; c < D4; c++)
-                    acc[c] += p * V_AT(j, c);
+                float pa = exp2(xa[kk] - basea), pb = exp2(xb[kk] - baseb);
+                la += pa;
+                lb += pb;
+                for (int c = 0; c < D4; c++) {
+                    vec4 v = V_AT(j, c);
+                    acca[c] += pa * v;
+                    accb[c] += pb * v;
+                }
             }
         }
     }
-    if (!valid)
-        return;
-    float inv = l > 0.0 ? 1.0 / l : 0.0;
-    int orow = (h * u_qrows + s.q0 + i) * D4;
-    for (int c = 0; c < D4; c++)
-        o_data[orow + c] = acc[c] * inv;
-    if (u_write_lse != 0)
-        lse_data[h * u_qrows + s.q0 + i] = l > 0.0 ? (m + log2(l)) * LN2 : NEG_INF;
+    if (va)
+        WRITE_ROW(ia, acca, ma, la)
+    if (vb)
+        WRITE_ROW(ib, accb, mb, lb)
 }

@@ -1,11 +1,21 @@
 // SPDX-License-Identifier: MIT
-// Standard attention, pass 3 of 3: O = P V for one (query row, head).
+// Standard attention, pass 3 of 3: O = P V for one (query row, head); V through a buffer
+// texture with KV_TEX, as the fused forward chosen for the device reads it.
 layout(local_size_x = 64) in;
 
 layout(std430, binding = 3) readonly buffer SBuf { float s_data[]; };
 layout(std430, binding = 4) writeonly buffer OBuf { vec4 o_data[]; };
 
 uniform int u_max_k;
+#if KV_TEX
+#if STORE_F16
+uniform highp usamplerBuffer u_vtex;
+#define VTEX(x) unpack4(texelFetch(u_vtex, x).xy)
+#else
+uniform highp samplerBuffer u_vtex;
+#define VTEX(x) texelFetch(u_vtex, x)
+#endif
+#endif
 
 void main()
 {
@@ -21,7 +31,11 @@ void main()
         for (int j = 0; j < s.sk; j++) {
             float p = s_data[srow + j];
             if (p != 0.0)
+#if KV_TEX
+                acc += p * VTEX(V_ROW(s, b, j, hk) + c);
+#else
                 acc += p * LOAD4(v_data, V_ROW(s, b, j, hk) + c);
+#endif
         }
         o_data[orow + c] = acc;
     }

@@ -1,11 +1,22 @@
 // SPDX-License-Identifier: MIT
 // Standard attention, pass 1 of 3: every score of one (query row, head) into S
-// ([heads_q][rows][max_k] floats, log2-domain logits, -inf where masked).
+// ([heads_q][rows][max_k] floats, log2-domain logits, -inf where masked). K comes the way the
+// fused forward chosen for the device reads it: through a buffer texture with KV_TEX (the q
+// row then held in registers), else from its storage buffer.
 layout(local_size_x = 64) in;
 
 layout(std430, binding = 3) buffer SBuf { float s_data[]; };
 
 uniform int u_max_k;
+#if KV_TEX
+#if STORE_F16
+uniform highp usamplerBuffer u_ktex;
+#define KTEX(x) unpack4(texelFetch(u_ktex, x).xy)
+#else
+uniform highp samplerBuffer u_ktex;
+#define KTEX(x) texelFetch(u_ktex, x)
+#endif
+#endif
 
 void main()
 {
@@ -16,13 +27,22 @@ void main()
     int hk = h / u_group;
     int qrow = Q_ROW(s, b, i, h);
     int srow = (h * u_qrows + s.q0 + i) * u_max_k;
+#if KV_TEX
+    vec4 qv[D4];
+    for (int c = 0; c < D4; c++)
+        qv[c] = LOAD4(q_data, qrow + c);
+#endif
     for (int j = 0; j < s.sk; j++) {
         float x = NEG_INF;
         if (visible(i, j, s)) {
             int krow = K_ROW(s, b, j, hk);
             float acc = 0.0;
             for (int c = 0; c < D4; c++)
+#if KV_TEX
+                acc += dot(qv[c], KTEX(krow + c));
+#else
                 acc += dot(LOAD4(q_data, qrow + c), LOAD4(k_data, krow + c));
+#endif
             x = logit2(acc);
         }
         s_data[srow + j] = x;
