@@ -730,7 +730,8 @@ static void bind_kv_textures(gles_state *s, const tiles *t, GLuint k, GLuint v)
     for (int i = 0; i < 2; i++) {
         glActiveTexture(GL_TEXTURE0 + (GLenum)i);
         glBindTexture(GL_TEXTURE_BUFFER_EXT, s->kv_tex[i]);
-        s->tex_buffer(GL_TEXTURE_BUFFER_EXT, t->f16 ? GL_RG32UI : GL_RGBA32F, bufs[i]);
+        /* packed halves (packHalf2x16 pairs, low half first) are RGBA16F texels byte for byte */
+        s->tex_buffer(GL_TEXTURE_BUFFER_EXT, t->f16 ? GL_RGBA16F : GL_RGBA32F, bufs[i]);
     }
     glUniform1i(glGetUniformLocation((GLuint)prog, "u_ktex"), 0);
     glUniform1i(glGetUniformLocation((GLuint)prog, "u_vtex"), 1);

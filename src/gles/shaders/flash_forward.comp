@@ -19,13 +19,9 @@ layout(std430, binding = 4) writeonly buffer LBuf { float lse_data[]; }; // [hea
 uniform int u_write_lse;
 
 #if KV_TEX
-#if STORE_F16
-uniform highp usamplerBuffer u_ktex, u_vtex;
-#define KV_LOAD(tex, row, c) unpack4(texelFetch(tex, (row) + (c)).xy)
-#else
+// packed halves are read as RGBA16F texels (the same 8 bytes), converted by the fetch
 uniform highp samplerBuffer u_ktex, u_vtex;
 #define KV_LOAD(tex, row, c) texelFetch(tex, (row) + (c))
-#endif
 #define K_AT(j, c) KV_LOAD(u_ktex, K_ROW(s, b, j, hk), c)
 #define V_AT(j, c) KV_LOAD(u_vtex, V_ROW(s, b, j, hk), c)
 #else

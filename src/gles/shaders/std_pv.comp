@@ -8,13 +8,8 @@ layout(std430, binding = 4) writeonly buffer OBuf { vec4 o_data[]; };
 
 uniform int u_max_k;
 #if KV_TEX
-#if STORE_F16
-uniform highp usamplerBuffer u_vtex;
-#define VTEX(x) unpack4(texelFetch(u_vtex, x).xy)
-#else
-uniform highp samplerBuffer u_vtex;
+uniform highp samplerBuffer u_vtex; // packed halves as RGBA16F texels
 #define VTEX(x) texelFetch(u_vtex, x)
-#endif
 #endif
 
 void main()

@@ -9,13 +9,8 @@ layout(std430, binding = 3) buffer SBuf { float s_data[]; };
 
 uniform int u_max_k;
 #if KV_TEX
-#if STORE_F16
-uniform highp usamplerBuffer u_ktex;
-#define KTEX(x) unpack4(texelFetch(u_ktex, x).xy)
-#else
-uniform highp samplerBuffer u_ktex;
+uniform highp samplerBuffer u_ktex; // packed halves as RGBA16F texels
 #define KTEX(x) texelFetch(u_ktex, x)
-#endif
 #endif
 
 void main()
