@@ -330,8 +330,9 @@ static fa_status gles_init(fa_context_t ctx, int32_t num_threads, void **state)
     return FA_OK;
 }
 
-/* The row variant (flash_forward.comp): one invocation per two query rows, up to 64 rows a
- * workgroup within the invocation limit; Q and O rows stay in registers. K and V through buffer textures (tex), or
+/* The row variant (flash_forward.comp): 64 query rows a workgroup, one invocation per row, or
+ * per two rows with buffer textures (CPU renderers, where each K/V fetch then feeds two rows;
+ * on GPUs two rows spill registers: docs/perf/gles.md); Q and O rows stay in registers. K and V through buffer textures (tex), or
  * staged in shared memory: keys per K/V tile from K and V rows (vec4 float32 each), at most
  * 3/4 of the limit (the rest is the driver's and headroom), a power of two between 1 and 64. */
 static tiles rows_tiles(const gles_state *s, int32_t dim, int f16, int tex)
@@ -345,7 +346,7 @@ static tiles rows_tiles(const gles_state *s, int32_t dim, int f16, int tex)
     while (!tex && bc > 1 && bc * per_key > s->max_shared * 3 / 4)
         bc /= 2;
     t.bc = bc;
-    t.br = s->max_invocations >= 32 ? 64 : 2 * s->max_invocations;
+    t.br = 64; /* the invocation limit is at least 64 (STD_GROUP) */
     return t;
 }
 
@@ -434,11 +435,11 @@ static fa_status get_program(fa_context_t ctx, gles_state *s, int shader, const 
         snprintf(ext, sizeof(ext), "#extension %s : require\n", s->texbuf);
     snprintf(preamble, sizeof(preamble),
              "#version 310 es\n%s#define D4 %d\n#define BR %d\n#define BC %d\n#define NI %d\n"
-             "#define STORE_F16 %d\n#define KV_TEX %d\n#define TM %d\n#define TN %d\n#define NX %d\n"
-             "#define NY %d\n#define DC4 %d\n#define KC %d\n#define SH_P %d\n#define SH_R %d\n"
-             "#define SH_TOTAL %d\n",
-             ext, t->d4, t->br, t->bc, t->br / 2, t->f16, ext[0] != '\0', t->tm, t->tn, t->nx, t->ny,
-             t->dc4, t->kc, t->sh_qk, t->sh_qk + t->sh_p, t->sh_qk + t->sh_p + t->sh_r);
+             "#define TWO_ROWS %d\n#define STORE_F16 %d\n#define KV_TEX %d\n#define TM %d\n"
+             "#define TN %d\n#define NX %d\n#define NY %d\n#define DC4 %d\n#define KC %d\n"
+             "#define SH_P %d\n#define SH_R %d\n#define SH_TOTAL %d\n",
+             ext, t->d4, t->br, t->bc, t->tex ? t->br / 2 : t->br, t->tex, t->f16, ext[0] != '\0', t->tm,
+             t->tn, t->nx, t->ny, t->dc4, t->kc, t->sh_qk, t->sh_qk + t->sh_p, t->sh_qk + t->sh_p + t->sh_r);
     const char *parts[3] = { preamble, fa_gles_common, shader_src[shader] };
     GLuint sh = glCreateShader(GL_COMPUTE_SHADER);
     glShaderSource(sh, 3, parts, NULL);
@@ -509,8 +510,8 @@ static void gles_info(void *state, char *buf, size_t cap, size_t *len)
                        dims[i], t.br, s->texbuf);
         else
             fa_appendf(buf, cap, len,
-                       "gles.forward.d%d: rows (flash_forward.comp), one invocation per two query rows, "
-                       "%d rows x %d keys per step (K/V tiles %d bytes of shared memory)\n",
+                       "gles.forward.d%d: rows (flash_forward.comp), one invocation per query row, %d "
+                       "rows x %d keys per step (K/V tiles %d bytes of shared memory)\n",
                        dims[i], t.br, t.bc, 2 * t.bc * t.d4 * 16);
     }
     fa_appendf(buf, cap, len, "gles.buffer_textures: %s\n", s->texbuf ? s->texbuf : "no");
@@ -594,7 +595,7 @@ static void report(const tiles *t, const fa_problem *p, const int in_place[3], f
                                   : (t->f16 ? "gles-flash-f16pk" : "gles-flash-f32");
         info->block_q = standard ? 1 : t->br;
         info->block_k = standard ? p->max_k : t->bc;
-        info->threads = standard ? STD_GROUP : t->tiled ? t->nx * t->ny : t->br / 2;
+        info->threads = standard ? STD_GROUP : t->tiled ? t->nx * t->ny : t->tex ? t->br / 2 : t->br;
     }
     info->workspace_bytes = call_bytes(t, p, standard, in_place);
 }

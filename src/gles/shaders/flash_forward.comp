@@ -1,15 +1,17 @@
 // SPDX-License-Identifier: MIT
 // The fused forward with query rows in registers: one workgroup per (query tile of BR rows,
-// query head, sequence), each invocation two of the rows (i and i + BR / 2: every K and V
-// element loaded feeds both). An invocation keeps its q rows, output accumulators and softmax
-// statistics (float32, exp2 units) in registers and walks every key its workgroup's mask
-// range allows, KB keys at a time: their scores, one running-maximum update per row for the
-// block, then their share of P V. S never reaches memory.
+// query head, sequence), each invocation one row, or two with TWO_ROWS (i and i + BR / 2:
+// every K and V element loaded feeds both, which pays on CPU renderers and spills registers
+// on GPUs). An invocation keeps its q rows, output accumulators and softmax statistics
+// (float32, exp2 units) in registers and walks every key its workgroup's mask range allows,
+// KB keys at a time: their scores, one running-maximum update per row for the block, then
+// their share of P V. S never reaches memory.
 // K and V come either through shared memory, BC keys a tile staged by the whole workgroup
 // (KV_TEX 0), or straight from buffer textures (KV_TEX 1): CPU renderers gather texel
 // fetches vector-wide where they load shared and storage memory one lane at a time
 // (docs/perf/gles.md), and with textures no invocation waits for another.
-// Preamble: D4, BR, BC, NI (= BR / 2, the invocations), KV_TEX, STORE_F16.
+// Preamble: D4, BR, BC, NI (the invocations: BR, or BR / 2 with TWO_ROWS), TWO_ROWS, KV_TEX,
+// STORE_F16.
 #define KB 4
 layout(local_size_x = NI) in;
 
@@ -58,15 +60,22 @@ void main()
     int lo = max(0, r0 + d - u_win_left);
     int hi = min(s.sk, (r1 - 1) + d + u_win_right + 1);
 
-    vec4 qa[D4], qb[D4], acca[D4], accb[D4];
-    int qra = Q_ROW(s, b, va ? ia : 0, h), qrb = Q_ROW(s, b, vb ? ib : 0, h);
+    vec4 qa[D4], acca[D4];
+    int qra = Q_ROW(s, b, va ? ia : 0, h);
     for (int c = 0; c < D4; c++) {
         qa[c] = va ? LOAD4(q_data, qra + c) : vec4(0.0);
-        qb[c] = vb ? LOAD4(q_data, qrb + c) : vec4(0.0);
         acca[c] = vec4(0.0);
+    }
+    float ma = NEG_INF, la = 0.0;
+#if TWO_ROWS
+    vec4 qb[D4], accb[D4];
+    int qrb = Q_ROW(s, b, vb ? ib : 0, h);
+    for (int c = 0; c < D4; c++) {
+        qb[c] = vb ? LOAD4(q_data, qrb + c) : vec4(0.0);
         accb[c] = vec4(0.0);
     }
-    float ma = NEG_INF, la = 0.0, mb = NEG_INF, lb = 0.0;
+    float mb = NEG_INF, lb = 0.0;
+#endif
 
     for (int c0 = (lo / BC) * BC; c0 < hi; c0 += BC) {
         int c1 = min(c0 + BC, hi);
@@ -85,48 +94,72 @@ void main()
         for (int j0 = c0; j0 < c1; j0 += KB) {
             // the block's logits (-inf where masked or past the tile), keys past it read as
             // the tile's last so that every load stays inside the sequence
-            float xa[KB], xb[KB];
-            float mxa = ma, mxb = mb;
+            float xa[KB];
+            float mxa = ma;
+#if TWO_ROWS
+            float xb[KB];
+            float mxb = mb;
+#endif
             for (int kk = 0; kk < KB; kk++) {
                 int j = min(j0 + kk, c1 - 1);
-                float sa = 0.0, sb = 0.0;
+                bool in_tile = j0 + kk < c1;
+                float sa = 0.0;
+#if TWO_ROWS
+                float sb = 0.0;
                 for (int c = 0; c < D4; c++) {
                     vec4 k = K_AT(j, c);
                     sa += dot(qa[c], k);
                     sb += dot(qb[c], k);
                 }
-                bool in_tile = j0 + kk < c1;
-                xa[kk] = in_tile && visible(ia, j, s) ? logit2(sa) : NEG_INF;
                 xb[kk] = in_tile && visible(ib, j, s) ? logit2(sb) : NEG_INF;
-                mxa = max(mxa, xa[kk]);
                 mxb = max(mxb, xb[kk]);
+#else
+                for (int c = 0; c < D4; c++)
+                    sa += dot(qa[c], K_AT(j, c));
+#endif
+                xa[kk] = in_tile && visible(ia, j, s) ? logit2(sa) : NEG_INF;
+                mxa = max(mxa, xa[kk]);
             }
             // one rescale a block; rows with nothing visible yet keep m = -inf and subtract 0
-            float basea = mxa == NEG_INF ? 0.0 : mxa, baseb = mxb == NEG_INF ? 0.0 : mxb;
-            float alphaa = exp2(ma - basea), alphab = exp2(mb - baseb);
+            float basea = mxa == NEG_INF ? 0.0 : mxa;
+            float alphaa = exp2(ma - basea);
             la *= alphaa;
+            ma = mxa;
+#if TWO_ROWS
+            float baseb = mxb == NEG_INF ? 0.0 : mxb;
+            float alphab = exp2(mb - baseb);
             lb *= alphab;
+            mb = mxb;
+#endif
             for (int c = 0; c < D4; c++) {
                 acca[c] *= alphaa;
+#if TWO_ROWS
                 accb[c] *= alphab;
+#endif
             }
-            ma = mxa;
-            mb = mxb;
             for (int kk = 0; kk < KB; kk++) {
                 int j = min(j0 + kk, c1 - 1);
-                float pa = exp2(xa[kk] - basea), pb = exp2(xb[kk] - baseb);
+                float pa = exp2(xa[kk] - basea);
                 la += pa;
+#if TWO_ROWS
+                float pb = exp2(xb[kk] - baseb);
                 lb += pb;
                 for (int c = 0; c < D4; c++) {
                     vec4 v = V_AT(j, c);
                     acca[c] += pa * v;
                     accb[c] += pb * v;
                 }
+#else
+                for (int c = 0; c < D4; c++)
+                    acca[c] += pa * V_AT(j, c);
+#endif
             }
         }
     }
     if (va)
         WRITE_ROW(ia, acca, ma, la)
+#if TWO_ROWS
     if (vb)
         WRITE_ROW(ib, accb, mb, lb)
+#endif
 }
