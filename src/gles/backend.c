@@ -304,15 +304,17 @@ static fa_status gles_init(fa_context_t ctx, int32_t num_threads, void **state)
         const char *e = (const char *)glGetStringi(GL_EXTENSIONS, (GLuint)i);
         if (strcmp(e, "GL_EXT_shader_16bit_storage") == 0)
             s->has_16bit_storage = 1;
-        if (!s->texbuf && (strcmp(e, "GL_EXT_texture_buffer") == 0 || strcmp(e, "GL_OES_texture_buffer") == 0))
-            s->texbuf = strcmp(e, "GL_EXT_texture_buffer") == 0 ? "GL_EXT_texture_buffer" : "GL_OES_texture_buffer";
+        if (strcmp(e, "GL_EXT_texture_buffer") == 0)
+            s->texbuf = "GL_EXT_texture_buffer";
+        else if (strcmp(e, "GL_OES_texture_buffer") == 0 && !s->texbuf)
+            s->texbuf = "GL_OES_texture_buffer";
         /* CPU renderers expose the timer but their elapsed times leave the shaders out
          * (llvmpipe reports about a nanosecond for a second's dispatch): wall time is theirs */
         if (strcmp(e, "GL_EXT_disjoint_timer_query") == 0 && !cpu_renderer(s->renderer))
             s->query_u64 = (void(GL_APIENTRYP)(GLuint, GLenum, GLuint64 *))eglGetProcAddress(
                 "glGetQueryObjectui64vEXT");
     }
-    if (s->texbuf) { /* the OES and EXT extensions share the enums; the entry point is named after either */
+    if (s->texbuf) { /* the OES and EXT extensions share the enums; the entry point follows the name */
         s->tex_buffer = (PFNGLTEXBUFFEREXTPROC)eglGetProcAddress(
             strcmp(s->texbuf, "GL_EXT_texture_buffer") == 0 ? "glTexBufferEXT" : "glTexBufferOES");
         glGetIntegerv(GL_MAX_TEXTURE_BUFFER_SIZE_EXT, &s->max_texels);
@@ -330,11 +332,12 @@ static fa_status gles_init(fa_context_t ctx, int32_t num_threads, void **state)
     return FA_OK;
 }
 
-/* The row variant (flash_forward.comp): 64 query rows a workgroup, one invocation per row, or
- * per two rows with buffer textures (CPU renderers, where each K/V fetch then feeds two rows;
- * on GPUs two rows spill registers: docs/perf/gles.md); Q and O rows stay in registers. K and V through buffer textures (tex), or
- * staged in shared memory: keys per K/V tile from K and V rows (vec4 float32 each), at most
- * 3/4 of the limit (the rest is the driver's and headroom), a power of two between 1 and 64. */
+/* The row variant (flash_forward.comp): 64 query rows a workgroup, Q and O rows in registers.
+ * K and V through buffer textures (tex: one invocation per two rows, so that each fetch feeds
+ * both; CPU renderers), or staged in shared memory with one invocation per row (two spill
+ * registers on GPUs: docs/perf/gles.md): keys per K/V tile from K and V rows (vec4 float32
+ * each), at most 3/4 of the limit (the rest is the driver's and headroom), a power of two
+ * between 1 and 64. */
 static tiles rows_tiles(const gles_state *s, int32_t dim, int f16, int tex)
 {
     tiles t = { 0 };
@@ -431,15 +434,15 @@ static fa_status get_program(fa_context_t ctx, gles_state *s, int shader, const 
         }
     }
     char preamble[640], ext[64] = "";
-    if (t->tex && s->texbuf)
+    if (t->tex) /* only chosen where s->texbuf names the extension */
         snprintf(ext, sizeof(ext), "#extension %s : require\n", s->texbuf);
     snprintf(preamble, sizeof(preamble),
              "#version 310 es\n%s#define D4 %d\n#define BR %d\n#define BC %d\n#define NI %d\n"
              "#define TWO_ROWS %d\n#define STORE_F16 %d\n#define KV_TEX %d\n#define TM %d\n"
              "#define TN %d\n#define NX %d\n#define NY %d\n#define DC4 %d\n#define KC %d\n"
              "#define SH_P %d\n#define SH_R %d\n#define SH_TOTAL %d\n",
-             ext, t->d4, t->br, t->bc, t->tex ? t->br / 2 : t->br, t->tex, t->f16, ext[0] != '\0', t->tm,
-             t->tn, t->nx, t->ny, t->dc4, t->kc, t->sh_qk, t->sh_qk + t->sh_p, t->sh_qk + t->sh_p + t->sh_r);
+             ext, t->d4, t->br, t->bc, t->tex ? t->br / 2 : t->br, t->tex, t->f16, t->tex, t->tm, t->tn,
+             t->nx, t->ny, t->dc4, t->kc, t->sh_qk, t->sh_qk + t->sh_p, t->sh_qk + t->sh_p + t->sh_r);
     const char *parts[3] = { preamble, fa_gles_common, shader_src[shader] };
     GLuint sh = glCreateShader(GL_COMPUTE_SHADER);
     glShaderSource(sh, 3, parts, NULL);
@@ -505,8 +508,9 @@ static void gles_info(void *state, char *buf, size_t cap, size_t *len)
                        16 * (t.sh_qk + t.sh_p + t.sh_r));
         else if (t.tex)
             fa_appendf(buf, cap, len,
-                       "gles.forward.d%d: rows-tex (flash_forward.comp), one invocation per two query "
-                       "rows, %d rows per workgroup, K and V through buffer textures (%s), no shared memory\n",
+                       "gles.forward.d%d: rows-tex (flash_forward.comp), one invocation per two "
+                       "query rows, %d rows per workgroup, K and V through buffer textures (%s), no "
+                       "shared memory\n",
                        dims[i], t.br, s->texbuf);
         else
             fa_appendf(buf, cap, len,
