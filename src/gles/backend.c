@@ -397,7 +397,7 @@ static int tiled_tiles(const gles_state *s, int32_t dim, int f16, tiles *out)
 /* The largest head_dim the row variant runs on a CPU renderer by the planner's choice: above
  * it Mesa 22.3's llvmpipe gets rows wrong (errors up to 3e-2 from about 448 keys at d224 and
  * d256, either K/V source; the tiled variant is exact there: docs/perf/gles.md). */
-#define CPU_ROWS_MAX_DIM 192
+#define CPU_ROWS_MAX_DIM 128
 
 /* The fused forward's variant and tiles, unless FLASHATTN_GLES_FORWARD asks for one: on CPU
  * renderers with buffer textures the row variant reading K and V through them (where
@@ -531,6 +531,38 @@ static void gles_info(void *state, char *buf, size_t cap, size_t *len)
                      "invocation holds a whole row), rows otherwise");
 }
 
+static int decode_splits(const fa_problem *p);
+
+/* Mesa's llvmpipe ends a shader's loops after 65535 iterations in all (nested ones counted
+ * together), silently: a call whose shaders would loop longer gets wrong results there. The
+ * iterations of one invocation, from what was measured on Mesa 22.3 (docs/perf/gles.md):
+ * head_dim loops up to 32 vec4s are unrolled, longer ones are not; the tiled forward's loops
+ * come to about 37 x D4 per 64-key tile (48 here, for margin). */
+#define LLVMPIPE_LOOPS 65535
+static int64_t llvmpipe_loops(const tiles *t, const fa_problem *p, int *pass)
+{
+    const int64_t keys = p->max_k, tiles_k = (keys + 63) / 64, d4 = t->d4;
+    const int64_t dim_loop = d4 > 32 ? d4 : 1; /* iterations a head_dim loop costs */
+    int64_t worst = 0, n;
+    *pass = 0;
+    if (p->desc->algorithm == FA_ALGORITHM_STANDARD) {
+        const int64_t passes[3] = { keys * dim_loop + d4, 3 * keys, keys * dim_loop + 2 * d4 };
+        for (int i = 0; i < 3; i++)
+            if (passes[i] > worst) {
+                worst = passes[i];
+                *pass = 1 + i;
+            }
+        return worst;
+    }
+    if (decode_splits(p)) /* chunks of about max_k / 64 keys: each key a few loop turns */
+        return 4 * ((keys + 63) / 64) + 4 * d4;
+    if (t->tiled)
+        n = tiles_k * 48 * d4;
+    else /* the row variant: a head_dim loop per K and per V row, a block per 4 keys, staging */
+        n = keys * (d4 > 32 ? 2 * d4 : 0) + keys / 4 + tiles_k * (1 + d4) + 4 * d4;
+    return n;
+}
+
 static fa_status check(fa_context_t ctx, const gles_state *s, const fa_problem *p, tiles *t)
 {
     if (p->dropout_p > 0.0f)
@@ -546,6 +578,20 @@ static fa_status check(fa_context_t ctx, const gles_state *s, const fa_problem *
                         "device's workgroup counts (%d x %d x %d)",
                         (long long)tiles_q, (int)p->heads_q, (int)p->batch, (int)s->max_count[0],
                         (int)s->max_count[1], (int)s->max_count[2]);
+    if (strstr(s->renderer, "llvmpipe")) {
+        int pass;
+        const int64_t loops = llvmpipe_loops(t, p, &pass);
+        if (loops > LLVMPIPE_LOOPS * 9 / 10) {
+            static const char *const what[4] = { "fused forward", "standard score pass",
+                                                 "standard softmax pass", "standard P V pass" };
+            return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                            "max_k (%d keys) at head_dim %d: the %s would loop about %lld times in "
+                            "one invocation, and Mesa's llvmpipe silently stops a shader's loops "
+                            "after %d; use fewer keys per call (a shorter sequence or window) or "
+                            "the CPU backend",
+                            (int)p->max_k, (int)p->dim, what[pass], (long long)loops, LLVMPIPE_LOOPS);
+        }
+    }
     return FA_OK;
 }
 

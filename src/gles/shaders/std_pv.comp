@@ -21,17 +21,24 @@ void main()
     int hk = h / u_group;
     int srow = (h * u_qrows + s.q0 + i) * u_max_k;
     int orow = (h * u_qrows + s.q0 + i) * D4;
-    for (int c = 0; c < D4; c++) {
-        vec4 acc = vec4(0.0);
-        for (int j = 0; j < s.sk; j++) {
-            float p = s_data[srow + j];
-            if (p != 0.0)
+    // keys outer, the row's output in registers: one loop over the keys (llvmpipe stops a
+    // shader's loops after 65535 iterations in all, which a head_dim loop around the key loop
+    // reached at 4096 keys and d64)
+    vec4 acc[D4];
+    for (int c = 0; c < D4; c++)
+        acc[c] = vec4(0.0);
+    for (int j = 0; j < s.sk; j++) {
+        float p = s_data[srow + j];
+        if (p != 0.0) {
+            int vrow = V_ROW(s, b, j, hk);
+            for (int c = 0; c < D4; c++)
 #if KV_TEX
-                acc += p * VTEX(V_ROW(s, b, j, hk) + c);
+                acc[c] += p * VTEX(vrow + c);
 #else
-                acc += p * LOAD4(v_data, V_ROW(s, b, j, hk) + c);
+                acc[c] += p * LOAD4(v_data, vrow + c);
 #endif
         }
-        o_data[orow + c] = acc;
     }
+    for (int c = 0; c < D4; c++)
+        o_data[orow + c] = acc[c];
 }
