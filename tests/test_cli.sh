@@ -63,6 +63,16 @@ if "$fa" info --backend gles >"$tmp/gl" 2>/dev/null; then
   FLASHATTN_GLES_FORWARD=bogus "$fa" info --backend gles >"$tmp/out" 2>&1
   grep -q "FLASHATTN_GLES_FORWARD=bogus: use" "$tmp/out" || { echo "FAIL: a bad FLASHATTN_GLES_FORWARD is not named"; cat "$tmp/out"; fails=$((fails + 1)); }
   expect_rc 2 "gles check --backward (no backward there)" "$fa" check --backend gles --quick --backward
+  # llvmpipe stops a shader's loops after 65535 iterations: a call past that is refused, not
+  # answered wrong
+  if grep -q "llvmpipe" "$tmp/gl"; then
+    "$fa" bench --backend gles --seq 4096 --heads 1 --dim 192 --causal no --reps 1 >"$tmp/out" 2>&1
+    rc=$?
+    if [ "$rc" -ne 1 ] || ! grep -q "max_k (4096 keys) at head_dim 192: .*llvmpipe" "$tmp/out"; then
+      echo "FAIL: llvmpipe's loop limit: exit $rc, want 1 and a message naming max_k"; cat "$tmp/out"
+      fails=$((fails + 1))
+    fi
+  fi
   if grep -q "Mesa" "$tmp/gl"; then
     MESA_GLES_VERSION_OVERRIDE=3.0 "$fa" info --backend gles >"$tmp/out" 2>"$tmp/err"
     rc=$?

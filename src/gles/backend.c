@@ -395,13 +395,13 @@ static int tiled_tiles(const gles_state *s, int32_t dim, int f16, tiles *out)
 }
 
 /* The largest head_dim the row variant runs on a CPU renderer by the planner's choice: above
- * it Mesa 22.3's llvmpipe gets rows wrong (errors up to 3e-2 from about 448 keys at d224 and
- * d256, either K/V source; the tiled variant is exact there: docs/perf/gles.md). */
+ * it llvmpipe does not unroll the row's head_dim loops, each key then costs 2 x D4 loop
+ * iterations, and its loop limit (llvmpipe_loops) stops the shader within a few hundred keys. */
 #define CPU_ROWS_MAX_DIM 128
 
 /* The fused forward's variant and tiles, unless FLASHATTN_GLES_FORWARD asks for one: on CPU
  * renderers with buffer textures the row variant reading K and V through them (where
- * shared-memory loads go one SIMD lane at a time, texel fetches are gathered: 2-3x faster than
+ * shared-memory loads go one SIMD lane at a time, texel fetches are gathered: 3x faster than
  * the tiled variant on llvmpipe, docs/perf/gles.md); elsewhere the tiled one wherever it fits,
  * the row variant through shared memory otherwise. */
 static tiles tiles_for(const gles_state *s, int32_t dim, int f16)
