@@ -72,6 +72,12 @@ if "$fa" info --backend gles >"$tmp/gl" 2>/dev/null; then
       echo "FAIL: llvmpipe's loop limit: exit $rc, want 1 and a message naming max_k"; cat "$tmp/out"
       fails=$((fails + 1))
     fi
+    # and a long key sequence inside it is exact (20000 keys: the fused forward runs, the
+    # standard's three passes over S would pass the limit and are refused)
+    "$fa" bench --backend gles --seq-q 64 --seq 20000 --heads 1 --dim 64 --causal no --reps 1 >"$tmp/out" 2>&1
+    if ! awk '$1 == "gles" { found = 1; if ($(NF - 3) + 0 > 1e-5) bad = 1 } END { exit !(found && !bad) }' "$tmp/out"; then
+      echo "FAIL: 20000 keys on llvmpipe: flash not exact"; cat "$tmp/out"; fails=$((fails + 1))
+    fi
   fi
   if grep -q "Mesa" "$tmp/gl"; then
     MESA_GLES_VERSION_OVERRIDE=3.0 "$fa" info --backend gles >"$tmp/out" 2>"$tmp/err"
