@@ -1249,10 +1249,11 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
                 goto release;
             glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 3, bufs[6]);
             glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 4, pass == SH_PV ? bufs[3] : bufs[4]);
-            if (t.tex)
+            const int kv_tex = t.tex && pass != SH_SOFTMAX; /* the softmax reads S alone */
+            if (kv_tex)
                 bind_kv_textures(s, &t, bufs[1], bufs[2]);
             glDispatchCompute(groups, (GLuint)p->heads_q, (GLuint)p->batch);
-            if (t.tex)
+            if (kv_tex)
                 bind_kv_textures(s, &t, 0, 0);
             glMemoryBarrier(GL_SHADER_STORAGE_BARRIER_BIT);
         }
