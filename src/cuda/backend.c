@@ -12,7 +12,14 @@ typedef struct cuda_state {
     struct cudaDeviceProp prop;
     cudaStream_t stream;
     int hopper; /* compute capability 9.0: the sm_90a forward */
+    int persistent_blocks; /* the Hopper forward's persistent grid: one block per multiprocessor */
+    cudaMemPool_t pool;    /* the calls' workspace, stream-ordered; keeps kPoolKeep bytes */
 } cuda_state;
+
+/* What the context's workspace pool keeps between calls. With the device's default pool
+ * (which keeps nothing) every call mapped its workspace afresh, ~75 us of host time that the
+ * GPU waited through on calls queued one at a time (docs/perf/h200.md). */
+#define kPoolKeep ((uint64_t)64 << 20)
 
 typedef struct tiles {
     int dim, fwd_m, fwd_n, fwd_warps, kv_q, kv_warps, kv_split, q_k, q_warps;
@@ -24,10 +31,10 @@ static const tiles tile_table[] = { FA_CUDA_TILES(FA_TILE_ROW) };
 #define N_TILES (sizeof(tile_table) / sizeof(tile_table[0]))
 
 typedef struct sm90_tiles {
-    int dim, keys, warpgroups, stages;
+    int dim, keys, warpgroups, stages, q_buffers;
 } sm90_tiles;
 
-#define FA_SM90_ROW(D, BN, NWG, ST) { D, BN, NWG, ST },
+#define FA_SM90_ROW(D, BN, NWG, ST, NQ) { D, BN, NWG, ST, NQ },
 static const sm90_tiles sm90_table[] = { FA_CUDA_SM90_TILES(FA_SM90_ROW) };
 #undef FA_SM90_ROW
 #define N_SM90 (sizeof(sm90_table) / sizeof(sm90_table[0]))
@@ -83,11 +90,36 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, void **state)
     /* FLASHATTN_CUDA_PORTABLE=1 keeps Hopper on the mma.sync kernels (for comparison). */
     const char *portable = getenv("FLASHATTN_CUDA_PORTABLE");
     s->hopper = s->prop.major == 9 && s->prop.minor == 0 && !(portable && strcmp(portable, "1") == 0);
+    /* FLASHATTN_CUDA_PERSISTENT_BLOCKS=n: n persistent blocks instead (tests run the hand-over of
+     * query tiles on small grids with it) */
+    struct cudaMemPoolProps props;
+    memset(&props, 0, sizeof(props));
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = s->device;
+    uint64_t keep = kPoolKeep;
+    if ((err = cudaMemPoolCreate(&s->pool, &props)) != cudaSuccess ||
+        (err = cudaMemPoolSetAttribute(s->pool, cudaMemPoolAttrReleaseThreshold, &keep)) != cudaSuccess) {
+        if (s->pool)
+            cudaMemPoolDestroy(s->pool);
+        free(s);
+        return cuda_fail(ctx, err, "creating the workspace pool");
+    }
+    s->persistent_blocks = s->prop.multiProcessorCount;
+    const char *pb = getenv("FLASHATTN_CUDA_PERSISTENT_BLOCKS");
+    if (pb && atoi(pb) > 0)
+        s->persistent_blocks = atoi(pb);
     *state = s;
     return FA_OK;
 }
 
-static void cuda_destroy(void *state) { free(state); }
+/* The pool goes once its last workspace is freed (each call's is freed on its stream). */
+static void cuda_destroy(void *state)
+{
+    cuda_state *s = state;
+    cudaMemPoolDestroy(s->pool);
+    free(s);
+}
 
 static void cuda_info(void *state, char *buf, size_t cap, size_t *len)
 {
@@ -122,9 +154,12 @@ static void cuda_info(void *state, char *buf, size_t cap, size_t *len)
     for (size_t i = 0; s->hopper && i < N_SM90; i++)
         fa_appendf(buf, cap, len,
                    "cuda.tiles.sm90.d%d: forward %dx%d (%d consumer warpgroups + 1 loading, %d "
-                   "K/V stages)\n",
+                   "K/V stages, %s)\n",
                    sm90_table[i].dim, 64 * sm90_table[i].warpgroups, sm90_table[i].keys,
-                   sm90_table[i].warpgroups, sm90_table[i].stages);
+                   sm90_table[i].warpgroups, sm90_table[i].stages,
+                   sm90_table[i].q_buffers > 1
+                       ? "persistent blocks, one per multiprocessor, taking query tiles in turn"
+                       : "a block per query tile");
     for (size_t i = 0; i < N_TILES; i++) {
         const tiles *t = &tile_table[i];
         fa_appendf(buf, cap, len,
@@ -183,7 +218,7 @@ typedef struct call {
     const sm90_bwd_tiles *hb; /* the same for the backward */
     int bf16;
     int64_t krows;
-    size_t acc_bytes, sem_bytes, cu_bytes, dsum_bytes, std_bytes; /* workspace parts */
+    size_t acc_bytes, sem_bytes, cu_bytes, dsum_bytes, std_bytes, sched_bytes; /* workspace parts */
 } call;
 
 static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem *p, int backward,
@@ -263,6 +298,14 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
         return fa_error(ctx, FA_ERR_UNSUPPORTED,
                         "batch * heads * query tiles (%lld) exceeds CUDA's grid limit; split the call",
                         (long long)fwd_blocks);
+    /* persistent forward blocks (one per multiprocessor) where there are more query tiles,
+     * taking them through a counter in the workspace */
+    if (c->h && c->h->q_buffers > 1 && d->algorithm != FA_ALGORITHM_STANDARD &&
+        ((int64_t)p->max_q + 64 * c->h->warpgroups - 1) / (64 * c->h->warpgroups) * p->heads_q * p->batch >
+            s->persistent_blocks) {
+        c->sched_bytes = 256;
+        k->sched_blocks = s->persistent_blocks;
+    }
     if (backward)
         c->dsum_bytes = 2 * sizeof(float) * (size_t)(k->rows * p->heads_q); /* dsum, lse2 */
     if (c->hb && d->algorithm != FA_ALGORITHM_STANDARD) {
@@ -335,7 +378,8 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
         info->block_k = c->tl->fwd_n;
         info->threads = 32 * c->tl->fwd_warps;
     }
-    info->workspace_bytes = c->acc_bytes + c->sem_bytes + c->cu_bytes + c->dsum_bytes + c->std_bytes;
+    info->workspace_bytes =
+        c->acc_bytes + c->sem_bytes + c->cu_bytes + c->dsum_bytes + c->std_bytes + c->sched_bytes;
 }
 
 static fa_status cuda_plan(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
@@ -383,7 +427,7 @@ static fa_status check_pointers(fa_context_t ctx, const cuda_state *s, const fa_
     return FA_OK;
 }
 
-/* Run: workspace from the stream-ordered allocator, cu_seqlens copied in, kernels queued. */
+/* Run: workspace from the context's stream-ordered pool, cu_seqlens copied in, kernels queued. */
 static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int backward,
                      fa_run_info *info)
 {
@@ -392,10 +436,10 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
     if (st != FA_OK || (st = check_pointers(ctx, s, p, backward)) != FA_OK)
         return st;
     report(&c, p, backward, info);
-    const size_t total = c.acc_bytes + c.sem_bytes + c.cu_bytes + c.dsum_bytes + c.std_bytes;
+    const size_t total = c.acc_bytes + c.sem_bytes + c.cu_bytes + c.dsum_bytes + c.std_bytes + c.sched_bytes;
     char *ws = NULL;
     cudaError_t err;
-    if (total && (err = cudaMallocAsync((void **)&ws, total, s->stream)) != cudaSuccess) {
+    if (total && (err = cudaMallocFromPoolAsync((void **)&ws, total, s->pool, s->stream)) != cudaSuccess) {
         cudaGetLastError();
         return fa_error(ctx, err == cudaErrorMemoryAllocation ? FA_ERR_OUT_OF_MEMORY : FA_ERR_BACKEND,
                         "allocating %zu bytes of device workspace: %s", total, cudaGetErrorString(err));
@@ -406,6 +450,12 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
         k->dq_acc = (float *)at;
         k->dq_sem = (int *)(at + c.acc_bytes);
         at += c.acc_bytes + c.sem_bytes;
+    }
+    if (c.sched_bytes) {
+        k->sched = (int *)at;
+        at += c.sched_bytes;
+        if ((err = cudaMemsetAsync(k->sched, 0, sizeof(int), s->stream)) != cudaSuccess)
+            goto fail;
     }
     if (c.cu_bytes) {
         const size_t half = c.cu_bytes / 2;

@@ -6,10 +6,10 @@
 extern "C" cudaError_t fa_cuda_flash_forward_sm90(const fa_cuda_params *p, int bf16, int dpad,
                                                   cudaStream_t stream)
 {
-#define FA_SM90_CASE(D, BN, NWG, ST)                                                           \
+#define FA_SM90_CASE(D, BN, NWG, ST, NQ)                                                       \
     case D:                                                                                    \
-        return bf16 ? fa::launch_sm90_ws<__nv_bfloat16, D, BN, NWG, ST>(*p, stream)            \
-                    : fa::launch_sm90_ws<__half, D, BN, NWG, ST>(*p, stream);
+        return bf16 ? fa::launch_sm90_ws<__nv_bfloat16, D, BN, NWG, ST, NQ>(*p, stream)        \
+                    : fa::launch_sm90_ws<__half, D, BN, NWG, ST, NQ>(*p, stream);
     switch (dpad) {
         FA_CUDA_SM90_TILES(FA_SM90_CASE)
     }

@@ -7,16 +7,19 @@
 // consumers (setmaxnreg), loads K/V tiles by cp.async STAGES deep through full/empty
 // mbarriers, so the consumer warpgroups run free of each other and one's softmax overlaps
 // another's products (measured against all threads loading behind one block barrier per
-// step: docs/perf/h200.md).
+// step: docs/perf/h200.md). It loads Q as well: with two Q buffers the blocks are persistent,
+// one per multiprocessor taking query tiles from a counter, and the next tile's Q and first
+// K/V arrive while the last tile finishes, where a block per tile would leave the
+// multiprocessor idle through each start (short causal tiles: 1.1-1.2x).
 #pragma once
 
 #include "wgmma.cuh"
 
 namespace fa {
 
-template <int BM, int BN, int D, int STAGES> struct sm90_smem {
+template <int BM, int BN, int D, int STAGES, int NQ> struct sm90_smem {
     static constexpr int q = BM * D * 2, kv = BN * D * 2;
-    static constexpr size_t bytes = 1024 + (size_t)q + 2 * STAGES * (size_t)kv; // + alignment slack
+    static constexpr size_t bytes = 1024 + NQ * (size_t)q + 2 * STAGES * (size_t)kv; // + alignment slack
 };
 
 // One warpgroup's running state: 64 rows (this thread: rows g and g + 8 of its warp's 16).
@@ -138,57 +141,95 @@ template <int D, int BN> __device__ __forceinline__ void init_rows(sm90_rows<D, 
     r.l[0] = r.l[1] = 0.0f;
 }
 
-// The K/V ring's barriers. full: the producer's 128 threads arrive once their copies of a
-// stage have landed; empty: each consumer warp arrives once its products have read the stage.
-template <int STAGES> struct kv_ring {
+// The K/V ring's barriers, and the hand-over of query tiles. full: the producer's 128 threads
+// arrive once their copies of a stage have landed; empty: each consumer warp arrives once its
+// products have read the stage. The producer takes each query tile (item: block_of's index)
+// and passes it on with its Q through q_full; the consumer warps hand the Q buffer back
+// through q_empty once their rows are out (the buffer stages them).
+template <int STAGES, int NQ> struct kv_ring {
     uint64_t full_k[STAGES], full_v[STAGES], empty_k[STAGES], empty_v[STAGES];
+    uint64_t q_full[NQ], q_empty[NQ];
+    int item[NQ];
 };
 
-// The producer warpgroup: K(n) and V(n) into stage n % STAGES once the consumers have let go
-// of what was there, each handed over when its copies have landed (V one step later, as the
-// consumers use it one step later).
-template <typename T, int D, int BN, int STAGES>
-__device__ __forceinline__ void load_kv_ring(const fa_cuda_params &p, const query_tile_t &qt,
-                                             kv_ring<STAGES> &ring, unsigned char *sK,
-                                             unsigned char *sV, int tid)
+// The k-th query tile of this block, -1 when none is left: with a work counter (p.sched, zeroed
+// before the launch; persistent blocks) the next one no block has taken, so blocks that finish
+// early take more, in block_of's order (the heaviest causal tiles first); the loader's thread 0
+// takes it and passes it on in ring.item. Without, the block's own tile once, known to all.
+__device__ __forceinline__ int next_item(const fa_cuda_params &p, int items)
 {
-    constexpr int KV = BN * D * 2;
-    const seq_t &s = qt.s;
-    const T *gK = (const T *)p.k.p + row_off(p.k, s, true, qt.hk, 0);
-    const T *gV = (const T *)p.v.p + row_off(p.v, s, true, qt.hk, 0);
-    for (int n = qt.n_lo; n < qt.n_hi; n++) {
-        const int i = n - qt.n_lo, st = i % STAGES, c = n * BN;
-        if (i >= STAGES)
-            mbar_wait(&ring.empty_k[st], (i / STAGES - 1) & 1);
-        load_tile_sw<T, BN, D, 128>(sK + st * KV, gK + c * p.k.ss, p.k.ss, s.sk - c, p.dim,
-                                    p.aligned, tid);
-        cp_async_commit();
-        if (i > 0) { // V(n-1) has landed
-            cp_async_wait<1>();
-            fence_async_smem();
-            mbar_arrive(&ring.full_v[(i - 1) % STAGES]);
+    const int x = atomicAdd(p.sched, 1);
+    return x < items ? x : -1;
+}
+__device__ __forceinline__ int own_item(int k) { return k == 0 ? (int)blockIdx.x : -1; }
+
+// The producer warpgroup: for each query tile it takes, Q into buffer k % NQ once the consumers
+// have given it back, then K(n) and V(n) into ring stage it % STAGES (it: tiles loaded so far,
+// across query tiles) once the consumers have let go of what was there, each handed over when
+// its copies have landed (V one step later, as the consumers use it one step later). With two
+// Q buffers the next tile's Q and first K/V load while the consumers finish the last one.
+template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
+__device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, kv_ring<STAGES, NQ> &ring,
+                                           unsigned char *sQ, unsigned char *sK, unsigned char *sV,
+                                           int tid)
+{
+    constexpr int BM = 64 * NWG, QB = BM * D * 2, KV = BN * D * 2;
+    int it = 0;
+    for (int k = 0;; k++) {
+        const int qb = k % NQ;
+        if (k >= NQ)
+            mbar_wait(&ring.q_empty[qb], (k / NQ - 1) & 1);
+        int x = own_item(k);
+        if (p.sched) {
+            if (tid == 0)
+                ring.item[qb] = next_item(p, items);
+            named_barrier(NWG + 1, 128);
+            x = ring.item[qb];
         }
-        if (i >= STAGES)
-            mbar_wait(&ring.empty_v[st], (i / STAGES - 1) & 1);
-        load_tile_sw<T, BN, D, 128>(sV + st * KV, gV + c * p.v.ss, p.v.ss, s.sk - c, p.dim,
-                                    p.aligned, tid);
+        query_tile_t qt;
+        if (x < 0 || !query_tile<BM, BN>(p, qt, x) || qt.n_lo == qt.n_hi) {
+            mbar_arrive(&ring.q_full[qb]); // nothing to load: the consumers see why themselves
+            if (x < 0)
+                return;
+            continue;
+        }
+        const seq_t &s = qt.s;
+        load_tile_sw<T, BM, D, 128>(sQ + qb * QB, (const T *)p.q.p + row_off(p.q, s, false, qt.blk.h, qt.r0),
+                                    p.q.ss, s.sq - qt.r0, p.dim, p.aligned, tid);
         cp_async_commit();
-        cp_async_wait<1>(); // K(n) has landed
-        fence_async_smem();
-        mbar_arrive(&ring.full_k[st]);
-    }
-    if (qt.n_lo < qt.n_hi) {
+        const T *gK = (const T *)p.k.p + row_off(p.k, s, true, qt.hk, 0);
+        const T *gV = (const T *)p.v.p + row_off(p.v, s, true, qt.hk, 0);
+        for (int n = qt.n_lo; n < qt.n_hi; n++, it++) {
+            const int st = it % STAGES, c = n * BN;
+            if (it >= STAGES)
+                mbar_wait(&ring.empty_k[st], (it / STAGES - 1) & 1);
+            load_tile_sw<T, BN, D, 128>(sK + st * KV, gK + c * p.k.ss, p.k.ss, s.sk - c, p.dim,
+                                        p.aligned, tid);
+            cp_async_commit();
+            cp_async_wait<1>(); // Q, or V(n-1), has landed
+            fence_async_smem();
+            mbar_arrive(n == qt.n_lo ? &ring.q_full[qb] : &ring.full_v[(it - 1) % STAGES]);
+            if (it >= STAGES)
+                mbar_wait(&ring.empty_v[st], (it / STAGES - 1) & 1);
+            load_tile_sw<T, BN, D, 128>(sV + st * KV, gV + c * p.v.ss, p.v.ss, s.sk - c, p.dim,
+                                        p.aligned, tid);
+            cp_async_commit();
+            cp_async_wait<1>(); // K(n) has landed
+            fence_async_smem();
+            mbar_arrive(&ring.full_k[st]);
+        }
         cp_async_wait<0>();
         fence_async_smem();
-        mbar_arrive(&ring.full_v[(qt.n_hi - 1 - qt.n_lo) % STAGES]);
+        mbar_arrive(&ring.full_v[(it - 1) % STAGES]);
     }
 }
 
-// One consumer warpgroup: its 64 rows of Q, then every key tile of the ring, then the rows out.
-template <typename T, int D, int BN, int NWG, int STAGES>
+// One consumer warpgroup on one query tile: its 64 rows of Q (in sQ), every key tile of the
+// ring from position it, then the rows out (staged in sQ).
+template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
 __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query_tile_t &qt,
-                                            kv_ring<STAGES> &ring, unsigned char *sQ,
-                                            unsigned char *sK, unsigned char *sV, int wg)
+                                            kv_ring<STAGES, NQ> &ring, unsigned char *sQ,
+                                            unsigned char *sK, unsigned char *sV, int wg, int it)
 {
     constexpr int BM = 64 * NWG, KV = BN * D * 2;
     const seq_t &s = qt.s;
@@ -201,23 +242,14 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
     float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(r.o);
     float(&sf)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(r.sc);
 
-    if (n_lo < n_hi) { // this warpgroup's rows of the swizzled Q tile
-        const T *gQ = (const T *)p.q.p + row_off(p.q, s, false, qt.blk.h, r0 + wg * 64);
-        load_tile_sw<T, 64, D, 128>(sQ + wg * 64 * 128, gQ, p.q.ss, s.sq - r0 - wg * 64, p.dim,
-                                    p.aligned, threadIdx.x % 128, BM);
-        cp_async_commit();
-        cp_async_wait<0>();
-        fence_async_smem();
-        named_barrier(1 + wg, 128);
-    }
-    for (int n = n_lo; n < n_hi; n++) {
-        const int i = n - n_lo, st = i % STAGES;
-        mbar_wait(&ring.full_k[st], (i / STAGES) & 1);
+    for (int n = n_lo; n < n_hi; n++, it++) {
+        const int st = it % STAGES;
+        mbar_wait(&ring.full_k[st], (it / STAGES) & 1);
         wgmma_fence();
         wg_gemm_nt<T, D, BM, BN>(sf, qa, ka + st * KV);
-        if (i > 0) {
-            const int sp = (i - 1) % STAGES;
-            mbar_wait(&ring.full_v[sp], ((i - 1) / STAGES) & 1);
+        if (n > n_lo) {
+            const int sp = (it - 1) % STAGES;
+            mbar_wait(&ring.full_v[sp], ((it - 1) / STAGES) & 1);
             wg_gemm_rn<T, D, BN>(of, r.pa[0], va + sp * KV);
             wgmma_wait<1>();
         } else {
@@ -231,37 +263,38 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
         wgmma_wait<0>(); // P(n-1) V(n-1) done: o and pa are ours again
         reg_fence(of);
         reg_fence(r.pa[0]);
-        if (i > 0 && lane == 0)
-            mbar_arrive(&ring.empty_v[(i - 1) % STAGES]);
+        if (n > n_lo && lane == 0)
+            mbar_arrive(&ring.empty_v[(it - 1) % STAGES]);
         finish_step<T>(p, r, alpha, qt.blk.b, qt.blk.h, wr0 + g, (int64_t)n * BN + 2 * t);
     }
     if (n_lo < n_hi) { // the last P V
-        const int i = n_hi - 1 - n_lo;
-        mbar_wait(&ring.full_v[i % STAGES], (i / STAGES) & 1);
+        const int sp = (it - 1) % STAGES;
+        mbar_wait(&ring.full_v[sp], ((it - 1) / STAGES) & 1);
         wgmma_fence();
-        wg_gemm_rn<T, D, BN>(of, r.pa[0], va + (i % STAGES) * KV);
+        wg_gemm_rn<T, D, BN>(of, r.pa[0], va + sp * KV);
         wgmma_wait<0>();
         reg_fence(of);
+        if (lane == 0)
+            mbar_arrive(&ring.empty_v[sp]);
     }
     store_rows<T, D, BM, BN>(p, r, s, qt.blk.h, r0, wg, warp, g, t, sQ);
 }
 
-// NWG consumer warpgroups and one loading warpgroup; K/V STAGES deep.
-template <typename T, int D, int BN, int NWG, int STAGES = 2>
+// NWG consumer warpgroups and one loading warpgroup; K/V STAGES deep, NQ Q buffers. One query
+// tile per block, or (p.sched) persistent blocks taking tiles until none is left.
+template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1) flash_forward_sm90_ws(const fa_cuda_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = 64 * NWG;
-    using L = sm90_smem<BM, BN, D, STAGES>;
+    using L = sm90_smem<BM, BN, D, STAGES, NQ>;
     static_assert(D % 64 == 0 && BN % 64 == 0, "tiles are whole 64-element swizzle blocks");
     extern __shared__ unsigned char smem_raw[];
-    __shared__ kv_ring<STAGES> ring;
+    __shared__ kv_ring<STAGES, NQ> ring;
     unsigned char *sQ = align1024(smem_raw);
-    unsigned char *sK = sQ + L::q, *sV = sK + STAGES * L::kv;
+    unsigned char *sK = sQ + NQ * L::q, *sV = sK + STAGES * L::kv;
+    const int items = (int)((int64_t)((p.max_q + BM - 1) / BM) * p.heads_q * p.batch);
 
-    query_tile_t qt;
-    if (!query_tile<BM, BN>(p, qt))
-        return;
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0); // uniform to the compiler
     if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; i++) {
@@ -270,31 +303,51 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1) flash_forward_sm90_ws(cons
             mbar_init(&ring.empty_k[i], 4 * NWG);
             mbar_init(&ring.empty_v[i], 4 * NWG);
         }
+        for (int i = 0; i < NQ; i++) {
+            mbar_init(&ring.q_full[i], 128);
+            mbar_init(&ring.q_empty[i], 4 * NWG);
+        }
     }
     __syncthreads();
     if (wg == NWG) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-        load_kv_ring<T, D, BN, STAGES>(p, qt, ring, sK, sV, threadIdx.x % 128);
-    } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<NWG>::value));
-        attend_rows<T, D, BN, NWG, STAGES>(p, qt, ring, sQ, sK, sV, wg);
+        load_tiles<T, D, BN, NWG, STAGES, NQ>(p, items, ring, sQ, sK, sV, threadIdx.x % 128);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<NWG>::value));
+    int it = 0; // the K/V ring's position
+    for (int k = 0;; k++) {
+        const int qb = k % NQ;
+        mbar_wait(&ring.q_full[qb], (k / NQ) & 1);
+        const int x = p.sched ? ring.item[qb] : own_item(k);
+        if (x < 0)
+            return;
+        query_tile_t qt;
+        if (query_tile<BM, BN>(p, qt, x)) {
+            attend_rows<T, D, BN, NWG, STAGES, NQ>(p, qt, ring, sQ + qb * L::q, sK, sV, wg, it);
+            it += qt.n_hi - qt.n_lo;
+        }
+        __syncwarp();
+        if (threadIdx.x % 32 == 0)
+            mbar_arrive(&ring.q_empty[qb]);
     }
 #endif
 }
 
-template <typename T, int D, int BN, int NWG, int STAGES = 2>
+template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
 cudaError_t launch_sm90_ws(const fa_cuda_params &p, cudaStream_t stream)
 {
     constexpr int BM = 64 * NWG;
-    const size_t smem = sm90_smem<BM, BN, D, STAGES>::bytes;
-    auto kern = flash_forward_sm90_ws<T, D, BN, NWG, STAGES>;
+    const size_t smem = sm90_smem<BM, BN, D, STAGES, NQ>::bytes;
+    auto kern = flash_forward_sm90_ws<T, D, BN, NWG, STAGES, NQ>;
     cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
     const int64_t blocks = (int64_t)((p.max_q + BM - 1) / BM) * p.heads_q * p.batch;
     if (blocks == 0)
         return cudaSuccess;
-    kern<<<(unsigned)blocks, (NWG + 1) * 128, smem, stream>>>(p);
+    const int64_t grid = p.sched && p.sched_blocks < blocks ? p.sched_blocks : blocks;
+    kern<<<(unsigned)grid, (NWG + 1) * 128, smem, stream>>>(p);
     return cudaGetLastError();
 }
 

@@ -22,6 +22,9 @@ typedef struct fa_cuda_params {
     float *dq_acc;    /* Hopper backward: dQ / scale in float32, [heads_q, dq_htiles, 64 x dim] */
     int *dq_sem;      /* its hand-over counters: [batch, heads_q, dq_tiles] */
     int32_t dq_htiles, dq_tiles;
+    int *sched;           /* Hopper forward: the query tiles handed out so far (zeroed before the
+                           * launch) when persistent blocks take them, else NULL (a block a tile) */
+    int32_t sched_blocks; /* the persistent blocks: one per multiprocessor */
     int64_t rows;     /* packed query rows: batch * seqlen_q, or the varlen total */
     const int32_t *cu_q, *cu_k; /* device copies of cu_seqlens, NULL for fixed length */
     int32_t batch, heads_q, heads_kv, group, dim, seqlen_q, seqlen_k;
@@ -53,11 +56,14 @@ typedef struct fa_cuda_params {
     X(128, 128, 64, 8, 64, 4, 1, 64, 4)     \
     X(256, 64, 32, 4, 32, 8, 2, 32, 4)
 
-/* The Hopper (sm_90a) forward's tiles: X(dim, keys per step, consumer warpgroups, K/V stages). Each warpgroup owns
- * 64 query rows; head dims without a row here run the tiles above. */
+/* The Hopper (sm_90a) forward's tiles: X(dim, keys per step, consumer warpgroups, K/V stages,
+ * Q buffers). Each warpgroup owns 64 query rows; head dims without a row here run the tiles
+ * above. Two Q buffers: persistent blocks, the next query tile's Q and first K/V loading while
+ * the last one finishes (where the grid has more tiles than multiprocessors); one: a block
+ * per query tile (d128's 3 stages leave no room for a second). */
 #define FA_CUDA_SM90_TILES(X) \
-    X(64, 128, 2, 2)          \
-    X(128, 128, 2, 3)
+    X(64, 128, 2, 3, 2)       \
+    X(128, 128, 2, 3, 1)
 
 /* The Hopper backward's tiles: X(dim, query rows per step, Q/dO ring stages). Two consumer
  * warpgroups of 64 keys each; dQ added in key-tile order through p.dq_acc. */

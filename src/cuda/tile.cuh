@@ -293,9 +293,9 @@ __device__ __forceinline__ mask_t mask_of(const fa_cuda_params &p, const seq_t &
 struct block_t {
     int tile, h, b;
 };
-__device__ __forceinline__ block_t block_of(int tiles, int heads, bool reverse)
+__device__ __forceinline__ block_t block_of(int tiles, int heads, bool reverse,
+                                            int64_t x = blockIdx.x)
 {
-    int64_t x = blockIdx.x;
     block_t r;
     r.tile = (int)(x % tiles);
     if (reverse)
@@ -306,8 +306,9 @@ __device__ __forceinline__ block_t block_of(int tiles, int heads, bool reverse)
     return r;
 }
 
-// The query tile a block owns (one per tile, query head and sequence) and the key tiles of
-// width BN its mask lets it see: [n_lo, n_hi). False when the tile lies past its sequence.
+// The query tile a block owns (one per tile, query head and sequence; item x of them, the
+// block's index unless a persistent kernel hands them out) and the key tiles of width BN its
+// mask lets it see: [n_lo, n_hi). False when the tile lies past its sequence.
 struct query_tile_t {
     block_t blk;
     seq_t s;
@@ -315,9 +316,10 @@ struct query_tile_t {
     int r0, hk, n_lo, n_hi;
 };
 template <int BM, int BN>
-__device__ __forceinline__ bool query_tile(const fa_cuda_params &p, query_tile_t &q)
+__device__ __forceinline__ bool query_tile(const fa_cuda_params &p, query_tile_t &q,
+                                           int64_t x = blockIdx.x)
 {
-    q.blk = block_of((p.max_q + BM - 1) / BM, p.heads_q, p.win_right < p.max_k);
+    q.blk = block_of((p.max_q + BM - 1) / BM, p.heads_q, p.win_right < p.max_k, x);
     q.s = seq_of(p, q.blk.b);
     q.r0 = q.blk.tile * BM;
     if (q.r0 >= q.s.sq)
