@@ -25,6 +25,10 @@ if [ "$level" = quick ]; then export FLASHATTN_TEST_QUICK=1; fi
 if [ "$level" != backward ]; then
   timeout 300 ./build/tests/test_conformance > "$out/conformance_cuda.log" 2>&1; echo "conformance_cuda rc=$?"
   grep -E "FAILED|cases|could not" "$out/conformance_cuda.log" | head -20
+  # the same grid with three persistent forward blocks taking every case's query tiles
+  FLASHATTN_CUDA_PERSISTENT_BLOCKS=3 timeout 300 ./build/tests/test_conformance > "$out/conformance_cuda_p3.log" 2>&1
+  echo "conformance_cuda (3 persistent blocks) rc=$?"
+  grep -E "FAILED|cases|could not" "$out/conformance_cuda_p3.log" | head -20
 fi
 timeout 300 ./build/tests/test_backward > "$out/backward_cuda.log" 2>&1; echo "backward_cuda rc=$?"
 grep -E "FAILED|cases|could not" "$out/backward_cuda.log" | head -20
@@ -32,6 +36,7 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   # memcheck and racecheck on every 8th case of the short grids
   export FLASHATTN_TEST_QUICK=1 FLASHATTN_TEST_EVERY=12
   timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/test_conformance > "$out/memcheck_fwd.log" 2>&1; echo "memcheck forward rc=$?"
+  FLASHATTN_CUDA_PERSISTENT_BLOCKS=2 timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/test_conformance > "$out/memcheck_fwd_p2.log" 2>&1; echo "memcheck forward (2 persistent blocks) rc=$?"
   timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/test_backward > "$out/memcheck_bwd.log" 2>&1; echo "memcheck backward rc=$?"
   timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 ./build/tests/test_conformance > "$out/racecheck_fwd.log" 2>&1; echo "racecheck forward rc=$?"
   export FLASHATTN_TEST_EVERY=16
