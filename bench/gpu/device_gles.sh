@@ -13,7 +13,7 @@ ldconfig
 export __EGL_VENDOR_LIBRARY_FILENAMES=${__EGL_VENDOR_LIBRARY_FILENAMES:-/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json}
 blas=/usr/lib/x86_64-linux-gnu/openblas-pthread
 export LD_LIBRARY_PATH=$blas${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFA_WITH_GLES=ON -DFA_BUILD_TOOLS=ON -DOPENBLAS_LIB=$blas/libopenblas.so \
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFA_WITH_CUDA=OFF -DFA_WITH_GLES=ON -DFA_BUILD_TOOLS=ON -DOPENBLAS_LIB=$blas/libopenblas.so \
   -DCBLAS_INCLUDE=/usr/include/x86_64-linux-gnu/openblas-pthread > "$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
 cmake --build build -j "$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -20; exit 1; }
 echo "build ok"
@@ -29,7 +29,8 @@ row() { ./build/flashattn bench --backend gles "$@" --json "$out/row.jsonl" && c
 for fwd in tiled rows rows-tex; do
   for dt in f32 f16; do
     FLASHATTN_GLES_FORWARD=$fwd row --dtype $dt --seq 2048 --heads 8 --dim 64 --causal yes --reps 10
-    FLASHATTN_GLES_FORWARD=$fwd row --dtype $dt --seq 2048 --heads 32 --dim 128 --causal no --reps 5
+    # rows-tex holds four rows an invocation, built for CPU renderers: at d128 it spills on GPUs
+    [ $fwd = rows-tex ] || FLASHATTN_GLES_FORWARD=$fwd row --dtype $dt --seq 2048 --heads 32 --dim 128 --causal no --reps 5
   done
 done
 for dt in f32 f16; do row --dtype $dt --seq 4096 --seq-q 1 --heads 32 --dim 128 --causal yes --reps 20; done

@@ -61,7 +61,9 @@ static const char *const shader_name[SH_COUNT] = { "flash_forward", "flash_tiled
  * chunk or V chunk, probabilities, row partials). */
 typedef struct tiles {
     int d4, br, bc, f16;
-    int tex; /* the row variant reads K and V through buffer textures */
+    int tex;  /* the row variant reads K and V through buffer textures */
+    int rows; /* query rows per invocation of the row variant */
+    int softcap; /* the call caps its logits (compiled in) */
     int tiled, tm, tn, nx, ny, dc4, kc, sh_qk, sh_p, sh_r;
 } tiles;
 
@@ -333,11 +335,17 @@ static fa_status gles_init(fa_context_t ctx, int32_t num_threads, void **state)
 }
 
 /* The row variant (flash_forward.comp): 64 query rows a workgroup, Q and O rows in registers.
- * K and V through buffer textures (tex: one invocation per two rows, so that each fetch feeds
- * both; CPU renderers), or staged in shared memory with one invocation per row (two spill
- * registers on GPUs: docs/perf/gles.md): keys per K/V tile from K and V rows (vec4 float32
+ * K and V through buffer textures (tex: one invocation per TEX_ROWS rows, so that each fetch
+ * feeds them all; CPU renderers), or staged in shared memory with one invocation per row (two
+ * spill registers on GPUs: docs/perf/gles.md): keys per K/V tile from K and V rows (vec4 float32
  * each), at most 3/4 of the limit (the rest is the driver's and headroom), a power of two
  * between 1 and 64. */
+/* Query rows per invocation of the row variant on the texture path (CPU renderers): every K
+ * and V texel fetched feeds them all (a fetch costs llvmpipe ~45 instructions a SIMD group).
+ * On llvmpipe 4 rows were 1.3x faster than 2 and 8 no faster than 4, while compiling 3-4x
+ * longer (docs/perf/gles.md). Through shared memory (GPUs) one: more spill registers there. */
+#define TEX_ROWS 4
+
 static tiles rows_tiles(const gles_state *s, int32_t dim, int f16, int tex)
 {
     tiles t = { 0 };
@@ -350,6 +358,7 @@ static tiles rows_tiles(const gles_state *s, int32_t dim, int f16, int tex)
         bc /= 2;
     t.bc = bc;
     t.br = 64; /* the invocation limit is at least 64 (STD_GROUP) */
+    t.rows = tex ? TEX_ROWS : 1;
     return t;
 }
 
@@ -438,11 +447,11 @@ static fa_status get_program(fa_context_t ctx, gles_state *s, int shader, const 
         snprintf(ext, sizeof(ext), "#extension %s : require\n", s->texbuf);
     snprintf(preamble, sizeof(preamble),
              "#version 310 es\n%s#define D4 %d\n#define BR %d\n#define BC %d\n#define NI %d\n"
-             "#define TWO_ROWS %d\n#define STORE_F16 %d\n#define KV_TEX %d\n#define TM %d\n"
+             "#define ROWS %d\n#define STORE_F16 %d\n#define KV_TEX %d\n#define TM %d\n"
              "#define TN %d\n#define NX %d\n#define NY %d\n#define DC4 %d\n#define KC %d\n"
-             "#define SH_P %d\n#define SH_R %d\n#define SH_TOTAL %d\n",
-             ext, t->d4, t->br, t->bc, t->tex ? t->br / 2 : t->br, t->tex, t->f16, t->tex, t->tm, t->tn,
-             t->nx, t->ny, t->dc4, t->kc, t->sh_qk, t->sh_qk + t->sh_p, t->sh_qk + t->sh_p + t->sh_r);
+             "#define SH_P %d\n#define SH_R %d\n#define SH_TOTAL %d\n#define SOFTCAP %d\n",
+             ext, t->d4, t->br, t->bc, t->br / (t->rows ? t->rows : 1), t->rows ? t->rows : 1, t->f16, t->tex, t->tm, t->tn,
+             t->nx, t->ny, t->dc4, t->kc, t->sh_qk, t->sh_qk + t->sh_p, t->sh_qk + t->sh_p + t->sh_r, t->softcap);
     const char *parts[3] = { preamble, fa_gles_common, shader_src[shader] };
     GLuint sh = glCreateShader(GL_COMPUTE_SHADER);
     glShaderSource(sh, 3, parts, NULL);
@@ -508,10 +517,10 @@ static void gles_info(void *state, char *buf, size_t cap, size_t *len)
                        16 * (t.sh_qk + t.sh_p + t.sh_r));
         else if (t.tex)
             fa_appendf(buf, cap, len,
-                       "gles.forward.d%d: rows-tex (flash_forward.comp), one invocation per two "
+                       "gles.forward.d%d: rows-tex (flash_forward.comp), one invocation per %d "
                        "query rows, %d rows per workgroup, K and V through buffer textures (%s), no "
                        "shared memory\n",
-                       dims[i], t.br, s->texbuf);
+                       dims[i], t.rows, t.br, s->texbuf);
         else
             fa_appendf(buf, cap, len,
                        "gles.forward.d%d: rows (flash_forward.comp), one invocation per query row, %d "
@@ -524,7 +533,7 @@ static void gles_info(void *state, char *buf, size_t cap, size_t *len)
                : s->forward == 2 ? "tiled where it fits, forced by FLASHATTN_GLES_FORWARD"
                : s->forward == 3 ? "rows-tex, forced by FLASHATTN_GLES_FORWARD"
                : s->texbuf && cpu_renderer(s->renderer)
-                   ? "a CPU renderer with buffer textures: rows-tex up to head_dim 192 (texel "
+                   ? "a CPU renderer with buffer textures: rows-tex up to head_dim 128 (texel "
                      "fetches are gathered across SIMD lanes, shared-memory loads go one lane at a "
                      "time), tiled above"
                    : "tiled wherever its invocation grid and shared memory fit the limits (no "
@@ -571,6 +580,7 @@ static fa_status check(fa_context_t ctx, const gles_state *s, const fa_problem *
                         "backend for training)",
                         (double)p->dropout_p);
     *t = tiles_for(s, p->dim, p->in_dtype == FA_DTYPE_F16);
+    t->softcap = p->softcap > 0.0f;
     const int64_t tiles_q = ((int64_t)p->max_q + t->br - 1) / t->br;
     if (tiles_q > s->max_count[0] || p->heads_q > s->max_count[1] || p->batch > s->max_count[2])
         return fa_error(ctx, FA_ERR_UNSUPPORTED,
@@ -645,7 +655,7 @@ static void report(const tiles *t, const fa_problem *p, const int in_place[3], f
                                   : (t->f16 ? "gles-flash-f16pk" : "gles-flash-f32");
         info->block_q = standard ? 1 : t->br;
         info->block_k = standard ? p->max_k : t->bc;
-        info->threads = standard ? STD_GROUP : t->tiled ? t->nx * t->ny : t->tex ? t->br / 2 : t->br;
+        info->threads = standard ? STD_GROUP : t->tiled ? t->nx * t->ny : t->br / (t->rows ? t->rows : 1);
     }
     info->workspace_bytes = call_bytes(t, p, standard, in_place);
 }
@@ -1186,8 +1196,11 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
     if (t.tex) { /* K and V as buffer textures, where their buffers fit the texel limit */
         for (int i = 1; i < 3; i++) {
             const size_t gl_bytes = in_place[i] ? gv[i].mem->gl_bytes : s->scratch_bytes[i];
-            if (gl_bytes / (t.f16 ? 8 : 16) > (size_t)s->max_texels)
+            if (gl_bytes / (t.f16 ? 8 : 16) > (size_t)s->max_texels) {
+                const int cap = t.softcap;
                 t = rows_tiles(s, p->dim, t.f16, 0);
+                t.softcap = cap;
+            }
         }
     }
     if (resident) { /* the caller's views into the layout the attention shaders read */

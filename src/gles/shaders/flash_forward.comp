@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 // The fused forward with query rows in registers: one workgroup per (query tile of BR rows,
-// query head, sequence), each invocation one row, or two with TWO_ROWS (i and i + BR / 2:
-// every K and V element loaded feeds both, which pays on CPU renderers and spills registers
-// on GPUs). An invocation keeps its q rows, output accumulators and softmax statistics
+// query head, sequence), each invocation one row, or ROWS rows (i, i + BR / ROWS, ...: every
+// K and V element loaded feeds them all, which pays on CPU renderers and spills registers on
+// GPUs). An invocation keeps its q rows, output accumulators and softmax statistics
 // (float32, exp2 units) in registers and walks every key its workgroup's mask range allows,
 // KB keys at a time: their scores, one running-maximum update per row for the block, then
 // their share of P V. S never reaches memory.
@@ -10,8 +10,7 @@
 // (KV_TEX 0), or straight from buffer textures (KV_TEX 1): CPU renderers gather texel
 // fetches vector-wide where they load shared and storage memory one lane at a time
 // (docs/perf/gles.md), and with textures no invocation waits for another.
-// Preamble: D4, BR, BC, NI (the invocations: BR, or BR / 2 with TWO_ROWS), TWO_ROWS, KV_TEX,
-// STORE_F16.
+// Preamble: D4, BR, BC, ROWS (1, 2 or 4), NI (the invocations: BR / ROWS), KV_TEX, STORE_F16.
 #define KB 4
 layout(local_size_x = NI) in;
 
@@ -44,6 +43,59 @@ shared vec4 sh_v[BC * D4];
             lse_data[h * u_qrows + s.q0 + (i)] = l > 0.0 ? (m + log2(l)) * LN2 : NEG_INF;       \
     }
 
+// The invocation's rows, one macro call each: M(q, acc, m, l, x, base, r) names row r's query
+// (q[D4]), output accumulator (acc[D4]), running maximum and sum, the logits of the key block
+// (x[KB]) and the block's maximum, then the exponent's base. Separate arrays per row, each
+// indexed by the loop that walks it, so that compilers unroll those loops and keep them in
+// registers.
+#if ROWS == 4
+#define EACH_ROW(M) M(q0, acc0, m0, l0, x0, base0, 0) M(q1, acc1, m1, l1, x1, base1, 1) \
+                    M(q2, acc2, m2, l2, x2, base2, 2) M(q3, acc3, m3, l3, x3, base3, 3)
+#elif ROWS == 2
+#define EACH_ROW(M) M(q0, acc0, m0, l0, x0, base0, 0) M(q1, acc1, m1, l1, x1, base1, 1)
+#elif ROWS == 1
+#define EACH_ROW(M) M(q0, acc0, m0, l0, x0, base0, 0)
+#else
+#error ROWS is 1, 2 or 4
+#endif
+#define ROW_I(r) (ia + (r) * NI)
+
+#define ROW_INIT(Q, A, M, L, X, BASE, R)                                                        \
+    vec4 Q[D4], A[D4];                                                                          \
+    float M = NEG_INF, L = 0.0, BASE, X[KB];                                                    \
+    {                                                                                           \
+        bool valid = ROW_I(R) < s.sq;                                                           \
+        int qr = Q_ROW(s, b, valid ? ROW_I(R) : 0, h);                                          \
+        for (int c = 0; c < D4; c++) {                                                          \
+            Q[c] = valid ? LOAD4(q_data, qr + c) : vec4(0.0);                                   \
+            A[c] = vec4(0.0);                                                                   \
+        }                                                                                       \
+    }
+#define ROW_BLOCK(Q, A, M, L, X, BASE, R) BASE = M;
+#define ROW_ZERO(Q, A, M, L, X, BASE, R) X[kk] = 0.0;
+#define ROW_DOT(Q, A, M, L, X, BASE, R) X[kk] += dot(Q[c], k);
+#define ROW_LOGIT(Q, A, M, L, X, BASE, R)                                                       \
+    X[kk] = in_tile && visible(ROW_I(R), j, s) ? logit2(X[kk]) : NEG_INF;                       \
+    BASE = max(BASE, X[kk]);
+// one rescale a block; rows with nothing visible yet keep m = -inf and subtract 0
+#define ROW_RESCALE(Q, A, M, L, X, BASE, R)                                                     \
+    {                                                                                           \
+        float mx = BASE;                                                                        \
+        BASE = mx == NEG_INF ? 0.0 : mx;                                                        \
+        float alpha = exp2(M - BASE);                                                           \
+        L *= alpha;                                                                             \
+        M = mx;                                                                                 \
+        for (int c = 0; c < D4; c++)                                                            \
+            A[c] *= alpha;                                                                      \
+    }
+#define ROW_P(Q, A, M, L, X, BASE, R)                                                           \
+    X[kk] = exp2(X[kk] - BASE);                                                                 \
+    L += X[kk];
+#define ROW_PV(Q, A, M, L, X, BASE, R) A[c] += X[kk] * v;
+#define ROW_WRITE(Q, A, M, L, X, BASE, R)                                                       \
+    if (ROW_I(R) < s.sq)                                                                        \
+        WRITE_ROW(ROW_I(R), A, M, L)
+
 void main()
 {
     int tile = int(gl_WorkGroupID.x), h = int(gl_WorkGroupID.y), b = int(gl_WorkGroupID.z);
@@ -53,30 +105,13 @@ void main()
     if (r0 >= s.sq)
         return; // the whole workgroup: no barrier is left waiting
     int hk = h / u_group;
-    int ia = r0 + lid, ib = ia + NI; // this invocation's rows
-    bool va = ia < s.sq, vb = ib < s.sq;
+    int ia = r0 + lid; // this invocation's first row
     int d = s.sk - s.sq;
     int r1 = min(r0 + BR, s.sq);
     int lo = max(0, r0 + d - u_win_left);
     int hi = min(s.sk, (r1 - 1) + d + u_win_right + 1);
 
-    vec4 qa[D4], acca[D4];
-    int qra = Q_ROW(s, b, va ? ia : 0, h);
-    for (int c = 0; c < D4; c++) {
-        qa[c] = va ? LOAD4(q_data, qra + c) : vec4(0.0);
-        acca[c] = vec4(0.0);
-    }
-    float ma = NEG_INF, la = 0.0;
-#if TWO_ROWS
-    vec4 qb[D4], accb[D4];
-    int qrb = Q_ROW(s, b, vb ? ib : 0, h);
-    for (int c = 0; c < D4; c++) {
-        qb[c] = vb ? LOAD4(q_data, qrb + c) : vec4(0.0);
-        accb[c] = vec4(0.0);
-    }
-    float mb = NEG_INF, lb = 0.0;
-#endif
-
+    EACH_ROW(ROW_INIT)
     for (int c0 = (lo / BC) * BC; c0 < hi; c0 += BC) {
         int c1 = min(c0 + BC, hi);
 #if !KV_TEX
@@ -89,77 +124,32 @@ void main()
         }
         barrier();
 #endif
-        if (!va)
-            continue; // (b's row lies after a's)
+        if (ia >= s.sq)
+            continue; // (its other rows lie after it)
         for (int j0 = c0; j0 < c1; j0 += KB) {
             // the block's logits (-inf where masked or past the tile), keys past it read as
             // the tile's last so that every load stays inside the sequence
-            float xa[KB];
-            float mxa = ma;
-#if TWO_ROWS
-            float xb[KB];
-            float mxb = mb;
-#endif
+            EACH_ROW(ROW_BLOCK)
             for (int kk = 0; kk < KB; kk++) {
                 int j = min(j0 + kk, c1 - 1);
                 bool in_tile = j0 + kk < c1;
-                float sa = 0.0;
-#if TWO_ROWS
-                float sb = 0.0;
+                EACH_ROW(ROW_ZERO)
                 for (int c = 0; c < D4; c++) {
                     vec4 k = K_AT(j, c);
-                    sa += dot(qa[c], k);
-                    sb += dot(qb[c], k);
+                    EACH_ROW(ROW_DOT)
                 }
-                xb[kk] = in_tile && visible(ib, j, s) ? logit2(sb) : NEG_INF;
-                mxb = max(mxb, xb[kk]);
-#else
-                for (int c = 0; c < D4; c++)
-                    sa += dot(qa[c], K_AT(j, c));
-#endif
-                xa[kk] = in_tile && visible(ia, j, s) ? logit2(sa) : NEG_INF;
-                mxa = max(mxa, xa[kk]);
+                EACH_ROW(ROW_LOGIT)
             }
-            // one rescale a block; rows with nothing visible yet keep m = -inf and subtract 0
-            float basea = mxa == NEG_INF ? 0.0 : mxa;
-            float alphaa = exp2(ma - basea);
-            la *= alphaa;
-            ma = mxa;
-#if TWO_ROWS
-            float baseb = mxb == NEG_INF ? 0.0 : mxb;
-            float alphab = exp2(mb - baseb);
-            lb *= alphab;
-            mb = mxb;
-#endif
-            for (int c = 0; c < D4; c++) {
-                acca[c] *= alphaa;
-#if TWO_ROWS
-                accb[c] *= alphab;
-#endif
-            }
+            EACH_ROW(ROW_RESCALE)
             for (int kk = 0; kk < KB; kk++) {
                 int j = min(j0 + kk, c1 - 1);
-                float pa = exp2(xa[kk] - basea);
-                la += pa;
-#if TWO_ROWS
-                float pb = exp2(xb[kk] - baseb);
-                lb += pb;
+                EACH_ROW(ROW_P)
                 for (int c = 0; c < D4; c++) {
                     vec4 v = V_AT(j, c);
-                    acca[c] += pa * v;
-                    accb[c] += pb * v;
+                    EACH_ROW(ROW_PV)
                 }
-#else
-                for (int c = 0; c < D4; c++)
-                    acca[c] += pa * V_AT(j, c);
-#endif
             }
         }
     }
-    if (va)
-        WRITE_ROW(ia, acca, ma, la)
-#if TWO_ROWS
-    if (vb)
-        WRITE_ROW(ib, accb, mb, lb)
-#endif
+    EACH_ROW(ROW_WRITE)
 }
