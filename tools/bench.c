@@ -283,12 +283,17 @@ static int run_row(fa_context_t ctx, const opts *o, long sq, long sk, long h, lo
     r->b = b, r->h = h, r->hk = hk, r->sq = sq, r->sk = sk, r->d = d, r->causal = causal;
     fa_run_info ri = { .size = sizeof(ri) };
     desc.algorithm = FA_ALGORITHM_STANDARD;
-    if (!o->no_standard && fa_forward_plan(ctx, &desc, &ri) == FA_OK &&
-        ri.workspace_bytes < (uint64_t)12 << 30) {
-        r->bytes_std = ri.workspace_bytes;
-        if (time_call(ctx, &desc, o->reps, &r->ms_std, &r->dev_std) != 0)
-            goto api_error;
-        r->has_std = 1;
+    if (!o->no_standard) {
+        const fa_status sst = fa_forward_plan(ctx, &desc, &ri);
+        if (sst != FA_OK) /* the row shows "-"; say why */
+            fprintf(stderr, "flashattn bench: standard skipped (sq %d, sk %d, d %d): %s\n", (int)sq,
+                    (int)sk, (int)d, fa_context_last_error(ctx));
+        else if (ri.workspace_bytes < (uint64_t)12 << 30) {
+            r->bytes_std = ri.workspace_bytes;
+            if (time_call(ctx, &desc, o->reps, &r->ms_std, &r->dev_std) != 0)
+                goto api_error;
+            r->has_std = 1;
+        }
     }
     desc.algorithm = FA_ALGORITHM_FLASH;
     if (fa_forward_plan(ctx, &desc, &ri) != FA_OK || time_call(ctx, &desc, o->reps, &r->ms_flash, &r->dev_flash) != 0)

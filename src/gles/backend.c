@@ -64,6 +64,8 @@ typedef struct tiles {
     int tex;  /* the row variant reads K and V through buffer textures */
     int rows; /* query rows per invocation of the row variant */
     int softcap; /* the call caps its logits (compiled in) */
+    int chunk;   /* keys per dispatch where llvmpipe's loop limit cuts the fused forward into
+                  * key chunks (0: one dispatch); not part of the program */
     int tiled, tm, tn, nx, ny, dc4, kc, sh_qk, sh_p, sh_r;
 } tiles;
 
@@ -83,6 +85,7 @@ typedef struct gles_state {
     /* GL_EXT_disjoint_timer_query's 64-bit result getter (NULL without the extension) */
     void(GL_APIENTRYP query_u64)(GLuint id, GLenum pname, GLuint64 *params);
     int forward; /* FLASHATTN_GLES_FORWARD: 0 the planner's choice, 1 rows, 2 tiled, 3 rows-tex */
+    int key_chunk; /* FLASHATTN_GLES_KEY_CHUNK: keys per fused dispatch on any device (tests) */
     /* buffer textures (GL_EXT_texture_buffer or GL_OES_texture_buffer: the extension's name,
      * NULL without), their texel limit, and the two the row variant reads K and V through */
     const char *texbuf;
@@ -226,6 +229,11 @@ static fa_status gles_init(fa_context_t ctx, int32_t num_threads, void **state)
                             fwd);
         }
     }
+    /* FLASHATTN_GLES_KEY_CHUNK=n: fused forwards over more keys run in chunks of about n keys
+     * on any device, as llvmpipe's loop limit makes them there (the tests run the hand-over of
+     * the running state with it) */
+    const char *kc = getenv("FLASHATTN_GLES_KEY_CHUNK");
+    s->key_chunk = kc && atoi(kc) > 0 ? atoi(kc) : 0;
     s->ctx = EGL_NO_CONTEXT;
     EGLContext share = EGL_NO_CONTEXT;
     if (ctx->gles_share) { /* the caller's display, objects shared with the caller's context */
@@ -433,8 +441,11 @@ static fa_status gl_check(fa_context_t ctx, const char *what)
                     "OpenGL ES error 0x%x %s", (unsigned)e, what);
 }
 
-static fa_status get_program(fa_context_t ctx, gles_state *s, int shader, const tiles *t, GLuint *out)
+static fa_status get_program(fa_context_t ctx, gles_state *s, int shader, const tiles *tl, GLuint *out)
 {
+    tiles key = *tl; /* the program's identity: the chunk is a uniform */
+    key.chunk = 0;
+    const tiles *t = &key;
     for (int i = 0; i < s->n_programs; i++) {
         const program *p = &s->programs[i];
         if (p->shader == shader && memcmp(&p->t, t, sizeof(*t)) == 0) {
@@ -486,6 +497,10 @@ static fa_status get_program(fa_context_t ctx, gles_state *s, int shader, const 
     return FA_OK;
 }
 
+/* Mesa's llvmpipe ends a shader's loops after 65535 iterations in all (nested ones counted
+ * together), silently: a call whose shaders would loop longer gets wrong results there. */
+#define LLVMPIPE_LOOPS 65535
+
 static void gles_info(void *state, char *buf, size_t cap, size_t *len)
 {
     const gles_state *s = state;
@@ -528,6 +543,12 @@ static void gles_info(void *state, char *buf, size_t cap, size_t *len)
                        dims[i], t.br, t.bc, 2 * t.bc * t.d4 * 16);
     }
     fa_appendf(buf, cap, len, "gles.buffer_textures: %s\n", s->texbuf ? s->texbuf : "no");
+    if (strstr(s->renderer, "llvmpipe"))
+        fa_appendf(buf, cap, len,
+                   "gles.loop_limit: llvmpipe stops a shader's loops after %d iterations; fused "
+                   "forwards past it run in key chunks (a dispatch each), the standard algorithm "
+                   "past it is refused\n",
+                   LLVMPIPE_LOOPS);
     fa_appendf(buf, cap, len, "gles.forward.why: %s\n",
                s->forward == 1   ? "rows, forced by FLASHATTN_GLES_FORWARD"
                : s->forward == 2 ? "tiled where it fits, forced by FLASHATTN_GLES_FORWARD"
@@ -541,16 +562,15 @@ static void gles_info(void *state, char *buf, size_t cap, size_t *len)
 }
 
 static int decode_splits(const fa_problem *p);
+static int64_t packed_rows(const fa_problem *p, int is_k);
 
-/* Mesa's llvmpipe ends a shader's loops after 65535 iterations in all (nested ones counted
- * together), silently: a call whose shaders would loop longer gets wrong results there. The
- * iterations of one invocation, from what was measured on Mesa 22.3 (docs/perf/gles.md):
- * head_dim loops up to 32 vec4s are unrolled, longer ones are not; the tiled forward's loops
- * come to about 37 x D4 per 64-key tile (48 here, for margin). */
-#define LLVMPIPE_LOOPS 65535
-static int64_t llvmpipe_loops(const tiles *t, const fa_problem *p, int *pass)
+/* The loop iterations of one invocation over `keys` keys on llvmpipe, from what was measured on
+ * Mesa 22.3 (docs/perf/gles.md): head_dim loops up to 32 vec4s are unrolled, longer ones are
+ * not; the tiled forward's loops come to about 37 x D4 per 64-key tile (48 here, for margin).
+ * pass: 0 the fused forward, 1-3 the standard's passes. */
+static int64_t llvmpipe_loops(const tiles *t, const fa_problem *p, int64_t keys, int *pass)
 {
-    const int64_t keys = p->max_k, tiles_k = (keys + 63) / 64, d4 = t->d4;
+    const int64_t tiles_k = (keys + 63) / 64, d4 = t->d4;
     const int64_t dim_loop = d4 > 32 ? d4 : 1; /* iterations a head_dim loop costs */
     int64_t worst = 0, n;
     *pass = 0;
@@ -567,8 +587,10 @@ static int64_t llvmpipe_loops(const tiles *t, const fa_problem *p, int *pass)
         return 4 * ((keys + 63) / 64) + 4 * d4;
     if (t->tiled)
         n = tiles_k * 48 * d4;
-    else /* the row variant: a head_dim loop per K and per V row, a block per 4 keys, staging */
-        n = keys * (d4 > 32 ? 2 * d4 : 0) + keys / 4 + tiles_k * (1 + d4) + 4 * d4;
+    else /* the row variant: a head_dim loop per K and per V row and per row's rescale every 4
+          * keys where they are not unrolled, a block per 4 keys, staging, the rows' set-up */
+        n = keys * (d4 > 32 ? 2 * d4 + t->rows * d4 / 4 : 0) + keys / 4 + tiles_k * (1 + d4) +
+            4 * t->rows * d4;
     return n;
 }
 
@@ -588,10 +610,26 @@ static fa_status check(fa_context_t ctx, const gles_state *s, const fa_problem *
                         "device's workgroup counts (%d x %d x %d)",
                         (long long)tiles_q, (int)p->heads_q, (int)p->batch, (int)s->max_count[0],
                         (int)s->max_count[1], (int)s->max_count[2]);
-    if (strstr(s->renderer, "llvmpipe")) {
+    t->chunk = 0;
+    if (s->key_chunk && p->desc->algorithm != FA_ALGORITHM_STANDARD && !decode_splits(p) &&
+        p->max_k > s->key_chunk && (int64_t)p->heads_q * packed_rows(p, 0) * 3 <= INT32_MAX / 2)
+        t->chunk = s->key_chunk > t->bc ? s->key_chunk / t->bc * t->bc : t->bc;
+    if (strstr(s->renderer, "llvmpipe") && !t->chunk) {
         int pass;
-        const int64_t loops = llvmpipe_loops(t, p, &pass);
-        if (loops > LLVMPIPE_LOOPS * 9 / 10) {
+        const int64_t limit = LLVMPIPE_LOOPS * 9 / 10;
+        int64_t loops = llvmpipe_loops(t, p, p->max_k, &pass);
+        if (loops > limit && pass == 0 && !decode_splits(p)) {
+            /* the fused forward in key chunks, one dispatch each: the most whole key tiles a
+             * dispatch may walk inside the limit */
+            int64_t chunk = 0;
+            for (int64_t c = t->bc; c < p->max_k && llvmpipe_loops(t, p, c, &pass) <= limit; c += t->bc)
+                chunk = c;
+            if (chunk && (int64_t)p->heads_q * packed_rows(p, 0) * 3 <= INT32_MAX / 2) {
+                t->chunk = (int)chunk;
+                loops = 0;
+            }
+        }
+        if (loops > limit) {
             static const char *const what[4] = { "fused forward", "standard score pass",
                                                  "standard softmax pass", "standard P V pass" };
             return fa_error(ctx, FA_ERR_UNSUPPORTED,
@@ -634,6 +672,8 @@ static size_t call_bytes(const tiles *t, const fa_problem *p, int standard, cons
                    n_kv * (size_t)p->heads_kv * krows * row * esz + (size_t)p->heads_q * qrows * 4;
     if (standard)
         bytes += (size_t)p->heads_q * qrows * (size_t)p->max_k * 4;
+    if (t->chunk) /* each row's running maximum and sum between key chunks */
+        bytes += (size_t)p->heads_q * qrows * 8;
     const int splits = decode_splits(p);
     if (splits)
         bytes += (size_t)p->heads_q * (size_t)p->batch * (size_t)splits * (row * 4 + 8);
@@ -774,6 +814,10 @@ static void set_uniforms(GLuint prog, const fa_problem *p, int64_t qrows, int64_
     glUniform1i(glGetUniformLocation(prog, "u_max_k"), p->max_k);
     glUniform1i(glGetUniformLocation(prog, "u_write_lse"), p->desc->lse != NULL);
     glUniform1i(glGetUniformLocation(prog, "u_splits"), splits);
+    glUniform1i(glGetUniformLocation(prog, "u_key_lo"), 0); /* one dispatch for every key */
+    glUniform1i(glGetUniformLocation(prog, "u_key_hi"), (GLint)cap);
+    glUniform1i(glGetUniformLocation(prog, "u_chunk"), 3);
+    glUniform1i(glGetUniformLocation(prog, "u_ml"), 0);
     static const char *const names[3] = { "u_qv", "u_kv", "u_vv" };
     for (int i = 0; i < 3; i++)
         glUniform4i(glGetUniformLocation(prog, names[i]), at->v[i][0], at->v[i][1], at->v[i][2], at->v[i][3]);
@@ -1184,8 +1228,9 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
         else if ((st = scratch_buffer(ctx, s, i, host[i], bytes[i], &bufs[i])) != FA_OK)
             goto release;
     }
+    /* lse, and after it each row's running (max, sum) where the call runs in key chunks */
     if ((st = scratch_buffer(ctx, s, 3, NULL, ob, &bufs[3])) != FA_OK ||
-        (st = scratch_buffer(ctx, s, 4, NULL, lb, &bufs[4])) != FA_OK ||
+        (st = scratch_buffer(ctx, s, 4, NULL, t.chunk ? 3 * lb : lb, &bufs[4])) != FA_OK ||
         (st = scratch_buffer(ctx, s, 5, cu, sizeof(int32_t) * (size_t)(2 * p->batch + 2), &bufs[5])) != FA_OK)
         goto release;
     for (int i = 0; i < 3; i++)
@@ -1249,7 +1294,22 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 4, bufs[4]);
         if (t.tex)
             bind_kv_textures(s, &t, bufs[1], bufs[2]);
-        glDispatchCompute((GLuint)((p->max_q + t.br - 1) / t.br), (GLuint)p->heads_q, (GLuint)p->batch);
+        const GLuint groups = (GLuint)((p->max_q + t.br - 1) / t.br);
+        const int64_t chunks = t.chunk ? (p->max_k + t.chunk - 1) / t.chunk : 1;
+        GLint prog = 0;
+        glGetIntegerv(GL_CURRENT_PROGRAM, &prog);
+        glUniform1i(glGetUniformLocation((GLuint)prog, "u_ml"), (GLint)(p->heads_q * qrows));
+        for (int64_t k = 0; k < chunks; k++) { /* key chunks: the state carried in o and lse */
+            if (chunks > 1) {
+                glUniform1i(glGetUniformLocation((GLuint)prog, "u_key_lo"), (GLint)(k * t.chunk));
+                glUniform1i(glGetUniformLocation((GLuint)prog, "u_key_hi"),
+                            k + 1 < chunks ? (GLint)((k + 1) * t.chunk) : (GLint)1 << 30);
+                glUniform1i(glGetUniformLocation((GLuint)prog, "u_chunk"), (k == 0) | (k + 1 == chunks) << 1);
+                if (k)
+                    glMemoryBarrier(GL_SHADER_STORAGE_BARRIER_BIT);
+            }
+            glDispatchCompute(groups, (GLuint)p->heads_q, (GLuint)p->batch);
+        }
         if (t.tex) /* the dispatch has its textures; the buffers are not held past the call */
             bind_kv_textures(s, &t, 0, 0);
     } else {

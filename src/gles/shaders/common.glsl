@@ -37,6 +37,13 @@ uniform int u_win_left, u_win_right; // clamped to 2^30 when unbounded
 uniform float u_scale_log2;          // softmax scale * log2(e)
 uniform float u_softcap, u_cap_in, u_cap_out; // cap, scale / cap, cap * log2(e); cap 0 = off
 
+// Key chunks (llvmpipe's loop limit): a fused forward may run as several dispatches over
+// consecutive key ranges [u_key_lo, u_key_hi) (multiples of the key tile), the running
+// output (unnormalised, in o) and each row's maximum and sum (in lse from float u_ml on, a
+// pair per row) carried from one to the next. u_chunk: bit 0 the first chunk, bit 1 the last
+// (3: the whole call in one dispatch).
+uniform int u_key_lo, u_key_hi, u_chunk, u_ml;
+
 #define NEG_INF uintBitsToFloat(0xff800000u)
 #define LN2 0.6931471805599453
 

@@ -14,8 +14,9 @@
 #define KB 4
 layout(local_size_x = NI) in;
 
-layout(std430, binding = 3) writeonly buffer OBuf { vec4 o_data[]; };
-layout(std430, binding = 4) writeonly buffer LBuf { float lse_data[]; }; // [heads_q][rows]
+// o and lse, read back as the running state between key chunks (common.glsl)
+layout(std430, binding = 3) buffer OBuf { vec4 o_data[]; };
+layout(std430, binding = 4) buffer LBuf { float lse_data[]; }; // [heads_q][rows], then the state
 
 uniform int u_write_lse;
 
@@ -32,15 +33,23 @@ shared vec4 sh_v[BC * D4];
 #define V_AT(j, c) sh_v[((j) - c0) * D4 + (c)]
 #endif
 
-// Row i's output and lse (acc scaled by 1 / l).
+// Row i's output and lse (acc scaled by 1 / l) after the last key chunk; after another, its
+// running state.
 #define WRITE_ROW(i, acc, m, l)                                                                 \
     {                                                                                           \
-        float inv = l > 0.0 ? 1.0 / l : 0.0;                                                    \
-        int orow = (h * u_qrows + s.q0 + (i)) * D4;                                             \
-        for (int c = 0; c < D4; c++)                                                            \
-            o_data[orow + c] = acc[c] * inv;                                                    \
-        if (u_write_lse != 0)                                                                   \
-            lse_data[h * u_qrows + s.q0 + (i)] = l > 0.0 ? (m + log2(l)) * LN2 : NEG_INF;       \
+        int orow = h * u_qrows + s.q0 + (i);                                                    \
+        if (last) {                                                                             \
+            float inv = l > 0.0 ? 1.0 / l : 0.0;                                                \
+            for (int c = 0; c < D4; c++)                                                        \
+                o_data[orow * D4 + c] = acc[c] * inv;                                           \
+            if (u_write_lse != 0)                                                               \
+                lse_data[orow] = l > 0.0 ? (m + log2(l)) * LN2 : NEG_INF;                       \
+        } else {                                                                                \
+            for (int c = 0; c < D4; c++)                                                        \
+                o_data[orow * D4 + c] = acc[c];                                                 \
+            lse_data[u_ml + 2 * orow] = m;                                                      \
+            lse_data[u_ml + 2 * orow + 1] = l;                                                  \
+        }                                                                                       \
     }
 
 // The invocation's rows, one macro call each: M(q, acc, m, l, x, base, r) names row r's query
@@ -69,6 +78,13 @@ shared vec4 sh_v[BC * D4];
         for (int c = 0; c < D4; c++) {                                                          \
             Q[c] = valid ? LOAD4(q_data, qr + c) : vec4(0.0);                                   \
             A[c] = vec4(0.0);                                                                   \
+        }                                                                                       \
+        if (!first && valid) { /* the state the earlier key chunks left */                      \
+            int orow = h * u_qrows + s.q0 + ROW_I(R);                                           \
+            for (int c = 0; c < D4; c++)                                                        \
+                A[c] = o_data[orow * D4 + c];                                                   \
+            M = lse_data[u_ml + 2 * orow];                                                      \
+            L = lse_data[u_ml + 2 * orow + 1];                                                  \
         }                                                                                       \
     }
 #define ROW_BLOCK(Q, A, M, L, X, BASE, R) BASE = M;
@@ -110,10 +126,15 @@ void main()
     int r1 = min(r0 + BR, s.sq);
     int lo = max(0, r0 + d - u_win_left);
     int hi = min(s.sk, (r1 - 1) + d + u_win_right + 1);
+    // this dispatch's key tiles: the tile's range within the key chunk
+    bool first = (u_chunk & 1) != 0, last = (u_chunk & 2) != 0;
+    int k_lo = max((lo / BC) * BC, u_key_lo), k_hi = min(hi, u_key_hi);
+    if (k_lo >= k_hi && !first && !last)
+        return; // the whole workgroup: its state stays as the chunk before left it
 
     EACH_ROW(ROW_INIT)
-    for (int c0 = (lo / BC) * BC; c0 < hi; c0 += BC) {
-        int c1 = min(c0 + BC, hi);
+    for (int c0 = k_lo; c0 < k_hi; c0 += BC) {
+        int c1 = min(c0 + BC, k_hi);
 #if !KV_TEX
         barrier(); // the previous tile is read
         for (int e = lid; e < BC * D4; e += NI) {

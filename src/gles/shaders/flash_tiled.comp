@@ -15,8 +15,9 @@
 // SH_P, SH_R, SH_TOTAL.
 layout(local_size_x = NX, local_size_y = NY) in;
 
-layout(std430, binding = 3) writeonly buffer OBuf { vec4 o_data[]; };
-layout(std430, binding = 4) writeonly buffer LBuf { float lse_data[]; }; // [heads_q][rows]
+// o and lse, read back as the running state between key chunks (common.glsl)
+layout(std430, binding = 3) buffer OBuf { vec4 o_data[]; };
+layout(std430, binding = 4) buffer LBuf { float lse_data[]; }; // [heads_q][rows], then the state
 
 uniform int u_write_lse;
 
@@ -54,6 +55,12 @@ void main()
     int qbase = h * u_qrows + s.q0; // o and lse rows
     int rme = r0 + TM * ty; // the invocation's first row
 
+    // this dispatch's key tiles: the tile's range within the key chunk
+    bool first = (u_chunk & 1) != 0, last = (u_chunk & 2) != 0;
+    int k_lo = max((lo / BC) * BC, u_key_lo), k_hi = min(hi, u_key_hi);
+    if (k_lo >= k_hi && !first && !last)
+        return; // the whole workgroup: its state stays as the chunk before left it
+
     vec4 acc[TM * DV4]; // acc[i * DV4 + m]: row rme + i, output vec4 tx + NX*m
     for (int e = 0; e < TM * DV4; e++)
         acc[e] = vec4(0.0);
@@ -62,8 +69,19 @@ void main()
         mrow[g] = vec4(NEG_INF);
         lrow[g] = vec4(0.0);
     }
+    if (!first) // the state the earlier key chunks left (a row's sum counted once, at tx 0)
+        for (int i = 0; i < TM; i++) {
+            int row = min(rme + i, s.sq - 1); // rows past the sequence: any valid state
+            for (int m = 0; m < DV4; m++) {
+                int c = tx + NX * m;
+                if (DV4 * NX == D4 || c < D4)
+                    acc[i * DV4 + m] = o_data[(qbase + row) * D4 + c];
+            }
+            mrow[i / 4][i % 4] = lse_data[u_ml + 2 * (qbase + row)];
+            lrow[i / 4][i % 4] = tx == 0 ? lse_data[u_ml + 2 * (qbase + row) + 1] : 0.0;
+        }
 
-    for (int c0 = (lo / BC) * BC; c0 < hi; c0 += BC) {
+    for (int c0 = k_lo; c0 < k_hi; c0 += BC) {
         // scores: component jj % 4 of sc[i * TN4 + jj / 4] = q(row rme + i) . k(key c0 + KEY(jj))
         vec4 sc[TM * TN4];
         for (int e = 0; e < TM * TN4; e++)
@@ -171,13 +189,16 @@ void main()
         if (row >= s.sq)
             break;
         float li = l[i / 4][i % 4];
-        float inv = li > 0.0 ? 1.0 / li : 0.0;
+        float inv = !last ? 1.0 : li > 0.0 ? 1.0 / li : 0.0; // unnormalised between chunks
         for (int m = 0; m < DV4; m++) {
             int c = tx + NX * m;
             if (DV4 * NX == D4 || c < D4)
                 o_data[(qbase + row) * D4 + c] = acc[i * DV4 + m] * inv;
         }
-        if (u_write_lse != 0 && tx == 0)
+        if (!last && tx == 0) {
+            lse_data[u_ml + 2 * (qbase + row)] = mrow[i / 4][i % 4];
+            lse_data[u_ml + 2 * (qbase + row) + 1] = li;
+        } else if (u_write_lse != 0 && tx == 0)
             lse_data[qbase + row] = li > 0.0 ? (mrow[i / 4][i % 4] + log2(li)) * LN2 : NEG_INF;
     }
 }
