@@ -3,7 +3,7 @@
 # headers carried as Debian packages in .gl/ (the image has the driver, not the loaders),
 # OpenBLAS and cmocka from .devdeps/, then: info, the quick conformance grid on GLES, and
 # the fused-vs-standard benchmark rows of docs/perf/gles.md. Logs to $OUT (or build/).
-#   bench/gpu/device_gles.sh   (every fused variant: tiled, rows, rows-tex)
+#   bench/gpu/device_gles.sh   (every fused variant: tiled, rows, rows-tex; GRIDS_ONLY=1: the grids)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-build}
@@ -18,11 +18,13 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFA_WITH_CUDA=OFF -DFA_WITH_GLES
 cmake --build build -j "$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -20; exit 1; }
 echo "build ok"
 ./build/flashattn info --backend gles 2>&1 | tee "$out/gles_info.txt"
-for fwd in tiled rows rows-tex; do
-  FLASHATTN_GLES_FORWARD=$fwd FLASHATTN_TEST_BACKEND=gles FLASHATTN_TEST_QUICK=1 timeout 300 \
-    ./build/tests/test_conformance > "$out/conformance_gles_$fwd.log" 2>&1
-  echo "conformance_gles ($fwd) rc=$?"; grep -E "FAILED|cases|could not" "$out/conformance_gles_$fwd.log" | head
+for fwd in tiled rows rows-tex tiled:64; do # tiled:64: in 64-key chunks (FLASHATTN_GLES_KEY_CHUNK)
+  chunk=${fwd#*:}; [ "$chunk" = "$fwd" ] && chunk=
+  FLASHATTN_GLES_FORWARD=${fwd%%:*} FLASHATTN_GLES_KEY_CHUNK=$chunk FLASHATTN_TEST_BACKEND=gles \
+    FLASHATTN_TEST_QUICK=1 timeout 300 ./build/tests/test_conformance > "$out/conformance_gles_${fwd%%:*}$chunk.log" 2>&1
+  echo "conformance_gles ($fwd) rc=$?"; grep -E "FAILED|cases|could not" "$out/conformance_gles_${fwd%%:*}$chunk.log" | head
 done
+[ "${GRIDS_ONLY:-0}" = 1 ] && exit 0
 j="$out/gles-h200.jsonl"
 : > "$j"
 row() { ./build/flashattn bench --backend gles "$@" --json "$out/row.jsonl" && cat "$out/row.jsonl" >> "$j"; }
