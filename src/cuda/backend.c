@@ -90,8 +90,7 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, void **state)
     /* FLASHATTN_CUDA_PORTABLE=1 keeps Hopper on the mma.sync kernels (for comparison). */
     const char *portable = getenv("FLASHATTN_CUDA_PORTABLE");
     s->hopper = s->prop.major == 9 && s->prop.minor == 0 && !(portable && strcmp(portable, "1") == 0);
-    /* FLASHATTN_CUDA_PERSISTENT_BLOCKS=n: n persistent blocks instead (tests run the hand-over of
-     * query tiles on small grids with it) */
+    /* the calls' workspace: a pool of the context's own, which keeps what it needs */
     struct cudaMemPoolProps props;
     memset(&props, 0, sizeof(props));
     props.allocType = cudaMemAllocationTypePinned;
@@ -105,6 +104,8 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, void **state)
         free(s);
         return cuda_fail(ctx, err, "creating the workspace pool");
     }
+    /* FLASHATTN_CUDA_PERSISTENT_BLOCKS=n: n persistent blocks instead (tests run the hand-over of
+     * query tiles on small grids with it) */
     s->persistent_blocks = s->prop.multiProcessorCount;
     const char *pb = getenv("FLASHATTN_CUDA_PERSISTENT_BLOCKS");
     if (pb && atoi(pb) > 0)

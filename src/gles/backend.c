@@ -342,18 +342,18 @@ static fa_status gles_init(fa_context_t ctx, int32_t num_threads, void **state)
     return FA_OK;
 }
 
-/* The row variant (flash_forward.comp): 64 query rows a workgroup, Q and O rows in registers.
- * K and V through buffer textures (tex: one invocation per TEX_ROWS rows, so that each fetch
- * feeds them all; CPU renderers), or staged in shared memory with one invocation per row (two
- * spill registers on GPUs: docs/perf/gles.md): keys per K/V tile from K and V rows (vec4 float32
- * each), at most 3/4 of the limit (the rest is the driver's and headroom), a power of two
- * between 1 and 64. */
 /* Query rows per invocation of the row variant on the texture path (CPU renderers): every K
  * and V texel fetched feeds them all (a fetch costs llvmpipe ~45 instructions a SIMD group).
  * On llvmpipe 4 rows were 1.3x faster than 2 and 8 no faster than 4, while compiling 3-4x
  * longer (docs/perf/gles.md). Through shared memory (GPUs) one: more spill registers there. */
 #define TEX_ROWS 4
 
+/* The row variant (flash_forward.comp): 64 query rows a workgroup, Q and O rows in registers.
+ * K and V through buffer textures (tex: one invocation per TEX_ROWS rows, so that each fetch
+ * feeds them all; CPU renderers), or staged in shared memory with one invocation per row (two
+ * spill registers on GPUs: docs/perf/gles.md): keys per K/V tile from K and V rows (vec4 float32
+ * each), at most 3/4 of the limit (the rest is the driver's and headroom), a power of two
+ * between 1 and 64. */
 static tiles rows_tiles(const gles_state *s, int32_t dim, int f16, int tex)
 {
     tiles t = { 0 };
@@ -454,6 +454,7 @@ static fa_status get_program(fa_context_t ctx, gles_state *s, int shader, const 
         }
     }
     char preamble[640], ext[64] = "";
+    const int rows = t->rows ? t->rows : 1;
     if (t->tex) /* only chosen where s->texbuf names the extension */
         snprintf(ext, sizeof(ext), "#extension %s : require\n", s->texbuf);
     snprintf(preamble, sizeof(preamble),
@@ -461,8 +462,8 @@ static fa_status get_program(fa_context_t ctx, gles_state *s, int shader, const 
              "#define ROWS %d\n#define STORE_F16 %d\n#define KV_TEX %d\n#define TM %d\n"
              "#define TN %d\n#define NX %d\n#define NY %d\n#define DC4 %d\n#define KC %d\n"
              "#define SH_P %d\n#define SH_R %d\n#define SH_TOTAL %d\n#define SOFTCAP %d\n",
-             ext, t->d4, t->br, t->bc, t->br / (t->rows ? t->rows : 1), t->rows ? t->rows : 1, t->f16, t->tex, t->tm, t->tn,
-             t->nx, t->ny, t->dc4, t->kc, t->sh_qk, t->sh_qk + t->sh_p, t->sh_qk + t->sh_p + t->sh_r, t->softcap);
+             ext, t->d4, t->br, t->bc, t->br / rows, rows, t->f16, t->tex, t->tm, t->tn, t->nx, t->ny,
+             t->dc4, t->kc, t->sh_qk, t->sh_qk + t->sh_p, t->sh_qk + t->sh_p + t->sh_r, t->softcap);
     const char *parts[3] = { preamble, fa_gles_common, shader_src[shader] };
     GLuint sh = glCreateShader(GL_COMPUTE_SHADER);
     glShaderSource(sh, 3, parts, NULL);
@@ -594,37 +595,25 @@ static int64_t llvmpipe_loops(const tiles *t, const fa_problem *p, int64_t keys,
     return n;
 }
 
-static fa_status check(fa_context_t ctx, const gles_state *s, const fa_problem *p, tiles *t)
+/* t->chunk: the fused forward in key chunks, one dispatch each, where FLASHATTN_GLES_KEY_CHUNK
+ * asks for it or llvmpipe's loop limit needs it (the most whole key tiles a dispatch may walk
+ * inside 90% of it); calls past the limit that cannot be cut are refused there. */
+static fa_status key_chunks(fa_context_t ctx, const gles_state *s, const fa_problem *p, tiles *t)
 {
-    if (p->dropout_p > 0.0f)
-        return fa_error(ctx, FA_ERR_UNSUPPORTED,
-                        "dropout_p (%g) > 0: the GLES backend has no dropout (use the CPU or CUDA "
-                        "backend for training)",
-                        (double)p->dropout_p);
-    *t = tiles_for(s, p->dim, p->in_dtype == FA_DTYPE_F16);
-    t->softcap = p->softcap > 0.0f;
-    const int64_t tiles_q = ((int64_t)p->max_q + t->br - 1) / t->br;
-    if (tiles_q > s->max_count[0] || p->heads_q > s->max_count[1] || p->batch > s->max_count[2])
-        return fa_error(ctx, FA_ERR_UNSUPPORTED,
-                        "the grid (%lld query tiles x %d heads x %d sequences) exceeds the "
-                        "device's workgroup counts (%d x %d x %d)",
-                        (long long)tiles_q, (int)p->heads_q, (int)p->batch, (int)s->max_count[0],
-                        (int)s->max_count[1], (int)s->max_count[2]);
+    const int fused = p->desc->algorithm != FA_ALGORITHM_STANDARD && !decode_splits(p);
+    const int state_fits = (int64_t)p->heads_q * packed_rows(p, 0) * 3 <= INT32_MAX / 2;
     t->chunk = 0;
-    if (s->key_chunk && p->desc->algorithm != FA_ALGORITHM_STANDARD && !decode_splits(p) &&
-        p->max_k > s->key_chunk && (int64_t)p->heads_q * packed_rows(p, 0) * 3 <= INT32_MAX / 2)
+    if (s->key_chunk && fused && state_fits && p->max_k > s->key_chunk)
         t->chunk = s->key_chunk > t->bc ? s->key_chunk / t->bc * t->bc : t->bc;
     if (strstr(s->renderer, "llvmpipe") && !t->chunk) {
         int pass;
         const int64_t limit = LLVMPIPE_LOOPS * 9 / 10;
         int64_t loops = llvmpipe_loops(t, p, p->max_k, &pass);
-        if (loops > limit && pass == 0 && !decode_splits(p)) {
-            /* the fused forward in key chunks, one dispatch each: the most whole key tiles a
-             * dispatch may walk inside the limit */
+        if (loops > limit && fused && state_fits) {
             int64_t chunk = 0;
             for (int64_t c = t->bc; c < p->max_k && llvmpipe_loops(t, p, c, &pass) <= limit; c += t->bc)
                 chunk = c;
-            if (chunk && (int64_t)p->heads_q * packed_rows(p, 0) * 3 <= INT32_MAX / 2) {
+            if (chunk) {
                 t->chunk = (int)chunk;
                 loops = 0;
             }
@@ -641,6 +630,25 @@ static fa_status check(fa_context_t ctx, const gles_state *s, const fa_problem *
         }
     }
     return FA_OK;
+}
+
+static fa_status check(fa_context_t ctx, const gles_state *s, const fa_problem *p, tiles *t)
+{
+    if (p->dropout_p > 0.0f)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "dropout_p (%g) > 0: the GLES backend has no dropout (use the CPU or CUDA "
+                        "backend for training)",
+                        (double)p->dropout_p);
+    *t = tiles_for(s, p->dim, p->in_dtype == FA_DTYPE_F16);
+    t->softcap = p->softcap > 0.0f;
+    const int64_t tiles_q = ((int64_t)p->max_q + t->br - 1) / t->br;
+    if (tiles_q > s->max_count[0] || p->heads_q > s->max_count[1] || p->batch > s->max_count[2])
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "the grid (%lld query tiles x %d heads x %d sequences) exceeds the "
+                        "device's workgroup counts (%d x %d x %d)",
+                        (long long)tiles_q, (int)p->heads_q, (int)p->batch, (int)s->max_count[0],
+                        (int)s->max_count[1], (int)s->max_count[2]);
+    return key_chunks(ctx, s, p, t);
 }
 
 /* One query row per sequence: the split-KV decode path, KV cut into this many chunks (about
@@ -1241,10 +1249,13 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
     if (t.tex) { /* K and V as buffer textures, where their buffers fit the texel limit */
         for (int i = 1; i < 3; i++) {
             const size_t gl_bytes = in_place[i] ? gv[i].mem->gl_bytes : s->scratch_bytes[i];
-            if (gl_bytes / (t.f16 ? 8 : 16) > (size_t)s->max_texels) {
+            if (t.tex && gl_bytes / (t.f16 ? 8 : 16) > (size_t)s->max_texels) {
                 const int cap = t.softcap;
                 t = rows_tiles(s, p->dim, t.f16, 0);
                 t.softcap = cap;
+                if ((st = key_chunks(ctx, s, p, &t)) != FA_OK || /* its own loop counts */
+                    (t.chunk && (st = scratch_buffer(ctx, s, 4, NULL, 3 * lb, &bufs[4])) != FA_OK))
+                    goto release;
             }
         }
     }
