@@ -516,9 +516,11 @@ static void test_gles_buffers(void **state)
     assert_int_equal(fa_memory_download(gl, lse_gl, bl, sizeof(lse_gl)), FA_OK);
     assert_memory_equal(o_gl, o_host, sizeof(o_gl));
     assert_memory_equal(lse_gl, lse_host, sizeof(lse_gl));
-    /* f32 rows of whole vec4s: q, k and v read in place, no copies of them made */
+    /* f32 rows of whole vec4s: q, k and v read and o written in place, no copies of them
+     * made (the call's only buffer is its lse) */
     assert_int_equal(fa_context_last_run(gl, &ri_gl), FA_OK);
     assert_true(ri_gl.workspace_bytes < ri_host.workspace_bytes);
+    assert_int_equal(ri_gl.workspace_bytes, sizeof(lse_gl));
     /* k two floats into its buffer: not vec4-aligned, so repacked first; the same bits */
     void *bk2;
     assert_int_equal(fa_memory_alloc(gl, sizeof(f->k) + 2 * sizeof(float), &bk2), FA_OK);

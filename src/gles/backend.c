@@ -671,12 +671,12 @@ static int64_t packed_rows(const fa_problem *p, int is_k)
 
 /* The buffers a call creates: repacked q, k, v (those not read in place), o (float32) and
  * lse; the standard algorithm adds its [heads, rows, max_k] float scores. */
-static size_t call_bytes(const tiles *t, const fa_problem *p, int standard, const int in_place[3])
+static size_t call_bytes(const tiles *t, const fa_problem *p, int standard, const int in_place[4])
 {
     const size_t esz = t->f16 ? 2 : 4, row = (size_t)t->d4 * 4;
     const size_t qrows = (size_t)packed_rows(p, 0), krows = (size_t)packed_rows(p, 1);
     const size_t n_kv = (size_t)!in_place[1] + (size_t)!in_place[2];
-    size_t bytes = (size_t)p->heads_q * qrows * row * ((in_place[0] ? 0 : esz) + 4) +
+    size_t bytes = (size_t)p->heads_q * qrows * row * ((in_place[0] ? 0 : esz) + (in_place[3] ? 0 : 4)) +
                    n_kv * (size_t)p->heads_kv * krows * row * esz + (size_t)p->heads_q * qrows * 4;
     if (standard)
         bytes += (size_t)p->heads_q * qrows * (size_t)p->max_k * 4;
@@ -688,7 +688,7 @@ static size_t call_bytes(const tiles *t, const fa_problem *p, int standard, cons
     return bytes;
 }
 
-static void report(const tiles *t, const fa_problem *p, const int in_place[3], fa_run_info *info)
+static void report(const tiles *t, const fa_problem *p, const int in_place[4], fa_run_info *info)
 {
     const int standard = p->desc->algorithm == FA_ALGORITHM_STANDARD, splits = decode_splits(p);
     if (splits) {
@@ -795,7 +795,7 @@ static fa_status scratch_buffer(fa_context_t ctx, gles_state *s, int slot, const
  * stride and head stride in the shaders' 4-element units, of the call's repacked copy or of
  * the caller's buffer read in place. */
 typedef struct qkv_at {
-    GLint v[3][4];
+    GLint v[4][4]; /* q, k, v, o */
 } qkv_at;
 
 /* Every uniform the shaders declare (a shader ignores those it lacks: location -1). */
@@ -826,8 +826,8 @@ static void set_uniforms(GLuint prog, const fa_problem *p, int64_t qrows, int64_
     glUniform1i(glGetUniformLocation(prog, "u_key_hi"), (GLint)cap);
     glUniform1i(glGetUniformLocation(prog, "u_chunk"), 3);
     glUniform1i(glGetUniformLocation(prog, "u_ml"), 0);
-    static const char *const names[3] = { "u_qv", "u_kv", "u_vv" };
-    for (int i = 0; i < 3; i++)
+    static const char *const names[4] = { "u_qv", "u_kv", "u_vv", "u_ov" };
+    for (int i = 0; i < 4; i++)
         glUniform4i(glGetUniformLocation(prog, names[i]), at->v[i][0], at->v[i][1], at->v[i][2], at->v[i][3]);
 }
 
@@ -1104,11 +1104,12 @@ static void move_pass(const gles_state *s, GLuint prog, const gl_view *v, int64_
 }
 
 /* Where a call's tensors are: all in GL buffers (*resident: their views in gv, q k v o lse)
- * or all in host memory. And where the attention shaders read q, k and v (qkv): in place,
- * from the caller's buffer, where it holds them in the storage type as rows of whole aligned
- * vec4s (no repacking pass; in_place[i] set), else from the call's repacked copy. */
+ * or all in host memory. And where the attention shaders read q, k and v and write o (qkv):
+ * in place, in the caller's buffer, where it holds them in the storage type (o: float32) as
+ * rows of whole aligned vec4s (no repacking or unpacking pass; in_place[i] set), else in the
+ * call's own copy. */
 static fa_status call_views(fa_context_t ctx, const gles_state *s, const fa_problem *p, const tiles *t,
-                            int *resident, gl_view gv[5], int in_place[3], qkv_at *qkv)
+                            int *resident, gl_view gv[5], int in_place[4], qkv_at *qkv)
 {
     const fa_attention_desc *d = p->desc;
     const int64_t qrows = packed_rows(p, 0), krows = packed_rows(p, 1);
@@ -1140,12 +1141,13 @@ static fa_status call_views(fa_context_t ctx, const gles_state *s, const fa_prob
                                 "(and lse) all in buffers from fa_memory_alloc, or all in host memory",
                                 names[i]);
     }
-    for (int i = 0; i < 3; i++) {
-        const int64_t rows = i ? krows : qrows, per_seq = i ? d->seqlen_k : d->seqlen_q;
+    for (int i = 0; i < 4; i++) {
+        const int is_k = i == 1 || i == 2;
+        const int64_t rows = is_k ? krows : qrows, per_seq = is_k ? d->seqlen_k : d->seqlen_q;
         const gl_view *v = &gv[i];
         const int one_seq = p->varlen || p->batch == 1; /* the batch stride is never used */
-        in_place[i] = *resident && v->type == (t->f16 ? 1 : 0) && p->dim % 4 == 0 && v->off % 4 == 0 &&
-                      (one_seq || v->sb % 4 == 0) && v->ss % 4 == 0 && v->sh % 4 == 0;
+        in_place[i] = *resident && v->type == (i < 3 && t->f16 ? 1 : 0) && p->dim % 4 == 0 &&
+                      v->off % 4 == 0 && (one_seq || v->sb % 4 == 0) && v->ss % 4 == 0 && v->sh % 4 == 0;
         if (in_place[i]) {
             const GLint w[4] = { v->off / 4, one_seq ? 0 : v->sb / 4, v->ss / 4, v->sh / 4 };
             memcpy(qkv->v[i], w, sizeof(w));
@@ -1160,7 +1162,7 @@ static fa_status call_views(fa_context_t ctx, const gles_state *s, const fa_prob
 static fa_status gles_plan(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
 {
     tiles t = { 0 };
-    int resident, in_place[3];
+    int resident, in_place[4];
     gl_view gv[5] = { { 0 } };
     qkv_at qkv;
     fa_status st = check(ctx, state, p, &t);
@@ -1198,7 +1200,7 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
                         "the tensors (%lld query rows, %lld key rows, %d heads) exceed the 32-bit "
                         "indexing of GLES shaders",
                         (long long)qrows, (long long)krows, (int)p->heads_q);
-    int resident, in_place[3];
+    int resident, in_place[4];
     gl_view gv[5] = { { 0 } };
     qkv_at qkv;
     if ((st = call_views(ctx, s, p, &t, &resident, gv, in_place, &qkv)) != FA_OK)
@@ -1237,7 +1239,9 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
             goto release;
     }
     /* lse, and after it each row's running (max, sum) where the call runs in key chunks */
-    if ((st = scratch_buffer(ctx, s, 3, NULL, ob, &bufs[3])) != FA_OK ||
+    if (in_place[3]) /* o written straight into the caller's buffer */
+        bufs[3] = gv[3].mem->name;
+    if ((!in_place[3] && (st = scratch_buffer(ctx, s, 3, NULL, ob, &bufs[3])) != FA_OK) ||
         (st = scratch_buffer(ctx, s, 4, NULL, t.chunk ? 3 * lb : lb, &bufs[4])) != FA_OK ||
         (st = scratch_buffer(ctx, s, 5, cu, sizeof(int32_t) * (size_t)(2 * p->batch + 2), &bufs[5])) != FA_OK)
         goto release;
@@ -1354,7 +1358,8 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
         glGetIntegerv(GL_CURRENT_PROGRAM, &prog);
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 6, bufs[3]);
         glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 3, bufs[4]);
-        move_pass(s, (GLuint)prog, &gv[3], qrows, p->heads_q, p->dim, rps_q, t.d4, 0);
+        if (!in_place[3])
+            move_pass(s, (GLuint)prog, &gv[3], qrows, p->heads_q, p->dim, rps_q, t.d4, 0);
         if (d->lse)
             move_pass(s, (GLuint)prog, &gv[4], qrows, p->heads_q, 1, rps_q, t.d4, 1);
         glMemoryBarrier(GL_BUFFER_UPDATE_BARRIER_BIT | GL_SHADER_STORAGE_BARRIER_BIT);

@@ -31,8 +31,9 @@ layout(std430, binding = 5) readonly buffer CuBuf { int cu[]; }; // cu_q[0..batc
 
 uniform int u_batch, u_heads_q, u_group, u_seqlen_q, u_seqlen_k, u_varlen;
 uniform int u_qrows, u_krows; // packed rows of q (and o) and of k (and v) per head
-// (offset, batch stride, row stride, head stride) of q, k and v in LOAD4 units
-uniform ivec4 u_qv, u_kv, u_vv;
+// (offset, batch stride, row stride, head stride) of q, k and v in LOAD4 units, and of o in
+// vec4s (the call's o buffer, [heads_q][rows][D4], or the caller's own in place)
+uniform ivec4 u_qv, u_kv, u_vv, u_ov;
 uniform int u_win_left, u_win_right; // clamped to 2^30 when unbounded
 uniform float u_scale_log2;          // softmax scale * log2(e)
 uniform float u_softcap, u_cap_in, u_cap_out; // cap, scale / cap, cap * log2(e); cap 0 = off
@@ -77,6 +78,7 @@ int row_at(ivec4 v, int seq_row0, int b, int r, int h)
 #define Q_ROW(s, b, r, h) row_at(u_qv, (s).q0, b, r, h)
 #define K_ROW(s, b, r, h) row_at(u_kv, (s).k0, b, r, h)
 #define V_ROW(s, b, r, h) row_at(u_vv, (s).k0, b, r, h)
+#define O_ROW(s, b, r, h) row_at(u_ov, (s).q0, b, r, h)
 
 // tanh without exp overflow: drivers that build it from exp(2x) give NaN for large x
 float safe_tanh(float x)

@@ -26,7 +26,7 @@ void main()
         for (int k = 0; k < u_splits; k++)
             l += part_ml[base + k].y * exp2(part_ml[base + k].x - mx);
     float inv = l > 0.0 ? 1.0 / l : 0.0;
-    int orow = (h * u_qrows + s.q0 + i) * D4;
+    int orow = O_ROW(s, b, i, h);
     for (int c = t; c < D4; c += 64) {
         vec4 acc = vec4(0.0);
         if (mx != NEG_INF)

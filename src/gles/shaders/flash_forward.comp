@@ -37,16 +37,16 @@ shared vec4 sh_v[BC * D4];
 // running state.
 #define WRITE_ROW(i, acc, m, l)                                                                 \
     {                                                                                           \
-        int orow = h * u_qrows + s.q0 + (i);                                                    \
+        int orow = h * u_qrows + s.q0 + (i), ob = O_ROW(s, b, i, h);                            \
         if (last) {                                                                             \
             float inv = l > 0.0 ? 1.0 / l : 0.0;                                                \
             for (int c = 0; c < D4; c++)                                                        \
-                o_data[orow * D4 + c] = acc[c] * inv;                                           \
+                o_data[ob + c] = acc[c] * inv;                                                  \
             if (u_write_lse != 0)                                                               \
                 lse_data[orow] = l > 0.0 ? (m + log2(l)) * LN2 : NEG_INF;                       \
         } else {                                                                                \
             for (int c = 0; c < D4; c++)                                                        \
-                o_data[orow * D4 + c] = acc[c];                                                 \
+                o_data[ob + c] = acc[c];                                                        \
             lse_data[u_ml + 2 * orow] = m;                                                      \
             lse_data[u_ml + 2 * orow + 1] = l;                                                  \
         }                                                                                       \
@@ -80,9 +80,9 @@ shared vec4 sh_v[BC * D4];
             A[c] = vec4(0.0);                                                                   \
         }                                                                                       \
         if (!first && valid) { /* the state the earlier key chunks left */                      \
-            int orow = h * u_qrows + s.q0 + ROW_I(R);                                           \
+            int orow = h * u_qrows + s.q0 + ROW_I(R), ob = O_ROW(s, b, ROW_I(R), h);            \
             for (int c = 0; c < D4; c++)                                                        \
-                A[c] = o_data[orow * D4 + c];                                                   \
+                A[c] = o_data[ob + c];                                                          \
             M = lse_data[u_ml + 2 * orow];                                                      \
             L = lse_data[u_ml + 2 * orow + 1];                                                  \
         }                                                                                       \

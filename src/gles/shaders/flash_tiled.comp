@@ -52,7 +52,7 @@ void main()
     int r1 = min(r0 + BR, s.sq);
     int lo = max(0, r0 + d - u_win_left);
     int hi = min(s.sk, (r1 - 1) + d + u_win_right + 1);
-    int qbase = h * u_qrows + s.q0; // o and lse rows
+    int qbase = h * u_qrows + s.q0; // lse rows
     int rme = r0 + TM * ty; // the invocation's first row
 
     // this dispatch's key tiles: the tile's range within the key chunk
@@ -75,7 +75,7 @@ void main()
             for (int m = 0; m < DV4; m++) {
                 int c = tx + NX * m;
                 if (DV4 * NX == D4 || c < D4)
-                    acc[i * DV4 + m] = o_data[(qbase + row) * D4 + c];
+                    acc[i * DV4 + m] = o_data[O_ROW(s, b, row, h) + c];
             }
             mrow[i / 4][i % 4] = lse_data[u_ml + 2 * (qbase + row)];
             lrow[i / 4][i % 4] = tx == 0 ? lse_data[u_ml + 2 * (qbase + row) + 1] : 0.0;
@@ -193,7 +193,7 @@ void main()
         for (int m = 0; m < DV4; m++) {
             int c = tx + NX * m;
             if (DV4 * NX == D4 || c < D4)
-                o_data[(qbase + row) * D4 + c] = acc[i * DV4 + m] * inv;
+                o_data[O_ROW(s, b, row, h) + c] = acc[i * DV4 + m] * inv;
         }
         if (!last && tx == 0) {
             lse_data[u_ml + 2 * (qbase + row)] = mrow[i / 4][i % 4];

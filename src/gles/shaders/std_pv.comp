@@ -20,7 +20,7 @@ void main()
         return;
     int hk = h / u_group;
     int srow = (h * u_qrows + s.q0 + i) * u_max_k;
-    int orow = (h * u_qrows + s.q0 + i) * D4;
+    int orow = O_ROW(s, b, i, h);
     // keys outer, the row's output in registers: one loop over the keys (llvmpipe stops a
     // shader's loops after 65535 iterations in all, which a head_dim loop around the key loop
     // reached at 4096 keys and d64)
