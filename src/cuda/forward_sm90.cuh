@@ -152,10 +152,11 @@ template <int STAGES, int NQ> struct kv_ring {
     int item[NQ];
 };
 
-// The k-th query tile of this block, -1 when none is left: with a work counter (p.sched, zeroed
-// before the launch; persistent blocks) the next one no block has taken, so blocks that finish
-// early take more, in block_of's order (the heaviest causal tiles first); the loader's thread 0
-// takes it and passes it on in ring.item. Without, the block's own tile once, known to all.
+// A block's next query tile, -1 when none is left. Persistent blocks (p.sched: a counter zeroed
+// before the launch) take the next one no block has taken, so blocks that finish early take
+// more, in block_of's order (the heaviest causal tiles first); the loader's thread 0 takes it
+// and passes it on in ring.item. Otherwise (own_item) a block's k-th tile is its own for k = 0
+// and none after, known to every thread.
 __device__ __forceinline__ int next_item(const fa_cuda_params &p, int items)
 {
     const int x = atomicAdd(p.sched, 1);
