@@ -13,13 +13,13 @@ typedef struct cuda_state {
     cudaStream_t stream;
     int hopper; /* compute capability 9.0: the sm_90a forward */
     int persistent_blocks; /* the Hopper forward's persistent grid: one block per multiprocessor */
-    cudaMemPool_t pool;    /* the calls' workspace, stream-ordered; keeps kPoolKeep bytes */
+    cudaMemPool_t pool;    /* the calls' workspace, stream-ordered; keeps POOL_KEEP_BYTES bytes */
 } cuda_state;
 
 /* What the context's workspace pool keeps between calls. With the device's default pool
  * (which keeps nothing) every call mapped its workspace afresh, ~75 us of host time that the
  * GPU waited through on calls queued one at a time (docs/perf/h200.md). */
-#define kPoolKeep ((uint64_t)64 << 20)
+#define POOL_KEEP_BYTES ((uint64_t)64 << 20)
 
 typedef struct tiles {
     int dim, fwd_m, fwd_n, fwd_warps, kv_q, kv_warps, kv_split, q_k, q_warps;
@@ -96,7 +96,7 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, void **state)
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = s->device;
-    uint64_t keep = kPoolKeep;
+    uint64_t keep = POOL_KEEP_BYTES;
     if ((err = cudaMemPoolCreate(&s->pool, &props)) != cudaSuccess ||
         (err = cudaMemPoolSetAttribute(s->pool, cudaMemPoolAttrReleaseThreshold, &keep)) != cudaSuccess) {
         if (s->pool)

@@ -62,7 +62,7 @@ static const char *const shader_name[SH_COUNT] = { "flash_forward", "flash_tiled
 typedef struct tiles {
     int d4, br, bc, f16;
     int tex;  /* the row variant reads K and V through buffer textures */
-    int rows; /* query rows per invocation of the row variant */
+    int rows; /* query rows per invocation of the row variant (1 for the tiled one) */
     int softcap; /* the call caps its logits (compiled in) */
     int chunk;   /* keys per dispatch where llvmpipe's loop limit cuts the fused forward into
                   * key chunks (0: one dispatch); not part of the program */
@@ -401,7 +401,7 @@ static int tiled_tiles(const gles_state *s, int32_t dim, int f16, tiles *out)
                 const int sh_qk = qk > kc * d4 ? qk : kc * d4;
                 if ((int64_t)(sh_qk + sh_p + sh_r) * 16 > s->max_shared)
                     continue;
-                *out = (tiles){ .d4 = d4, .br = br, .bc = bc, .f16 = f16, .tiled = 1, .tm = tm, .tn = tn,
+                *out = (tiles){ .d4 = d4, .br = br, .bc = bc, .f16 = f16, .rows = 1, .tiled = 1, .tm = tm, .tn = tn,
                                 .nx = nx, .ny = ny, .dc4 = dc4, .kc = kc, .sh_qk = sh_qk,
                                 .sh_p = sh_p, .sh_r = sh_r };
                 return 1;
@@ -454,7 +454,6 @@ static fa_status get_program(fa_context_t ctx, gles_state *s, int shader, const 
         }
     }
     char preamble[640], ext[64] = "";
-    const int rows = t->rows ? t->rows : 1;
     if (t->tex) /* only chosen where s->texbuf names the extension */
         snprintf(ext, sizeof(ext), "#extension %s : require\n", s->texbuf);
     snprintf(preamble, sizeof(preamble),
@@ -462,7 +461,7 @@ static fa_status get_program(fa_context_t ctx, gles_state *s, int shader, const 
              "#define ROWS %d\n#define STORE_F16 %d\n#define KV_TEX %d\n#define TM %d\n"
              "#define TN %d\n#define NX %d\n#define NY %d\n#define DC4 %d\n#define KC %d\n"
              "#define SH_P %d\n#define SH_R %d\n#define SH_TOTAL %d\n#define SOFTCAP %d\n",
-             ext, t->d4, t->br, t->bc, t->br / rows, rows, t->f16, t->tex, t->tm, t->tn, t->nx, t->ny,
+             ext, t->d4, t->br, t->bc, t->br / t->rows, t->rows, t->f16, t->tex, t->tm, t->tn, t->nx, t->ny,
              t->dc4, t->kc, t->sh_qk, t->sh_qk + t->sh_p, t->sh_qk + t->sh_p + t->sh_r, t->softcap);
     const char *parts[3] = { preamble, fa_gles_common, shader_src[shader] };
     GLuint sh = glCreateShader(GL_COMPUTE_SHADER);
@@ -703,7 +702,7 @@ static void report(const tiles *t, const fa_problem *p, const int in_place[4], f
                                   : (t->f16 ? "gles-flash-f16pk" : "gles-flash-f32");
         info->block_q = standard ? 1 : t->br;
         info->block_k = standard ? p->max_k : t->bc;
-        info->threads = standard ? STD_GROUP : t->tiled ? t->nx * t->ny : t->br / (t->rows ? t->rows : 1);
+        info->threads = standard ? STD_GROUP : t->tiled ? t->nx * t->ny : t->br / t->rows;
     }
     info->workspace_bytes = call_bytes(t, p, standard, in_place);
 }
