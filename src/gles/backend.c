@@ -344,8 +344,9 @@ static fa_status gles_init(fa_context_t ctx, int32_t num_threads, void **state)
 
 /* Query rows per invocation of the row variant on the texture path (CPU renderers): every K
  * and V texel fetched feeds them all (a fetch costs llvmpipe ~45 instructions a SIMD group).
- * On llvmpipe 4 rows were 1.3x faster than 2 and 8 no faster than 4, while compiling 3-4x
- * longer (docs/perf/gles.md). Through shared memory (GPUs) one: more spill registers there. */
+ * On llvmpipe 4 rows were 1.3x faster than 2; 8 are 13% faster than 4 at d64 but compile 3x
+ * longer there and 5x at d128 (23 and 106 s; docs/perf/gles.md). Through shared memory (GPUs)
+ * one: more spill registers there. */
 #define TEX_ROWS 4
 
 /* The row variant (flash_forward.comp): 64 query rows a workgroup, Q and O rows in registers.
@@ -588,7 +589,8 @@ static int64_t llvmpipe_loops(const tiles *t, const fa_problem *p, int64_t keys,
     if (t->tiled)
         n = tiles_k * 48 * d4;
     else /* the row variant: a head_dim loop per K and per V row and per row's rescale every 4
-          * keys where they are not unrolled, a block per 4 keys, staging, the rows' set-up */
+          * keys where they are not unrolled, a block per 4 keys, staging, the rows' set-up (an
+          * upper bound on the texture path, whose blocks are 8 keys) */
         n = keys * (d4 > 32 ? 2 * d4 + t->rows * d4 / 4 : 0) + keys / 4 + tiles_k * (1 + d4) +
             4 * t->rows * d4;
     return n;
