@@ -103,22 +103,25 @@ template <typename T> __global__ void __launch_bounds__(kStdThreads) std_softmax
     const T *q = (const T *)p.q.p + row_off(p.q, s, false, h, i);
     float *srow = p.s_ws + row.ws;
     T *prow = (T *)p.p_ws + row.ws;
-    float mx = -INFINITY;
+    // every score, masked ones too; the mask is applied after, as an unfused framework's
+    // Q K^T, masked softmax, P V (each thread reads back only the scores it wrote)
     for (int j = threadIdx.x; j < s.sk; j += kStdThreads) {
         const T *k = (const T *)p.k.p + row_off(p.k, s, true, hk, j);
-        float x = mk.visible(i, j) ? logit2(p, dot_rows(q, k, p.dim)) : -INFINITY;
-        srow[j] = x;
-        mx = fmaxf(mx, x);
+        srow[j] = logit2(p, dot_rows(q, k, p.dim));
     }
+#define MASKED(j) (mk.visible(i, j) ? srow[j] : -INFINITY)
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < s.sk; j += kStdThreads)
+        mx = fmaxf(mx, MASKED(j));
     mx = block_reduce(mx, true);
     const float base = mx == -INFINITY ? 0.0f : mx;
     float sum = 0.0f;
     for (int j = threadIdx.x; j < s.sk; j += kStdThreads)
-        sum += exp2f(srow[j] - base);
+        sum += exp2f(MASKED(j) - base);
     sum = block_reduce(sum, false);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     for (int j = threadIdx.x; j < s.sk; j += kStdThreads) {
-        float pr = exp2f(srow[j] - base) * inv;
+        float pr = exp2f(MASKED(j) - base) * inv;
         if (p.dropout_p > 0.0f) {
             uint32_t w[4];
             dropout_words(p, b, h, i, j, w);
@@ -126,6 +129,7 @@ template <typename T> __global__ void __launch_bounds__(kStdThreads) std_softmax
         }
         prow[j] = from_float<T>(pr);
     }
+#undef MASKED
     if (p.lse && threadIdx.x == 0)
         p.lse[lse_index(p, s, h, i)] =
             sum > 0.0f ? (mx + log2f(sum)) * kLn2 : -INFINITY;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
-// Standard attention, pass 3 of 3: O = P V for one (query row, head); V through a buffer
-// texture with KV_TEX, as the fused forward chosen for the device reads it.
+// Standard attention, pass 3 of 3: O = P V for one (query row, head) over every key; V
+// through a buffer texture with KV_TEX, as the fused forward chosen for the device reads it.
 layout(local_size_x = 64) in;
 
 layout(std430, binding = 3) readonly buffer SBuf { float s_data[]; };
@@ -27,17 +27,15 @@ void main()
     vec4 acc[D4];
     for (int c = 0; c < D4; c++)
         acc[c] = vec4(0.0);
-    for (int j = 0; j < s.sk; j++) {
+    for (int j = 0; j < s.sk; j++) { // every key, masked ones (p = 0) too, as a GEMM does
         float p = s_data[srow + j];
-        if (p != 0.0) {
-            int vrow = V_ROW(s, b, j, hk);
-            for (int c = 0; c < D4; c++)
+        int vrow = V_ROW(s, b, j, hk);
+        for (int c = 0; c < D4; c++)
 #if KV_TEX
-                acc[c] += p * VTEX(vrow + c);
+            acc[c] += p * VTEX(vrow + c);
 #else
-                acc[c] += p * LOAD4(v_data, vrow + c);
+            acc[c] += p * LOAD4(v_data, vrow + c);
 #endif
-        }
     }
     for (int c = 0; c < D4; c++)
         o_data[orow + c] = acc[c];

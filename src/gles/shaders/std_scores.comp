@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Standard attention, pass 1 of 3: every score of one (query row, head) into S
-// ([heads_q][rows][max_k] floats, log2-domain logits, -inf where masked). K comes the way the
+// ([heads_q][rows][max_k] floats, log2-domain logits), masked ones too: as an unfused
+// framework's Q K^T, the mask is applied after, by the softmax pass. K comes the way the
 // fused forward chosen for the device reads it: through a buffer texture with KV_TEX (the q
 // row then held in registers), else from its storage buffer.
 layout(local_size_x = 64) in;
@@ -28,18 +29,14 @@ void main()
         qv[c] = LOAD4(q_data, qrow + c);
 #endif
     for (int j = 0; j < s.sk; j++) {
-        float x = NEG_INF;
-        if (visible(i, j, s)) {
-            int krow = K_ROW(s, b, j, hk);
-            float acc = 0.0;
-            for (int c = 0; c < D4; c++)
+        int krow = K_ROW(s, b, j, hk);
+        float acc = 0.0;
+        for (int c = 0; c < D4; c++)
 #if KV_TEX
-                acc += dot(qv[c], KTEX(krow + c));
+            acc += dot(qv[c], KTEX(krow + c));
 #else
-                acc += dot(LOAD4(q_data, qrow + c), LOAD4(k_data, krow + c));
+            acc += dot(LOAD4(q_data, qrow + c), LOAD4(k_data, krow + c));
 #endif
-            x = logit2(acc);
-        }
-        s_data[srow + j] = x;
+        s_data[srow + j] = logit2(acc);
     }
 }

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// Standard attention, pass 2 of 3: each row of S becomes P = softmax in place, and its lse.
+// Standard attention, pass 2 of 3: each row of S, the mask applied, becomes P = softmax in
+// place (0 where masked), and its lse.
 layout(local_size_x = 64) in;
 
 layout(std430, binding = 3) buffer SBuf { float s_data[]; };
@@ -14,16 +15,17 @@ void main()
     if (i >= s.sq)
         return;
     int srow = (h * u_qrows + s.q0 + i) * u_max_k;
+#define MASKED(j) (visible(i, j, s) ? s_data[srow + (j)] : NEG_INF)
     float mx = NEG_INF;
     for (int j = 0; j < s.sk; j++)
-        mx = max(mx, s_data[srow + j]);
+        mx = max(mx, MASKED(j));
     float l = 0.0;
     if (mx != NEG_INF)
         for (int j = 0; j < s.sk; j++)
-            l += exp2(s_data[srow + j] - mx);
+            l += exp2(MASKED(j) - mx);
     float inv = l > 0.0 ? 1.0 / l : 0.0;
     for (int j = 0; j < s.sk; j++)
-        s_data[srow + j] = mx == NEG_INF ? 0.0 : exp2(s_data[srow + j] - mx) * inv;
+        s_data[srow + j] = mx == NEG_INF ? 0.0 : exp2(MASKED(j) - mx) * inv;
     if (u_write_lse != 0)
         lse_data[h * u_qrows + s.q0 + i] = l > 0.0 ? (mx + log2(l)) * LN2 : NEG_INF;
 }
