@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 # OpenBLAS (the Llama runner's GEMMs) unpacked from .devdeps: no alternatives symlink there
 blas=/usr/lib/x86_64-linux-gnu/openblas-pthread
 export LD_LIBRARY_PATH=$blas${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFA_BUILD_TOOLS=OFF -DOPENBLAS_LIB=$blas/libopenblas.so \
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFA_WITH_CUDA=ON -DFA_BUILD_TOOLS=OFF -DOPENBLAS_LIB=$blas/libopenblas.so \
   -DCBLAS_INCLUDE=/usr/include/x86_64-linux-gnu/openblas-pthread > "$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
 cmake --build build -j "$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -20; exit 1; }
 echo "build ok"
