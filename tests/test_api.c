@@ -483,6 +483,54 @@ static void test_gles_backend(void **state)
     fa_context_destroy(gl);
 }
 
+/* A GL buffer holding n bytes from host (fa_memory_alloc + upload). */
+static void *gles_copy(fa_context_t gl, const void *host, size_t n)
+{
+    void *b = NULL;
+    assert_int_equal(fa_memory_alloc(gl, n, &b), FA_OK);
+    assert_int_equal(fa_memory_upload(gl, b, host, n), FA_OK);
+    return b;
+}
+
+/* f16 tensors in GL buffers: o written in place as packed halves (the call's only buffer
+ * is its lse), the same bits as the host-memory call, whose o goes through the unpack pass. */
+static void gles_f16_in_place(fixture *f, fa_context_t gl)
+{
+    static _Float16 q[B * SQ * HQ * D], k[B * SK * HK * D], v[B * SK * HK * D];
+    static _Float16 o_host[B * SQ * HQ * D], o_gl[B * SQ * HQ * D];
+    static float lse[B * HQ * SQ];
+    for (size_t i = 0; i < sizeof(f->q) / sizeof(float); i++)
+        q[i] = (_Float16)f->q[i];
+    for (size_t i = 0; i < sizeof(f->k) / sizeof(float); i++) {
+        k[i] = (_Float16)f->k[i];
+        v[i] = (_Float16)f->v[i];
+    }
+    fa_attention_desc h = f->d;
+    h.q = fa_tensor_contiguous(q, FA_DTYPE_F16, FA_LAYOUT_BSHD, SQ, HQ, D);
+    h.k = fa_tensor_contiguous(k, FA_DTYPE_F16, FA_LAYOUT_BSHD, SK, HK, D);
+    h.v = fa_tensor_contiguous(v, FA_DTYPE_F16, FA_LAYOUT_BSHD, SK, HK, D);
+    h.o = fa_tensor_contiguous(o_host, FA_DTYPE_F16, FA_LAYOUT_BSHD, SQ, HQ, D);
+    h.lse = lse;
+    assert_int_equal(fa_forward(gl, &h), FA_OK);
+
+    memset(o_gl, 0x5a, sizeof(o_gl));
+    fa_attention_desc d = h;
+    d.q.data = gles_copy(gl, q, sizeof(q));
+    d.k.data = gles_copy(gl, k, sizeof(k));
+    d.v.data = gles_copy(gl, v, sizeof(v));
+    d.o.data = gles_copy(gl, o_gl, sizeof(o_gl));
+    d.lse = gles_copy(gl, lse, sizeof(lse));
+    assert_int_equal(fa_forward(gl, &d), FA_OK);
+    assert_int_equal(fa_memory_download(gl, o_gl, d.o.data, sizeof(o_gl)), FA_OK);
+    assert_memory_equal(o_gl, o_host, sizeof(o_gl));
+    fa_run_info ri = { .size = sizeof(ri) };
+    assert_int_equal(fa_context_last_run(gl, &ri), FA_OK);
+    assert_int_equal(ri.workspace_bytes, sizeof(lse));
+    void *bufs[5] = { d.q.data, d.k.data, d.v.data, d.o.data, d.lse };
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(fa_memory_free(gl, bufs[i]), FA_OK);
+}
+
 /* The GLES backend on tensors in GL buffers (fa_memory_alloc there): the same bits as the
  * host-memory call, and clear errors for mixed memory, views past a buffer's end and
  * pointers it did not hand out. */
@@ -521,6 +569,7 @@ static void test_gles_buffers(void **state)
     assert_int_equal(fa_context_last_run(gl, &ri_gl), FA_OK);
     assert_true(ri_gl.workspace_bytes < ri_host.workspace_bytes);
     assert_int_equal(ri_gl.workspace_bytes, sizeof(lse_gl));
+    gles_f16_in_place(f, gl);
     /* k two floats into its buffer: not vec4-aligned, so repacked first; the same bits */
     void *bk2;
     assert_int_equal(fa_memory_alloc(gl, sizeof(f->k) + 2 * sizeof(float), &bk2), FA_OK);

@@ -64,6 +64,7 @@ typedef struct tiles {
     int tex;  /* the row variant reads K and V through buffer textures */
     int rows; /* query rows per invocation of the row variant (1 for the tiled one) */
     int softcap; /* the call caps its logits (compiled in) */
+    int o_f16;   /* o written in place into the caller's f16 buffer, as packed halves */
     int chunk;   /* keys per dispatch where llvmpipe's loop limit cuts the fused forward into
                   * key chunks (0: one dispatch); not part of the program */
     int tiled, tm, tn, nx, ny, dc4, kc, sh_qk, sh_p, sh_r;
@@ -461,9 +462,9 @@ static fa_status get_program(fa_context_t ctx, gles_state *s, int shader, const 
              "#version 310 es\n%s#define D4 %d\n#define BR %d\n#define BC %d\n#define NI %d\n"
              "#define ROWS %d\n#define STORE_F16 %d\n#define KV_TEX %d\n#define TM %d\n"
              "#define TN %d\n#define NX %d\n#define NY %d\n#define DC4 %d\n#define KC %d\n"
-             "#define SH_P %d\n#define SH_R %d\n#define SH_TOTAL %d\n#define SOFTCAP %d\n",
+             "#define SH_P %d\n#define SH_R %d\n#define SH_TOTAL %d\n#define SOFTCAP %d\n#define O_F16 %d\n",
              ext, t->d4, t->br, t->bc, t->br / t->rows, t->rows, t->f16, t->tex, t->tm, t->tn, t->nx, t->ny,
-             t->dc4, t->kc, t->sh_qk, t->sh_qk + t->sh_p, t->sh_qk + t->sh_p + t->sh_r, t->softcap);
+             t->dc4, t->kc, t->sh_qk, t->sh_qk + t->sh_p, t->sh_qk + t->sh_p + t->sh_r, t->softcap, t->o_f16);
     const char *parts[3] = { preamble, fa_gles_common, shader_src[shader] };
     GLuint sh = glCreateShader(GL_COMPUTE_SHADER);
     glShaderSource(sh, 3, parts, NULL);
@@ -1104,11 +1105,22 @@ static void move_pass(const gles_state *s, GLuint prog, const gl_view *v, int64_
         glDispatchCompute((GLuint)groups, (GLuint)heads, 1);
 }
 
+/* Tensor i (q, k, v, o) in the call's own layout, [heads][packed rows][d4], as u_qv .. u_ov. */
+static void own_layout(const fa_problem *p, const tiles *t, int i, GLint w[4])
+{
+    const int is_k = i == 1 || i == 2;
+    const int64_t rows = packed_rows(p, is_k), per_seq = is_k ? p->desc->seqlen_k : p->desc->seqlen_q;
+    w[0] = 0;
+    w[1] = p->varlen ? 0 : (GLint)(per_seq * t->d4);
+    w[2] = t->d4;
+    w[3] = (GLint)(rows * t->d4);
+}
+
 /* Where a call's tensors are: all in GL buffers (*resident: their views in gv, q k v o lse)
  * or all in host memory. And where the attention shaders read q, k and v and write o (qkv):
- * in place, in the caller's buffer, where it holds them in the storage type (o: float32) as
- * rows of whole aligned vec4s (no repacking or unpacking pass; in_place[i] set), else in the
- * call's own copy. */
+ * in place, in the caller's buffer, where it holds them in the storage type (o: float32, or
+ * f16 as packed halves outside key chunks) as rows of whole aligned vec4s (no repacking or
+ * unpacking pass; in_place[i] set), else in the call's own copy. */
 static fa_status call_views(fa_context_t ctx, const gles_state *s, const fa_problem *p, const tiles *t,
                             int *resident, gl_view gv[5], int in_place[4], qkv_at *qkv)
 {
@@ -1143,18 +1155,16 @@ static fa_status call_views(fa_context_t ctx, const gles_state *s, const fa_prob
                                 names[i]);
     }
     for (int i = 0; i < 4; i++) {
-        const int is_k = i == 1 || i == 2;
-        const int64_t rows = is_k ? krows : qrows, per_seq = is_k ? d->seqlen_k : d->seqlen_q;
         const gl_view *v = &gv[i];
         const int one_seq = p->varlen || p->batch == 1; /* the batch stride is never used */
-        in_place[i] = *resident && v->type == (i < 3 && t->f16 ? 1 : 0) && p->dim % 4 == 0 &&
-                      v->off % 4 == 0 && (one_seq || v->sb % 4 == 0) && v->ss % 4 == 0 && v->sh % 4 == 0;
+        const int type_ok = i < 3 ? v->type == (t->f16 ? 1 : 0) : v->type == 0 || (v->type == 1 && !t->chunk);
+        in_place[i] = *resident && type_ok && p->dim % 4 == 0 && v->off % 4 == 0 &&
+                      (one_seq || v->sb % 4 == 0) && v->ss % 4 == 0 && v->sh % 4 == 0;
         if (in_place[i]) {
             const GLint w[4] = { v->off / 4, one_seq ? 0 : v->sb / 4, v->ss / 4, v->sh / 4 };
             memcpy(qkv->v[i], w, sizeof(w));
-        } else { /* [heads][packed rows][d4] */
-            const GLint w[4] = { 0, p->varlen ? 0 : (GLint)(per_seq * t->d4), t->d4, (GLint)(rows * t->d4) };
-            memcpy(qkv->v[i], w, sizeof(w));
+        } else {
+            own_layout(p, t, i, qkv->v[i]);
         }
     }
     return FA_OK;
@@ -1239,6 +1249,23 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
         else if ((st = scratch_buffer(ctx, s, i, host[i], bytes[i], &bufs[i])) != FA_OK)
             goto release;
     }
+    if (t.tex) { /* K and V as buffer textures, where their buffers fit the texel limit */
+        for (int i = 1; i < 3; i++) {
+            const size_t gl_bytes = in_place[i] ? gv[i].mem->gl_bytes : s->scratch_bytes[i];
+            if (t.tex && gl_bytes / (t.f16 ? 8 : 16) > (size_t)s->max_texels) {
+                const int cap = t.softcap;
+                t = rows_tiles(s, p->dim, t.f16, 0);
+                t.softcap = cap;
+                if ((st = key_chunks(ctx, s, p, &t)) != FA_OK) /* its own loop counts */
+                    goto release;
+            }
+        }
+    }
+    if (in_place[3] && gv[3].type == 1 && t.chunk) { /* key chunks carry float32 state in o */
+        in_place[3] = 0;
+        own_layout(p, &t, 3, qkv.v[3]);
+    }
+    t.o_f16 = in_place[3] && gv[3].type == 1;
     /* lse, and after it each row's running (max, sum) where the call runs in key chunks */
     if (in_place[3]) /* o written straight into the caller's buffer */
         bufs[3] = gv[3].mem->name;
@@ -1251,19 +1278,6 @@ static fa_status gles_forward(fa_context_t ctx, void *state, const fa_problem *p
     glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 5, bufs[5]);
     if ((st = gl_check(ctx, "uploading the tensors")) != FA_OK)
         goto release;
-    if (t.tex) { /* K and V as buffer textures, where their buffers fit the texel limit */
-        for (int i = 1; i < 3; i++) {
-            const size_t gl_bytes = in_place[i] ? gv[i].mem->gl_bytes : s->scratch_bytes[i];
-            if (t.tex && gl_bytes / (t.f16 ? 8 : 16) > (size_t)s->max_texels) {
-                const int cap = t.softcap;
-                t = rows_tiles(s, p->dim, t.f16, 0);
-                t.softcap = cap;
-                if ((st = key_chunks(ctx, s, p, &t)) != FA_OK || /* its own loop counts */
-                    (t.chunk && (st = scratch_buffer(ctx, s, 4, NULL, 3 * lb, &bufs[4])) != FA_OK))
-                    goto release;
-            }
-        }
-    }
     if (resident) { /* the caller's views into the layout the attention shaders read */
         if ((st = use_pass(ctx, s, SH_PACK, &t, p, qrows, krows, 0, &qkv)) != FA_OK)
             goto release;

@@ -8,20 +8,33 @@
 precision highp float;
 precision highp int;
 
-#if STORE_F16
 // four halves per uvec2 (packHalf2x16 layout): half the bytes, no 16-bit storage extension.
 // unpackHalf2x16 returns mediump, and products of mediump operands may run in 16 bits (Mesa
 // does: scores of q scaled by 300 were off by 5%): the halves go to highp first.
-#define VEC4_T uvec2
 highp vec4 unpack4(highp uvec2 u)
 {
     highp vec2 lo = unpackHalf2x16(u.x), hi = unpackHalf2x16(u.y);
     return vec4(lo, hi);
 }
+#if STORE_F16
+#define VEC4_T uvec2
 #define LOAD4(a, i) unpack4(a[i])
 #else
 #define VEC4_T vec4
 #define LOAD4(a, i) a[i]
+#endif
+
+// o: float32 vec4s, or with O_F16 the caller's f16 buffer written in place as packed halves
+// (packHalf2x16 pairs, the conversion the unpack pass makes; never with key chunks, whose
+// running state o carries unnormalised)
+#if O_F16
+#define O_T uvec2
+#define O_STORE(a, i, x) a[i] = uvec2(packHalf2x16((x).xy), packHalf2x16((x).zw))
+#define O_LOAD(a, i) unpack4(a[i])
+#else
+#define O_T vec4
+#define O_STORE(a, i, x) a[i] = (x)
+#define O_LOAD(a, i) a[i]
 #endif
 
 layout(std430, binding = 0) readonly buffer QBuf { VEC4_T q_data[]; };

@@ -5,7 +5,7 @@ layout(local_size_x = 64) in;
 
 layout(std430, binding = 3) readonly buffer PartO { vec4 part_o[]; };
 layout(std430, binding = 4) readonly buffer PartML { vec2 part_ml[]; };
-layout(std430, binding = 6) writeonly buffer OBuf { vec4 o_data[]; };
+layout(std430, binding = 6) writeonly buffer OBuf { O_T o_data[]; };
 layout(std430, binding = 7) writeonly buffer LBuf { float lse_data[]; };
 
 uniform int u_splits, u_write_lse;
@@ -32,7 +32,7 @@ void main()
         if (mx != NEG_INF)
             for (int k = 0; k < u_splits; k++)
                 acc += part_o[(base + k) * D4 + c] * exp2(part_ml[base + k].x - mx);
-        o_data[orow + c] = acc * inv;
+        O_STORE(o_data, orow + c, acc * inv);
     }
     if (t == 0 && u_write_lse != 0)
         lse_data[h * u_qrows + s.q0 + i] = l > 0.0 ? (mx + log2(l)) * LN2 : NEG_INF;

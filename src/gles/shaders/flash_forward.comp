@@ -25,7 +25,7 @@
 layout(local_size_x = NI) in;
 
 // o and lse, read back as the running state between key chunks (common.glsl)
-layout(std430, binding = 3) buffer OBuf { vec4 o_data[]; };
+layout(std430, binding = 3) buffer OBuf { O_T o_data[]; };
 layout(std430, binding = 4) buffer LBuf { float lse_data[]; }; // [heads_q][rows], then the state
 
 uniform int u_write_lse;
@@ -51,12 +51,12 @@ shared vec4 sh_v[BC * D4];
         if (last) {                                                                             \
             float inv = l > 0.0 ? 1.0 / l : 0.0;                                                \
             for (int c = 0; c < D4; c++)                                                        \
-                o_data[ob + c] = acc[c] * inv;                                                  \
+                O_STORE(o_data, ob + c, acc[c] * inv);                                          \
             if (u_write_lse != 0)                                                               \
                 lse_data[orow] = l > 0.0 ? (m + log2(l)) * LN2 : NEG_INF;                       \
         } else {                                                                                \
             for (int c = 0; c < D4; c++)                                                        \
-                o_data[ob + c] = acc[c];                                                        \
+                O_STORE(o_data, ob + c, acc[c]);                                                \
             lse_data[u_ml + 2 * orow] = m;                                                      \
             lse_data[u_ml + 2 * orow + 1] = l;                                                  \
         }                                                                                       \
@@ -92,7 +92,7 @@ shared vec4 sh_v[BC * D4];
         if (!first && valid) { /* the state the earlier key chunks left */                      \
             int orow = h * u_qrows + s.q0 + ROW_I(R), ob = O_ROW(s, b, ROW_I(R), h);            \
             for (int c = 0; c < D4; c++)                                                        \
-                A[c] = o_data[ob + c];                                                          \
+                A[c] = O_LOAD(o_data, ob + c);                                                  \
             M = lse_data[u_ml + 2 * orow];                                                      \
             L = lse_data[u_ml + 2 * orow + 1];                                                  \
         }                                                                                       \

@@ -16,7 +16,7 @@
 layout(local_size_x = NX, local_size_y = NY) in;
 
 // o and lse, read back as the running state between key chunks (common.glsl)
-layout(std430, binding = 3) buffer OBuf { vec4 o_data[]; };
+layout(std430, binding = 3) buffer OBuf { O_T o_data[]; };
 layout(std430, binding = 4) buffer LBuf { float lse_data[]; }; // [heads_q][rows], then the state
 
 uniform int u_write_lse;
@@ -75,7 +75,7 @@ void main()
             for (int m = 0; m < DV4; m++) {
                 int c = tx + NX * m;
                 if (DV4 * NX == D4 || c < D4)
-                    acc[i * DV4 + m] = o_data[O_ROW(s, b, row, h) + c];
+                    acc[i * DV4 + m] = O_LOAD(o_data, O_ROW(s, b, row, h) + c);
             }
             mrow[i / 4][i % 4] = lse_data[u_ml + 2 * (qbase + row)];
             lrow[i / 4][i % 4] = tx == 0 ? lse_data[u_ml + 2 * (qbase + row) + 1] : 0.0;
@@ -193,7 +193,7 @@ void main()
         for (int m = 0; m < DV4; m++) {
             int c = tx + NX * m;
             if (DV4 * NX == D4 || c < D4)
-                o_data[O_ROW(s, b, row, h) + c] = acc[i * DV4 + m] * inv;
+                O_STORE(o_data, O_ROW(s, b, row, h) + c, acc[i * DV4 + m] * inv);
         }
         if (!last && tx == 0) {
             lse_data[u_ml + 2 * (qbase + row)] = mrow[i / 4][i % 4];

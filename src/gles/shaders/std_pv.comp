@@ -4,7 +4,7 @@
 layout(local_size_x = 64) in;
 
 layout(std430, binding = 3) readonly buffer SBuf { float s_data[]; };
-layout(std430, binding = 4) writeonly buffer OBuf { vec4 o_data[]; };
+layout(std430, binding = 4) writeonly buffer OBuf { O_T o_data[]; };
 
 uniform int u_max_k;
 #if KV_TEX
@@ -38,5 +38,5 @@ void main()
 #endif
     }
     for (int c = 0; c < D4; c++)
-        o_data[orow + c] = acc[c];
+        O_STORE(o_data, orow + c, acc[c]);
 }
