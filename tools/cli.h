@@ -41,9 +41,12 @@ int cli_backend_option(const char *cmd, int argc, char **argv, int *i, fa_backen
 /* Median of v[0..n) (sorts v). */
 double cli_median(double *v, int n);
 
-/* One warm-up call of fn, then reps timed calls (0: adaptive, at least 3, more
- * while under ~0.4 s); median milliseconds into *ms. -1 when fn fails. */
-int cli_time(int (*fn)(void *), void *arg, long reps, double *ms);
+/* n (<= CLI_TURNS_MAX) calls timed in turns (fn[0], fn[1], .., fn[0], ..): one warm-up call
+ * each, then reps rounds (0: adaptive from the slowest call, at least 3, more while a round
+ * stays under ~0.4 s); median milliseconds of each into ms[]. Side by side this way, a noisy
+ * machine's slow spells fall on every call alike. -1 when a call fails. */
+#define CLI_TURNS_MAX 2
+int cli_time_turns(int (*const fn[])(void *), void *const arg[], int n, long reps, double ms[]);
 
 /* Backward of a forward descriptor that has been run (o and lse filled). */
 typedef struct cli_bwd_row {
