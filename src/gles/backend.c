@@ -344,14 +344,17 @@ static fa_status gles_init(fa_context_t ctx, int32_t num_threads, void **state)
 }
 
 /* Query rows per invocation of the row variant on the texture path (CPU renderers): every K
- * and V texel fetched feeds them all (a fetch costs llvmpipe ~45 instructions a SIMD group).
- * On llvmpipe 4 rows were 1.3x faster than 2; 8 are 13% faster than 4 at d64 but compile 3x
- * longer there and 5x at d128 (23 and 106 s; docs/perf/gles.md). Through shared memory (GPUs)
- * one: more spill registers there. */
-#define TEX_ROWS 4
+ * and V texel fetched feeds them all, and on llvmpipe the fetches are most of the time (70%
+ * at d64 with four rows: docs/perf/gles.md). Eight up to head_dim 64 (25% faster than four
+ * there; the first compile takes 16 s instead of 5, once: Mesa caches it), four above (eight
+ * compile for 95 s at d128). Through shared memory (GPUs) one: more spill registers there. */
+static int tex_rows(int d4)
+{
+    return d4 <= 16 ? 8 : 4;
+}
 
 /* The row variant (flash_forward.comp): 64 query rows a workgroup, Q and O rows in registers.
- * K and V through buffer textures (tex: one invocation per TEX_ROWS rows, so that each fetch
+ * K and V through buffer textures (tex: one invocation per tex_rows() rows, so that each fetch
  * feeds them all; CPU renderers), or staged in shared memory with one invocation per row (two
  * spill registers on GPUs: docs/perf/gles.md): keys per K/V tile from K and V rows (vec4 float32
  * each), at most 3/4 of the limit (the rest is the driver's and headroom), a power of two
@@ -368,7 +371,7 @@ static tiles rows_tiles(const gles_state *s, int32_t dim, int f16, int tex)
         bc /= 2;
     t.bc = bc;
     t.br = 64; /* the invocation limit is at least 64 (STD_GROUP) */
-    t.rows = tex ? TEX_ROWS : 1;
+    t.rows = tex ? tex_rows(t.d4) : 1;
     return t;
 }
 

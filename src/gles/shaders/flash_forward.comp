@@ -10,7 +10,7 @@
 // (KV_TEX 0), or straight from buffer textures (KV_TEX 1): CPU renderers gather texel
 // fetches vector-wide where they load shared and storage memory one lane at a time
 // (docs/perf/gles.md), and with textures no invocation waits for another.
-// Preamble: D4, BR, BC, ROWS (1, 2 or 4), NI (the invocations: BR / ROWS), KV_TEX, STORE_F16.
+// Preamble: D4, BR, BC, ROWS (1, 2, 4 or 8), NI (the invocations: BR / ROWS), KV_TEX, STORE_F16.
 // Keys a block. On the texture path (CPU renderers) 8: each q and output vec4, spilled there,
 // is read and written once per 8 keys (12% faster than 4 on llvmpipe). Through shared memory
 // (GPUs) 4 up to head_dim 64, 1 above (H200 kernels, d64 causal / d128: 0.98 / 29.5 ms with
@@ -67,7 +67,12 @@ shared vec4 sh_v[BC * D4];
 // (x[KB]) and the block's maximum, then the exponent's base. Separate arrays per row, each
 // indexed by the loop that walks it, so that compilers unroll those loops and keep them in
 // registers.
-#if ROWS == 4
+#if ROWS == 8
+#define EACH_ROW(M) M(q0, acc0, m0, l0, x0, base0, 0) M(q1, acc1, m1, l1, x1, base1, 1) \
+                    M(q2, acc2, m2, l2, x2, base2, 2) M(q3, acc3, m3, l3, x3, base3, 3) \
+                    M(q4, acc4, m4, l4, x4, base4, 4) M(q5, acc5, m5, l5, x5, base5, 5) \
+                    M(q6, acc6, m6, l6, x6, base6, 6) M(q7, acc7, m7, l7, x7, base7, 7)
+#elif ROWS == 4
 #define EACH_ROW(M) M(q0, acc0, m0, l0, x0, base0, 0) M(q1, acc1, m1, l1, x1, base1, 1) \
                     M(q2, acc2, m2, l2, x2, base2, 2) M(q3, acc3, m3, l3, x3, base3, 3)
 #elif ROWS == 2
@@ -75,7 +80,7 @@ shared vec4 sh_v[BC * D4];
 #elif ROWS == 1
 #define EACH_ROW(M) M(q0, acc0, m0, l0, x0, base0, 0)
 #else
-#error ROWS is 1, 2 or 4
+#error ROWS is 1, 2, 4 or 8
 #endif
 #define ROW_I(r) (ia + (r) * NI)
 
