@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * `flashattn bench`: flash against standard attention in the same run,
+ * `flashattn bench`: flash against standard attention in the same run, timed in turns,
  * medians after warm-up, errors against float64, the sgemm ceiling beside.
  */
 #include "cli.h"
@@ -596,7 +596,8 @@ int cmd_bench(int argc, char **argv)
     FILE *out = jf == stdout ? stderr : stdout; /* keep stdout pure JSON with --json - */
     int threads = (int)o.threads;
     double sgemm = o.no_sgemm || fa_context_backend(ctx) != FA_BACKEND_CPU ? 0.0 : sgemm_gflops(threads);
-    fprintf(out, "flashattn %s bench: backend %s, %s, medians after warm-up\n", fa_version_string(),
+    fprintf(out, "flashattn %s bench: backend %s, %s, medians after warm-up, the two algorithms in turns\n",
+            fa_version_string(),
             fa_backend_name(fa_context_backend(ctx)), cli_dtype_name(o.dtype));
     if (sgemm > 0)
         fprintf(out, "sgemm ceiling (OpenBLAS, 2048^3, same run): %.1f GFLOP/s\n", sgemm);
