@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 static const char *help =
@@ -154,6 +155,27 @@ static int time_calls(fwd_call *c, int n, long reps)
         c[i].dev_ms = c[i].n_dev ? cli_median(c[i].dev, c[i].n_dev) : 0.0;
     }
     return 0;
+}
+
+void cli_blas_note(void)
+{
+#if defined(__x86_64__)
+    static int said;
+    if (said || !__builtin_cpu_supports("avx2"))
+        return;
+    const char *core = openblas_get_corename();
+    static const char *const fitting[] = { "haswell", "zen", "skylakex", "cooperlake", "sapphirerapids" };
+    for (size_t i = 0; core && i < sizeof(fitting) / sizeof(fitting[0]); i++)
+        if (strcasecmp(core, fitting[i]) == 0)
+            return;
+    said = 1;
+    const int avx512 = __builtin_cpu_supports("avx512f");
+    fprintf(stderr,
+            "flashattn: note: OpenBLAS runs its %s kernels on this %s CPU, so its GEMMs (the sgemm "
+            "ceiling, the runner's projections) are slower than they can be; set "
+            "OPENBLAS_CORETYPE=%s in the environment to have it use the right ones\n",
+            core ? core : "generic", avx512 ? "AVX-512" : "AVX2", avx512 ? "SkylakeX" : "Haswell");
+#endif
 }
 
 static double sgemm_gflops(int threads)
@@ -596,6 +618,8 @@ int cmd_bench(int argc, char **argv)
     FILE *out = jf == stdout ? stderr : stdout; /* keep stdout pure JSON with --json - */
     int threads = (int)o.threads;
     double sgemm = o.no_sgemm || fa_context_backend(ctx) != FA_BACKEND_CPU ? 0.0 : sgemm_gflops(threads);
+    if (sgemm > 0)
+        cli_blas_note();
     fprintf(out, "flashattn %s bench: backend %s, %s, medians after warm-up, the two algorithms in turns\n",
             fa_version_string(),
             fa_backend_name(fa_context_backend(ctx)), cli_dtype_name(o.dtype));

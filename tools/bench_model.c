@@ -216,6 +216,7 @@ int cmd_bench_model(int argc, char **argv)
         if (c.seq_len < prompt_len + decode)
             c.seq_len = (int32_t)(prompt_len + decode);
     }
+    cli_blas_note();
     fa_context_t ctx = cli_context(FA_BACKEND_CPU, (int)threads);
     if (!ctx)
         return CLI_EXIT_FAIL;

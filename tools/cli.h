@@ -38,6 +38,10 @@ const char *cli_dtype_name(fa_dtype t);
 int cli_backend_option(const char *cmd, int argc, char **argv, int *i, fa_backend *backend,
                        long *threads);
 
+/* A note on stderr, once, where OpenBLAS runs kernels below what the CPU has (it picks them
+ * by CPU model: 0.3.21 takes Emerald Rapids for a Prescott), naming OPENBLAS_CORETYPE. */
+void cli_blas_note(void);
+
 /* Median of v[0..n) (sorts v). */
 double cli_median(double *v, int n);
 
