@@ -546,17 +546,11 @@ static void test_gles_buffers(void **state)
     fa_run_info ri_host = { .size = sizeof(ri_host) }, ri_gl = { .size = sizeof(ri_gl) };
     assert_int_equal(fa_context_last_run(gl, &ri_host), FA_OK);
 
-    void *bq, *bk, *bv, *bo, *bl;
-    assert_int_equal(fa_memory_alloc(gl, sizeof(f->q), &bq), FA_OK);
-    assert_int_equal(fa_memory_alloc(gl, sizeof(f->k), &bk), FA_OK);
-    assert_int_equal(fa_memory_alloc(gl, sizeof(f->v), &bv), FA_OK);
-    assert_int_equal(fa_memory_alloc(gl, sizeof(f->o), &bo), FA_OK);
+    void *bq = gles_copy(gl, f->q, sizeof(f->q)), *bk = gles_copy(gl, f->k, sizeof(f->k)),
+         *bv = gles_copy(gl, f->v, sizeof(f->v)), *bl;
     assert_int_equal(fa_memory_alloc(gl, sizeof(f->lse), &bl), FA_OK);
-    assert_int_equal(fa_memory_upload(gl, bq, f->q, sizeof(f->q)), FA_OK);
-    assert_int_equal(fa_memory_upload(gl, bk, f->k, sizeof(f->k)), FA_OK);
-    assert_int_equal(fa_memory_upload(gl, bv, f->v, sizeof(f->v)), FA_OK);
     memset(o_gl, 0x5a, sizeof(o_gl));
-    assert_int_equal(fa_memory_upload(gl, bo, o_gl, sizeof(o_gl)), FA_OK);
+    void *bo = gles_copy(gl, o_gl, sizeof(o_gl));
     fa_attention_desc d = f->d;
     d.q.data = bq, d.k.data = bk, d.v.data = bv, d.o.data = bo, d.lse = bl;
     assert_int_equal(fa_forward(gl, &d), FA_OK);

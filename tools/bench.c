@@ -95,12 +95,12 @@ double cli_median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-int cli_time_turns(int (*const fn[])(void *), void *const arg[], int n, long reps, double ms[])
+int cli_time_turns(int (*fn)(void *), void *const arg[], int n, long reps, double ms[])
 {
     double once = 0.0;
     for (int f = 0; f < n; f++) {
         double t0 = cli_now();
-        if (fn[f](arg[f]) != 0)
+        if (fn(arg[f]) != 0)
             return -1;
         once = fmax(once, cli_now() - t0);
     }
@@ -111,7 +111,7 @@ int cli_time_turns(int (*const fn[])(void *), void *const arg[], int n, long rep
     for (int i = 0; i < count; i++)
         for (int f = 0; f < n; f++) {
             double t0 = cli_now();
-            if (fn[f](arg[f]) != 0)
+            if (fn(arg[f]) != 0)
                 return -1;
             ts[f][i] = (cli_now() - t0) * 1e3;
         }
@@ -145,10 +145,9 @@ static int run_forward(void *arg)
  * last call made is c[n - 1]'s: its output is what the caller finds. */
 static int time_calls(fwd_call *c, int n, long reps)
 {
-    int (*const fn[2])(void *) = { run_forward, run_forward };
     void *const arg[2] = { &c[0], &c[1] };
     double ms[2];
-    if (cli_time_turns(fn, arg, n, reps, ms) != 0)
+    if (cli_time_turns(run_forward, arg, n, reps, ms) != 0)
         return -1;
     for (int i = 0; i < n; i++) {
         c[i].ms = ms[i];

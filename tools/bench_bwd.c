@@ -105,12 +105,11 @@ int cli_bench_backward(fa_context_t ctx, fa_attention_desc *d, const fa_attentio
     d->algorithm = FA_ALGORITHM_FLASH;
     /* in turns, the standard first: the gradients left are the flash backward's */
     bwd_call calls[2] = { { ctx, &dbd, d, FA_ALGORITHM_STANDARD }, { ctx, &dbd, d, FA_ALGORITHM_FLASH } };
-    int (*const fn[2])(void *) = { run_backward, run_backward };
     void *const arg[2] = { &calls[0], &calls[1] };
     const int first = r->has_std ? 0 : 1;
     double ms[2] = { 0.0, 0.0 };
     if (fa_backward_plan(ctx, &dbd, &ri) != FA_OK ||
-        cli_time_turns(fn + first, arg + first, 2 - first, reps, ms + first) != 0)
+        cli_time_turns(run_backward, arg + first, 2 - first, reps, ms + first) != 0)
         goto api_error;
     r->ms_std = ms[0];
     r->ms = ms[1];

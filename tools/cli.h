@@ -45,12 +45,12 @@ void cli_blas_note(void);
 /* Median of v[0..n) (sorts v). */
 double cli_median(double *v, int n);
 
-/* n (<= CLI_TURNS_MAX) calls timed in turns (fn[0], fn[1], .., fn[0], ..): one warm-up call
- * each, then reps rounds (0: adaptive from the slowest call, at least 3, more while a round
+/* n (<= CLI_TURNS_MAX) calls of fn timed in turns (fn(arg[0]), fn(arg[1]), .., fn(arg[0]),
+ * ..): one warm-up call each, then reps rounds (0: adaptive from the slowest call, at least 3, more while a round
  * stays under ~0.4 s); median milliseconds of each into ms[]. Side by side this way, a noisy
  * machine's slow spells fall on every call alike. -1 when a call fails. */
 #define CLI_TURNS_MAX 2
-int cli_time_turns(int (*const fn[])(void *), void *const arg[], int n, long reps, double ms[]);
+int cli_time_turns(int (*fn)(void *), void *const arg[], int n, long reps, double ms[]);
 
 /* Backward of a forward descriptor that has been run (o and lse filled). */
 typedef struct cli_bwd_row {
