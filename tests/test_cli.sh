@@ -41,6 +41,19 @@ expect_rc 2 "bad seed" "$fa" check --seed x
 lines=$(wc -l <"$tmp/err")
 [ "$lines" -eq 1 ] || { echo "FAIL: a usage error printed $lines lines"; fails=$((fails + 1)); }
 
+# shapes inside every flag's range whose buffers do not fit: exit 1 with one line, never a crash
+# (b*sq*h*d*4 is 2^64 here: it wraps to 0 unchecked)
+expect_rc 1 "bench: sizes past 64 bits" "$fa" bench --seq 16777216 --heads 4096 --dim 64 --batch 1048576 \
+  --causal no --no-sgemm --no-standard --reps 1
+grep -q "^flashattn bench: .*too large" "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ] ||
+  { echo "FAIL: sizes past 64 bits: want one line saying too large"; cat "$tmp/err"; fails=$((fails + 1)); }
+expect_rc 1 "bench: keys past 64 bits" "$fa" bench --seq-q 1 --seq 16777216 --heads 4096 --dim 256 \
+  --batch 1048576 --causal no --no-sgemm --no-standard --reps 1
+expect_rc 1 "bench: 16 TiB of tensors" "$fa" bench --seq 16777216 --heads 4096 --dim 64 --causal no \
+  --no-sgemm --no-standard --reps 1
+grep -q "^flashattn bench: .*too large" "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ] ||
+  { echo "FAIL: 16 TiB of tensors: want one line saying too large"; cat "$tmp/err"; fails=$((fails + 1)); }
+
 expect_rc 0 "info" "$fa" info --backend cpu
 grep -q "cpu.kernels:" "$tmp/out" || { echo "FAIL: info names no kernel table"; fails=$((fails + 1)); }
 

@@ -211,13 +211,67 @@ static double sgemm_gflops(int threads)
     return 2.0 * n * (double)n * n / cli_median(ts, 5) / 1e9;
 }
 
-static void errors(const fa_attention_desc *d, row *r)
+/* The buffers of one shape, in bytes. */
+typedef struct sizes {
+    size_t q, k;  /* q (and o, d_o, d_q), k (and v, d_k, d_v) */
+    size_t lse;   /* the backward's log-sum-exp */
+    size_t ref;   /* flash's output in float64 */
+    double host;  /* all of them that live in host memory at once */
+} sizes;
+
+/* -1 when a size does not fit in a size_t. host_memory: the backend computes in host memory
+ * (CPU, GLES), so its copies of the tensors count too. */
+static int shape_sizes(const opts *o, int host_memory, long sq, long sk, long h, long d, sizes *s)
+{
+    const int64_t b = o->batch, hk = o->kv_heads ? o->kv_heads : h,
+                  esz = o->dtype == FA_DTYPE_F32 ? 4 : 2;
+    if (cli_size(&s->q, (const int64_t[]){ b, sq, h, d, esz }, 5) ||
+        cli_size(&s->k, (const int64_t[]){ b, sk, hk, d, esz }, 5) ||
+        cli_size(&s->lse, (const int64_t[]){ b, h, sq, 4 }, 4) ||
+        cli_size(&s->ref, (const int64_t[]){ b, sq, h, d, 8 }, 5))
+        return -1;
+    const double tensors = 2.0 * (double)s->q + 2.0 * (double)s->k; /* q, o, k, v */
+    const double copies = (host_memory ? 2.0 : 1.0) * (o->backward ? 2.0 : 1.0);
+    s->host = copies * tensors + (double)s->ref + (host_memory && o->backward ? (double)s->lse : 0.0);
+    return 0;
+}
+
+/* 0 when every shape's buffers fit here; CLI_EXIT_FAIL after naming the first that does not. */
+static int check_sizes(const opts *o, int host_memory)
+{
+    const double avail = (double)cli_mem_available(), gib = 1073741824.0;
+    for (int hi = 0; hi < o->nheads; hi++)
+        for (int di = 0; di < o->ndims; di++)
+            for (int si = 0; si < o->nseq; si++) {
+                const long sk = o->seqs[si], sq = o->seq_q ? o->seq_q : sk, h = o->heads[hi],
+                           d = o->dims[di];
+                char shape[160];
+                snprintf(shape, sizeof(shape), "b %ld, sq %ld, sk %ld, h %ld, hkv %ld, d %ld, %s",
+                         o->batch, sq, sk, h, o->kv_heads ? o->kv_heads : h, d,
+                         cli_dtype_name(o->dtype));
+                sizes s;
+                if (shape_sizes(o, host_memory, sq, sk, h, d, &s) != 0) {
+                    fprintf(stderr, "flashattn bench: the tensors of %s need more bytes than a "
+                                    "size_t holds: too large\n", shape);
+                    return CLI_EXIT_FAIL;
+                }
+                if (avail > 0 && s.host > 0.9 * avail) {
+                    fprintf(stderr, "flashattn bench: the tensors of %s need %.1f GiB (with their "
+                                    "float64 reference) but %.1f GiB is available here: too large\n",
+                            shape, s.host / gib, avail / gib);
+                    return CLI_EXIT_FAIL;
+                }
+            }
+    return 0;
+}
+
+static void errors(const fa_attention_desc *d, size_t ref_bytes, row *r)
 {
     /* Sample rows so the float64 reference stays near 3e8 multiply-adds. */
     int64_t rows = (int64_t)d->batch * d->seqlen_q, hq = d->num_heads_q, dim = d->head_dim;
     double work = (double)rows * hq * d->seqlen_k * dim;
     int64_t every = work > 3e8 ? (int64_t)ceil(work / 3e8) : 1;
-    double *ref = malloc(sizeof(double) * (size_t)(rows * hq * dim));
+    double *ref = malloc(ref_bytes);
     r->rows = rows;
     r->sampled_rows = 0;
     if (!ref || fa_ref_attention(d, every, ref, NULL, NULL) != 0) {
@@ -260,9 +314,14 @@ static int run_row(fa_context_t ctx, const opts *o, long sq, long sk, long h, lo
     long hk = o->kv_heads ? o->kv_heads : h, b = o->batch;
     if (h % hk)
         return cli_usage_error("bench", "--heads %ld is not a multiple of --kv-heads %ld", h, hk);
-    size_t esz = o->dtype == FA_DTYPE_F32 ? 4 : 2;
-    size_t nq = (size_t)(b * sq * h * d), nk = (size_t)(b * sk * hk * d);
-    void *q = malloc(nq * esz), *k = malloc(nk * esz), *v = malloc(nk * esz), *out = malloc(nq * esz);
+    sizes sz;
+    if (shape_sizes(o, fa_context_backend(ctx) != FA_BACKEND_CUDA, sq, sk, h, d, &sz) != 0) {
+        fprintf(stderr, "flashattn bench: the tensors of sq %ld sk %ld h %ld d %ld are too large\n",
+                sq, sk, h, d);
+        return CLI_EXIT_FAIL;
+    }
+    const size_t esz = o->dtype == FA_DTYPE_F32 ? 4 : 2, nq = sz.q / esz, nk = sz.k / esz;
+    void *q = malloc(sz.q), *k = malloc(sz.k), *v = malloc(sz.k), *out = malloc(sz.q);
     if (!q || !k || !v || !out) {
         free(q);
         free(k);
@@ -300,7 +359,7 @@ static int run_row(fa_context_t ctx, const opts *o, long sq, long sk, long h, lo
     /* the same tensors in the memory the backend computes on (device memory for CUDA) */
     fa_attention_desc hdesc = desc;
     void *dev[4] = { NULL, NULL, NULL, NULL };
-    const size_t bytes[4] = { nq * esz, nk * esz, nk * esz, nq * esz };
+    const size_t bytes[4] = { sz.q, sz.k, sz.k, sz.q };
     void *const host[4] = { q, k, v, out };
     memset(r, 0, sizeof(*r));
     int rc = 0;
@@ -308,7 +367,7 @@ static int run_row(fa_context_t ctx, const opts *o, long sq, long sk, long h, lo
         if (fa_memory_alloc(ctx, bytes[i], &dev[i]) != FA_OK ||
             (i < 3 && fa_memory_upload(ctx, dev[i], host[i], bytes[i]) != FA_OK))
             goto api_error;
-    if (o->backward && fa_memory_alloc(ctx, sizeof(float) * (size_t)(b * h * sq), (void **)&lse) != FA_OK)
+    if (o->backward && fa_memory_alloc(ctx, sz.lse, (void **)&lse) != FA_OK)
         goto api_error;
     desc.q.data = dev[0], desc.k.data = dev[1], desc.v.data = dev[2], desc.o.data = dev[3];
     desc.lse = lse;
@@ -348,7 +407,7 @@ static int run_row(fa_context_t ctx, const opts *o, long sq, long sk, long h, lo
     r->pct_sgemm = sgemm > 0 && ri.backend == FA_BACKEND_CPU ? 100.0 * r->gflops / sgemm : NAN;
     if (fa_memory_download(ctx, out, dev[3], bytes[3]) != FA_OK)
         goto api_error;
-    errors(&hdesc, r);
+    errors(&hdesc, sz.ref, r);
     if (o->backward) {
         if ((rc = cli_bench_backward(ctx, &desc, &hdesc, o->reps, o->no_standard, flops, &r->bwd)) != 0)
             goto done;
@@ -605,6 +664,10 @@ int cmd_bench(int argc, char **argv)
         return CLI_EXIT_FAIL;
     if (!o.dtype_given && fa_context_backend(ctx) == FA_BACKEND_CUDA)
         o.dtype = FA_DTYPE_BF16; /* tensor cores take 16-bit inputs */
+    if ((rc = check_sizes(&o, fa_context_backend(ctx) != FA_BACKEND_CUDA)) != 0) {
+        fa_context_destroy(ctx);
+        return rc;
+    }
     FILE *jf = NULL;
     if (o.json) {
         jf = strcmp(o.json, "-") == 0 ? stdout : fopen(o.json, "w");

@@ -63,9 +63,17 @@ int cli_bench_backward(fa_context_t ctx, fa_attention_desc *d, const fa_attentio
     const int64_t b = d->batch, sq = d->seqlen_q, sk = d->seqlen_k, hq = d->num_heads_q,
                   hk = d->num_heads_kv, dim = d->head_dim;
     const fa_dtype t = d->q.dtype;
-    const size_t esz = t == FA_DTYPE_F32 ? 4 : 2, nq = (size_t)(b * sq * hq * dim),
-                 nk = (size_t)(b * sk * hk * dim);
-    void *go = malloc(nq * esz), *gq = malloc(nq * esz), *gk = malloc(nk * esz), *gv = malloc(nk * esz);
+    const int64_t esz = t == FA_DTYPE_F32 ? 4 : 2;
+    size_t qbytes = 0, kbytes = 0;
+    if (cli_size(&qbytes, (const int64_t[]){ b, sq, hq, dim, esz }, 5) ||
+        cli_size(&kbytes, (const int64_t[]){ b, sk, hk, dim, esz }, 5)) {
+        fprintf(stderr, "flashattn bench: the backward's gradients of sq %lld sk %lld h %lld d %lld "
+                        "are too large\n",
+                (long long)sq, (long long)sk, (long long)hq, (long long)dim);
+        return CLI_EXIT_FAIL;
+    }
+    const int64_t nq = (int64_t)(qbytes / (size_t)esz);
+    void *go = malloc(qbytes), *gq = malloc(qbytes), *gk = malloc(kbytes), *gv = malloc(kbytes);
     double *ref[3] = { NULL, NULL, NULL };
     int rc = CLI_EXIT_FAIL;
     const fa_algorithm keep = d->algorithm;
@@ -74,7 +82,7 @@ int cli_bench_backward(fa_context_t ctx, fa_attention_desc *d, const fa_attentio
         goto done;
     }
     fa_rng rng = { (uint64_t)(sq * 7919 + sk) };
-    fa_ref_fill(&rng, t, go, (int64_t)nq, 1.0);
+    fa_ref_fill(&rng, t, go, nq, 1.0);
     const fa_layout lay = d->q.stride_head == dim ? FA_LAYOUT_BSHD : FA_LAYOUT_BHSD;
     fa_backward_desc bd;
     fa_backward_desc_init(&bd);
@@ -87,7 +95,7 @@ int cli_bench_backward(fa_context_t ctx, fa_attention_desc *d, const fa_attentio
     fa_backward_desc dbd = bd;
     bd.forward = host_d;
     void *dev[4] = { NULL, NULL, NULL, NULL };
-    const size_t bytes[4] = { nq * esz, nq * esz, nk * esz, nk * esz };
+    const size_t bytes[4] = { qbytes, qbytes, kbytes, kbytes };
     void *const host[4] = { go, gq, gk, gv };
     for (int i = 0; i < 4; i++)
         if (fa_memory_alloc(ctx, bytes[i], &dev[i]) != FA_OK ||

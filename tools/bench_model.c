@@ -54,21 +54,6 @@ static void progress(void *user, int32_t layer, int32_t n_layers)
     fflush(stderr);
 }
 
-/* MemAvailable from /proc/meminfo in bytes, 0 when unknown. */
-static uint64_t mem_available(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f)
-        return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
-            break;
-    fclose(f);
-    return (uint64_t)kb * 1024;
-}
-
 /* The workspace fa_forward would allocate for the prompt's attention (no data touched). */
 static uint64_t attention_workspace(fa_context_t ctx, const fa_model_config *c, int32_t n,
                                     fa_algorithm alg)
@@ -248,7 +233,7 @@ int cmd_bench_model(int argc, char **argv)
                           (double)c.seq_len * hs);
     uint64_t ws_flash = attention_workspace(ctx, &c, n, FA_ALGORITHM_FLASH);
     uint64_t ws_std = attention_workspace(ctx, &c, n, FA_ALGORITHM_STANDARD);
-    double avail = (double)mem_available(), gib = 1024.0 * 1024.0 * 1024.0;
+    double avail = (double)cli_mem_available(), gib = 1024.0 * 1024.0 * 1024.0;
     double need = (path ? 0.0 : (double)wbytes) + state + (double)ws_flash;
     if (avail > 0 && need > 0.9 * avail) {
         fprintf(stderr,

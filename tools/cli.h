@@ -5,6 +5,7 @@
 
 #include "flashattn.h"
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -41,6 +42,12 @@ int cli_backend_option(const char *cmd, int argc, char **argv, int *i, fa_backen
 /* A note on stderr, once, where OpenBLAS runs kernels below what the CPU has (it picks them
  * by CPU model: 0.3.21 takes Emerald Rapids for a Prescott), naming OPENBLAS_CORETYPE. */
 void cli_blas_note(void);
+
+/* The product of n factors (each >= 0) into *out: 0, or -1 when it does not fit in a size_t. */
+int cli_size(size_t *out, const int64_t *factors, int n);
+
+/* MemAvailable from /proc/meminfo in bytes, 0 when unknown. */
+uint64_t cli_mem_available(void);
 
 /* Median of v[0..n) (sorts v). */
 double cli_median(double *v, int n);

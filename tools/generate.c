@@ -31,7 +31,7 @@ static const char *gen_help =
 
 typedef struct sink {
     int32_t *ids;
-    int32_t n, cap;
+    int64_t n, cap; /* cap: seq_len + 1, past int32 at the largest seq_len */
 } sink;
 
 static int on_token(void *user, int32_t token, const char *text, size_t len)
@@ -141,7 +141,7 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "flashattn generate: %s (%s)\n", err, fa_status_string(s));
         goto done;
     }
-    k.cap = m->config.seq_len + 1;
+    k.cap = (int64_t)m->config.seq_len + 1;
     k.ids = malloc(sizeof(int32_t) * (size_t)k.cap);
     if (!k.ids) {
         fprintf(stderr, "flashattn generate: out of memory\n");
@@ -157,7 +157,7 @@ int cmd_generate(int argc, char **argv)
     }
     if (print_ids) {
         fprintf(stderr, "ids: %d", FA_TOKEN_BOS);
-        for (int32_t i = 0; i < k.n; i++)
+        for (int64_t i = 0; i < k.n; i++)
             fprintf(stderr, " %d", (int)k.ids[i]);
         fprintf(stderr, "\n");
     }

@@ -119,6 +119,31 @@ int cli_backend_option(const char *cmd, int argc, char **argv, int *i, fa_backen
     return 1;
 }
 
+int cli_size(size_t *out, const int64_t *factors, int n)
+{
+    size_t r = 1;
+    for (int i = 0; i < n; i++)
+        if (factors[i] < 0 || (uint64_t)factors[i] > SIZE_MAX ||
+            __builtin_mul_overflow(r, (size_t)factors[i], &r))
+            return -1;
+    *out = r;
+    return 0;
+}
+
+uint64_t cli_mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
 double cli_now(void)
 {
     struct timespec ts;
