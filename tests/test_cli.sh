@@ -146,6 +146,14 @@ expect_rc 2 "gen-model bad config" "$fa" gen-model --config 64x3x5x1x8x8x8 --out
 expect_rc 2 "bench-model bad config" "$fa" bench-model --config 12b
 expect_rc 1 "generate missing model" "$fa" generate --model "$tmp/none.bin"
 grep -q "none.bin" "$tmp/err" || { echo "FAIL: missing model not named"; fails=$((fails + 1)); }
+# a FIFO or a directory as the model or the tokenizer: refused by name at once, never waited on
+mkfifo "$tmp/fifo"
+for args in "generate --model $tmp/fifo" "generate --tokenizer $tmp/fifo" "generate --tokenizer $tmp" \
+  "bench-model --model $tmp/fifo --prompt-len 4 --decode 1"; do
+  expect_rc 1 "$args" timeout 20 "$fa" $args
+  grep -q "is not a regular file" "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ] ||
+    { echo "FAIL: $args: want one line saying not a regular file"; cat "$tmp/err"; fails=$((fails + 1)); }
+done
 # a synthetic checkpoint with tok512's vocabulary runs; a truncated copy is refused by name
 expect_rc 0 "gen-model" "$fa" gen-model --config 32x2x4x2x48x512x64 --seed 3 --out "$tmp/s.bin"
 expect_rc 0 "generate on a synthetic model" "$fa" generate --model "$tmp/s.bin" --prompt "hi" --steps 20 --temperature 0

@@ -14,7 +14,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -453,6 +455,36 @@ static void test_tokenizer_refusals(void **state)
     assert_null(t);
 }
 
+/* A FIFO (open() would wait for a writer) and a directory, as checkpoint and as tokenizer:
+ * refused at once as not regular files. SIGALRM ends a run that blocks. */
+static void test_non_regular_files(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/fa_model_XXXXXX", fifo[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(fifo, sizeof(fifo), "%s/fifo", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    const char *paths[] = { fifo, dir };
+    char err[FA_MODEL_ERR_LEN];
+    alarm(20);
+    for (int i = 0; i < 2; i++) {
+        fa_model *m = (fa_model *)0x1;
+        fa_tokenizer *t = (fa_tokenizer *)0x1;
+        assert_int_equal(fa_model_open(paths[i], &m, err), FA_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(err, "is not a regular file"));
+        assert_null(m);
+        assert_int_equal(fa_tokenizer_open(paths[i], 512, &t, err), FA_ERR_INVALID_ARGUMENT);
+        if (!strstr(err, "is not a regular file")) {
+            fprintf(stderr, "tokenizer '%s': %s\n", paths[i], err);
+            fail();
+        }
+        assert_null(t);
+    }
+    alarm(0);
+    unlink(fifo);
+    rmdir(dir);
+}
+
 static void test_forward_refusals(void **state)
 {
     story *s = *state;
@@ -489,6 +521,7 @@ int main(void)
         cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_checkpoint_refusals),
         cmocka_unit_test(test_tokenizer_refusals),
+        cmocka_unit_test(test_non_regular_files),
         cmocka_unit_test(test_forward_refusals),
     };
     return cmocka_run_group_tests(tests, story_setup, story_teardown);

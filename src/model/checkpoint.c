@@ -21,6 +21,22 @@ fa_status fa_model_fail(char *err, fa_status st, const char *fmt, ...)
     return st;
 }
 
+fa_status fa_model_open_file(const char *path, const char *what, int *fd, uint64_t *bytes, char *err)
+{
+    /* O_NONBLOCK: open() of a FIFO would otherwise wait for a writer */
+    int f = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (f < 0)
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot open %s '%s'", what, path);
+    struct stat sb;
+    if (fstat(f, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(f);
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "%s '%s' is not a regular file", what, path);
+    }
+    *fd = f;
+    *bytes = (uint64_t)sb.st_size;
+    return FA_OK;
+}
+
 /* a*b and a+b on uint64 with overflow reported as 0 / UINT64_MAX sentinel */
 static int mul_ok(uint64_t a, uint64_t b, uint64_t *r)
 {
@@ -210,25 +226,22 @@ fa_status fa_model_open(const char *path, fa_model **out, char *err)
     *out = NULL;
     if (!path)
         return fa_model_fail(err, FA_ERR_NULL_POINTER, "path is NULL");
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot open checkpoint '%s'", path);
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "checkpoint '%s' is not a regular file", path);
-    }
-    if ((uint64_t)sb.st_size < FA_MODEL_HEADER_BYTES) {
+    int fd;
+    uint64_t size;
+    fa_status st = fa_model_open_file(path, "checkpoint", &fd, &size, err);
+    if (st != FA_OK)
+        return st;
+    if (size < FA_MODEL_HEADER_BYTES) {
         close(fd);
         return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
-                    "checkpoint '%s' is %lld bytes, shorter than its %d-byte header", path,
-                    (long long)sb.st_size, FA_MODEL_HEADER_BYTES);
+                    "checkpoint '%s' is %llu bytes, shorter than its %d-byte header", path,
+                    (unsigned long long)size, FA_MODEL_HEADER_BYTES);
     }
-    if ((uint64_t)sb.st_size > (uint64_t)SIZE_MAX) {
+    if (size > (uint64_t)SIZE_MAX) {
         close(fd);
         return fa_model_fail(err, FA_ERR_SIZE_OVERFLOW, "checkpoint '%s' is too large to map", path);
     }
-    size_t bytes = (size_t)sb.st_size;
+    size_t bytes = (size_t)size;
     void *map = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (map == MAP_FAILED)

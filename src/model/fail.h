@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The runner's error convention, shared by its files: the message into err (FA_MODEL_ERR_LEN
- * bytes; err may be NULL), the status back. */
+/* What the runner's files share: the error convention (the message into err, FA_MODEL_ERR_LEN
+ * bytes; err may be NULL; the status back) and opening the files it reads. */
 #ifndef FA_MODEL_FAIL_H
 #define FA_MODEL_FAIL_H
 
@@ -8,5 +8,10 @@
 
 fa_status fa_model_fail(char *err, fa_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* Open path read-only as a regular file: *fd and its size in *bytes. Never blocks: a FIFO or a
+ * device is opened without waiting and refused, as is a directory, with a message naming what
+ * ("checkpoint", "tokenizer") and path. */
+fa_status fa_model_open_file(const char *path, const char *what, int *fd, uint64_t *bytes, char *err);
 
 #endif

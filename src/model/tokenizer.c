@@ -2,9 +2,11 @@
 /* llama2.c's tokenizer: byte-level BPE with byte fallback, encoded as run.c does. */
 #include "fail.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Longest piece we accept: llama2.c's vocabularies stay under 32 bytes. */
 #define MAX_PIECE 65536
@@ -186,30 +188,32 @@ fa_status fa_tokenizer_open(const char *path, int32_t vocab_size, fa_tokenizer *
     *out = NULL;
     if (!path)
         return fa_model_fail(err, FA_ERR_NULL_POINTER, "path is NULL");
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot open tokenizer '%s'", path);
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0)
-        n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot read tokenizer '%s'", path);
-    }
-    if ((unsigned long)n > (1ul << 30)) {
-        fclose(f);
+    int fd;
+    uint64_t n;
+    fa_status st = fa_model_open_file(path, "tokenizer", &fd, &n, err);
+    if (st != FA_OK)
+        return st;
+    if (n > (1u << 30)) {
+        close(fd);
         return fa_model_fail(err, FA_ERR_SIZE_OVERFLOW, "tokenizer '%s' is over 1 GiB", path);
     }
     unsigned char *buf = malloc((size_t)n + 1);
     if (!buf) {
-        fclose(f);
+        close(fd);
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory reading tokenizer '%s'", path);
     }
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    fa_status st = got == (size_t)n
-                       ? fa_tokenizer_from_memory(buf, got, vocab_size, out, err)
-                       : fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot read tokenizer '%s'", path);
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, (size_t)n - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    st = got == n ? fa_tokenizer_from_memory(buf, got, vocab_size, out, err)
+                  : fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot read tokenizer '%s'", path);
     free(buf);
     return st;
 }
