@@ -56,6 +56,9 @@ grep -q "^flashattn bench: .*too large" "$tmp/err" && [ "$(wc -l <"$tmp/err")" -
 
 expect_rc 0 "info" "$fa" info --backend cpu
 grep -q "cpu.kernels:" "$tmp/out" || { echo "FAIL: info names no kernel table"; fails=$((fails + 1)); }
+# its plans (seven shapes, forward and backward) are of tensors that do not overlap
+n=$(grep -c "block_q .* block_k" "$tmp/out")
+[ "$n" -eq 14 ] || { echo "FAIL: info planned $n of 14 rows"; grep -v "block_q" "$tmp/out" | tail -5; fails=$((fails + 1)); }
 
 # GLES (where a GLES 3.1 driver is usable): info and a small bench with the variant and tiles
 # in the row; on Mesa, a context limited to ES 3.0 is refused with a message naming 3.1.

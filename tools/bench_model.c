@@ -58,7 +58,6 @@ static void progress(void *user, int32_t layer, int32_t n_layers)
 static uint64_t attention_workspace(fa_context_t ctx, const fa_model_config *c, int32_t n,
                                     fa_algorithm alg)
 {
-    static char dummy[16];
     int32_t hs = c->dim / c->n_heads;
     fa_attention_desc d;
     fa_attention_desc_init(&d);
@@ -69,8 +68,7 @@ static uint64_t attention_workspace(fa_context_t ctx, const fa_model_config *c, 
     d.head_dim = hs;
     d.causal = 1;
     d.algorithm = alg;
-    d.q = d.o = fa_tensor_contiguous(dummy, FA_DTYPE_F32, FA_LAYOUT_BSHD, n, c->n_heads, hs);
-    d.k = d.v = fa_tensor_contiguous(dummy, FA_DTYPE_F32, FA_LAYOUT_BSHD, n, c->n_kv_heads, hs);
+    cli_plan_tensors(&d, FA_DTYPE_F32, NULL);
     fa_run_info ri = { .size = sizeof(ri) };
     return fa_forward_plan(ctx, &d, &ri) == FA_OK ? ri.workspace_bytes : UINT64_MAX;
 }

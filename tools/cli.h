@@ -49,6 +49,12 @@ int cli_size(size_t *out, const int64_t *factors, int n);
 /* MemAvailable from /proc/meminfo in bytes, 0 when unknown. */
 uint64_t cli_mem_available(void);
 
+/* Tensors for a descriptor that is only planned, from its shape fields (contiguous BSHD of
+ * dtype dt): planning checks shapes, strides, alignment and overlaps but never touches data,
+ * so q, k, v, o and, when bd is not NULL, lse, d_o, d_q, d_k and d_v get disjoint page-aligned
+ * address ranges that hold no memory. */
+void cli_plan_tensors(fa_attention_desc *d, fa_dtype dt, fa_backward_desc *bd);
+
 /* Median of v[0..n) (sorts v). */
 double cli_median(double *v, int n);
 

@@ -15,7 +15,6 @@ static const char *help =
 static void plan_row(fa_context_t ctx, int32_t sq, int32_t sk, int32_t hq, int32_t hk, int32_t d,
                      int causal, fa_dtype dt)
 {
-    static char dummy[16];
     fa_attention_desc desc;
     fa_attention_desc_init(&desc);
     desc.batch = 1;
@@ -25,17 +24,8 @@ static void plan_row(fa_context_t ctx, int32_t sq, int32_t sk, int32_t hq, int32
     desc.num_heads_kv = hk;
     desc.head_dim = d;
     desc.causal = causal;
-    /* Planning validates shapes and strides but never touches data. */
-    desc.q = fa_tensor_contiguous(dummy, dt, FA_LAYOUT_BSHD, sq, hq, d);
-    desc.o = desc.q;
-    desc.k = fa_tensor_contiguous(dummy, dt, FA_LAYOUT_BSHD, sk, hk, d);
-    desc.v = desc.k;
-    desc.lse = (float *)dummy; /* the backward needs one */
-    fa_backward_desc bd;
-    fa_backward_desc_init(&bd);
-    bd.forward = &desc;
-    bd.d_o = bd.d_q = desc.q;
-    bd.d_k = bd.d_v = desc.k;
+    fa_backward_desc bd; /* with lse: the backward needs one */
+    cli_plan_tensors(&desc, dt, &bd);
     char shape[64];
     snprintf(shape, sizeof(shape), "sq%d sk%d hq%d hkv%d d%d%s %s", (int)sq, (int)sk, (int)hq,
              (int)hk, (int)d, causal ? " causal" : "", cli_dtype_name(dt));

@@ -144,6 +144,41 @@ uint64_t cli_mem_available(void)
     return (uint64_t)kb * 1024;
 }
 
+/* The next of cli_plan_tensors' address ranges: at *at, *at moved past rows x cols floats (or
+ * halves) and a gap. Sizes from validated-to-be shapes stay far below 2^63. */
+static void *plan_range(uintptr_t *at, int64_t rows, int64_t cols, int64_t esz)
+{
+    void *p = (void *)*at;
+    *at += ((uintptr_t)(rows * cols * esz) + 8191) & ~(uintptr_t)4095;
+    return p;
+}
+
+void cli_plan_tensors(fa_attention_desc *d, fa_dtype dt, fa_backward_desc *bd)
+{
+    const int64_t esz = dt == FA_DTYPE_F32 ? 4 : 2, b = d->batch, sq = d->seqlen_q,
+                  sk = d->seqlen_k, hq = d->num_heads_q, hk = d->num_heads_kv, dim = d->head_dim;
+    uintptr_t at = 1u << 20;
+    d->q = fa_tensor_contiguous(plan_range(&at, b * sq, hq * dim, esz), dt, FA_LAYOUT_BSHD,
+                                d->seqlen_q, d->num_heads_q, d->head_dim);
+    d->o = d->q;
+    d->o.data = plan_range(&at, b * sq, hq * dim, esz);
+    d->k = fa_tensor_contiguous(plan_range(&at, b * sk, hk * dim, esz), dt, FA_LAYOUT_BSHD,
+                                d->seqlen_k, d->num_heads_kv, d->head_dim);
+    d->v = d->k;
+    d->v.data = plan_range(&at, b * sk, hk * dim, esz);
+    if (!bd)
+        return;
+    d->lse = plan_range(&at, b * hq, sq, 4);
+    fa_backward_desc_init(bd);
+    bd->forward = d;
+    bd->d_o = bd->d_q = d->q;
+    bd->d_o.data = plan_range(&at, b * sq, hq * dim, esz);
+    bd->d_q.data = plan_range(&at, b * sq, hq * dim, esz);
+    bd->d_k = bd->d_v = d->k;
+    bd->d_k.data = plan_range(&at, b * sk, hk * dim, esz);
+    bd->d_v.data = plan_range(&at, b * sk, hk * dim, esz);
+}
+
 double cli_now(void)
 {
     struct timespec ts;
