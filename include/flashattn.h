@@ -309,7 +309,8 @@ FA_API fa_status fa_backward(fa_context_t ctx, const fa_backward_desc *desc);
  * The dropout keep mask, materialised: mask[r*ld + c] = 1 when the
  * probability of (batch, head, query row row0 + r, key column col0 + c) is
  * kept for probability p, 0 when it is dropped. Rows and columns count from
- * the start of their sequence (varlen: within the sequence). Definition,
+ * the start of their sequence (varlen: within the sequence), so row0 + rows
+ * and col0 + cols are at most INT32_MAX. Definition,
  * identical on every backend: with Philox4x32-10 (Salmon et al., 2011),
  *   key     = { lo32(seed) ^ (head * 0x9E3779B9), hi32(seed) ^ (batch * 0xBB67AE85) }
  *   counter = { col / 4, row, lo32(offset), hi32(offset) }

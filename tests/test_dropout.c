@@ -116,6 +116,17 @@ static void test_mask_bad_input(void **state)
     assert_int_equal(fa_dropout_mask(0.5f, 0, 0, 0, 0, 0, 1, 0, 4, m, 3), FA_ERR_INVALID_STRIDE);
     assert_int_equal(fa_dropout_mask(0.5f, 0, 0, 0, 0, 0, 1, 0, 4, NULL, 4), FA_ERR_NULL_POINTER);
     assert_int_equal(fa_dropout_mask(0.5f, 0, 0, 0, 0, 0, 0, 0, 4, NULL, 4), FA_OK);
+    /* rows and columns past INT32_MAX (the row counter would wrap): refused by name, nothing
+     * written; the last row and column there are fine */
+    memset(m, 0xAB, sizeof(m));
+    assert_int_equal(fa_dropout_mask(0.5f, 0, 0, 0, 0, INT32_MAX - 1, 2, 0, 4, m, 4), FA_ERR_INVALID_SHAPE);
+    assert_non_null(strstr(fa_last_create_error(), "row0"));
+    assert_int_equal(fa_dropout_mask(0.5f, 0, 0, 0, 0, INT32_MAX, 1, 0, 4, m, 4), FA_ERR_INVALID_SHAPE);
+    assert_int_equal(fa_dropout_mask(0.5f, 0, 0, 0, 0, 0, 1, INT32_MAX - 2, 4, m, 4), FA_ERR_INVALID_SHAPE);
+    assert_non_null(strstr(fa_last_create_error(), "col0"));
+    for (size_t i = 0; i < sizeof(m); i++)
+        assert_int_equal(m[i], 0xAB);
+    assert_int_equal(fa_dropout_mask(0.5f, 0, 0, 0, 0, INT32_MAX - 2, 2, INT32_MAX - 4, 4, m, 4), FA_OK);
 }
 
 /* p = 0 with a seed set is bit for bit the call without dropout. */

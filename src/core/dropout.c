@@ -18,6 +18,13 @@ fa_status fa_dropout_mask(float p, uint64_t seed, uint64_t offset, int32_t batch
     if (batch < 0 || head < 0 || row0 < 0 || col0 < 0 || rows < 0 || cols < 0)
         return fa_error(NULL, FA_ERR_INVALID_SHAPE,
                         "batch, head, row0, col0, rows and cols must all be >= 0");
+    /* a row or column index is below a sequence length (int32): the last one is INT32_MAX - 1 */
+    if ((int64_t)row0 + rows > INT32_MAX)
+        return fa_error(NULL, FA_ERR_INVALID_SHAPE, "row0 (%d) + rows (%d) must be <= INT32_MAX",
+                        (int)row0, (int)rows);
+    if ((int64_t)col0 + cols > INT32_MAX)
+        return fa_error(NULL, FA_ERR_INVALID_SHAPE, "col0 (%d) + cols (%d) must be <= INT32_MAX",
+                        (int)col0, (int)cols);
     if (ld < cols)
         return fa_error(NULL, FA_ERR_INVALID_STRIDE, "ld (%lld) must be >= cols (%d)", (long long)ld,
                         (int)cols);
