@@ -49,7 +49,8 @@ typedef enum fa_status {
     FA_OK = 0,
     FA_ERR_NULL_POINTER = 1,      /* a required pointer is NULL */
     FA_ERR_INVALID_SHAPE = 2,     /* a dimension is out of range or inconsistent */
-    FA_ERR_INVALID_STRIDE = 3,    /* a stride is negative, zero or makes outputs overlap */
+    FA_ERR_INVALID_STRIDE = 3,    /* a stride is negative or zero, or an output overlaps
+                                     itself, an input or another output */
     FA_ERR_INVALID_VALUE = 4,     /* a scalar (scale, window, softcap, dropout) is out of range */
     FA_ERR_INVALID_DTYPE = 5,     /* unknown dtype or an unsupported dtype combination */
     FA_ERR_SIZE_OVERFLOW = 6,     /* an index or byte count does not fit in 64 bits */
@@ -124,7 +125,18 @@ typedef struct fa_tensor {
  *
  * Inputs must be finite: NaN or inf in q, k or v gives unspecified output
  * (it may reach rows that do not see the offending key, as in other
- * implementations). o must not overlap q, k, v or lse.
+ * implementations).
+ *
+ * Memory: an output (o, lse) shares no byte with an input or the other
+ * output (FA_ERR_INVALID_STRIDE naming both); inputs may share memory, as
+ * packed QKV does. A tensor's bytes are its elements through its strides
+ * (seqlen_q / seqlen_k rows when varlen, lse through its resolved strides),
+ * compared as addresses in one space (host, CUDA device or GLES buffer
+ * pointers alike). Views interleaved without a common byte, such as o
+ * between q's heads in one buffer, are accepted; the test is exact except
+ * where two views' byte ranges meet and one of them reads an element twice
+ * (an input's overlapping strides) or spans more than one step of the
+ * other's largest stride without sharing it: those are refused too.
  *
  * lse (optional, float32): log-sum-exp of the capped, scaled scores of each
  * row, the natural-log softmax normaliser. Element (b, h, i) lives at
@@ -276,8 +288,9 @@ FA_API fa_status fa_forward(fa_context_t ctx, const fa_attention_desc *desc);
  *   d_q        like q;  d_k, d_v like k, v (outputs; with GQA, d_k and d_v
  *              sum over the query heads of each group)
  * Each gradient tensor has its own strides and is q's dtype or FA_DTYPE_F32.
- * Gradients must not overlap each other or any input (packed dQKV with
- * interleaved heads is fine: distinct elements). Varlen rows past the last
+ * Gradients must not overlap each other or any input, the forward's o and
+ * lse included, by the forward's rule (packed dQKV with interleaved heads
+ * is fine: distinct elements). Varlen rows past the last
  * sequence (cu_seqlens[batch] ..) are not written, as in the forward.
  * Accumulation is float32. forward->algorithm picks flash (O(n) workspace)
  * or standard (stores P: the baseline).

@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,8 +80,28 @@ static int teardown(void **state)
     return 0;
 }
 
+/* The fixture's inputs as they were before a call: a refused call writes nothing, not even
+ * where an output was pointed at an input. */
+typedef struct inputs_copy {
+    float q[B * SQ * HQ * D], k[B * SK * HK * D], v[B * SK * HK * D], go[B * SQ * HQ * D];
+} inputs_copy;
+
+static void inputs_save(const fixture *f, inputs_copy *c)
+{
+    memcpy(c->q, f->q, sizeof(c->q)), memcpy(c->k, f->k, sizeof(c->k));
+    memcpy(c->v, f->v, sizeof(c->v)), memcpy(c->go, f->go, sizeof(c->go));
+}
+
+static void inputs_unchanged(const fixture *f, const inputs_copy *c)
+{
+    assert_memory_equal(c->q, f->q, sizeof(c->q));
+    assert_memory_equal(c->k, f->k, sizeof(c->k));
+    assert_memory_equal(c->v, f->v, sizeof(c->v));
+    assert_memory_equal(c->go, f->go, sizeof(c->go));
+}
+
 /* Run fa_forward on a mutated descriptor; expect status, a message naming
- * `field`, and untouched outputs. */
+ * `field`, and untouched outputs and inputs. */
 static void expect_error(fixture *f, const fa_attention_desc *d, fa_status want, const char *field)
 {
     memset(f->o, 0x5a, sizeof(f->o));
@@ -88,6 +109,8 @@ static void expect_error(fixture *f, const fa_attention_desc *d, fa_status want,
     unsigned char o_before[sizeof(f->o)], lse_before[sizeof(f->lse)];
     memcpy(o_before, f->o, sizeof(f->o));
     memcpy(lse_before, f->lse, sizeof(f->lse));
+    static inputs_copy in;
+    inputs_save(f, &in);
 
     fa_status st = fa_forward(f->ctx, d);
     const char *msg = fa_context_last_error(f->ctx);
@@ -96,9 +119,31 @@ static void expect_error(fixture *f, const fa_attention_desc *d, fa_status want,
                  msg, fa_status_string(want));
     assert_memory_equal(o_before, f->o, sizeof(f->o));
     assert_memory_equal(lse_before, f->lse, sizeof(f->lse));
+    inputs_unchanged(f, &in);
     /* fa_forward_plan validates identically */
     fa_run_info ri = { .size = sizeof(ri) };
     assert_int_equal(fa_forward_plan(f->ctx, d, &ri), want);
+}
+
+/* The same for fa_backward: gradients poisoned and left so, inputs untouched. */
+static void expect_backward_error(fixture *f, const fa_backward_desc *bd, fa_status want,
+                                  const char *field)
+{
+    memset(f->dq, 0x5a, sizeof(f->dq)), memset(f->dk, 0x5a, sizeof(f->dk));
+    memset(f->dv, 0x5a, sizeof(f->dv));
+    static inputs_copy in;
+    inputs_save(f, &in);
+    fa_status st = fa_backward(f->ctx, bd);
+    const char *msg = fa_context_last_error(f->ctx);
+    if (st != want || !strstr(msg, field))
+        fail_msg("backward %s: got %s \"%s\"", field, fa_status_string(st), msg);
+    for (size_t j = 0; j < sizeof(f->dq) / 4; j++)
+        assert_int_equal(((uint32_t *)f->dq)[j], 0x5a5a5a5au);
+    for (size_t j = 0; j < sizeof(f->dk) / 4; j++)
+        assert_true(((uint32_t *)f->dk)[j] == 0x5a5a5a5au && ((uint32_t *)f->dv)[j] == 0x5a5a5a5au);
+    inputs_unchanged(f, &in);
+    fa_run_info ri = { .size = sizeof(ri) };
+    assert_int_equal(fa_backward_plan(f->ctx, bd, &ri), want);
 }
 
 #define MUTATE(stmt, status, field)                                                            \
@@ -242,8 +287,10 @@ static void test_huge_shapes_plan(void **state)
     d.num_heads_q = d.num_heads_kv = 1;
     d.head_dim = 1;
     d.lse = NULL;
-    d.q = fa_tensor_contiguous(f->q, FA_DTYPE_F16, FA_LAYOUT_BSHD, d.seqlen_q, 1, 1);
+    /* o in the halves between q's (distinct memory, as outputs need); planning reads neither */
+    d.q = (fa_tensor){ f->q, FA_DTYPE_F16, 2 * (int64_t)INT32_MAX, 2, 1 };
     d.o = d.q;
+    d.o.data = (uint16_t *)f->q + 1;
     d.k = fa_tensor_contiguous(f->k, FA_DTYPE_F16, FA_LAYOUT_BSHD, 1, 1, 1);
     d.v = d.k;
     fa_run_info ri = { .size = sizeof(ri) };
@@ -251,8 +298,10 @@ static void test_huge_shapes_plan(void **state)
     assert_true(ri.workspace_bytes < ((uint64_t)1 << 40));
     d.num_heads_q = FA_MAX_HEADS;
     d.seqlen_q = 3;
-    d.q = fa_tensor_contiguous(f->q, FA_DTYPE_F16, FA_LAYOUT_BSHD, 3, FA_MAX_HEADS, 1);
+    d.q = (fa_tensor){ f->q, FA_DTYPE_F16, 6 * (int64_t)FA_MAX_HEADS, 2 * (int64_t)FA_MAX_HEADS,
+                       2 };
     d.o = d.q;
+    d.o.data = (uint16_t *)f->q + 1;
     assert_int_equal(fa_forward_plan(f->ctx, &d, &ri), FA_OK);
 }
 
@@ -306,20 +355,8 @@ static void test_backward_validation(void **state)
     cases[5].bd.d_q.dtype = FA_DTYPE_F16; /* inputs are f32: f16 gradients are not offered */
     cases[6].bd.d_k.stride_head = 2;      /* overlapping output rows */
     cases[7].bd.d_v.stride_seq = 0;
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        memset(f->dq, 0x5a, sizeof(f->dq)), memset(f->dk, 0x5a, sizeof(f->dk));
-        memset(f->dv, 0x5a, sizeof(f->dv));
-        fa_status st = fa_backward(f->ctx, &cases[i].bd);
-        const char *msg = fa_context_last_error(f->ctx);
-        if (st != cases[i].want || !strstr(msg, cases[i].field))
-            fail_msg("backward %s: got %s \"%s\"", cases[i].field, fa_status_string(st), msg);
-        for (size_t j = 0; j < sizeof(f->dq) / 4; j++)
-            assert_int_equal(((uint32_t *)f->dq)[j], 0x5a5a5a5au);
-        for (size_t j = 0; j < sizeof(f->dk) / 4; j++)
-            assert_true(((uint32_t *)f->dk)[j] == 0x5a5a5a5au && ((uint32_t *)f->dv)[j] == 0x5a5a5a5au);
-        fa_run_info ri = { .size = sizeof(ri) };
-        assert_int_equal(fa_backward_plan(f->ctx, &cases[i].bd, &ri), cases[i].want);
-    }
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        expect_backward_error(f, &cases[i].bd, cases[i].want, cases[i].field);
     /* the standard backward holds whole-sequence tiles per thread: never more
      * threads than its batch x kv-head tasks, whatever the context asks for */
     fa_context_options many = { sizeof(many), FA_BACKEND_CPU, 16 };
@@ -333,6 +370,95 @@ static void test_backward_validation(void **state)
     fa_context_destroy(wide);
     assert_int_equal(fa_backward(NULL, &bd), FA_ERR_NULL_POINTER);
     assert_int_equal(fa_backward(f->ctx, NULL), FA_ERR_NULL_POINTER);
+}
+
+/* Outputs sharing memory with an input or another output are refused, naming both; nothing
+ * is written, not even into the input an output was pointed at. */
+static void test_overlapping_outputs(void **state)
+{
+    fixture *f = *state;
+    const char *why = ": outputs must not share memory with inputs or other outputs";
+    char want[128];
+    snprintf(want, sizeof(want), "o.data overlaps q.data%s", why);
+    MUTATE(d.o.data = f->q, FA_ERR_INVALID_STRIDE, want);
+    MUTATE(d.o.data = f->q + HQ * D, FA_ERR_INVALID_STRIDE, "o.data overlaps q.data"); /* row 1 */
+    MUTATE(d.k.data = f->o, FA_ERR_INVALID_STRIDE, "o.data overlaps k.data");
+    MUTATE(d.v.data = f->o + 3, FA_ERR_INVALID_STRIDE, "o.data overlaps v.data");
+    MUTATE(d.lse = f->o + 16, FA_ERR_INVALID_STRIDE, "lse overlaps o.data");
+    MUTATE(d.lse = f->k, FA_ERR_INVALID_STRIDE, "lse overlaps k.data");
+    /* f16 o whose last half reaches the first byte of q */
+    MUTATE((d.q.dtype = d.k.dtype = d.v.dtype = d.o.dtype = FA_DTYPE_F16,
+            d.o.data = (uint16_t *)f->q - (B * SQ * HQ * D - 1)),
+           FA_ERR_INVALID_STRIDE, "o.data overlaps q.data");
+    /* an output past the end of the address space */
+    MUTATE(d.o.data = (void *)(UINTPTR_MAX - 15), FA_ERR_SIZE_OVERFLOW, "o");
+
+    fa_backward_desc base;
+    backward_desc(f, &base);
+    fa_backward_desc bd = base;
+    bd.d_v.data = f->dk;
+    expect_backward_error(f, &bd, FA_ERR_INVALID_STRIDE, "d_v.data overlaps d_k.data");
+    bd = base;
+    bd.d_q.data = f->q;
+    expect_backward_error(f, &bd, FA_ERR_INVALID_STRIDE, "d_q.data overlaps q.data");
+    bd = base;
+    bd.d_k.data = f->go + 5; /* d_o is an input of the backward */
+    expect_backward_error(f, &bd, FA_ERR_INVALID_STRIDE, "d_k.data overlaps d_o.data");
+    bd = base;
+    bd.d_q.data = f->lse; /* so are the forward's o and lse */
+    expect_backward_error(f, &bd, FA_ERR_INVALID_STRIDE, "d_q.data overlaps lse");
+}
+
+/* Views that interleave without sharing an element are accepted: packed QKV beside a separate
+ * o, o written between q's heads in one buffer, packed dQKV; one element too close is not. */
+static void test_interleaved_views(void **state)
+{
+    fixture *f = *state;
+    enum { W = (HQ + 2 * HK) * D }; /* a packed row: [q heads | k heads | v heads] */
+    static float qkv[B * SQ * W], qo[B * SQ * 2 * HQ * D], grads[B * SQ * W];
+    for (size_t i = 0; i < sizeof(qkv) / sizeof(float); i++)
+        qkv[i] = (float)((i * 37) % 11) / 11.0f - 0.5f;
+    fa_attention_desc d = f->d;
+    d.seqlen_k = SQ;
+    d.q = (fa_tensor){ qkv, FA_DTYPE_F32, SQ * W, W, D };
+    d.k = (fa_tensor){ qkv + HQ * D, FA_DTYPE_F32, SQ * W, W, D };
+    d.v = (fa_tensor){ qkv + (HQ + HK) * D, FA_DTYPE_F32, SQ * W, W, D };
+    assert_int_equal(fa_forward(f->ctx, &d), FA_OK);
+    static float o_sep[B * SQ * HQ * D];
+    memcpy(o_sep, f->o, sizeof(o_sep));
+
+    /* [b, s, 2, hq, d]: q in the first half of each row, o in the second */
+    for (int r = 0; r < B * SQ; r++)
+        memcpy(qo + r * 2 * HQ * D, qkv + r * W, sizeof(float) * HQ * D);
+    fa_attention_desc in_place = d;
+    in_place.q = (fa_tensor){ qo, FA_DTYPE_F32, SQ * 2 * HQ * D, 2 * HQ * D, D };
+    in_place.o = in_place.q;
+    in_place.o.data = qo + HQ * D;
+    assert_int_equal(fa_forward(f->ctx, &in_place), FA_OK);
+    for (int r = 0; r < B * SQ; r++) {
+        assert_memory_equal(qo + r * 2 * HQ * D, qkv + r * W, sizeof(float) * HQ * D);
+        assert_memory_equal(qo + (r * 2 + 1) * HQ * D, o_sep + r * HQ * D, sizeof(float) * HQ * D);
+    }
+    /* one float further, o's last element of a row lands on q's first of the next */
+    in_place.o.data = qo + HQ * D + 1;
+    assert_int_equal(fa_forward_plan(f->ctx, &in_place, NULL), FA_ERR_INVALID_STRIDE);
+    assert_non_null(strstr(fa_context_last_error(f->ctx), "o.data overlaps q.data"));
+
+    fa_backward_desc bd;
+    backward_desc(f, &bd);
+    bd.forward = &d;
+    bd.d_q = (fa_tensor){ grads, FA_DTYPE_F32, SQ * W, W, D };
+    bd.d_k = (fa_tensor){ grads + HQ * D, FA_DTYPE_F32, SQ * W, W, D };
+    bd.d_v = (fa_tensor){ grads + (HQ + HK) * D, FA_DTYPE_F32, SQ * W, W, D };
+    assert_int_equal(fa_backward(f->ctx, &bd), FA_OK);
+    /* d_k and d_v interleaved head by head, [b, s, hk, 2, d] */
+    bd.d_k = (fa_tensor){ grads, FA_DTYPE_F32, SQ * 2 * HK * D, 2 * HK * D, 2 * D };
+    bd.d_v = bd.d_k;
+    bd.d_v.data = grads + D;
+    bd.d_q = fa_tensor_contiguous(f->dq, FA_DTYPE_F32, FA_LAYOUT_BSHD, SQ, HQ, D);
+    assert_int_equal(fa_backward(f->ctx, &bd), FA_OK);
+    bd.d_v.data = grads + D / 2;
+    expect_backward_error(f, &bd, FA_ERR_INVALID_STRIDE, "d_v.data overlaps d_k.data");
 }
 
 static void test_context_calls(void **state)
@@ -713,6 +839,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lse_strides, setup, teardown),
         cmocka_unit_test_setup_teardown(test_huge_shapes_plan, setup, teardown),
         cmocka_unit_test_setup_teardown(test_backward_validation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_overlapping_outputs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_interleaved_views, setup, teardown),
         cmocka_unit_test(test_context_calls),
         cmocka_unit_test(test_memory_and_stream),
         cmocka_unit_test_setup_teardown(test_gles_backend, setup, teardown),

@@ -112,6 +112,151 @@ static fa_status check_tensor(fa_context_t ctx, const char *name, const fa_tenso
     return FA_OK;
 }
 
+/* The bytes a view covers: rows of `row` contiguous bytes at base + sum stride[i] * idx[i],
+ * over the axes with more than one index, sorted by stride. extent[i] is the span of the
+ * rows and the axes below i, [0, extent[i]) from base; extent[n] is the whole view's. */
+typedef struct byte_view {
+    const char *name;
+    uintptr_t base;
+    int n, empty;
+    int64_t stride[3], count[3], extent[4];
+} byte_view;
+
+/* Build a view from element strides; the caller has checked that its byte span fits in
+ * int64 (check_tensor, check_lse), so no product below overflows. */
+static fa_status byte_view_make(fa_context_t ctx, byte_view *v, const char *name, const void *data,
+                                int64_t row, const int64_t stride[3], const int64_t count[3],
+                                int64_t elem)
+{
+    memset(v, 0, sizeof(*v));
+    v->name = name;
+    v->base = (uintptr_t)data;
+    v->extent[0] = row;
+    for (int i = 0; i < 3; i++) {
+        if (count[i] <= 0)
+            v->empty = 1;
+        if (count[i] <= 1)
+            continue;
+        int j = v->n++;
+        for (; j > 0 && v->stride[j - 1] > stride[i] * elem; j--) {
+            v->stride[j] = v->stride[j - 1];
+            v->count[j] = v->count[j - 1];
+        }
+        v->stride[j] = stride[i] * elem;
+        v->count[j] = count[i];
+    }
+    for (int i = 0; i < v->n; i++)
+        v->extent[i + 1] = v->extent[i] + v->stride[i] * (v->count[i] - 1);
+    if (!v->empty && (uint64_t)v->extent[v->n] > (uint64_t)(UINTPTR_MAX - v->base))
+        return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "%s runs past the end of the address space",
+                        name);
+    return FA_OK;
+}
+
+static fa_status tensor_view(fa_context_t ctx, byte_view *v, const char *name, const fa_tensor *t,
+                             int64_t batch, int64_t seq, int64_t heads, int64_t dim, int varlen)
+{
+    const int64_t stride[3] = { t->stride_head, t->stride_seq, t->stride_batch };
+    const int64_t count[3] = { heads, seq, varlen ? 1 : batch };
+    return byte_view_make(ctx, v, name, t->data, dim * dtype_bytes(t->dtype), stride, count,
+                          dtype_bytes(t->dtype));
+}
+
+static fa_status lse_view(fa_context_t ctx, byte_view *v, const fa_attention_desc *d,
+                          const fa_problem *p)
+{
+    const int64_t stride[3] = { p->lse_ss, p->lse_sh, p->lse_sb };
+    const int64_t count[3] = { d->seqlen_q, d->num_heads_q, p->varlen ? 1 : d->batch };
+    return byte_view_make(ctx, v, "lse", d->lse, 4, stride, count, 4);
+}
+
+/* q, k, v and o as byte views, in that order. */
+static fa_status tensor_views(fa_context_t ctx, byte_view v[4], const fa_attention_desc *d,
+                              const fa_problem *p)
+{
+    const int64_t b = d->batch, hq = d->num_heads_q, hk = d->num_heads_kv, dim = d->head_dim;
+    const int vl = p->varlen;
+    fa_status st;
+    if ((st = tensor_view(ctx, &v[0], "q.data", &d->q, b, d->seqlen_q, hq, dim, vl)) != FA_OK ||
+        (st = tensor_view(ctx, &v[1], "k.data", &d->k, b, d->seqlen_k, hk, dim, vl)) != FA_OK ||
+        (st = tensor_view(ctx, &v[2], "v.data", &d->v, b, d->seqlen_k, hk, dim, vl)) != FA_OK)
+        return st;
+    return tensor_view(ctx, &v[3], "o.data", &d->o, b, d->seqlen_q, hq, dim, vl);
+}
+
+/*
+ * Whether a's axes below na and b's below nb share a byte, b starting delta bytes after a.
+ * Both are cut along the larger of their outermost strides, P: a view whose outermost
+ * stride is P splits into count copies of its inner axes P apart, one whose outermost
+ * stride is smaller is one copy. Where every copy spans at most P (the layouts nest, as
+ * every output's do), only two offsets between copies can meet, so the answer is exact in
+ * at most two branches per level. Where a copy spans more (an input whose strides overlap,
+ * or views with different strides interleaved), the byte ranges meeting counts as sharing.
+ */
+static int views_meet(const byte_view *a, int na, const byte_view *b, int nb, int64_t delta)
+{
+    if (delta >= a->extent[na] || -delta >= b->extent[nb])
+        return 0;
+    if (na == 0 && nb == 0)
+        return 1; /* two rows whose bytes meet */
+    int64_t pa = na ? a->stride[na - 1] : 0, pb = nb ? b->stride[nb - 1] : 0;
+    int64_t step = pa > pb ? pa : pb, ca = 1, cb = 1;
+    int ia = na, ib = nb;
+    if (pa == step)
+        ca = a->count[--ia];
+    if (pb == step)
+        cb = b->count[--ib];
+    if (a->extent[ia] > step || b->extent[ib] > step)
+        return 1;
+    /* copy i of a and copy j of b meet only if their inner axes do at delta + step*(j-i);
+     * with delta = q*step + r, 0 <= r < step, that shift lies in (-step, step) only for
+     * j - i = -q - 1 and -q */
+    int64_t q = delta / step, r = delta % step;
+    if (r < 0) {
+        r += step;
+        q--;
+    }
+    for (int64_t m = -1; m <= 0; m++) {
+        int64_t k = m - q; /* j - i */
+        if (k > -ca && k < cb && views_meet(a, ia, b, ib, r + m * step))
+            return 1;
+    }
+    return 0;
+}
+
+static int views_overlap(const byte_view *a, const byte_view *b)
+{
+    if (a->empty || b->empty)
+        return 0;
+    int64_t delta;
+    if (b->base >= a->base) {
+        uintptr_t gap = b->base - a->base;
+        if (gap >= (uint64_t)a->extent[a->n])
+            return 0;
+        delta = (int64_t)gap;
+    } else {
+        uintptr_t gap = a->base - b->base;
+        if (gap >= (uint64_t)b->extent[b->n])
+            return 0;
+        delta = -(int64_t)gap;
+    }
+    return views_meet(a, a->n, b, b->n, delta);
+}
+
+/* v[0 .. n_in) are inputs, which may share memory; each output v[n_in ..] must share no
+ * byte with anything before it. */
+static fa_status check_disjoint(fa_context_t ctx, const byte_view *v, int n_in, int n)
+{
+    for (int i = n_in; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (views_overlap(&v[i], &v[j]))
+                return fa_error(ctx, FA_ERR_INVALID_STRIDE,
+                                "%s overlaps %s: outputs must not share memory with inputs or "
+                                "other outputs",
+                                v[i].name, v[j].name);
+    return FA_OK;
+}
+
 static fa_status check_cu(fa_context_t ctx, const char *name, const int32_t *cu, int32_t batch,
                           int32_t total, const char *total_name)
 {
@@ -280,6 +425,12 @@ fa_status fa_validate_forward(fa_context_t ctx, const fa_attention_desc *d, fa_p
         return st;
     if ((st = check_lse(ctx, d, p)) != FA_OK)
         return st;
+    byte_view views[5];
+    const int nv = d->lse ? 5 : 4;
+    if ((st = tensor_views(ctx, views, d, p)) != FA_OK ||
+        (d->lse && (st = lse_view(ctx, &views[4], d, p)) != FA_OK) ||
+        (st = check_disjoint(ctx, views, 3, nv)) != FA_OK)
+        return st;
 
     p->desc = d;
     p->batch = d->batch;
@@ -356,14 +507,19 @@ fa_status fa_validate_backward(fa_context_t ctx, const fa_backward_desc *bd, fa_
         return fa_error(ctx, FA_ERR_NULL_POINTER,
                         "forward->lse must be set: the backward needs the forward's log-sum-exp");
     const struct {
-        const char *name;
+        const char *name, *data_name;
         const fa_tensor *t;
         int64_t seq, heads;
         int out;
-    } grads[] = { { "d_o", &bd->d_o, d->seqlen_q, d->num_heads_q, 0 },
-                  { "d_q", &bd->d_q, d->seqlen_q, d->num_heads_q, 1 },
-                  { "d_k", &bd->d_k, d->seqlen_k, d->num_heads_kv, 1 },
-                  { "d_v", &bd->d_v, d->seqlen_k, d->num_heads_kv, 1 } };
+    } grads[] = { { "d_o", "d_o.data", &bd->d_o, d->seqlen_q, d->num_heads_q, 0 },
+                  { "d_q", "d_q.data", &bd->d_q, d->seqlen_q, d->num_heads_q, 1 },
+                  { "d_k", "d_k.data", &bd->d_k, d->seqlen_k, d->num_heads_kv, 1 },
+                  { "d_v", "d_v.data", &bd->d_v, d->seqlen_k, d->num_heads_kv, 1 } };
+    /* the forward's tensors, o and lse included, are the backward's inputs beside d_o */
+    byte_view views[9];
+    if ((st = tensor_views(ctx, views, d, p)) != FA_OK ||
+        (st = lse_view(ctx, &views[4], d, p)) != FA_OK)
+        return st;
     for (size_t i = 0; i < 4; i++) {
         fa_dtype t = grads[i].t->dtype;
         if (!dtype_valid(t))
@@ -374,9 +530,13 @@ fa_status fa_validate_backward(fa_context_t ctx, const fa_backward_desc *bd, fa_
                             "%s.dtype (%d) must equal q.dtype (%d) or be FA_DTYPE_F32",
                             grads[i].name, (int)t, (int)d->q.dtype);
         if ((st = check_tensor(ctx, grads[i].name, grads[i].t, d->batch, grads[i].seq,
-                               grads[i].heads, d->head_dim, p->varlen, grads[i].out)) != FA_OK)
+                               grads[i].heads, d->head_dim, p->varlen, grads[i].out)) != FA_OK ||
+            (st = tensor_view(ctx, &views[5 + i], grads[i].data_name, grads[i].t, d->batch,
+                              grads[i].seq, grads[i].heads, d->head_dim, p->varlen)) != FA_OK)
             return st;
     }
+    if ((st = check_disjoint(ctx, views, 6, 9)) != FA_OK)
+        return st;
     p->bwd = bd;
     return FA_OK;
 }
