@@ -21,25 +21,49 @@ expect_rc() { # want, description, command...
   fi
 }
 
+# bad usage: exit 2 and one line on stderr that says what to do
+expect_usage() { # description, command...
+  expect_rc 2 "$@"
+  local lines
+  lines=$(wc -l <"$tmp/err")
+  [ "$lines" -eq 1 ] || { echo "FAIL: $1: a usage error printed $lines lines"; cat "$tmp/err"; fails=$((fails + 1)); }
+}
+
 expect_rc 0 "top-level --help" "$fa" --help
+for cmd in bench check info generate gen-model bench-model; do
+  grep -q "^  $cmd  " "$tmp/out" || { echo "FAIL: the top-level usage omits $cmd"; fails=$((fails + 1)); }
+done
 for cmd in bench check info generate gen-model bench-model; do
   expect_rc 0 "$cmd --help" "$fa" $cmd --help
   grep -q "usage: flashattn $cmd" "$tmp/out" || { echo "FAIL: $cmd --help prints no usage"; fails=$((fails + 1)); }
+  expect_usage "$cmd --bogus" "$fa" $cmd --bogus
+  grep -q "unknown option '--bogus' (see \`flashattn $cmd --help\`)" "$tmp/err" ||
+    { echo "FAIL: $cmd --bogus is not called an unknown option"; cat "$tmp/err"; fails=$((fails + 1)); }
 done
 expect_rc 2 "no command" "$fa"
-expect_rc 2 "unknown command" "$fa" frobnicate
-expect_rc 2 "unknown flag" "$fa" bench --frob
-expect_rc 2 "head_dim too large" "$fa" bench --dim 300
-expect_rc 2 "heads not divisible" "$fa" bench --heads 6 --kv-heads 4
-expect_rc 2 "negative seq" "$fa" bench --seq -5
-expect_rc 2 "garbage number" "$fa" bench --seq 12abc
-expect_rc 2 "missing value" "$fa" bench --seq
-expect_rc 2 "bad dtype" "$fa" bench --dtype f64
-expect_rc 2 "bad window" "$fa" bench --window 3
-expect_rc 2 "bad backend" "$fa" info --backend tpu
-expect_rc 2 "bad seed" "$fa" check --seed x
-lines=$(wc -l <"$tmp/err")
-[ "$lines" -eq 1 ] || { echo "FAIL: a usage error printed $lines lines"; fails=$((fails + 1)); }
+grep -q "^  bench-model  " "$tmp/err" || { echo "FAIL: no command: the usage omits bench-model"; fails=$((fails + 1)); }
+expect_usage "unknown command" "$fa" frobnicate
+expect_usage "a stray argument" "$fa" bench 512
+expect_usage "head_dim too large" "$fa" bench --dim 300
+expect_usage "heads not divisible" "$fa" bench --heads 6 --kv-heads 4
+expect_usage "negative seq" "$fa" bench --seq -5
+expect_usage "garbage number" "$fa" bench --seq 12abc
+expect_usage "a number after a space" "$fa" bench --seq " 64"
+for list in 1,,2 ,1 1, , 64,,; do
+  expect_usage "an empty item in --seq $list" "$fa" bench --seq "$list"
+done
+expect_usage "17 lengths" "$fa" bench --seq 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17
+expect_usage "missing value" "$fa" bench --seq
+expect_usage "missing value after a common option" "$fa" bench --threads
+expect_usage "bad dtype" "$fa" bench --dtype f64
+expect_usage "bad window" "$fa" bench --window 3
+expect_usage "bad backend" "$fa" info --backend tpu
+expect_usage "bad seed" "$fa" check --seed x
+# a negative or too large seed is refused, not wrapped into 2^64 - 1 and run
+expect_usage "negative seed" timeout 20 "$fa" check --seed -1 --quick
+expect_usage "seed past 2^64" timeout 20 "$fa" check --seed 18446744073709551616 --quick
+expect_usage "generate missing value" "$fa" generate --prompt
+expect_usage "gen-model stray argument" "$fa" gen-model x
 
 # shapes inside every flag's range whose buffers do not fit: exit 1 with one line, never a crash
 # (b*sq*h*d*4 is 2^64 here: it wraps to 0 unchecked)

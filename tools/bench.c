@@ -548,48 +548,52 @@ static int parse(int argc, char **argv, opts *o)
     o->dtype = FA_DTYPE_F32;
     o->layout = FA_LAYOUT_BSHD;
     o->backend = FA_BACKEND_AUTO;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEED_VALUE()                                                                           \
-    do {                                                                                       \
-        if (!v)                                                                                \
-            return cli_usage_error("bench", "%s needs a value", a);                            \
-        i++;                                                                                   \
-    } while (0)
-        int used = cli_backend_option("bench", argc, argv, &i, &o->backend, &o->threads);
-        if (used == CLI_EXIT_USAGE)
-            return used;
-        if (used) {
-            continue;
-        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            fputs(help, stdout);
-            return -1;
-        } else if (strcmp(a, "--seq") == 0) {
-            NEED_VALUE();
+    enum { SEQ, SEQ_Q, HEADS, KV_HEADS, DIM, BATCH, CAUSAL, WINDOW, SOFTCAP, DROPOUT, DTYPE,
+           LAYOUT, REPS, JSON, PLOT, BACKWARD, NO_STANDARD, NO_SGEMM, N_OPTIONS };
+    static const cli_option options[N_OPTIONS] = {
+        [SEQ] = { "--seq", 1 },         [SEQ_Q] = { "--seq-q", 1 },
+        [HEADS] = { "--heads", 1 },     [KV_HEADS] = { "--kv-heads", 1 },
+        [DIM] = { "--dim", 1 },         [BATCH] = { "--batch", 1 },
+        [CAUSAL] = { "--causal", 1 },   [WINDOW] = { "--window", 1 },
+        [SOFTCAP] = { "--softcap", 1 }, [DROPOUT] = { "--dropout", 1 },
+        [DTYPE] = { "--dtype", 1 },     [LAYOUT] = { "--layout", 1 },
+        [REPS] = { "--reps", 1 },       [JSON] = { "--json", 1 },
+        [PLOT] = { "--plot", 1 },       [BACKWARD] = { "--backward", 0 },
+        [NO_STANDARD] = { "--no-standard", 0 }, [NO_SGEMM] = { "--no-sgemm", 0 },
+    };
+    cli_args args = { "bench", help, argc, argv, options, N_OPTIONS, &o->backend, &o->threads, 0 };
+    int opt, rc;
+    const char *v;
+    while ((rc = cli_next_option(&args, &opt, &v)) == 1) {
+        switch (opt) {
+        case SEQ:
             if ((o->nseq = cli_parse_int_list(v, 1, 1 << 24, o->seqs, MAXV)) < 0)
-                return cli_usage_error("bench", "--seq needs lengths in 1..16777216, comma-separated");
-        } else if (strcmp(a, "--seq-q") == 0) {
-            NEED_VALUE();
+                return cli_usage_error("bench", "--seq needs up to %d lengths in 1..16777216, "
+                                                "comma-separated", MAXV);
+            break;
+        case SEQ_Q:
             if (cli_parse_int(v, 1, 1 << 24, &o->seq_q))
                 return cli_usage_error("bench", "--seq-q needs a length in 1..16777216");
-        } else if (strcmp(a, "--heads") == 0) {
-            NEED_VALUE();
+            break;
+        case HEADS:
             if ((o->nheads = cli_parse_int_list(v, 1, 4096, o->heads, MAXV)) < 0)
-                return cli_usage_error("bench", "--heads needs counts in 1..4096, comma-separated");
-        } else if (strcmp(a, "--kv-heads") == 0) {
-            NEED_VALUE();
+                return cli_usage_error("bench", "--heads needs up to %d counts in 1..4096, "
+                                                "comma-separated", MAXV);
+            break;
+        case KV_HEADS:
             if (cli_parse_int(v, 1, 4096, &o->kv_heads))
                 return cli_usage_error("bench", "--kv-heads needs a count in 1..4096");
-        } else if (strcmp(a, "--dim") == 0) {
-            NEED_VALUE();
+            break;
+        case DIM:
             if ((o->ndims = cli_parse_int_list(v, 1, FA_MAX_HEAD_DIM, o->dims, MAXV)) < 0)
-                return cli_usage_error("bench", "--dim needs head dims in 1..256, comma-separated");
-        } else if (strcmp(a, "--batch") == 0) {
-            NEED_VALUE();
+                return cli_usage_error("bench", "--dim needs up to %d head dims in 1..%d, "
+                                                "comma-separated", MAXV, FA_MAX_HEAD_DIM);
+            break;
+        case BATCH:
             if (cli_parse_int(v, 1, 1 << 20, &o->batch))
                 return cli_usage_error("bench", "--batch needs a count in 1..1048576");
-        } else if (strcmp(a, "--causal") == 0) {
-            NEED_VALUE();
+            break;
+        case CAUSAL:
             if (strcmp(v, "yes") == 0)
                 o->causal_lo = o->causal_hi = 1;
             else if (strcmp(v, "no") == 0)
@@ -598,54 +602,58 @@ static int parse(int argc, char **argv, opts *o)
                 o->causal_lo = 0, o->causal_hi = 1;
             else
                 return cli_usage_error("bench", "--causal needs yes, no or both");
-        } else if (strcmp(a, "--window") == 0) {
+            break;
+        case WINDOW: {
             long w[2];
-            NEED_VALUE();
             if (cli_parse_int_list(v, -1, 1 << 30, w, 2) != 2)
                 return cli_usage_error("bench", "--window needs L,R with -1 for unbounded");
             o->wl = w[0], o->wr = w[1];
-        } else if (strcmp(a, "--softcap") == 0) {
-            NEED_VALUE();
+            break;
+        }
+        case SOFTCAP:
             if (cli_parse_float(v, &o->softcap) || o->softcap < 0)
                 return cli_usage_error("bench", "--softcap needs a number >= 0");
-        } else if (strcmp(a, "--dropout") == 0) {
-            NEED_VALUE();
+            break;
+        case DROPOUT:
             if (cli_parse_float(v, &o->dropout) || !(o->dropout >= 0 && o->dropout < 1))
                 return cli_usage_error("bench", "--dropout needs a probability in [0, 1)");
-        } else if (strcmp(a, "--dtype") == 0) {
-            NEED_VALUE();
+            break;
+        case DTYPE:
             if (cli_parse_dtype(v, &o->dtype))
                 return cli_usage_error("bench", "--dtype needs f32, f16 or bf16");
             o->dtype_given = 1;
-        } else if (strcmp(a, "--layout") == 0) {
-            NEED_VALUE();
+            break;
+        case LAYOUT:
             if (strcmp(v, "bshd") == 0)
                 o->layout = FA_LAYOUT_BSHD;
             else if (strcmp(v, "bhsd") == 0)
                 o->layout = FA_LAYOUT_BHSD;
             else
                 return cli_usage_error("bench", "--layout needs bshd or bhsd");
-        } else if (strcmp(a, "--reps") == 0) {
-            NEED_VALUE();
+            break;
+        case REPS:
             if (cli_parse_int(v, 1, 64, &o->reps))
                 return cli_usage_error("bench", "--reps needs an integer in 1..64");
-        } else if (strcmp(a, "--json") == 0) {
-            NEED_VALUE();
+            break;
+        case JSON:
             o->json = v;
-        } else if (strcmp(a, "--plot") == 0) {
-            NEED_VALUE();
+            break;
+        case PLOT:
             o->plot = v;
-        } else if (strcmp(a, "--backward") == 0) {
+            break;
+        case BACKWARD:
             o->backward = 1;
-        } else if (strcmp(a, "--no-standard") == 0) {
+            break;
+        case NO_STANDARD:
             o->no_standard = 1;
-        } else if (strcmp(a, "--no-sgemm") == 0) {
+            break;
+        case NO_SGEMM:
             o->no_sgemm = 1;
-        } else {
-            return cli_usage_error("bench", "unknown option '%s'", a);
+            break;
         }
-#undef NEED_VALUE
     }
+    if (rc != 0)
+        return rc;
     for (int i = 0; i < o->nheads; i++)
         if (o->kv_heads && o->heads[i] % o->kv_heads)
             return cli_usage_error("bench", "--heads %ld is not a multiple of --kv-heads %ld",
@@ -658,7 +666,7 @@ int cmd_bench(int argc, char **argv)
     opts o;
     int rc = parse(argc, argv, &o);
     if (rc != 0)
-        return rc < 0 ? 0 : rc;
+        return rc == CLI_HELP ? 0 : rc;
     fa_context_t ctx = cli_context(o.backend, (int)o.threads);
     if (!ctx)
         return CLI_EXIT_FAIL;

@@ -146,49 +146,48 @@ int cmd_bench_model(int argc, char **argv)
     int no_standard = 0;
     fa_matvec mv = FA_MATVEC_AUTO;
     fa_backend backend = FA_BACKEND_CPU;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int used = cli_backend_option("bench-model", argc, argv, &i, &backend, &threads);
-        if (used == CLI_EXIT_USAGE)
-            return used;
-        if (used)
-            continue;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            fputs(help, stdout);
-            return 0;
-        } else if (strcmp(a, "--no-standard") == 0) {
-            no_standard = 1;
-            continue;
-        }
-        if (!v)
-            return cli_usage_error("bench-model", "%s needs a value", a);
-        if (strcmp(a, "--config") == 0)
+    enum { CONFIG, MODEL, PROMPT_LEN, DECODE, SEED, MATVEC, NO_STANDARD, N_OPTIONS };
+    static const cli_option options[N_OPTIONS] = {
+        [CONFIG] = { "--config", 1 }, [MODEL] = { "--model", 1 },
+        [PROMPT_LEN] = { "--prompt-len", 1 }, [DECODE] = { "--decode", 1 },
+        [SEED] = { "--seed", 1 },     [MATVEC] = { "--matvec", 1 },
+        [NO_STANDARD] = { "--no-standard", 0 },
+    };
+    cli_args args = { "bench-model", help, argc, argv, options, N_OPTIONS, &backend, &threads, 0 };
+    int opt, rc;
+    const char *v;
+    while ((rc = cli_next_option(&args, &opt, &v)) == 1) {
+        switch (opt) {
+        case CONFIG:
             spec = v;
-        else if (strcmp(a, "--model") == 0)
+            break;
+        case MODEL:
             path = v;
-        else if (strcmp(a, "--prompt-len") == 0) {
+            break;
+        case PROMPT_LEN:
             if (cli_parse_int(v, 1, 1 << 24, &prompt_len) != 0)
                 return cli_usage_error("bench-model", "--prompt-len needs an integer in 1..%d", 1 << 24);
-        } else if (strcmp(a, "--decode") == 0) {
+            break;
+        case DECODE:
             if (cli_parse_int(v, 0, 1 << 20, &decode) != 0)
                 return cli_usage_error("bench-model", "--decode needs an integer in 0..%d", 1 << 20);
-        } else if (strcmp(a, "--seed") == 0) {
+            break;
+        case SEED:
             if (cli_parse_int(v, 0, INT64_MAX, &seed) != 0)
-                return cli_usage_error("bench-model", "--seed needs an integer >= 0");
-        } else if (strcmp(a, "--matvec") == 0) {
-            if (strcmp(v, "auto") == 0)
-                mv = FA_MATVEC_AUTO;
-            else if (strcmp(v, "own") == 0)
-                mv = FA_MATVEC_OWN;
-            else if (strcmp(v, "blas") == 0)
-                mv = FA_MATVEC_BLAS;
-            else
+                return cli_usage_error("bench-model", "--seed needs an integer in 0..%lld",
+                                       (long long)INT64_MAX);
+            break;
+        case MATVEC:
+            if (cli_parse_matvec(v, &mv) != 0)
                 return cli_usage_error("bench-model", "--matvec needs auto, own or blas");
-        } else {
-            return cli_usage_error("bench-model", "unknown option '%s'", a);
+            break;
+        case NO_STANDARD:
+            no_standard = 1;
+            break;
         }
-        i++;
     }
+    if (rc != 0)
+        return rc == CLI_HELP ? 0 : rc;
     if (backend != FA_BACKEND_CPU)
         return cli_usage_error("bench-model", "--backend: the runner runs on cpu only");
     char err[FA_MODEL_ERR_LEN];
@@ -205,7 +204,7 @@ int cmd_bench_model(int argc, char **argv)
         return CLI_EXIT_FAIL;
     fa_model *m = NULL;
     int32_t *ids = NULL;
-    int rc = CLI_EXIT_FAIL;
+    rc = CLI_EXIT_FAIL;
     fa_status st;
     if (path) {
         if ((st = fa_model_open(path, &m, err)) != FA_OK) {

@@ -30,32 +30,25 @@ int cmd_check(int argc, char **argv)
     fa_backend backend = FA_BACKEND_AUTO;
     long threads = 0;
     int quick = 0, verbose = 0, backward = 0;
-    unsigned long long seed = (unsigned long long)time(NULL);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int used = cli_backend_option("check", argc, argv, &i, &backend, &threads);
-        if (used == CLI_EXIT_USAGE)
-            return used;
-        if (used) {
-            continue;
-        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            fputs(help, stdout);
-            return 0;
-        } else if (strcmp(a, "--seed") == 0) {
-            char *end;
-            if (!v || !*v || (seed = strtoull(v, &end, 10), *end))
-                return cli_usage_error("check", "--seed needs a non-negative integer");
-            i++;
-        } else if (strcmp(a, "--quick") == 0) {
-            quick = 1;
-        } else if (strcmp(a, "--backward") == 0) {
-            backward = 1;
-        } else if (strcmp(a, "--verbose") == 0) {
-            verbose = 1;
-        } else {
-            return cli_usage_error("check", "unknown option '%s'", a);
-        }
+    uint64_t seed = (uint64_t)time(NULL);
+    enum { QUICK, BACKWARD, SEED, VERBOSE, N_OPTIONS };
+    static const cli_option options[N_OPTIONS] = {
+        [QUICK] = { "--quick", 0 }, [BACKWARD] = { "--backward", 0 },
+        [SEED] = { "--seed", 1 },   [VERBOSE] = { "--verbose", 0 },
+    };
+    cli_args args = { "check", help, argc, argv, options, N_OPTIONS, &backend, &threads, 0 };
+    int opt, next;
+    const char *v;
+    while ((next = cli_next_option(&args, &opt, &v)) == 1) {
+        if (opt == SEED && cli_parse_u64(v, &seed) != 0)
+            return cli_usage_error("check", "--seed needs an integer in 0..%llu",
+                                   (unsigned long long)UINT64_MAX);
+        quick |= opt == QUICK;
+        backward |= opt == BACKWARD;
+        verbose |= opt == VERBOSE;
     }
+    if (next != 0)
+        return next == CLI_HELP ? 0 : next;
     fa_context_t ctx = cli_context(backend, (int)threads);
     if (!ctx)
         return CLI_EXIT_FAIL;
@@ -68,7 +61,8 @@ int cmd_check(int argc, char **argv)
     int n = fa_grid_build(quick ? 0 : 1, seed, cases, 256), failed = 0;
     int tty = isatty(fileno(stderr));
     printf("conformance grid: %d cases on backend %s, seed %llu (replay with --seed %llu%s)\n", n,
-           fa_backend_name(fa_context_backend(ctx)), seed, seed, quick ? " --quick" : "");
+           fa_backend_name(fa_context_backend(ctx)), (unsigned long long)seed,
+           (unsigned long long)seed, quick ? " --quick" : "");
     for (int i = 0; i < n; i++) {
         char desc[256];
         fa_case_format(&cases[i], desc, sizeof(desc));

@@ -4,6 +4,7 @@
 #define FA_TOOLS_CLI_H
 
 #include "flashattn.h"
+#include "model.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -23,21 +24,46 @@ int cmd_bench_model(int argc, char **argv);
 /* Print "flashattn <cmd>: <message>" plus a hint to stderr; returns CLI_EXIT_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Strict parsers: the whole string must be a number in range. 0 on success. */
+/* Strict parsers: the whole string must be a number in range (no sign on unsigned, no
+ * spaces). 0 on success. */
 int cli_parse_int(const char *s, long lo, long hi, long *out);
+int cli_parse_u64(const char *s, uint64_t *out);
 int cli_parse_float(const char *s, double *out);
-/* Comma-separated integers ("512,1024"), at most cap of them. Returns the count or -1. */
+/* Comma-separated integers ("512,1024"), at most cap of them, none empty ("1,,2", ",1" and
+ * "1," are refused). Returns the count or -1. */
 int cli_parse_int_list(const char *s, long lo, long hi, long *out, int cap);
 
 int cli_parse_backend(const char *s, fa_backend *out);
+int cli_parse_matvec(const char *s, fa_matvec *out); /* auto, own, blas */
 int cli_parse_dtype(const char *s, fa_dtype *out);
 const char *cli_dtype_name(fa_dtype t);
 
-/* The options every command takes: --backend NAME and --threads N. Returns 1
- * when argv[*i] was one of them (its value consumed, *i advanced), 0 when it
- * was not, CLI_EXIT_USAGE after printing the error. */
-int cli_backend_option(const char *cmd, int argc, char **argv, int *i, fa_backend *backend,
-                       long *threads);
+/* One option of a command: its name ("--seq") and whether a value follows it. */
+typedef struct cli_option {
+    const char *name;
+    int takes_value;
+} cli_option;
+
+/* A command line read by cli_next_option. */
+typedef struct cli_args {
+    const char *cmd;           /* the command, in messages */
+    const char *help;          /* printed to stdout for --help or -h */
+    int argc;
+    char **argv;               /* argv[0] is the command */
+    const cli_option *options; /* n_options of them; the index is what cli_next_option gives */
+    int n_options;
+    fa_backend *backend;       /* where not NULL, --backend NAME and --threads N are read here */
+    long *threads;
+    int at;                    /* the next argument (start at 0) */
+} cli_args;
+
+#define CLI_HELP (-1)
+
+/* The next option: 1 with its index into a->options in *which and, where it takes one, its
+ * value in *value; 0 after the last. Every command's bad usage is told here in one line, exit
+ * status CLI_EXIT_USAGE: an argument that is no option of the command, an option whose value
+ * is missing, a bad --backend or --threads. CLI_HELP after printing a->help. */
+int cli_next_option(cli_args *a, int *which, const char **value);
 
 /* A note on stderr, once, where OpenBLAS runs kernels below what the CPU has (it picks them
  * by CPU model: 0.3.21 takes Emerald Rapids for a Prescott), naming OPENBLAS_CORETYPE. */

@@ -7,6 +7,18 @@
 #include <string.h>
 #include <time.h>
 
+int cli_parse_matvec(const char *s, fa_matvec *out)
+{
+    static const char *const names[] = { [FA_MATVEC_AUTO] = "auto", [FA_MATVEC_OWN] = "own",
+                                         [FA_MATVEC_BLAS] = "blas" };
+    for (int i = 0; i < 3; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *out = (fa_matvec)i;
+            return 0;
+        }
+    return -1;
+}
+
 static const char *gen_help =
     "usage: flashattn generate [options]\n"
     "\n"
@@ -59,57 +71,60 @@ int cmd_generate(int argc, char **argv)
     int print_ids = 0;
     fa_matvec matvec = FA_MATVEC_AUTO;
     fa_backend backend = FA_BACKEND_CPU;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int used = cli_backend_option("generate", argc, argv, &i, &backend, &threads);
-        if (used == CLI_EXIT_USAGE)
-            return used;
-        if (used)
-            continue;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            fputs(gen_help, stdout);
-            return 0;
-        } else if (strcmp(a, "--ids") == 0) {
-            print_ids = 1;
-            continue;
-        }
-        if (!v)
-            return cli_usage_error("generate", "%s needs a value", a);
-        if (strcmp(a, "--model") == 0)
+    enum { MODEL, TOKENIZER, PROMPT, STEPS, TEMPERATURE, TOPP, SEED, CHUNK, MATVEC, IDS, N_OPTIONS };
+    static const cli_option options[N_OPTIONS] = {
+        [MODEL] = { "--model", 1 },   [TOKENIZER] = { "--tokenizer", 1 },
+        [PROMPT] = { "--prompt", 1 }, [STEPS] = { "--steps", 1 },
+        [TEMPERATURE] = { "--temperature", 1 }, [TOPP] = { "--topp", 1 },
+        [SEED] = { "--seed", 1 },     [CHUNK] = { "--chunk", 1 },
+        [MATVEC] = { "--matvec", 1 }, [IDS] = { "--ids", 0 },
+    };
+    cli_args args = { "generate", gen_help, argc, argv, options, N_OPTIONS, &backend, &threads, 0 };
+    int opt, rc;
+    const char *v;
+    while ((rc = cli_next_option(&args, &opt, &v)) == 1) {
+        switch (opt) {
+        case MODEL:
             model_path = v;
-        else if (strcmp(a, "--tokenizer") == 0)
+            break;
+        case TOKENIZER:
             tok_path = v;
-        else if (strcmp(a, "--prompt") == 0)
+            break;
+        case PROMPT:
             prompt = v;
-        else if (strcmp(a, "--steps") == 0) {
+            break;
+        case STEPS:
             if (cli_parse_int(v, 0, INT32_MAX, &steps) != 0)
-                return cli_usage_error("generate", "--steps needs an integer >= 0");
-        } else if (strcmp(a, "--temperature") == 0) {
+                return cli_usage_error("generate", "--steps needs an integer in 0..%d", INT32_MAX);
+            break;
+        case TEMPERATURE:
             if (cli_parse_float(v, &temperature) != 0 || temperature < 0)
                 return cli_usage_error("generate", "--temperature needs a number >= 0");
-        } else if (strcmp(a, "--topp") == 0) {
+            break;
+        case TOPP:
             if (cli_parse_float(v, &topp) != 0 || topp < 0 || topp > 1)
                 return cli_usage_error("generate", "--topp needs a number in 0..1");
-        } else if (strcmp(a, "--seed") == 0) {
+            break;
+        case SEED:
             if (cli_parse_int(v, 0, INT64_MAX, &seed) != 0)
-                return cli_usage_error("generate", "--seed needs an integer >= 0");
-        } else if (strcmp(a, "--chunk") == 0) {
+                return cli_usage_error("generate", "--seed needs an integer in 0..%lld",
+                                       (long long)INT64_MAX);
+            break;
+        case CHUNK:
             if (cli_parse_int(v, 1, INT32_MAX, &chunk) != 0)
-                return cli_usage_error("generate", "--chunk needs an integer >= 1");
-        } else if (strcmp(a, "--matvec") == 0) {
-            if (strcmp(v, "auto") == 0)
-                matvec = FA_MATVEC_AUTO;
-            else if (strcmp(v, "own") == 0)
-                matvec = FA_MATVEC_OWN;
-            else if (strcmp(v, "blas") == 0)
-                matvec = FA_MATVEC_BLAS;
-            else
+                return cli_usage_error("generate", "--chunk needs an integer in 1..%d", INT32_MAX);
+            break;
+        case MATVEC:
+            if (cli_parse_matvec(v, &matvec) != 0)
                 return cli_usage_error("generate", "--matvec needs auto, own or blas");
-        } else {
-            return cli_usage_error("generate", "unknown option '%s'", a);
+            break;
+        case IDS:
+            print_ids = 1;
+            break;
         }
-        i++;
     }
+    if (rc != 0)
+        return rc == CLI_HELP ? 0 : rc;
     if (backend != FA_BACKEND_CPU)
         return cli_usage_error("generate", "--backend: the runner keeps its KV cache in host "
                                            "memory and runs on cpu only");
@@ -123,7 +138,7 @@ int cmd_generate(int argc, char **argv)
     fa_model_state *st = NULL;
     fa_context_t ctx = NULL;
     sink k = { NULL, 0, 0 };
-    int rc = CLI_EXIT_FAIL;
+    rc = CLI_EXIT_FAIL;
     fa_status s;
     if ((s = fa_model_open(model_path, &m, err)) != FA_OK ||
         (s = fa_tokenizer_open(tok_path, m->config.vocab_size, &tok, err)) != FA_OK ||
@@ -196,25 +211,24 @@ int cmd_gen_model(int argc, char **argv)
 {
     const char *spec = NULL, *out = NULL;
     long seed = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            fputs(gm_help, stdout);
-            return 0;
-        }
-        if (!v)
-            return cli_usage_error("gen-model", "%s needs a value", a);
-        if (strcmp(a, "--config") == 0)
+    enum { CONFIG, OUT, SEED, N_OPTIONS };
+    static const cli_option options[N_OPTIONS] = {
+        [CONFIG] = { "--config", 1 }, [OUT] = { "--out", 1 }, [SEED] = { "--seed", 1 },
+    };
+    cli_args args = { "gen-model", gm_help, argc, argv, options, N_OPTIONS, NULL, NULL, 0 };
+    int opt, rc;
+    const char *v;
+    while ((rc = cli_next_option(&args, &opt, &v)) == 1) {
+        if (opt == CONFIG)
             spec = v;
-        else if (strcmp(a, "--out") == 0)
+        else if (opt == OUT)
             out = v;
-        else if (strcmp(a, "--seed") == 0) {
-            if (cli_parse_int(v, 0, INT64_MAX, &seed) != 0)
-                return cli_usage_error("gen-model", "--seed needs an integer >= 0");
-        } else
-            return cli_usage_error("gen-model", "unknown option '%s'", a);
-        i++;
+        else if (cli_parse_int(v, 0, INT64_MAX, &seed) != 0)
+            return cli_usage_error("gen-model", "--seed needs an integer in 0..%lld",
+                                   (long long)INT64_MAX);
     }
+    if (rc != 0)
+        return rc == CLI_HELP ? 0 : rc;
     if (!spec || !out)
         return cli_usage_error("gen-model", "--config and --out are required");
     char err[FA_MODEL_ERR_LEN];

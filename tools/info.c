@@ -46,20 +46,11 @@ int cmd_info(int argc, char **argv)
 {
     fa_backend backend = FA_BACKEND_AUTO;
     long threads = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int used = cli_backend_option("info", argc, argv, &i, &backend, &threads);
-        if (used == CLI_EXIT_USAGE)
-            return used;
-        if (used) {
-            continue;
-        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            fputs(help, stdout);
-            return 0;
-        } else {
-            return cli_usage_error("info", "unknown option '%s'", a);
-        }
-    }
+    cli_args args = { "info", help, argc, argv, NULL, 0, &backend, &threads, 0 };
+    int opt, rc;
+    const char *v;
+    if ((rc = cli_next_option(&args, &opt, &v)) != 0) /* --backend and --threads only */
+        return rc == CLI_HELP ? 0 : rc;
     printf("flashattn %s\n", fa_version_string());
     printf("backends:\n");
     static const fa_backend all[] = { FA_BACKEND_CPU, FA_BACKEND_CUDA, FA_BACKEND_GLES };

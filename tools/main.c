@@ -2,6 +2,7 @@
 /* `flashattn`: benchmark, check and describe the library from the command line. */
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -13,9 +14,12 @@ static const char *usage =
     "usage: flashattn <command> [options]\n"
     "\n"
     "commands:\n"
-    "  bench   time flash attention against standard attention, with errors against float64\n"
-    "  check   run the conformance grid against float64; exit 1 on any failure\n"
-    "  info    version, backends, CPU features, caches, chosen kernels and tile sizes\n"
+    "  bench        time flash attention against standard attention, with errors against float64\n"
+    "  check        run the conformance grid against float64; exit 1 on any failure\n"
+    "  info         version, backends, CPU features, caches, chosen kernels and tile sizes\n"
+    "  generate     text from a llama2.c checkpoint, attention through flashattn\n"
+    "  gen-model    write a synthetic llama2.c checkpoint of any Llama shape\n"
+    "  bench-model  the Llama runner end to end, flash against standard attention\n"
     "\n"
     "`flashattn <command> --help` describes each command's options.\n";
 
@@ -30,9 +34,15 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     return CLI_EXIT_USAGE;
 }
 
+/* strtol and strtoull skip leading spaces and take a sign; the parsers take neither */
+static int starts_number(const char *s, int sign)
+{
+    return s && ((*s >= '0' && *s <= '9') || (sign && *s == '-' && s[1] >= '0' && s[1] <= '9'));
+}
+
 int cli_parse_int(const char *s, long lo, long hi, long *out)
 {
-    if (!s || !*s)
+    if (!starts_number(s, 1))
         return -1;
     char *end;
     errno = 0;
@@ -43,9 +53,22 @@ int cli_parse_int(const char *s, long lo, long hi, long *out)
     return 0;
 }
 
+int cli_parse_u64(const char *s, uint64_t *out)
+{
+    if (!starts_number(s, 0))
+        return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end)
+        return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
 int cli_parse_float(const char *s, double *out)
 {
-    if (!s || !*s)
+    if (!s || !*s || isspace((unsigned char)*s))
         return -1;
     char *end;
     errno = 0;
@@ -58,19 +81,23 @@ int cli_parse_float(const char *s, double *out)
 
 int cli_parse_int_list(const char *s, long lo, long hi, long *out, int cap)
 {
-    if (!s || !*s)
+    if (!s)
         return -1;
-    char buf[256];
-    if (strlen(s) >= sizeof(buf))
-        return -1;
-    strcpy(buf, s);
     int n = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (n >= cap || cli_parse_int(tok, lo, hi, &out[n]) != 0)
+    for (;;) {
+        const char *comma = strchr(s, ',');
+        size_t len = comma ? (size_t)(comma - s) : strlen(s);
+        char item[32];
+        if (n >= cap || len == 0 || len >= sizeof(item))
             return -1;
-        n++;
+        memcpy(item, s, len);
+        item[len] = 0;
+        if (cli_parse_int(item, lo, hi, &out[n++]) != 0)
+            return -1;
+        if (!comma)
+            return n;
+        s = comma + 1;
     }
-    return n > 0 ? n : -1;
 }
 
 int cli_parse_backend(const char *s, fa_backend *out)
@@ -102,21 +129,42 @@ const char *cli_dtype_name(fa_dtype t)
     return t == FA_DTYPE_F32 ? "f32" : t == FA_DTYPE_F16 ? "f16" : "bf16";
 }
 
-int cli_backend_option(const char *cmd, int argc, char **argv, int *i, fa_backend *backend,
-                       long *threads)
+int cli_next_option(cli_args *a, int *which, const char **value)
 {
-    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
-    if (strcmp(a, "--backend") == 0) {
-        if (!v || cli_parse_backend(v, backend) != 0)
-            return cli_usage_error(cmd, "--backend needs auto, cpu, cuda or gles");
-    } else if (strcmp(a, "--threads") == 0) {
-        if (cli_parse_int(v, 0, FA_MAX_THREADS, threads) != 0)
-            return cli_usage_error(cmd, "--threads needs an integer in 0..%d", FA_MAX_THREADS);
-    } else {
-        return 0;
+    for (;;) {
+        if (++a->at >= a->argc)
+            return 0;
+        const char *arg = a->argv[a->at];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            fputs(a->help, stdout);
+            return CLI_HELP;
+        }
+        const int backend = a->backend && strcmp(arg, "--backend") == 0,
+                  threads = a->backend && strcmp(arg, "--threads") == 0;
+        int i = 0;
+        while (!backend && !threads && i < a->n_options && strcmp(arg, a->options[i].name) != 0)
+            i++;
+        if (!backend && !threads && i == a->n_options)
+            return cli_usage_error(a->cmd, arg[0] == '-' ? "unknown option '%s'"
+                                                         : "unexpected argument '%s'", arg);
+        const char *v = NULL;
+        if (backend || threads || a->options[i].takes_value) {
+            if (a->at + 1 >= a->argc)
+                return cli_usage_error(a->cmd, "%s needs a value", arg);
+            v = a->argv[++a->at];
+        }
+        if (backend) {
+            if (cli_parse_backend(v, a->backend) != 0)
+                return cli_usage_error(a->cmd, "--backend needs auto, cpu, cuda or gles");
+        } else if (threads) {
+            if (cli_parse_int(v, 0, FA_MAX_THREADS, a->threads) != 0)
+                return cli_usage_error(a->cmd, "--threads needs an integer in 0..%d", FA_MAX_THREADS);
+        } else {
+            *which = i;
+            *value = v;
+            return 1;
+        }
     }
-    (*i)++;
-    return 1;
 }
 
 int cli_size(size_t *out, const int64_t *factors, int n)
@@ -226,6 +274,6 @@ int main(int argc, char **argv)
         return cmd_bench_model(argc - 1, argv + 1);
     if (strcmp(cmd, "gen-model") == 0)
         return cmd_gen_model(argc - 1, argv + 1);
-    fprintf(stderr, "flashattn: unknown command '%s'\n%s", cmd, usage);
+    fprintf(stderr, "flashattn: unknown command '%s' (see `flashattn --help`)\n", cmd);
     return CLI_EXIT_USAGE;
 }
