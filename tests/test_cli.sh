@@ -158,7 +158,12 @@ Lily"
 expect_rc 0 "generate greedy" "$fa" generate --prompt "Once upon a time" --steps 64 --temperature 0 --ids
 [ "$(cat "$tmp/out")" = "$want" ] || { echo "FAIL: generate text differs:"; cat "$tmp/out"; fails=$((fails + 1)); }
 grep -q "^ids: 1 403 407 261 378 432 383 .* 426 13 438 310$" "$tmp/err" || { echo "FAIL: generate ids"; cat "$tmp/err"; fails=$((fails + 1)); }
-grep -q "prompt tokens 5, prefill .* ms (.* tok/s), decode .* tok/s" "$tmp/err" || { echo "FAIL: generate summary"; cat "$tmp/err"; fails=$((fails + 1)); }
+grep -q "^prompt tokens 5, prefill .* ms (.* tok/s) after a .* ms warm-up, decode .* tok/s" "$tmp/err" || { echo "FAIL: generate summary"; cat "$tmp/err"; fails=$((fails + 1)); }
+# stdout and stderr on one file, as `make run` shows them: the text ends in a newline before
+# the statistics
+"$fa" generate --prompt "Once upon a time" --steps 64 --temperature 0 >"$tmp/both" 2>&1
+[ "$(tail -n 2 "$tmp/both" | head -n 1)" = "Lily" ] && tail -n 1 "$tmp/both" | grep -q "^prompt tokens 5, prefill" ||
+  { echo "FAIL: generate: the text and the statistics are not on lines of their own"; tail -n 3 "$tmp/both"; fails=$((fails + 1)); }
 expect_rc 0 "generate sampled, chunked prefill" "$fa" generate --prompt "Lily" --steps 40 --temperature 0.8 --topp 0.9 --seed 7 --chunk 2
 cp "$tmp/out" "$tmp/s1"
 expect_rc 0 "generate sampled again" "$fa" generate --prompt "Lily" --steps 40 --temperature 0.8 --topp 0.9 --seed 7 --matvec blas

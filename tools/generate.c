@@ -25,7 +25,8 @@ static const char *gen_help =
     "Generates text with a llama2.c checkpoint (legacy format, float32) and its tokenizer,\n"
     "streaming it to stdout as it is produced; attention runs through fa_forward (the whole\n"
     "prompt in one causal prefill, then one query per step against the KV cache). At the\n"
-    "end, stderr gets the prompt tokens, prefill ms and tok/s, and decode tok/s. Steps count\n"
+    "end, stderr gets the prompt tokens, prefill ms and tok/s (timed warm, after a short\n"
+    "forward of the prompt's start, whose ms is given too), and decode tok/s. Steps count\n"
     "the prompt (BOS included), as llama2.c's run.c does; generation stops at BOS or EOS.\n"
     "\n"
     "  --model PATH          checkpoint                  [" FA_MODELS_DIR "/stories260K.bin]\n"
@@ -44,7 +45,17 @@ static const char *gen_help =
 typedef struct sink {
     int32_t *ids;
     int64_t n, cap; /* cap: seq_len + 1, past int32 at the largest seq_len */
+    int open_line;  /* text written since its last newline */
 } sink;
+
+/* The text ends its line before anything else is said (stderr may share stdout's file). */
+static void end_text(sink *k)
+{
+    if (k->open_line)
+        fputc('\n', stdout);
+    k->open_line = 0;
+    fflush(stdout);
+}
 
 static int on_token(void *user, int32_t token, const char *text, size_t len)
 {
@@ -54,9 +65,10 @@ static int on_token(void *user, int32_t token, const char *text, size_t len)
     /* raw bytes, except control characters other than whitespace (a terminal's safety) */
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)text[i];
-        if (c >= 0x20 || c == '\n' || c == '\t' || c == '\r')
-            if (c != 0x7f)
-                fputc(c, stdout);
+        if ((c >= 0x20 || c == '\n' || c == '\t' || c == '\r') && c != 0x7f) {
+            fputc(c, stdout);
+            k->open_line = c != '\n';
+        }
     }
     fflush(stdout);
     return 0;
@@ -137,7 +149,7 @@ int cmd_generate(int argc, char **argv)
     fa_sampler *smp = NULL;
     fa_model_state *st = NULL;
     fa_context_t ctx = NULL;
-    sink k = { NULL, 0, 0 };
+    sink k = { NULL, 0, 0, 0 };
     rc = CLI_EXIT_FAIL;
     fa_status s;
     if ((s = fa_model_open(model_path, &m, err)) != FA_OK ||
@@ -165,7 +177,7 @@ int cmd_generate(int argc, char **argv)
     fa_generate_stats gs;
     s = fa_generate(m, tok, st, smp, prompt, (int32_t)(steps > INT32_MAX ? 0 : steps), on_token, &k,
                     &gs, err);
-    printf("\n");
+    end_text(&k);
     if (s != FA_OK) {
         fprintf(stderr, "flashattn generate: %s (%s)\n", err, fa_status_string(s));
         goto done;
@@ -177,10 +189,11 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "\n");
     }
     fprintf(stderr,
-            "prompt tokens %d, prefill %.3f ms (%.0f tok/s), decode %d tokens in %.3f ms (%.1f "
-            "tok/s), seed %ld\n",
+            "prompt tokens %d, prefill %.3f ms (%.0f tok/s) after a %.3f ms warm-up, decode %d "
+            "tokens in %.3f ms (%.1f tok/s), seed %ld\n",
             (int)gs.prompt_tokens, gs.prefill_s * 1e3,
-            gs.prefill_s > 0 ? gs.prompt_tokens / gs.prefill_s : 0.0, (int)gs.decode_steps,
+            gs.prefill_s > 0 ? gs.prompt_tokens / gs.prefill_s : 0.0, gs.warmup_s * 1e3,
+            (int)gs.decode_steps,
             gs.decode_s * 1e3, gs.decode_s > 0 ? gs.decode_steps / gs.decode_s : 0.0, seed);
     rc = 0;
 done:

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* Generation as llama2.c's run.c: BOS + prompt, `steps` forwards in all; stops when BOS is
- * sampled, as run.c does, and at EOS (the end of a sequence) as well. */
+ * sampled, as run.c does, and at EOS (the end of a sequence) as well. The prefill is timed
+ * warm: a short forward of the prompt's start runs first. */
 #include "model.h"
 
 #include <stdlib.h>
@@ -50,7 +51,13 @@ fa_status fa_generate(const fa_model *m, const fa_tokenizer *t, fa_model_state *
     int32_t np = n < steps ? n : steps, stop = 0;
     stats->prompt_tokens = np;
     float *logits;
+    /* the warm-up writes the cache positions the prefill then writes again with the same values */
     double t0 = now();
+    st = fa_model_forward(m, s, ids, np < FA_GENERATE_WARMUP ? np : FA_GENERATE_WARMUP, 0, NULL, err);
+    stats->warmup_s = now() - t0;
+    if (st != FA_OK)
+        goto done;
+    t0 = now();
     st = fa_model_forward(m, s, ids, np, 0, &logits, err);
     stats->prefill_s = now() - t0;
     if (st != FA_OK)

@@ -188,16 +188,21 @@ fa_status fa_model_forward(const fa_model *m, fa_model_state *s, const int32_t *
 typedef struct fa_generate_stats {
     int32_t prompt_tokens; /* BOS included */
     int32_t generated;     /* sampled tokens */
-    double prefill_s;
+    double warmup_s;       /* a first forward of the prompt's first FA_GENERATE_WARMUP tokens:
+                              threads started, weights paged in (a cold call is mostly that) */
+    double prefill_s;      /* the prompt's prefill after it */
     int32_t decode_steps;  /* one-token forwards */
     double decode_s;
 } fa_generate_stats;
+
+#define FA_GENERATE_WARMUP 16
 
 /* Called with each token as it is produced (prompt tokens after BOS too) and
  * its text; a non-zero return stops generation. */
 typedef int (*fa_token_fn)(void *user, int32_t token, const char *text, size_t len);
 
-/* steps <= 0 or > seq_len means seq_len. */
+/* steps <= 0 or > seq_len means seq_len. The prompt's first FA_GENERATE_WARMUP tokens run
+ * once before its prefill (stats->warmup_s), so that stats->prefill_s is a warm time. */
 fa_status fa_generate(const fa_model *m, const fa_tokenizer *t, fa_model_state *s, fa_sampler *smp,
                       const char *prompt, int32_t steps, fa_token_fn on_token, void *user,
                       fa_generate_stats *stats, char *err);
