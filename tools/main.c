@@ -192,8 +192,9 @@ uint64_t cli_mem_available(void)
     return (uint64_t)kb * 1024;
 }
 
-/* The next of cli_plan_tensors' address ranges: at *at, *at moved past rows x cols floats (or
- * halves) and a gap. Sizes from validated-to-be shapes stay far below 2^63. */
+/* The next of cli_plan_tensors' address ranges: at *at, then *at moved past its rows x cols
+ * elements and a page of gap. The callers' shapes (info's table, a runner's prompt) keep the
+ * ranges far below the top of the address space. */
 static void *plan_range(uintptr_t *at, int64_t rows, int64_t cols, int64_t esz)
 {
     void *p = (void *)*at;
