@@ -103,16 +103,14 @@ fa_status fa_error(struct fa_context *ctx, fa_status status, const char *fmt, ..
 
 const char *fa_last_create_error(void) { return create_error; }
 
-static fa_status try_backend_shared(const fa_backend_iface *iface, int32_t threads, void *display,
-                                    void *share, fa_context_t *out)
+static fa_status try_backend_native(const fa_backend_iface *iface, int32_t threads, const void *native,
+                                    fa_context_t *out)
 {
     struct fa_context *ctx = calloc(1, sizeof(*ctx));
     if (!ctx)
         return fa_error(NULL, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the context");
     ctx->iface = iface;
-    ctx->gles_display = display;
-    ctx->gles_share = share;
-    fa_status st = iface->init(ctx, threads, &ctx->state);
+    fa_status st = iface->init(ctx, threads, native, &ctx->state);
     if (st != FA_OK) {
         /* the backend wrote its reason into ctx->error */
         snprintf(create_error, sizeof(create_error), "%s", ctx->error);
@@ -125,37 +123,35 @@ static fa_status try_backend_shared(const fa_backend_iface *iface, int32_t threa
 
 static fa_status try_backend(const fa_backend_iface *iface, int32_t threads, fa_context_t *out)
 {
-    return try_backend_shared(iface, threads, NULL, NULL, out);
+    return try_backend_native(iface, threads, NULL, out);
 }
 
-fa_status fa_gles_context_create(void *egl_display, void *egl_context, fa_context_t *out)
+fa_status fa_context_create_native(fa_backend id, const void *native, fa_context_t *out)
 {
     create_error[0] = '\0';
     if (!out)
         return fa_error(NULL, FA_ERR_NULL_POINTER, "out must not be NULL");
     *out = NULL;
-    if (!egl_display || !egl_context)
-        return fa_error(NULL, FA_ERR_NULL_POINTER, "%s must not be NULL",
-                        !egl_display ? "egl_display" : "egl_context");
-    const fa_backend_iface *iface = fa_registry_get(FA_BACKEND_GLES);
+    const fa_backend_iface *iface = fa_registry_get(id);
     if (!iface)
         return fa_error(NULL, FA_ERR_BACKEND_UNAVAILABLE,
-                        "backend 'gles' was not built into this library (see `flashattn info`)");
-    return try_backend_shared(iface, 0, egl_display, egl_context, out);
+                        "backend '%s' was not built into this library (see `flashattn info`)",
+                        fa_backend_name(id));
+    return try_backend_native(iface, 0, native, out);
 }
 
-fa_status fa_gles_buffer_wrap(fa_context_t ctx, uint32_t buffer, size_t bytes, void **ptr)
+fa_status fa_context_import(fa_context_t ctx, uint64_t handle, size_t bytes, void **ptr)
 {
     if (!ctx)
         return FA_ERR_NULL_POINTER;
     if (!ptr)
         return fa_error(ctx, FA_ERR_NULL_POINTER, "ptr must not be NULL");
     *ptr = NULL;
-    if (!ctx->iface->mem_import || !ctx->gles_share)
+    if (!ctx->iface->mem_import)
         return fa_error(ctx, FA_ERR_UNSUPPORTED,
-                        "fa_gles_buffer_wrap needs a context from fa_gles_context_create (this "
-                        "one is a '%s' context of its own)", ctx->iface->name);
-    fa_status st = ctx->iface->mem_import(ctx, ctx->state, buffer, bytes, ptr);
+                        "this '%s' context imports no memory objects of the caller's",
+                        ctx->iface->name);
+    fa_status st = ctx->iface->mem_import(ctx, ctx->state, handle, bytes, ptr);
     if (st == FA_OK)
         ctx->error[0] = '\0';
     return st;

@@ -54,8 +54,9 @@ struct fa_context;
 typedef struct fa_backend_iface {
     fa_backend id;
     const char *name;
-    /* Probe the machine; FA_OK when usable. Sets *state (owned by the backend). */
-    fa_status (*init)(struct fa_context *ctx, int32_t num_threads, void **state);
+    /* Probe the machine; FA_OK when usable. Sets *state (owned by the backend). native: NULL,
+     * or what the backend's own context constructor passed (fa_context_create_native). */
+    fa_status (*init)(struct fa_context *ctx, int32_t num_threads, const void *native, void **state);
     void (*destroy)(void *state);
     /* Append "key: value" lines about the backend. */
     void (*info)(void *state, char *buf, size_t cap, size_t *len);
@@ -72,8 +73,9 @@ typedef struct fa_backend_iface {
     /* to_backend: host src -> backend dst, else backend src -> host dst. */
     fa_status (*mem_copy)(struct fa_context *ctx, void *state, void *dst, const void *src,
                           size_t bytes, int to_backend);
-    /* GLES: a buffer object of the caller's (shared context) as memory, like mem_alloc's. */
-    fa_status (*mem_import)(struct fa_context *ctx, void *state, uint32_t buffer, size_t bytes,
+    /* A memory object of the caller's, named by a native handle, as memory like mem_alloc's
+     * (fa_context_import); NULL where the backend imports nothing. */
+    fa_status (*mem_import)(struct fa_context *ctx, void *state, uint64_t handle, size_t bytes,
                             void **ptr);
     fa_status (*set_stream)(struct fa_context *ctx, void *state, void *stream);
     fa_status (*synchronize)(struct fa_context *ctx, void *state);
@@ -82,7 +84,6 @@ typedef struct fa_backend_iface {
 struct fa_context {
     const fa_backend_iface *iface;
     void *state;
-    void *gles_display, *gles_share; /* fa_gles_context_create's, read by the GLES init */
     fa_run_info last_run;
     int has_last_run;
     char error[FA_ERROR_CAP];
@@ -98,6 +99,14 @@ fa_status fa_validate_forward(struct fa_context *ctx, const fa_attention_desc *d
 
 /* Validate a backward call: its forward descriptor, the LSE, d_o and the gradients. */
 fa_status fa_validate_backward(struct fa_context *ctx, const fa_backward_desc *desc, fa_problem *p);
+
+/* A context on backend id whose init gets `native` (a backend's own constructor, such as
+ * fa_gles_context_create, passes what it was given); the creation errors of fa_context_create. */
+fa_status fa_context_create_native(fa_backend id, const void *native, fa_context_t *out);
+
+/* The backend's mem_import of a caller's memory object (fa_gles_buffer_wrap): *ptr as memory
+ * of this context. ptr is checked and cleared first. */
+fa_status fa_context_import(struct fa_context *ctx, uint64_t handle, size_t bytes, void **ptr);
 
 /* Built-in backends, NULL when not compiled in. */
 const fa_backend_iface *fa_registry_get(fa_backend id);

@@ -25,8 +25,9 @@ static int kernels_usable(const fa_cpu_machine *m, const fa_cpu_kernels *k)
     return 1;
 }
 
-static fa_status cpu_init(fa_context_t ctx, int32_t num_threads, void **state)
+static fa_status cpu_init(fa_context_t ctx, int32_t num_threads, const void *native, void **state)
 {
+    (void)native;
     fa_cpu_state *s = calloc(1, sizeof(*s));
     if (!s)
         return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the CPU backend");

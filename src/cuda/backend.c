@@ -63,8 +63,9 @@ static fa_status cuda_fail(fa_context_t ctx, cudaError_t err, const char *what)
                     cudaGetErrorName(err), cudaGetErrorString(err));
 }
 
-static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, void **state)
+static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *native, void **state)
 {
+    (void)native;
     (void)num_threads;
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);

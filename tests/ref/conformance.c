@@ -173,11 +173,28 @@ static int run_algo(fa_context_t ctx, fa_case_inputs *in, fa_case_staged *st, fa
     for (int64_t i = 0; in->lse && i < in->lse_bytes / 4; i++)
         in->lse[i] = NAN;
     st->d.algorithm = a;
-    fa_status s = fa_memory_upload(ctx, st->o, in->o, (size_t)in->o_bytes);
+    fa_run_info plan = { .size = sizeof(plan) }, ran = { .size = sizeof(ran) };
+    fa_status s = fa_forward_plan(ctx, &st->d, &plan);
+    if (s == FA_OK)
+        s = fa_memory_upload(ctx, st->o, in->o, (size_t)in->o_bytes);
     if (s == FA_OK && in->lse)
         s = fa_memory_upload(ctx, st->lse, in->lse, (size_t)in->lse_bytes);
     if (s == FA_OK)
         s = fa_forward(ctx, &st->d);
+    if (s == FA_OK)
+        s = fa_context_last_run(ctx, &ran);
+    /* the plan is what runs: kernel, tiles, threads and workspace alike */
+    if (s == FA_OK && (strcmp(plan.kernel, ran.kernel) != 0 || plan.block_q != ran.block_q ||
+                       plan.block_k != ran.block_k || plan.threads != ran.threads ||
+                       plan.workspace_bytes != ran.workspace_bytes)) {
+        snprintf(res->message, sizeof(res->message),
+                 "fa_forward_plan reported %s %dx%d, %d threads, %llu bytes; fa_forward ran %s %dx%d, "
+                 "%d threads, %llu bytes",
+                 plan.kernel, (int)plan.block_q, (int)plan.block_k, (int)plan.threads,
+                 (unsigned long long)plan.workspace_bytes, ran.kernel, (int)ran.block_q, (int)ran.block_k,
+                 (int)ran.threads, (unsigned long long)ran.workspace_bytes);
+        return -1;
+    }
     if (s == FA_OK)
         s = fa_context_synchronize(ctx);
     if (s == FA_OK)
