@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
 # `make run`: build, then benchmark flashattn on the best backend present.
-# `make test`: build, then run every test through CTest.
+# `make test`: build, then run the first tier of tests through CTest (minutes);
+# `make test-full`: the second tier (label "full": every GLES head_dim on each fused forward).
 # Both install the Debian packages the build needs when they are missing.
 
 BUILD ?= build
@@ -9,7 +10,7 @@ DEPS := cmake gcc make libopenblas-dev libcmocka-dev libegl-dev libgles-dev libe
         clang libclang-rt-dev libomp-dev
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run test sanitize fuzz clean
+.PHONY: all deps build run test test-full sanitize fuzz clean
 
 all: build
 
@@ -32,13 +33,16 @@ run: build
 	./$(BUILD)/flashattn generate --prompt "Once upon a time" --steps 128 --temperature 0.8 --seed 42
 
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE full
+
+test-full: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L full
 
 # The tests again with AddressSanitizer + UndefinedBehaviorSanitizer (used by CI).
 sanitize: deps
 	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFA_SANITIZE=ON
 	cmake --build $(BUILD)-asan -j $(JOBS)
-	cd $(BUILD)-asan && FLASHATTN_TEST_QUICK=1 ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD)-asan && FLASHATTN_TEST_QUICK=1 ctest --output-on-failure -j $(JOBS) -LE full
 
 # The checkpoint and tokenizer loaders under libFuzzer (clang) for FUZZ_SECONDS, seeded with
 # tok512 and a tiny synthetic checkpoint (used by CI).
