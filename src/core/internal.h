@@ -44,9 +44,37 @@ typedef struct fa_problem {
 /* Sequence b's extents and offsets. */
 fa_seq fa_problem_seq(const fa_problem *p, int32_t b);
 
+/* The mask's geometry, the one definition every C backend calls: query row i of a sequence
+ * sees key j when i + off - win_left <= j <= i + off + win_right, off = k_len - q_len (the
+ * diagonal aligned bottom-right), 0 <= j < k_len. */
+
 /* Key range [lo, hi) that query rows [r0, r1) of a sequence may see. Empty when hi <= lo. */
-void fa_problem_key_range(const fa_problem *p, const fa_seq *s, int64_t r0, int64_t r1,
-                          int64_t *lo, int64_t *hi);
+static inline void fa_problem_key_range(const fa_problem *p, const fa_seq *s, int64_t r0, int64_t r1,
+                                        int64_t *lo, int64_t *hi)
+{
+    const int64_t off = (int64_t)s->k_len - s->q_len;
+    const int64_t a = r0 + off - p->win_left, b = (r1 - 1) + off + p->win_right + 1;
+    *lo = a < 0 ? 0 : a;
+    *hi = b > s->k_len ? s->k_len : b;
+}
+
+/* Query range [lo, hi) of the rows that see any of keys [k0, k1). Empty when hi <= lo. */
+static inline void fa_problem_query_range(const fa_problem *p, const fa_seq *s, int64_t k0, int64_t k1,
+                                          int64_t *lo, int64_t *hi)
+{
+    const int64_t off = (int64_t)s->k_len - s->q_len;
+    const int64_t a = k0 - off - p->win_right, b = (k1 - 1) - off + p->win_left + 1;
+    *lo = a < 0 ? 0 : a;
+    *hi = b > s->q_len ? s->q_len : b;
+}
+
+/* Whether every query row of [r0, r1) sees every key of [k0, k1): no mask to apply. */
+static inline int fa_problem_tile_full(const fa_problem *p, const fa_seq *s, int64_t r0, int64_t r1,
+                                       int64_t k0, int64_t k1)
+{
+    const int64_t off = (int64_t)s->k_len - s->q_len;
+    return k1 <= s->k_len && k0 >= (r1 - 1) + off - p->win_left && k1 - 1 <= r0 + off + p->win_right;
+}
 
 struct fa_context;
 

@@ -479,15 +479,6 @@ fa_seq fa_problem_seq(const fa_problem *p, int32_t b)
     return s;
 }
 
-void fa_problem_key_range(const fa_problem *p, const fa_seq *s, int64_t r0, int64_t r1,
-                          int64_t *lo, int64_t *hi)
-{
-    int64_t off = (int64_t)s->k_len - s->q_len;
-    int64_t a = r0 + off - p->win_left, b = (r1 - 1) + off + p->win_right + 1;
-    *lo = a < 0 ? 0 : a;
-    *hi = b > s->k_len ? s->k_len : b;
-}
-
 fa_status fa_validate_backward(fa_context_t ctx, const fa_backward_desc *bd, fa_problem *p)
 {
     if (!bd)

@@ -192,10 +192,9 @@ static void pass_a(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu
         bf->ones[i] = 1.0f;
 
     /* query rows that see any of these keys, on a fixed grid of qpos */
-    int64_t off = (int64_t)cc.seq.k_len - cc.seq.q_len;
-    int64_t lo = k0 - off - p->win_right, hi = k0 + kn - 1 - off + p->win_left + 1;
-    lo = lo < 0 ? 0 : lo / qpos * qpos;
-    hi = hi > cc.seq.q_len ? cc.seq.q_len : hi;
+    int64_t lo, hi;
+    fa_problem_query_range(p, &cc.seq, k0, k0 + kn, &lo, &hi);
+    lo = lo / qpos * qpos;
     if (with_dq) { /* every dQ row is written, seen keys or not */
         lo = 0;
         hi = cc.seq.q_len;

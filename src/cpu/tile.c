@@ -64,9 +64,7 @@ void fa_cpu_load_rows(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
 
 int fa_cpu_tile_full(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int64_t j1)
 {
-    int64_t off = (int64_t)cc->seq.k_len - cc->seq.q_len;
-    int64_t first = cc->r0, last = cc->r0 + cc->npos - 1;
-    return j0 >= last + off - p->win_left && j1 - 1 <= first + off + p->win_right;
+    return fa_problem_tile_full(p, &cc->seq, cc->r0, cc->r0 + cc->npos, j0, j1);
 }
 
 void fa_cpu_mask(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int32_t n, float *st,
@@ -74,12 +72,14 @@ void fa_cpu_mask(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int32_t
 {
     if (full_tile)
         return;
-    int64_t off = (int64_t)cc->seq.k_len - cc->seq.q_len;
     for (int32_t c = 0; c < cc->ncols; c++) {
-        int64_t pos = cc->r0 + c / p->group;
-        int64_t lo = pos + off - p->win_left - j0, hi = pos + off + p->win_right - j0;
+        const int64_t pos = cc->r0 + c / p->group;
+        int64_t lo, hi; /* the tile's keys lie inside the sequence: the clamps change nothing */
+        fa_problem_key_range(p, &cc->seq, pos, pos + 1, &lo, &hi);
+        lo -= j0;
+        hi -= j0;
         for (int32_t j = 0; j < n; j++)
-            if (j < lo || j > hi)
+            if (j < lo || j >= hi)
                 st[(int64_t)j * lds + c] = -INFINITY;
     }
 }
