@@ -42,10 +42,14 @@ void fa_ref_fill(fa_rng *r, fa_dtype t, void *p, int64_t n, double amp)
         fa_ref_encode(t, p, i, amp * fa_rng_uniform(r));
 }
 
-/* Read o (in its layout) into the reference's packed-row order. */
+/* Read o (in its layout) and lse (through its strides, all 0 = the contiguous default) into
+ * the reference's packed-row order. */
 static void gather(const fa_attention_desc *d, double *out, double *lse_out)
 {
     const int32_t hq = d->num_heads_q, dim = d->head_dim;
+    const int dflt = !d->lse_stride_batch && !d->lse_stride_head && !d->lse_stride_seq;
+    const int64_t ls = dflt ? 1 : d->lse_stride_seq, lh = dflt ? d->seqlen_q : d->lse_stride_head;
+    const int64_t lb = d->cu_seqlens_q ? 0 : dflt ? (int64_t)hq * d->seqlen_q : d->lse_stride_batch;
     for (int32_t b = 0; b < d->batch; b++) {
         int64_t q0 = d->cu_seqlens_q ? d->cu_seqlens_q[b] : (int64_t)b * d->seqlen_q;
         int64_t sq = d->cu_seqlens_q ? d->cu_seqlens_q[b + 1] - q0 : d->seqlen_q;
@@ -57,9 +61,7 @@ static void gather(const fa_attention_desc *d, double *out, double *lse_out)
                 for (int32_t x = 0; x < dim; x++)
                     out[(row * hq + h) * dim + x] = fa_ref_decode(d->o.dtype, d->o.data, base + x);
                 if (d->lse)
-                    lse_out[row * hq + h] =
-                        d->lse[(d->cu_seqlens_q ? 0 : (int64_t)b * hq * d->seqlen_q) +
-                               (int64_t)h * d->seqlen_q + trow];
+                    lse_out[row * hq + h] = d->lse[b * lb + h * lh + trow * ls];
             }
     }
 }
@@ -160,8 +162,8 @@ int fa_case_stage(fa_context_t ctx, const fa_case_inputs *in, fa_case_staged *st
         void *p = fa_case_translate(src[i]->data, in->q, st->q, in->q_bytes);
         dst[i]->data = p ? p : fa_case_translate(src[i]->data, in->kv, st->kv, in->kv_bytes);
     }
-    d->o.data = st->o;
-    d->lse = st->lse;
+    d->o.data = fa_case_translate(in->d.o.data, in->o, st->o, in->o_bytes);
+    d->lse = fa_case_translate(in->d.lse, in->lse, st->lse, in->lse_bytes);
     return 0;
 }
 
@@ -333,22 +335,14 @@ oom:
     return -1;
 }
 
-int fa_case_run(fa_context_t ctx, const fa_case *c, fa_case_result *res)
+int fa_case_run_staged(fa_context_t ctx, fa_case_inputs *in, fa_case_staged *st,
+                       const char *label, fa_case_result *res)
 {
     memset(res, 0, sizeof(*res));
-    const char *refused = fa_backend_refuses(fa_context_backend(ctx), c);
-    if (refused) {
-        res->passed = fa_case_check_refused(ctx, c, refused, res->message, sizeof(res->message)) == 0;
-        return 0;
-    }
-    fa_case_inputs in;
-    fa_case_staged st;
-    memset(&st, 0, sizeof(st));
     double *o_ref = NULL, *o_got = NULL, *lse_ref = NULL, *lse_got = NULL;
-    if (fa_case_inputs_make(c, c->with_lse, &in) != 0)
-        goto oom;
-    fa_attention_desc *d = &in.d;
-    const int64_t hq = c->heads_q, dim = c->head_dim, rows = in.rows, lse_n = rows * hq;
+    const fa_attention_desc *d = &in->d;
+    const int with_lse = in->lse != NULL;
+    const int64_t hq = d->num_heads_q, dim = d->head_dim, rows = in->rows, lse_n = rows * hq;
     const int64_t o_n = rows * hq * dim;
     const fa_dtype odt = d->o.dtype;
     o_ref = malloc(sizeof(double) * (size_t)(o_n ? o_n : 1));
@@ -359,19 +353,18 @@ int fa_case_run(fa_context_t ctx, const fa_case *c, fa_case_result *res)
         goto oom;
 
     /* Sample rows of very large shapes: the float64 reference is O(n^2 d). */
-    double work = (double)rows * (double)hq * (double)(c->varlen ? in.krows : c->seqlen_k) * (double)dim;
+    double work = (double)rows * (double)hq * (double)(d->cu_seqlens_q ? in->krows : d->seqlen_k) *
+                  (double)dim;
     int64_t every = work > 4e9 ? (int64_t)ceil(work / 4e9) : 1;
     double score_max = 0.0;
     if (fa_ref_attention(d, every, o_ref, lse_ref, &score_max) != 0)
         goto oom;
 
-    double *lg = c->with_lse ? lse_got : NULL;
-    if (fa_case_stage(ctx, &in, &st, res->message, sizeof(res->message)) != 0)
-        goto fail;
-    if (run_algo(ctx, &in, &st, FA_ALGORITHM_STANDARD, o_got, lg, res) != 0)
+    double *lg = with_lse ? lse_got : NULL;
+    if (run_algo(ctx, in, st, FA_ALGORITHM_STANDARD, o_got, lg, res) != 0)
         goto fail;
     errs es = compare(rows, (int32_t)hq, (int32_t)dim, every, o_ref, o_got, lse_ref, lg);
-    if (run_algo(ctx, &in, &st, FA_ALGORITHM_FLASH, o_got, lg, res) != 0)
+    if (run_algo(ctx, in, st, FA_ALGORITHM_FLASH, o_got, lg, res) != 0)
         goto fail;
     errs ef = compare(rows, (int32_t)hq, (int32_t)dim, every, o_ref, o_got, lse_ref, lg);
 
@@ -388,16 +381,13 @@ int fa_case_run(fa_context_t ctx, const fa_case *c, fa_case_result *res)
      * must stay a rounding error, or a shared mistake would pass unseen */
     double gross = 1e-2 * fmax(ef.ref_max, 1e-3) + 4.0 * fa_unit_roundoff(odt) * ef.ref_max;
     res->passed = !ef.non_finite && !ef.bad_masked && ef.o <= res->tolerance && es.o <= gross &&
-                  (!c->with_lse || ef.lse <= lse_tol);
-    if (!res->passed) {
-        char desc[256];
-        fa_case_format(c, desc, sizeof(desc));
+                  (!with_lse || ef.lse <= lse_tol);
+    if (!res->passed)
         snprintf(res->message, sizeof(res->message),
                  "%s%serr %.3g (standard %.3g, tol %.3g) lse err %.3g (tol %.3g): %s",
                  ef.non_finite ? "non-finite output; " : "",
                  ef.bad_masked ? "masked row not 0/-inf; " : "", ef.o, es.o, res->tolerance, ef.lse,
-                 lse_tol, desc);
-    }
+                 lse_tol, label);
     int rc = 0;
     goto done;
 oom:
@@ -405,12 +395,35 @@ oom:
 fail:
     rc = -1;
 done:
-    fa_case_unstage(ctx, &st);
-    fa_case_inputs_free(&in);
     free(o_ref);
     free(o_got);
     free(lse_ref);
     free(lse_got);
+    return rc;
+}
+
+int fa_case_run(fa_context_t ctx, const fa_case *c, fa_case_result *res)
+{
+    memset(res, 0, sizeof(*res));
+    const char *refused = fa_backend_refuses(fa_context_backend(ctx), c);
+    if (refused) {
+        res->passed = fa_case_check_refused(ctx, c, refused, res->message, sizeof(res->message)) == 0;
+        return 0;
+    }
+    fa_case_inputs in;
+    if (fa_case_inputs_make(c, c->with_lse, &in) != 0) {
+        snprintf(res->message, sizeof(res->message), "out of memory setting up the case");
+        return -1;
+    }
+    char label[256];
+    fa_case_format(c, label, sizeof(label));
+    fa_case_staged st;
+    int rc = fa_case_stage(ctx, &in, &st, res->message, sizeof(res->message));
+    if (rc == 0) {
+        rc = fa_case_run_staged(ctx, &in, &st, label, res);
+        fa_case_unstage(ctx, &st);
+    }
+    fa_case_inputs_free(&in);
     return rc;
 }
 

@@ -120,6 +120,14 @@ void fa_case_format(const fa_case *c, char *buf, size_t cap);
  * could run (see result.passed), -1 on an API error (message filled). */
 int fa_case_run(fa_context_t ctx, const fa_case *c, fa_case_result *res);
 
+/* fa_case_run's check of a call already built and staged (st from fa_case_stage of in; any
+ * strides, o and lse anywhere in their buffers): the standard algorithm, then flash, against
+ * float64 over in->rows packed query rows. Before each run o's buffer is filled with 0xff
+ * bytes and lse's with NaN; after, in->o and in->lse hold what the flash run left there.
+ * label ends a failure message. 0 when it could run (see res->passed), -1 on an API error. */
+int fa_case_run_staged(fa_context_t ctx, fa_case_inputs *in, fa_case_staged *st,
+                       const char *label, fa_case_result *res);
+
 typedef struct fa_bwd_result {
     int passed;
     double err_flash[3], err_standard[3], tolerance[3]; /* dq, dk, dv */
