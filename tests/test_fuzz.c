@@ -12,7 +12,8 @@
  * field, and write nothing.
  *
  * FLASHATTN_TEST_SEED=N replays a run: its first case is case N, so N from a failure and
- * FLASHATTN_FUZZ_ITERS=1 replay that case alone. FLASHATTN_FUZZ_ITERS sets the number of cases.
+ * FLASHATTN_FUZZ_ITERS=1 replay that case alone. FLASHATTN_FUZZ_ITERS sets the number of cases
+ * (default 1500, 300 with FLASHATTN_TEST_QUICK=1 as sanitizer builds run).
  */
 #include "ref.h"
 
@@ -28,7 +29,13 @@
 
 #include <cmocka.h>
 
-enum { DEFAULT_ITERS = 1500, SHOWN_FAILURES = 8, MAX_BATCH = 5, THREADS_OTHER = 3 };
+enum {
+    DEFAULT_ITERS = 1500,
+    QUICK_ITERS = 300,
+    SHOWN_FAILURES = 8,
+    MAX_BATCH = 5,
+    THREADS_OTHER = 3
+};
 /* multiply-adds of one case's float64 reference: keeps every case a few milliseconds */
 #define WORK_CAP 1.5e6
 
@@ -935,10 +942,12 @@ static void test_fuzz(void **state)
 int main(void)
 {
     const char *s = getenv("FLASHATTN_TEST_SEED"), *n = getenv("FLASHATTN_FUZZ_ITERS");
+    const char *q = getenv("FLASHATTN_TEST_QUICK");
+    const long dflt = q && *q == '1' ? QUICK_ITERS : DEFAULT_ITERS;
     first_seed = s && *s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
-    iters = n && *n ? strtol(n, NULL, 10) : DEFAULT_ITERS;
+    iters = n && *n ? strtol(n, NULL, 10) : dflt;
     if (iters < 1)
-        iters = DEFAULT_ITERS;
+        iters = dflt;
     fa_backend b = fa_test_backend();
     printf("fuzz_desc: backend=%s cases=%ld seed=%llu (replay: FLASHATTN_TEST_SEED=%llu)\n",
            fa_backend_name(b), iters, (unsigned long long)first_seed,
