@@ -6,6 +6,10 @@
 #include "../core/internal.h"
 #include "kernels/kernels.h"
 
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
 typedef struct fa_cpu_machine {
     int has_avx2, has_fma, has_f16c, has_avx512f;
     int64_t l1d_bytes, l2_bytes, l3_bytes; /* per core for L1/L2 */
@@ -158,5 +162,69 @@ void fa_cpu_store_out(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
 
 /* Whether keys [j0, j1) are visible to every position of cc (no per-element mask needed). */
 int fa_cpu_tile_full(const fa_problem *p, const fa_cpu_cols *cc, int64_t j0, int64_t j1);
+
+/*
+ * Sums past float32. The accumulator adds p v with p up to 1 before the division by the
+ * softmax sum l, so it can pass FLT_MAX (v of 1e34 over 1e5 keys) although the output, a
+ * weighted mean of v, is representable. A column whose accumulator ends inf or NaN while
+ * its l is finite runs again with its probabilities scaled by 2^-e, where 2^e exceeds the
+ * largest sum of weights a row of keys k_len long can reach (fa_cpu_redo_shift): no partial
+ * sum can then pass max |v|. Its statistics become those of a softmax with the base raised
+ * by e (m + e, l 2^-e), which the epilogue divides by as usual. Every other column keeps its
+ * bits: the check costs one pass over the accumulator per task, the second run happens only
+ * where a sum overflowed (or v holds inf or NaN, which stays so).
+ */
+static inline int fa_cpu_redo_shift(const fa_problem *p, int64_t k_len)
+{
+    int e;
+    frexpf((float)(k_len > 0 ? k_len : 1) * (p->dropout_p > 0.0f ? p->dropout_scale : 1.0f), &e);
+    return e;
+}
+
+/* Whether n floats at x hold inf or NaN (exponent bits all set: vectorises, unlike isfinite). */
+static inline int fa_cpu_any_nonfinite(const float *x, int32_t n)
+{
+    uint32_t any = 0;
+    for (int32_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, sizeof(u));
+        any |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return any != 0;
+}
+
+/* scale[c] for c < cols: 2^-e where column c < ncols overflowed (acc row c of dim floats, ld
+ * apart), else 1. Returns whether any did. */
+static inline int fa_cpu_overflowed(int32_t ncols, int32_t cols, int32_t dim, const float *acc,
+                                    ptrdiff_t ld, const float *l, int e, float *scale)
+{
+    int any = 0;
+    for (int32_t c = 0; c < cols; c++) {
+        const int bad =
+            c < ncols && l[c] > 0.0f && l[c] <= FLT_MAX && fa_cpu_any_nonfinite(acc + c * ld, dim);
+        scale[c] = bad ? ldexpf(1.0f, -e) : 1.0f;
+        any |= bad;
+    }
+    return any;
+}
+
+/* Probabilities of a transposed tile st[j*lds + c] (j < n, c < cols) times scale[c]. */
+static inline void fa_cpu_scale_cols(int32_t n, int32_t cols, float *st, ptrdiff_t lds,
+                                     const float *scale)
+{
+    for (int32_t j = 0; j < n; j++)
+        for (int32_t c = 0; c < cols; c++)
+            st[j * lds + c] *= scale[c];
+}
+
+/* The statistics of the columns run again with scale 2^-e: base m + e, sum l 2^-e. */
+static inline void fa_cpu_raise_base(int32_t cols, const float *scale, int e, float *m, float *l)
+{
+    for (int32_t c = 0; c < cols; c++)
+        if (scale[c] != 1.0f) {
+            m[c] += (float)e;
+            l[c] *= scale[c];
+        }
+}
 
 #endif

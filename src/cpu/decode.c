@@ -44,6 +44,7 @@ typedef struct dbufs {
     float *q;             /* heads x cols x dim: packed queries */
     float *o;             /* heads x cols x dim: output accumulators */
     float *m, *l, *alpha; /* group_cols_vec */
+    float *scale;         /* group_cols_vec: the probabilities' factor (cpu.h: sums past float32) */
     float *st;            /* tile x group_cols_vec: transposed scores */
     float *tmp;           /* dim */
     int32_t *ids;         /* 2 x group_cols_vec: dropout heads and rows of the columns */
@@ -59,6 +60,7 @@ static int64_t carve(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
     out->m = fa_ws_take(base, &n, gv);
     out->l = fa_ws_take(base, &n, gv);
     out->alpha = fa_ws_take(base, &n, gv);
+    out->scale = fa_ws_take(base, &n, gv);
     out->st = fa_ws_take(base, &n, (int64_t)tile_keys(kern, pl) * gv);
     out->tmp = fa_ws_take(base, &n, p->dim);
     out->ids = (int32_t *)fa_ws_take(base, &n, p->dropout_p > 0.0f ? 2 * gv : 0);
@@ -105,12 +107,50 @@ static const char *row_ptr(const fa_problem *p, const fa_tensor *t, const fa_cpu
     return fa_elem_ptr(t, fa_row_offset(p, t, cc->b, cc->seq.k_start + j, cc->hk));
 }
 
-static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_plan *pl,
-                     int32_t b, int64_t chunk, int32_t h0, float *slot, dbufs *bf)
+/* A task's walk over the keys [c0, c1) of its chunk into o, m and l of every head's columns
+ * from the packed queries, the probabilities of column c times scale[c] when scale is given. */
+static void walk(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_plan *pl,
+                 const fa_cpu_cols *cc, int64_t c0, int64_t c1, dbufs *bf, const float *scale)
 {
     const fa_attention_desc *d = p->desc;
     const int32_t dim = p->dim, cols = pl->cols, heads = pl->decode_heads;
     const int32_t gv = group_cols_vec(kern, pl), tile = tile_keys(kern, pl);
+    for (int32_t c = 0; c < gv; c++) {
+        bf->m[c] = -INFINITY;
+        bf->l[c] = 0.0f;
+    }
+    memset(bf->o, 0, sizeof(float) * (size_t)heads * (size_t)cols * (size_t)dim);
+    /* head h's columns start at h * cols in the score tile and the statistics */
+    fa_cpu_heads hk = { heads, (ptrdiff_t)cols * dim, d->k.stride_head, cols, (ptrdiff_t)cols * dim,
+                        cols };
+    fa_cpu_heads hv = hk;
+    hv.kv = d->v.stride_head;
+
+    for (int64_t j0 = c0; j0 < c1; j0 += tile) {
+        int32_t n = (int32_t)(c1 - j0 < tile ? c1 - j0 : tile);
+        int full = fa_cpu_tile_full(p, cc, j0, j0 + n);
+        kern->dot(d->k.dtype, &hk, cc->ncols, n, dim, bf->q, dim, row_ptr(p, &d->k, cc, j0),
+                  d->k.stride_seq, bf->st, gv);
+        if (p->softcap > 0.0f) /* one call over every head's columns, padding included */
+            kern->softcap(n, gv, bf->st, gv, p->softcap);
+        for (int32_t h = 0; h < heads; h++)
+            fa_cpu_mask(p, cc, j0, n, bf->st + h * cols, gv, full);
+        kern->softmax_update(n, gv, bf->st, gv, bf->m, bf->l, bf->alpha);
+        if (p->dropout_p > 0.0f) /* every head's columns in one call */
+            kern->dropout_apply(n, gv, bf->st, gv, p->dropout_seed, p->dropout_offset, cc->b, bf->ids,
+                                bf->ids + gv, j0, p->dropout_threshold, p->dropout_scale);
+        if (scale)
+            fa_cpu_scale_cols(n, gv, bf->st, gv, scale);
+        kern->axpy(d->v.dtype, &hv, cc->ncols, n, dim, bf->st, gv, row_ptr(p, &d->v, cc, j0),
+                   d->v.stride_seq, bf->o, dim, bf->alpha);
+    }
+}
+
+static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_plan *pl,
+                     int32_t b, int64_t chunk, int32_t h0, float *slot, dbufs *bf)
+{
+    const int32_t dim = p->dim, cols = pl->cols, heads = pl->decode_heads;
+    const int32_t gv = group_cols_vec(kern, pl);
     const float qmul = p->softcap > 0.0f ? p->scale : p->scale * FA_LOG2E;
     fa_cpu_cols cc = seq_cols(p, b, h0);
     if (cc.ncols == 0)
@@ -124,38 +164,18 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
         fa_cpu_pack_q(kern, p, &cc, cc.ncols, 0, qmul, bf->q + (int64_t)h * cols * dim, bf->tmp);
     }
     cc.hk = h0;
-    for (int32_t c = 0; c < gv; c++) {
-        bf->m[c] = -INFINITY;
-        bf->l[c] = 0.0f;
-    }
-    memset(bf->o, 0, sizeof(float) * (size_t)heads * (size_t)cols * (size_t)dim);
     for (int32_t c = 0; p->dropout_p > 0.0f && c < gv; c++) { /* column h*cols + i: head, row */
         int32_t h = c / cols < heads ? c / cols : heads - 1, i = c % cols;
         i = i < cc.ncols ? i : cc.ncols - 1;
         bf->ids[c] = (h0 + h) * p->group + i % p->group;
         bf->ids[gv + c] = i / p->group;
     }
-    /* head h's columns start at h * cols in the score tile and the statistics */
-    fa_cpu_heads hk = { heads, (ptrdiff_t)cols * dim, d->k.stride_head, cols, (ptrdiff_t)cols * dim,
-                        cols };
-    fa_cpu_heads hv = hk;
-    hv.kv = d->v.stride_head;
-
-    for (int64_t j0 = c0; j0 < c1; j0 += tile) {
-        int32_t n = (int32_t)(c1 - j0 < tile ? c1 - j0 : tile);
-        int full = fa_cpu_tile_full(p, &cc, j0, j0 + n);
-        kern->dot(d->k.dtype, &hk, cc.ncols, n, dim, bf->q, dim, row_ptr(p, &d->k, &cc, j0),
-                  d->k.stride_seq, bf->st, gv);
-        if (p->softcap > 0.0f) /* one call over every head's columns, padding included */
-            kern->softcap(n, gv, bf->st, gv, p->softcap);
-        for (int32_t h = 0; h < heads; h++)
-            fa_cpu_mask(p, &cc, j0, n, bf->st + h * cols, gv, full);
-        kern->softmax_update(n, gv, bf->st, gv, bf->m, bf->l, bf->alpha);
-        if (p->dropout_p > 0.0f) /* every head's columns in one call */
-            kern->dropout_apply(n, gv, bf->st, gv, p->dropout_seed, p->dropout_offset, b, bf->ids,
-                                bf->ids + gv, j0, p->dropout_threshold, p->dropout_scale);
-        kern->axpy(d->v.dtype, &hv, cc.ncols, n, dim, bf->st, gv, row_ptr(p, &d->v, &cc, j0),
-                   d->v.stride_seq, bf->o, dim, bf->alpha);
+    /* a chunk's statistics with a raised base are merged like any other */
+    const int e = fa_cpu_redo_shift(p, cc.seq.k_len);
+    walk(kern, p, pl, &cc, c0, c1, bf, NULL);
+    if (fa_cpu_overflowed(heads * cols, gv, dim, bf->o, dim, bf->l, e, bf->scale)) {
+        walk(kern, p, pl, &cc, c0, c1, bf, bf->scale);
+        fa_cpu_raise_base(gv, bf->scale, e, bf->m, bf->l);
     }
     for (int32_t h = 0; h < heads; h++) {
         float *dst = slot + (int64_t)(h0 + h) * cols * (dim + 2);
@@ -166,32 +186,50 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
     }
 }
 
-/* Combine the chunks of (b, hk) in chunk order and write o and lse. */
+/* Column c of (b, hk) summed over its chunks into out (dim floats) in units of the base mx,
+ * each chunk's weight times scale; returns the sum of the weights times the chunks' sums. */
+static float merge_col(const fa_problem *p, const fa_cpu_plan *pl, int32_t hk, const float *slots,
+                       int64_t nch, int32_t c, float mx, float scale, float *out)
+{
+    const int32_t dim = p->dim, cols = pl->cols;
+    const int64_t slot_floats = fa_cpu_decode_slot_floats(p, pl);
+    float sum = 0.0f;
+    memset(out, 0, sizeof(float) * (size_t)dim);
+    for (int64_t k = 0; mx > -INFINITY && k < nch; k++) {
+        const float *h = slots + k * slot_floats + (int64_t)hk * cols * (dim + 2);
+        if (h[c] == -INFINITY)
+            continue;
+        float w = exp2f(h[c] - mx);
+        sum += w * h[cols + c];
+        w *= scale;
+        const float *oc = h + 2 * cols + (int64_t)c * dim;
+        for (int32_t x = 0; x < dim; x++)
+            out[x] += w * oc[x];
+    }
+    return sum;
+}
+
+/* Combine the chunks of (b, hk) in chunk order and write o and lse. The chunks' outputs add
+ * up like a task's keys, so a column whose sum overflowed is summed again scaled down (cpu.h:
+ * sums past float32). */
 static void merge(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_plan *pl, int32_t b,
                   int32_t hk, const float *slots, int64_t nch, dbufs *bf)
 {
     const int32_t dim = p->dim, cols = pl->cols;
     const int64_t slot_floats = fa_cpu_decode_slot_floats(p, pl);
     fa_cpu_cols cc = seq_cols(p, b, hk);
+    const int e = fa_cpu_redo_shift(p, cc.seq.k_len);
     float *acc = bf->o, *m = bf->m, *l = bf->l;
     for (int32_t c = 0; c < cc.ncols; c++) {
-        float mx = -INFINITY;
+        float mx = -INFINITY, *out = acc + (int64_t)c * dim;
         for (int64_t k = 0; k < nch; k++)
             mx = fmaxf(mx, slots[k * slot_floats + (int64_t)hk * cols * (dim + 2) + c]);
-        float sum = 0.0f, *out = acc + (int64_t)c * dim;
-        memset(out, 0, sizeof(float) * (size_t)dim);
-        for (int64_t k = 0; mx > -INFINITY && k < nch; k++) {
-            const float *h = slots + k * slot_floats + (int64_t)hk * cols * (dim + 2);
-            if (h[c] == -INFINITY)
-                continue;
-            float w = exp2f(h[c] - mx);
-            sum += w * h[cols + c];
-            const float *oc = h + 2 * cols + (int64_t)c * dim;
-            for (int32_t x = 0; x < dim; x++)
-                out[x] += w * oc[x];
-        }
+        l[c] = merge_col(p, pl, hk, slots, nch, c, mx, 1.0f, out);
         m[c] = mx;
-        l[c] = sum;
+        if (fa_cpu_overflowed(1, 1, dim, out, dim, l + c, e, bf->scale)) {
+            merge_col(p, pl, hk, slots, nch, c, mx, bf->scale[0], out);
+            fa_cpu_raise_base(1, bf->scale, e, m + c, l + c);
+        }
     }
     fa_cpu_store_out(kern, p, &cc, acc, dim, m, l);
 }

@@ -23,6 +23,7 @@ typedef struct bufs {
     float *st;    /* block_k * cols_pad: transposed scores, then probabilities */
     float *o;     /* cols_pad * dim_pad: output accumulator */
     float *m, *l, *alpha; /* cols_pad each */
+    float *scale; /* cols_pad: the probabilities' factor per column (1, or 2^-e once a sum overflowed) */
     float *tmp;   /* dim */
     int32_t *ids;  /* 2 * cols_pad: dropout heads and rows of the columns */
 } bufs;
@@ -39,6 +40,7 @@ static int64_t carve(const fa_problem *p, const fa_cpu_plan *pl, float *base, bu
     out->m = fa_ws_take(base, &n, pl->cols_pad);
     out->l = fa_ws_take(base, &n, pl->cols_pad);
     out->alpha = fa_ws_take(base, &n, pl->cols_pad);
+    out->scale = fa_ws_take(base, &n, pl->cols_pad);
     out->tmp = fa_ws_take(base, &n, p->dim);
     out->ids = (int32_t *)fa_ws_take(base, &n, p->dropout_p > 0.0f ? 2 * (int64_t)pl->cols_pad : 0);
     return n;
@@ -49,16 +51,15 @@ int64_t fa_cpu_flash_thread_floats(const fa_problem *p, const fa_cpu_plan *pl)
     return carve(p, pl, NULL, NULL);
 }
 
-static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_plan *pl,
-                     const fa_cpu_task *t, bufs *bf)
+/* The task's walk over its key tiles: O, m and l of its columns from the packed queries, the
+ * probabilities of column c times scale[c] when scale is given (cpu.h: sums past float32). */
+static void walk(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_plan *pl,
+                 const fa_cpu_cols *cc, bufs *bf, const float *scale)
 {
     const fa_attention_desc *d = p->desc;
-    const fa_cpu_cols cc = fa_cpu_task_cols(p, pl, t);
     const int32_t dim = p->dim, mr = kern->mr, nr = kern->nr;
     const int32_t cols_pad = pl->cols_pad, dpad = pl->dim_pad, lds = cols_pad;
-    const float qmul = p->softcap > 0.0f ? p->scale : p->scale * FA_LOG2E;
 
-    fa_cpu_pack_q(kern, p, &cc, cols_pad, 1, qmul, bf->q, bf->tmp);
     memset(bf->o, 0, sizeof(float) * (size_t)cols_pad * (size_t)dpad);
     for (int32_t c = 0; c < cols_pad; c++) {
         bf->m[c] = -INFINITY;
@@ -70,15 +71,15 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
      * same bits, however the planner cut the rows into tasks (which depends on
      * the thread count). */
     int64_t lo, hi;
-    fa_problem_key_range(p, &cc.seq, cc.r0, cc.r0 + cc.npos, &lo, &hi);
+    fa_problem_key_range(p, &cc->seq, cc->r0, cc->r0 + cc->npos, &lo, &hi);
     for (int64_t j0 = lo / pl->block_k * pl->block_k; j0 < hi; j0 += pl->block_k) {
         int32_t n = (int32_t)(hi - j0 < pl->block_k ? hi - j0 : pl->block_k);
 
         /* K and V tiles are copied into contiguous float32 rows: reading them in
          * place with a head-strided pitch (8 KiB at h32 d64) maps every row to the
          * same L1 set and cost ~10% on causal shapes. */
-        fa_cpu_load_rows(kern, p, &d->k, &cc, j0, n, dim, bf->k);
-        fa_cpu_load_rows(kern, p, &d->v, &cc, j0, n, dpad, bf->v);
+        fa_cpu_load_rows(kern, p, &d->k, cc, j0, n, dim, bf->k);
+        fa_cpu_load_rows(kern, p, &d->v, cc, j0, n, dpad, bf->v);
         /* S^T = K Q^T: keys down, query columns across. */
         for (int32_t c0 = 0; c0 < cols_pad; c0 += nr)
             for (int32_t i0 = 0; i0 < n; i0 += mr)
@@ -87,18 +88,35 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
                            NULL);
         if (p->softcap > 0.0f)
             kern->softcap(n, pl->cols_vec, bf->st, lds, p->softcap);
-        fa_cpu_mask(p, &cc, j0, n, bf->st, lds, fa_cpu_tile_full(p, &cc, j0, j0 + n));
+        fa_cpu_mask(p, cc, j0, n, bf->st, lds, fa_cpu_tile_full(p, cc, j0, j0 + n));
         kern->softmax_update(n, pl->cols_vec, bf->st, lds, bf->m, bf->l, bf->alpha);
         if (p->dropout_p > 0.0f) /* after l took the undropped sum */
-            fa_cpu_dropout(kern, p, &cc, j0, n, bf->st, lds, pl->cols_vec, bf->ids);
+            fa_cpu_dropout(kern, p, cc, j0, n, bf->st, lds, pl->cols_vec, bf->ids);
+        if (scale)
+            fa_cpu_scale_cols(n, pl->cols_vec, bf->st, lds, scale);
 
         /* O = diag(alpha) O + P V, P read through the transposed tile. */
-        for (int32_t i0 = 0; i0 < cc.ncols; i0 += mr)
+        for (int32_t i0 = 0; i0 < cc->ncols; i0 += mr)
             for (int32_t c0 = 0; c0 < dpad; c0 += nr)
-                kern->gemm(cc.ncols - i0 < mr ? cc.ncols - i0 : mr, n, bf->st + i0, 1, lds,
+                kern->gemm(cc->ncols - i0 < mr ? cc->ncols - i0 : mr, n, bf->st + i0, 1, lds,
                            bf->v + c0, dpad, bf->o + (int64_t)i0 * dpad + c0, dpad, bf->alpha + i0);
     }
-    fa_cpu_store_out(kern, p, &cc, bf->o, dpad, bf->m, bf->l);
+}
+
+static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_plan *pl,
+                     const fa_cpu_task *t, bufs *bf)
+{
+    const fa_cpu_cols cc = fa_cpu_task_cols(p, pl, t);
+    const float qmul = p->softcap > 0.0f ? p->scale : p->scale * FA_LOG2E;
+    const int e = fa_cpu_redo_shift(p, cc.seq.k_len);
+
+    fa_cpu_pack_q(kern, p, &cc, pl->cols_pad, 1, qmul, bf->q, bf->tmp);
+    walk(kern, p, pl, &cc, bf, NULL);
+    if (fa_cpu_overflowed(cc.ncols, pl->cols_vec, p->dim, bf->o, pl->dim_pad, bf->l, e, bf->scale)) {
+        walk(kern, p, pl, &cc, bf, bf->scale);
+        fa_cpu_raise_base(cc.ncols, bf->scale, e, bf->m, bf->l);
+    }
+    fa_cpu_store_out(kern, p, &cc, bf->o, pl->dim_pad, bf->m, bf->l);
 }
 
 fa_status fa_cpu_flash_forward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,

@@ -18,6 +18,7 @@
 
 typedef struct sbufs {
     float *q, *k, *v, *o, *m, *l, *alpha, *tmp;
+    float *scale; /* cols_pad: the probabilities' factor per column (cpu.h: sums past float32) */
     int32_t *ids; /* 2 * cols_pad: dropout heads and rows of the columns */
 } sbufs;
 
@@ -32,6 +33,7 @@ static int64_t carve(const fa_problem *p, const fa_cpu_plan *pl, float *base, sb
     out->m = fa_ws_take(base, &n, pl->cols_pad);
     out->l = fa_ws_take(base, &n, pl->cols_pad);
     out->alpha = fa_ws_take(base, &n, pl->cols_pad);
+    out->scale = fa_ws_take(base, &n, pl->cols_pad);
     out->tmp = fa_ws_take(base, &n, p->dim);
     out->ids = (int32_t *)fa_ws_take(base, &n, p->dropout_p > 0.0f ? 2 * (int64_t)pl->cols_pad : 0);
     return n;
@@ -40,6 +42,17 @@ static int64_t carve(const fa_problem *p, const fa_cpu_plan *pl, float *base, sb
 int64_t fa_cpu_standard_thread_floats(const fa_problem *p, const fa_cpu_plan *pl)
 {
     return carve(p, pl, NULL, NULL);
+}
+
+/* O = P V over the task's n keys, P read through the transposed score matrix s. */
+static void pv(const fa_cpu_kernels *kern, const fa_cpu_plan *pl, const fa_cpu_cols *cc, int32_t n,
+               const float *s, sbufs *bf)
+{
+    const int32_t mr = kern->mr, nr = kern->nr, dpad = pl->dim_pad;
+    for (int32_t i0 = 0; i0 < cc->ncols; i0 += mr)
+        for (int32_t c0 = 0; c0 < dpad; c0 += nr)
+            kern->gemm(cc->ncols - i0 < mr ? cc->ncols - i0 : mr, n, s + i0, 1, pl->cols_pad,
+                       bf->v + c0, dpad, bf->o + (int64_t)i0 * dpad + c0, dpad, NULL);
 }
 
 static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_plan *pl,
@@ -74,11 +87,14 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
     kern->softmax_update(n, pl->cols_vec, s, lds, bf->m, bf->l, bf->alpha);
     if (p->dropout_p > 0.0f)
         fa_cpu_dropout(kern, p, &cc, 0, n, s, lds, pl->cols_vec, bf->ids);
-    /* Pass 3: O = P V. */
-    for (int32_t i0 = 0; i0 < cc.ncols; i0 += mr)
-        for (int32_t c0 = 0; c0 < dpad; c0 += nr)
-            kern->gemm(cc.ncols - i0 < mr ? cc.ncols - i0 : mr, n, s + i0, 1, lds, bf->v + c0,
-                       dpad, bf->o + (int64_t)i0 * dpad + c0, dpad, NULL);
+    /* Pass 3: O = P V; again for the columns whose sums overflowed, their P scaled down. */
+    const int e = fa_cpu_redo_shift(p, n);
+    pv(kern, pl, &cc, n, s, bf);
+    if (fa_cpu_overflowed(cc.ncols, pl->cols_vec, dim, bf->o, dpad, bf->l, e, bf->scale)) {
+        fa_cpu_scale_cols(n, pl->cols_vec, s, lds, bf->scale);
+        fa_cpu_raise_base(cc.ncols, bf->scale, e, bf->m, bf->l);
+        pv(kern, pl, &cc, n, s, bf);
+    }
     fa_cpu_store_out(kern, p, &cc, bf->o, dpad, bf->m, bf->l);
 }
 
