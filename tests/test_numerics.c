@@ -322,6 +322,150 @@ static void test_output_rounding(void **state)
     fa_context_destroy(ctx);
 }
 
+/* ---- scores scaled before their products ---- */
+
+/* The contexts the cases below run on: the CPU, and where a GLES driver is reachable each of
+ * its fused forwards (the planner's choice, the tiled one, the rows one through shared
+ * memory) and the default and tiled ones in key chunks, whose running state is carried from
+ * one dispatch to the next. */
+typedef struct backend_ctx {
+    const char *name;
+    fa_context_t ctx;
+} backend_ctx;
+
+static int make_backends(backend_ctx *out)
+{
+    static const struct {
+        const char *name, *forward, *chunk;
+    } gl[] = { { "gles", NULL, NULL },
+               { "gles tiled", "tiled", NULL },
+               { "gles rows", "rows", NULL },
+               { "gles chunks", NULL, "4096" },
+               { "gles tiled chunks", "tiled", "4096" } };
+    int n = 0;
+    out[n++] = (backend_ctx){ "cpu", make_ctx(0) };
+    for (size_t i = 0; i < sizeof(gl) / sizeof(gl[0]); i++) {
+        if (gl[i].forward)
+            setenv("FLASHATTN_GLES_FORWARD", gl[i].forward, 1);
+        if (gl[i].chunk)
+            setenv("FLASHATTN_GLES_KEY_CHUNK", gl[i].chunk, 1);
+        fa_context_options o = { sizeof(o), FA_BACKEND_GLES, 0 };
+        fa_context_t ctx = NULL;
+        fa_status st = fa_context_create(&o, &ctx);
+        unsetenv("FLASHATTN_GLES_FORWARD");
+        unsetenv("FLASHATTN_GLES_KEY_CHUNK");
+        if (st == FA_ERR_BACKEND_UNAVAILABLE)
+            break;
+        assert_int_equal(st, FA_OK);
+        out[n++] = (backend_ctx){ gl[i].name, ctx };
+    }
+    return n;
+}
+
+static void free_backends(backend_ctx *b, int n)
+{
+    for (int i = 0; i < n; i++)
+        fa_context_destroy(b[i].ctx);
+}
+
+/* One head of uniform scores: every row's o must be the mean of v's rows (want[x], float64),
+ * within rel relative, and its lse that of the scores within 1e-6 relative (absolute below 1). */
+typedef struct mean_case {
+    const char *what;
+    fa_dtype dtype, o_dtype;
+    int32_t sq, sk, dim;
+    float scale, softcap;
+    double qk; /* every element of q; k's rows are (qk, qk, qk, -qk, 0, ...) */
+    double (*v)(int64_t j, int32_t x);  /* v[j][x] */
+    double rel;
+} mean_case;
+
+static int mean_ok(const backend_ctx *b, const mean_case *mc, fa_algorithm algo)
+{
+    const int32_t sq = mc->sq, sk = mc->sk, dim = mc->dim;
+    const size_t esz = mc->dtype == FA_DTYPE_F32 ? 4 : 2, osz = mc->o_dtype == FA_DTYPE_F32 ? 4 : 2;
+    char *q = malloc((size_t)sq * dim * esz), *k = malloc((size_t)sk * dim * esz);
+    char *v = malloc((size_t)sk * dim * esz), *o = malloc((size_t)sq * dim * osz);
+    float *lse = malloc((size_t)sq * 4);
+    double *want = calloc((size_t)dim, sizeof(double));
+    assert_true(q && k && v && o && lse && want);
+    for (int64_t i = 0; i < (int64_t)sq * dim; i++)
+        fa_ref_encode(mc->dtype, q, i, mc->qk);
+    for (int64_t j = 0; j < sk; j++)
+        for (int32_t x = 0; x < dim; x++) {
+            fa_ref_encode(mc->dtype, k, j * dim + x, x < 3 ? mc->qk : x == 3 ? -mc->qk : 0.0);
+            fa_ref_encode(mc->dtype, v, j * dim + x, mc->v(j, x));
+            want[x] += fa_ref_decode(mc->dtype, v, j * dim + x) / sk;
+        }
+    fa_attention_desc d;
+    fa_attention_desc_init(&d);
+    d.batch = 1;
+    d.seqlen_q = sq;
+    d.seqlen_k = sk;
+    d.num_heads_q = d.num_heads_kv = 1;
+    d.head_dim = dim;
+    d.scale = mc->scale;
+    d.softcap = mc->softcap;
+    d.algorithm = algo;
+    d.q = fa_tensor_contiguous(q, mc->dtype, FA_LAYOUT_BSHD, sq, 1, dim);
+    d.k = fa_tensor_contiguous(k, mc->dtype, FA_LAYOUT_BSHD, sk, 1, dim);
+    d.v = fa_tensor_contiguous(v, mc->dtype, FA_LAYOUT_BSHD, sk, 1, dim);
+    d.o = fa_tensor_contiguous(o, mc->o_dtype, FA_LAYOUT_BSHD, sq, 1, dim);
+    d.lse = lse;
+    assert_int_equal(fa_forward(b->ctx, &d), FA_OK);
+    /* the score every key gets: cap(scale q.k) */
+    double s = mc->scale * fa_ref_decode(mc->dtype, q, 0) * fa_ref_decode(mc->dtype, k, 0) * 2;
+    double lse_want = (mc->softcap > 0.0f ? mc->softcap * tanh(s / mc->softcap) : s) + log((double)sk);
+    double worst = 0.0, worst_lse = 0.0;
+    for (int32_t i = 0; i < sq; i++) {
+        for (int32_t x = 0; x < dim; x++) {
+            double got = fa_ref_decode(mc->o_dtype, o, (int64_t)i * dim + x);
+            worst = isnan(got) ? INFINITY : fmax(worst, fabs(got - want[x]) / fabs(want[x]));
+        }
+        double e = fabs(lse[i] - lse_want) / fmax(1.0, fabs(lse_want));
+        worst_lse = isnan(e) ? INFINITY : fmax(worst_lse, e);
+    }
+    const int ok = worst <= mc->rel && worst_lse <= 1e-6;
+    print_message("%s, %s, %s: o within %.3g of the mean of v (allowed %.3g), lse within %.3g%s\n",
+                  mc->what, b->name, algo == FA_ALGORITHM_FLASH ? "flash" : "standard", worst, mc->rel,
+                  worst_lse, ok ? "" : "  FAILED");
+    free(q);
+    free(k);
+    free(v);
+    free(o);
+    free(lse);
+    free(want);
+    return ok;
+}
+
+static double v_small(int64_t j, int32_t x) { return 0.25 + 0.5 * (double)((j * 7 + x) % 5); }
+
+/* q = k = 1e20 (k's fourth element -1e20, the rest 0) and scale 1e-36: the scaled scores are
+ * 2e4 (the header allows them), q.k alone is 2e40 and its products 1e40 of both signs. The
+ * scale must reach the scores before the products overflow, as it does on the CPU (q is loaded
+ * pre-scaled). The f32 rounding of logits of 2.9e4 (2^-9 a unit in the last place) alone moves
+ * p by a few 1e-3 from the uniform weights. */
+static void test_scale_before_product(void **state)
+{
+    (void)state;
+    backend_ctx b[8];
+    int nb = make_backends(b);
+    const mean_case cases[] = {
+        { "q.k 2e40, scale 1e-36", FA_DTYPE_F32, FA_DTYPE_F32, 5, 50, 8, 1e-36f, 0.0f, 1e20, v_small, 4e-3 },
+        { "q.k 2e40, scale 1e-36, decode", FA_DTYPE_F32, FA_DTYPE_F32, 1, 50, 8, 1e-36f, 0.0f, 1e20, v_small,
+          4e-3 },
+        { "q.k 2e40, scale 1e-36, softcap 30", FA_DTYPE_F32, FA_DTYPE_F32, 5, 50, 8, 1e-36f, 30.0f, 1e20,
+          v_small, 4e-3 },
+    };
+    int failed = 0;
+    for (int i = 0; i < nb; i++)
+        for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++)
+            for (int algo = 0; algo < 2; algo++)
+                failed += !mean_ok(&b[i], &cases[c], (fa_algorithm)algo);
+    free_backends(b, nb);
+    assert_int_equal(failed, 0);
+}
+
 int main(void)
 {
     const char *s = getenv("FLASHATTN_TEST_SEED");
@@ -336,6 +480,7 @@ int main(void)
         cmocka_unit_test(test_decode_split),
         cmocka_unit_test(test_block_override),
         cmocka_unit_test(test_masked_rows_ignore_nan),
+        cmocka_unit_test(test_scale_before_product),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

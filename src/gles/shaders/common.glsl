@@ -100,14 +100,24 @@ float safe_tanh(float x)
     return sign(x) * (1.0 - t) / (1.0 + t);
 }
 
-// raw dot product -> log2-domain logit; the cap is compiled in only where the call has one
-// (a run-time select evaluated tanh for every score on CPU renderers: 6% of the fused forward)
+// q is read pre-scaled, as the CPU framework packs it: scale log2(e), or scale / cap under a
+// cap, reaches each product of q.k, so scaled scores the header allows stay finite where q.k
+// alone passes FLT_MAX (q = k = 1e20, scale 1e-36: products 1e40 of both signs gave NaN)
+#if SOFTCAP
+#define Q_MUL u_cap_in
+#else
+#define Q_MUL u_scale_log2
+#endif
+#define LOAD_Q(a, i) (LOAD4(a, i) * Q_MUL)
+
+// a pre-scaled q's dot product -> log2-domain logit; the cap is compiled in only where the call
+// has one (a run-time select evaluated tanh for every score on CPU renderers: 6% of the forward)
 float logit2(float s)
 {
 #if SOFTCAP
-    return u_cap_out * safe_tanh(s * u_cap_in);
+    return u_cap_out * safe_tanh(s);
 #else
-    return s * u_scale_log2;
+    return s;
 #endif
 }
 

@@ -30,7 +30,7 @@ void main()
     int c_lo = lo + split * chunk, c_hi = min(hi, c_lo + chunk);
     int hk = h / u_group;
     for (int c = t; c < D4; c += 64)
-        sh_q[c] = LOAD4(q_data, Q_ROW(s, b, i, h) + c);
+        sh_q[c] = LOAD_Q(q_data, Q_ROW(s, b, i, h) + c);
     barrier();
 
     float m = NEG_INF, l = 0.0;

@@ -91,7 +91,7 @@ shared vec4 sh_v[BC * D4];
         bool valid = ROW_I(R) < s.sq;                                                           \
         int qr = Q_ROW(s, b, valid ? ROW_I(R) : 0, h);                                          \
         for (int c = 0; c < D4; c++) {                                                          \
-            Q[c] = valid ? LOAD4(q_data, qr + c) : vec4(0.0);                                   \
+            Q[c] = valid ? LOAD_Q(q_data, qr + c) : vec4(0.0);                                  \
             A[c] = vec4(0.0);                                                                   \
         }                                                                                       \
         if (!first && valid) { /* the state the earlier key chunks left */                      \

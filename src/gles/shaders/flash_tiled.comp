@@ -91,7 +91,7 @@ void main()
             for (int e = lid; e < BR * DC4; e += NT) {
                 int r = e / DC4, c = e % DC4, i = r0 + r;
                 bool ok = i < s.sq && dc + c < D4;
-                sh[SQ + r * QP + c] = ok ? LOAD4(q_data, Q_ROW(s, b, i, h) + dc + c) : vec4(0.0);
+                sh[SQ + r * QP + c] = ok ? LOAD_Q(q_data, Q_ROW(s, b, i, h) + dc + c) : vec4(0.0);
             }
             for (int e = lid; e < BC * DC4; e += NT) {
                 int r = e / DC4, c = e % DC4, j = c0 + r;

@@ -26,7 +26,7 @@ void main()
 #if KV_TEX
     vec4 qv[D4];
     for (int c = 0; c < D4; c++)
-        qv[c] = LOAD4(q_data, qrow + c);
+        qv[c] = LOAD_Q(q_data, qrow + c);
 #endif
     for (int j = 0; j < s.sk; j++) {
         int krow = K_ROW(s, b, j, hk);
@@ -35,7 +35,7 @@ void main()
 #if KV_TEX
             acc += dot(qv[c], KTEX(krow + c));
 #else
-            acc += dot(LOAD4(q_data, qrow + c), LOAD4(k_data, krow + c));
+            acc += dot(LOAD_Q(q_data, qrow + c), LOAD4(k_data, krow + c));
 #endif
         s_data[srow + j] = logit2(acc);
     }
