@@ -106,11 +106,9 @@ __global__ void __launch_bounds__(W * 32) dk_dv_kernel(const fa_cuda_params p)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int kw = warp % KW, dw = warp / KW;
     const int hk = blk.h;
-    const mask_t mk = mask_of(p, s);
-    const int c1 = min(c0 + BN, s.sk);
-    const int64_t ilo = max((int64_t)0, c0 - mk.diag - mk.wr);
-    const int64_t ihi = min((int64_t)s.sq, (c1 - 1) - mk.diag + mk.wl + 1);
-    const int m_lo = (int)(ilo / BQ), nm = ihi > ilo ? (int)((ihi + BQ - 1) / BQ) - m_lo : 0;
+    const mask_t mk = mask_of(p, s.sq, s.sk);
+    const tiles_t qtiles = tiles_of<BQ>(mk.query_range(c0, c0 + BN));
+    const int m_lo = qtiles.lo, nm = qtiles.n;
     const int iters = nm * p.group;
     const bool al = p.aligned;
 

@@ -125,51 +125,29 @@ template <int D> __host__ __device__ constexpr int dq_buffers() { return D >= 12
 
 // The query tiles (BQ rows) key tile j (BN keys) sees: [m_lo, m_lo + nm).
 template <int BN, int BQ>
-__device__ __forceinline__ void kv_span(const mask_t &mk, const seq_t &s, int j, int &m_lo, int &nm)
+__device__ __forceinline__ void kv_span(const mask_t &mk, int j, int &m_lo, int &nm)
 {
-    const int64_t c0 = (int64_t)j * BN, c1 = min(c0 + BN, (int64_t)s.sk);
-    const int64_t ilo = max((int64_t)0, c0 - mk.diag - mk.wr);
-    const int64_t ihi = min((int64_t)s.sq, (c1 - 1) - mk.diag + mk.wl + 1);
-    m_lo = (int)(ilo / BQ);
-    nm = ihi > ilo ? (int)((ihi + BQ - 1) / BQ) - m_lo : 0;
+    const tiles_t q = tiles_of<BQ>(mk.query_range((int64_t)j * BN, (int64_t)j * BN + BN));
+    m_lo = q.lo;
+    nm = q.n;
 }
 
 // How many key tiles before j also see query tile i: those that do are j - n .. j - 1 (the
 // spans move monotonically with j), found by bisection.
 template <int BN, int BQ>
-__device__ __forceinline__ int tiles_before(const mask_t &mk, const seq_t &s, int j, int i)
+__device__ __forceinline__ int tiles_before(const mask_t &mk, int j, int i)
 {
     int lo = 0, hi = j; // the first tile that sees i lies in [lo, hi]
     while (lo < hi) {
         const int mid = (lo + hi) / 2;
         int m_lo, nm;
-        kv_span<BN, BQ>(mk, s, mid, m_lo, nm);
+        kv_span<BN, BQ>(mk, mid, m_lo, nm);
         if (nm > 0 && m_lo <= i && i < m_lo + nm)
             hi = mid;
         else
             lo = mid + 1;
     }
     return j - lo;
-}
-
-// The query tiles (BQ rows) every row of which sees all 16 keys from key0: [lo, hi], empty
-// when lo > hi. A step then tests its tile against two integers instead of the mask.
-struct full_tiles_t {
-    int lo, hi;
-};
-__device__ __forceinline__ int64_t floor_div(int64_t a, int64_t b)
-{
-    return a >= 0 ? a / b : -((b - 1 - a) / b);
-}
-template <int BQ> __device__ __forceinline__ full_tiles_t full_tiles(const mask_t &mk, int64_t key0)
-{
-    if (key0 + 16 > mk.sk)
-        return full_tiles_t{ 1, 0 };
-    // query0 >= key0 + 15 - diag - wr (the last key within the first row's right edge) and
-    // query0 + BQ - 1 <= key0 + wl - diag (the first key within the last row's left edge)
-    const int64_t lo = -floor_div(-(key0 + 15 - mk.diag - mk.wr), BQ);
-    const int64_t hi = floor_div(key0 - (BQ - 1) - mk.diag + mk.wl, BQ);
-    return full_tiles_t{ (int)max(lo, (int64_t)-1), (int)min(hi, (int64_t)INT_MAX / 2) };
 }
 
 // A block's steps: query tile mi (last first) of query head h (the group's heads taken in
@@ -290,11 +268,13 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
     // other warpgroup before it stores dS of q + 1 (into the tile q - 1 used) and takes its
     // share of q's dQ. Two ids per warpgroup, so that w never arrives twice before the wait.
     auto end_of_step = [&](int w, int q) { return 4 + 2 * w + (q & 1); };
-    const full_tiles_t full = full_tiles<BQ>(mk, j0);
+    // the query tiles every row of which sees all 16 of this warp's keys: a step tests its
+    // tile against two integers instead of applying the mask
+    const tiles_t full = tiles_within<BQ>(mk.full_query_range(j0, j0 + 16));
     bwd_steps fs(hk, p.group, m_lo, nm);
     for (int it = 0; it < iters; it++, fs.next()) {
         const int st = it % STAGES, h = fs.h(), i0 = fs.mi * BQ;
-        const bool all_seen = fs.mi >= full.lo && fs.mi <= full.hi;
+        const bool all_seen = fs.mi >= full.lo && fs.mi < full.hi;
         const uint32_t qa = ra + st * S::bytes, oa = qa + S::tile;
         const float *sl = stats + st * S::stats;
         mbar_wait(&ring.full[st], (it / STAGES) & 1);
@@ -411,7 +391,7 @@ __device__ __forceinline__ void dq_writer(const fa_cuda_params &p, dq_bars<dq_bu
             continue;
         const int w0 = SPLIT ? 0 : it % 2, w1 = SPLIT ? 2 : w0 + 1, kq = SPLIT ? it : it / 2, nb = kq % NB;
         int *sem = p.dq_sem + ((int64_t)blk.b * p.heads_q + fs.h()) * p.dq_tiles + fs.mi;
-        const int turn = tiles_before<BN, BQ>(mk, s, blk.tile, fs.mi);
+        const int turn = tiles_before<BN, BQ>(mk, blk.tile, fs.mi);
         for (int w = w0; w < w1; w++)
             mbar_wait(&bars.full[w][nb], (kq / NB) & 1);
         while (ld_acquire(sem) < turn) {
@@ -457,9 +437,9 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
     const int c0 = blk.tile * BN;
     if (c0 >= s.sk)
         return;
-    const mask_t mk = mask_of(p, s);
+    const mask_t mk = mask_of(p, s.sq, s.sk);
     int m_lo, nm;
-    kv_span<BN, BQ>(mk, s, blk.tile, m_lo, nm);
+    kv_span<BN, BQ>(mk, blk.tile, m_lo, nm);
     const int iters = nm * p.group;
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0); // uniform to the compiler
     // the loading warpgroup's first two warps; the others add dQ

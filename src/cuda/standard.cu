@@ -99,7 +99,7 @@ template <typename T> __global__ void __launch_bounds__(kStdThreads) std_softmax
     const seq_t &s = row.s;
     const int h = row.h, hk = row.hk, b = row.b;
     const int64_t i = row.i;
-    const mask_t mk = mask_of(p, s);
+    const mask_t mk = mask_of(p, s.sq, s.sk);
     const T *q = (const T *)p.q.p + row_off(p.q, s, false, h, i);
     float *srow = p.s_ws + row.ws;
     T *prow = (T *)p.p_ws + row.ws;
@@ -149,7 +149,7 @@ template <typename T> __global__ void __launch_bounds__(kStdThreads) std_grad_sc
     const seq_t &s = row.s;
     const int h = row.h, hk = row.hk, b = row.b;
     const int64_t i = row.i;
-    const mask_t mk = mask_of(p, s);
+    const mask_t mk = mask_of(p, s.sq, s.sk);
     const T *q = (const T *)p.q.p + row_off(p.q, s, false, h, i);
     const T *dO = (const T *)p.dout.p + row_off(p.dout, s, false, h, i);
     const float lse = p.lse[lse_index(p, s, h, i)];

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 // The small vocabulary the CUDA kernels are written in: tensor-core mma
 // (m16n8k16, fp32 accumulate), ldmatrix fragment loads, cp.async tile copies,
-// masks, the score transform and the shared dropout mask.
+// the score transform and the shared dropout mask (the attention mask: mask.cuh).
 #pragma once
 
+#include "mask.cuh"
 #include "params.h"
 
 #include <cuda_bf16.h>
@@ -268,26 +269,6 @@ __device__ __forceinline__ int64_t lse_index(const fa_cuda_params &p, const seq_
     return s.q_base * p.lse_sb + (int64_t)h * p.lse_sh + (s.q0 + i) * p.lse_ss;
 }
 
-// Which keys query row i may see: [lo, hi) = [i + diag - wl, i + diag + wr + 1) within [0, sk).
-struct mask_t {
-    int64_t diag, wl, wr;
-    int sk;
-    __device__ __forceinline__ bool visible(int64_t i, int64_t j) const
-    {
-        return j < sk && j >= i + diag - wl && j <= i + diag + wr;
-    }
-    // Every (row, col) of rows [r0, r1) x cols [c0, c1) visible.
-    __device__ __forceinline__ bool all_visible(int64_t r0, int64_t r1, int64_t c0, int64_t c1) const
-    {
-        return c1 <= sk && (r1 - 1) + diag - wl <= c0 && c1 - 1 <= r0 + diag + wr;
-    }
-};
-
-__device__ __forceinline__ mask_t mask_of(const fa_cuda_params &p, const seq_t &s)
-{
-    return mask_t{ (int64_t)s.sk - s.sq, p.win_left, p.win_right, s.sk };
-}
-
 // Block index -> (tile, head, batch); tile-major so neighbours share K/V in L2. With
 // reverse, the heaviest causal tiles (the last rows) start first.
 struct block_t {
@@ -325,12 +306,10 @@ __device__ __forceinline__ bool query_tile(const fa_cuda_params &p, query_tile_t
     if (q.r0 >= q.s.sq)
         return false;
     q.hk = q.blk.h / p.group;
-    q.mk = mask_of(p, q.s);
-    const int r1 = min(q.r0 + BM, q.s.sq);
-    const int64_t lo = max((int64_t)0, q.r0 + q.mk.diag - q.mk.wl);
-    const int64_t hi = min((int64_t)q.s.sk, (r1 - 1) + q.mk.diag + q.mk.wr + 1);
-    q.n_lo = (int)(lo / BN);
-    q.n_hi = hi > lo ? (int)((hi + BN - 1) / BN) : q.n_lo;
+    q.mk = mask_of(p, q.s.sq, q.s.sk);
+    const tiles_t n = tiles_of<BN>(q.mk.key_range(q.r0, q.r0 + BM));
+    q.n_lo = n.lo;
+    q.n_hi = n.hi;
     return true;
 }
 
@@ -371,25 +350,6 @@ __device__ __forceinline__ void to_logits(const fa_cuda_params &p, float (&c)[MT
                 for (int e = 0; e < 4; e++)
                     c[i][j][e] *= p.scale_log2;
     }
-}
-
-// -inf where (row, col) may not attend. Element e of fragment (mt, nt) sits at row
-// row0 + 16 mt + 8 (e / 2), column col0 + 8 nt + (e % 2).
-// KEYS_ROWS: the tile is transposed (rows are keys, columns queries), as in dK/dV.
-template <bool KEYS_ROWS = false, int MT, int NT>
-__device__ __forceinline__ void apply_mask(const mask_t &mk, float (&c)[MT][NT][4], int64_t row0,
-                                           int64_t col0)
-{
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int64_t r = row0 + i * 16 + (e >> 1) * 8, col = col0 + j * 8 + (e & 1);
-                if (!(KEYS_ROWS ? mk.visible(col, r) : mk.visible(r, col)))
-                    c[i][j][e] = -INFINITY;
-            }
 }
 
 // Zero the dropped probabilities (same element placement as apply_mask; col0 even, so each
