@@ -30,9 +30,7 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 2 : 1) flash_forward(const fa
 
     float o[MT][ND][4], m[MT][2], l[MT][2];
     zero(o);
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-        m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.0f;
+    softmax_init(m, l);
 
     if (n_lo < n_hi) {
         load_tile<T, BM, D, NTH>(sQ, (const T *)p.q.p + row_off(p.q, s, false, blk.h, r0), p.q.ss,
@@ -61,33 +59,9 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 2 : 1) flash_forward(const fa
         if (!mk.all_visible(wr0, wr0 + MT * 16, c0, c0 + BN))
             apply_mask(mk, sc, wr0 + g, c0 + 2 * t);
 
-        // online softmax: rows g and g + 8 of each m tile, statistics shared by the quad
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                float mx = m[mt][hf];
-#pragma unroll
-                for (int nt = 0; nt < NS; nt++)
-                    mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * hf], sc[mt][nt][2 * hf + 1]));
-                mx = quad_max(mx);
-                const float base = mx == -INFINITY ? 0.0f : mx; // nothing seen yet: keep zeros
-                const float alpha = exp2_fast(m[mt][hf] - base);
-                m[mt][hf] = mx;
-                float sum = 0.0f;
-#pragma unroll
-                for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        float pe = exp2_fast(sc[mt][nt][2 * hf + e] - base);
-                        sc[mt][nt][2 * hf + e] = pe;
-                        sum += pe;
-                    }
-                l[mt][hf] = l[mt][hf] * alpha + sum;
-#pragma unroll
-                for (int dt = 0; dt < ND; dt++)
-                    o[mt][dt][2 * hf] *= alpha, o[mt][dt][2 * hf + 1] *= alpha;
-            }
+        float alpha[MT][2];
+        softmax_update(sc, m, l, alpha);
+        rescale(o, alpha);
 
         if (p.dropout_p > 0.0f) // dropped to 0 here; the 1/(1-p) comes in float32 at the end
             apply_dropout(p, sc, blk.b, blk.h, wr0 + g, c0 + 2 * t);
@@ -98,13 +72,12 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 2 : 1) flash_forward(const fa
         __syncthreads();
     }
 
-    // epilogue: normalise, write o (and lse); rows that saw no key give 0 and -inf
+    // epilogue: normalise, write o (and lse)
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
-            const float sum = quad_sum(l[mt][hf]);
-            const float inv = sum > 0.0f ? p.dropout_scale / sum : 0.0f;
+            const row_out_t out = softmax_out(m[mt][hf], l[mt][hf], p.dropout_scale);
             const int i = wr0 + mt * 16 + g + hf * 8;
             if (i >= s.sq)
                 continue;
@@ -115,11 +88,10 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 2 : 1) flash_forward(const fa
                 for (int e = 0; e < 2; e++) {
                     const int x = dt * 8 + 2 * t + e;
                     if (x < p.dim)
-                        store<T>(p.o, off + x, o[mt][dt][2 * hf + e] * inv);
+                        store<T>(p.o, off + x, o[mt][dt][2 * hf + e] * out.inv);
                 }
-            if (p.lse && t == 0) {
-                p.lse[lse_index(p, s, blk.h, i)] = sum > 0.0f ? (m[mt][hf] + __log2f(sum)) * kLn2 : -INFINITY;
-            }
+            if (p.lse && t == 0)
+                p.lse[lse_index(p, s, blk.h, i)] = out.lse;
         }
 }
 

@@ -25,65 +25,38 @@ template <int BM, int BN, int D, int STAGES, int NQ> struct sm90_smem {
 // One warpgroup's running state: 64 rows (this thread: rows g and g + 8 of its warp's 16).
 template <int D, int BN> struct sm90_rows {
     static constexpr int NS = BN / 8, ND = D / 8;
-    float o[1][ND][4], sc[1][NS][4], m[2], l[2];
+    float o[1][ND][4], sc[1][NS][4], m[1][2], l[1][2];
     uint32_t pa[1][NS / 2][4];
 };
 
 // S(n) (raw scores in r.sc) -> P(n) and the rescale of the running statistics; alpha gets the
-// factor O must be scaled by once P(n-1) V(n-1) is done. The row's largest logit gives
-// exactly 1 (so a one-hot row is exact; folding the scale into the exponent's FMA saved one
-// instruction a score, 1-2%, and lost that: docs/perf/h200.md).
+// factor O must be scaled by once P(n-1) V(n-1) is done.
 template <int D, int BN>
 __device__ __forceinline__ void softmax_step(const fa_cuda_params &p, const mask_t &mk,
                                              sm90_rows<D, BN> &r, int64_t wr0, int64_t c0, int g,
-                                             int t, float (&alpha)[2])
+                                             int t, float (&alpha)[1][2])
 {
-    constexpr int NS = BN / 8;
     to_logits(p, r.sc);
     if (!mk.all_visible(wr0, wr0 + 16, c0, c0 + BN))
         apply_mask(mk, r.sc, wr0 + g, c0 + 2 * t);
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        float mx = r.m[hf];
-#pragma unroll
-        for (int nt = 0; nt < NS; nt++)
-            mx = fmaxf(mx, fmaxf(r.sc[0][nt][2 * hf], r.sc[0][nt][2 * hf + 1]));
-        mx = quad_max(mx);
-        const float base = mx == -INFINITY ? 0.0f : mx; // nothing seen yet: keep zeros
-        alpha[hf] = exp2_fast(r.m[hf] - base);
-        r.m[hf] = mx;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const float pe = exp2_fast(r.sc[0][nt][2 * hf + e] - base);
-                r.sc[0][nt][2 * hf + e] = pe;
-                sum += pe;
-            }
-        r.l[hf] = r.l[hf] * alpha[hf] + sum;
-    }
+    softmax_update(r.sc, r.m, r.l, alpha);
 }
 
 // O rescaled once P(n-1) V(n-1) is done, then P(n) (with dropout) into A fragments.
 template <typename T, int D, int BN>
 __device__ __forceinline__ void finish_step(const fa_cuda_params &p, sm90_rows<D, BN> &r,
-                                            const float (&alpha)[2], int b, int h, int64_t row,
+                                            const float (&alpha)[1][2], int b, int h, int64_t row,
                                             int64_t col)
 {
-#pragma unroll
-    for (int dt = 0; dt < D / 8; dt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            r.o[0][dt][e] *= alpha[e / 2];
+    rescale(r.o, alpha);
     if (p.dropout_p > 0.0f) // dropped to 0 here; the 1/(1-p) comes in float32 at the end
         apply_dropout(p, r.sc, b, h, row, col);
     to_a<T, 1, BN / 8>(r.pa, r.sc);
 }
 
-// Normalise and write this warpgroup's 64 rows (and their lse); rows that saw no key give 0
-// and -inf. With 16-byte-aligned rows the tile goes out through the warpgroup's own rows of
-// the Q tile (its last S has been read) as whole 16-byte row pieces.
+// Normalise and write this warpgroup's 64 rows (and their lse). With 16-byte-aligned rows the
+// tile goes out through the warpgroup's own rows of the Q tile (its last S has been read) as
+// whole 16-byte row pieces.
 template <typename T, int D, int BM, int BN>
 __device__ __forceinline__ void store_rows(const fa_cuda_params &p, const sm90_rows<D, BN> &r,
                                            const seq_t &s, int h, int r0, int wg, int warp, int g,
@@ -94,11 +67,11 @@ __device__ __forceinline__ void store_rows(const fa_cuda_params &p, const sm90_r
     float inv[2];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
-        const float sum = quad_sum(r.l[hf]);
-        inv[hf] = sum > 0.0f ? p.dropout_scale / sum : 0.0f;
+        const row_out_t out = softmax_out(r.m[0][hf], r.l[0][hf], p.dropout_scale);
+        inv[hf] = out.inv;
         const int i = wr0 + g + hf * 8;
         if (p.lse && t == 0 && i < s.sq)
-            p.lse[lse_index(p, s, h, i)] = sum > 0.0f ? (r.m[hf] + __log2f(sum)) * kLn2 : -INFINITY;
+            p.lse[lse_index(p, s, h, i)] = out.lse;
     }
     if (p.o_vec) {
 #pragma unroll
@@ -137,8 +110,7 @@ __device__ __forceinline__ void store_rows(const fa_cuda_params &p, const sm90_r
 template <int D, int BN> __device__ __forceinline__ void init_rows(sm90_rows<D, BN> &r)
 {
     zero(r.o);
-    r.m[0] = r.m[1] = -INFINITY;
-    r.l[0] = r.l[1] = 0.0f;
+    softmax_init(r.m, r.l);
 }
 
 // The K/V ring's barriers, and the hand-over of query tiles. full: the producer's 128 threads
@@ -259,7 +231,7 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
         reg_fence(sf);
         if (lane == 0)
             mbar_arrive(&ring.empty_k[st]);
-        float alpha[2];
+        float alpha[1][2];
         softmax_step(p, qt.mk, r, wr0, (int64_t)n * BN, g, t, alpha);
         wgmma_wait<0>(); // P(n-1) V(n-1) done: o and pa are ours again
         reg_fence(of);

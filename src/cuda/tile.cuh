@@ -6,6 +6,7 @@
 
 #include "mask.cuh"
 #include "params.h"
+#include "softmax.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -16,9 +17,6 @@ extern "C" {
 }
 
 namespace fa {
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // Shared-memory rows are head_dim + 8 elements: the 16-byte pad staggers rows
 // across banks so the eight row addresses of an ldmatrix hit eight bank groups.
@@ -107,24 +105,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait()
 {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ float exp2_fast(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ float quad_max(float x)
-{
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x)
-{
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 // ROWS x D tile of a strided [seq, head_dim] slab into shared memory (row pitch lds<D>()).
@@ -446,7 +426,7 @@ template <bool CAP = true, bool DROP = true>
 __device__ __forceinline__ grad_elem grad_of(const fa_cuda_params &p, float x, float dp, float lse2,
                                              float dsum, bool keep)
 {
-    const float pr = exp2_fast(x - lse2);
+    const float pr = prob(x, lse2);
     if constexpr (!CAP && !DROP)
         return grad_elem{ pr, pr * (dp - dsum) };
     if constexpr (!CAP)

@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: MIT
+// The online softmax and its epilogue, the one place both flash forwards (mma.sync and
+// Hopper's wgmma, whose per-warp accumulator fragments are the same) take them from, and the
+// probability the backwards recompute. Logits are in log2 units (exp2, float32 statistics).
+// Fragment layout: element e of fragment (mt, nt) belongs to the lane's row 16 mt + 8 (e / 2)
+// (rows g and g + 8 of each m tile); a row's values are spread over the four lanes of a quad,
+// which quad_max and quad_sum combine.
+#pragma once
+
+namespace fa {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ float exp2_fast(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float quad_max(float x)
+{
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x)
+{
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// The probability of a logit x (log2 units) against its row's statistic m: the running
+// maximum in the forward (unnormalised), the row's lse in the backward.
+__device__ __forceinline__ float prob(float x, float m) { return exp2_fast(x - m); }
+
+// Per row: m the running maximum of its logits (the same in every lane of the quad), l this
+// lane's share of the running sum of exp2(logit - m). Nothing seen: -inf and 0.
+template <int MT> __device__ __forceinline__ void softmax_init(float (&m)[MT][2], float (&l)[MT][2])
+{
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+        m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.0f;
+}
+
+// One key tile: the logits in sc (-inf where masked) become unnormalised probabilities, m and
+// l move on, and alpha gets the factor the row's O accumulator must be scaled by (rescale).
+// The row's largest logit gives exactly 1, so a one-hot row is exact (folding the scale into
+// the exponent's FMA saved one instruction a score, 1-2%, and lost that: docs/perf/h200.md).
+template <int MT, int NS>
+__device__ __forceinline__ void softmax_update(float (&sc)[MT][NS][4], float (&m)[MT][2],
+                                               float (&l)[MT][2], float (&alpha)[MT][2])
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float mx = m[mt][hf];
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++)
+                mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * hf], sc[mt][nt][2 * hf + 1]));
+            mx = quad_max(mx);
+            const float base = mx == -INFINITY ? 0.0f : mx; // nothing seen yet: keep zeros
+            alpha[mt][hf] = exp2_fast(m[mt][hf] - base);
+            m[mt][hf] = mx;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float pe = prob(sc[mt][nt][2 * hf + e], base);
+                    sc[mt][nt][2 * hf + e] = pe;
+                    sum += pe;
+                }
+            l[mt][hf] = l[mt][hf] * alpha[mt][hf] + sum;
+        }
+}
+
+template <int MT, int ND>
+__device__ __forceinline__ void rescale(float (&o)[MT][ND][4], const float (&alpha)[MT][2])
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int dt = 0; dt < ND; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[mt][dt][e] *= alpha[mt][e / 2];
+}
+
+// The epilogue of one row from its statistics (every lane of the quad takes part): inv scales
+// its O accumulator (out_scale: dropout's 1 / (1 - p)), lse is its log-sum-exp in natural
+// units. A row that saw no key gives 0 and -inf.
+struct row_out_t {
+    float inv, lse;
+};
+__device__ __forceinline__ row_out_t softmax_out(float m, float l, float out_scale)
+{
+    const float sum = quad_sum(l);
+    return row_out_t{ sum > 0.0f ? out_scale / sum : 0.0f,
+                      sum > 0.0f ? (m + __log2f(sum)) * kLn2 : -INFINITY };
+}
+
+} // namespace fa
