@@ -322,28 +322,34 @@ static void test_output_rounding(void **state)
     fa_context_destroy(ctx);
 }
 
-/* ---- scores scaled before their products ---- */
+/* ---- sums past float32, and scores scaled before their products ---- */
 
 /* The contexts the cases below run on: the CPU, and where a GLES driver is reachable each of
  * its fused forwards (the planner's choice, the tiled one, the rows one through shared
  * memory) and the default and tiled ones in key chunks, whose running state is carried from
- * one dispatch to the next. */
+ * one dispatch to the next. long_keys: whether the context runs 100k keys here. On llvmpipe the
+ * tiled and rows forwards do not: the planner budgets their loops for one walk over a dispatch's
+ * keys up to close to llvmpipe's loop limit, and the second walk of rows whose sums overflowed
+ * passes it (the default, rows-tex, walks blocks of 8 keys where the budget counts 4). The
+ * tiled one's budget is short at head_dim 4 and 8 even for one walk. */
 typedef struct backend_ctx {
     const char *name;
     fa_context_t ctx;
+    int long_keys;
 } backend_ctx;
 
 static int make_backends(backend_ctx *out)
 {
     static const struct {
         const char *name, *forward, *chunk;
-    } gl[] = { { "gles", NULL, NULL },
-               { "gles tiled", "tiled", NULL },
-               { "gles rows", "rows", NULL },
-               { "gles chunks", NULL, "4096" },
-               { "gles tiled chunks", "tiled", "4096" } };
+        int long_keys;
+    } gl[] = { { "gles", NULL, NULL, 1 },
+               { "gles tiled", "tiled", NULL, 0 },
+               { "gles rows", "rows", NULL, 0 },
+               { "gles chunks", NULL, "4096", 1 },
+               { "gles tiled chunks", "tiled", "4096", 1 } };
     int n = 0;
-    out[n++] = (backend_ctx){ "cpu", make_ctx(0) };
+    out[n++] = (backend_ctx){ "cpu", make_ctx(0), 1 };
     for (size_t i = 0; i < sizeof(gl) / sizeof(gl[0]); i++) {
         if (gl[i].forward)
             setenv("FLASHATTN_GLES_FORWARD", gl[i].forward, 1);
@@ -357,7 +363,7 @@ static int make_backends(backend_ctx *out)
         if (st == FA_ERR_BACKEND_UNAVAILABLE)
             break;
         assert_int_equal(st, FA_OK);
-        out[n++] = (backend_ctx){ gl[i].name, ctx };
+        out[n++] = (backend_ctx){ gl[i].name, ctx, gl[i].long_keys };
     }
     return n;
 }
@@ -438,7 +444,84 @@ static int mean_ok(const backend_ctx *b, const mean_case *mc, fa_algorithm algo)
     return ok;
 }
 
+/* About 1e34, powers of two, so that every partial sum of p v is exact. */
+static double v_huge(int64_t j, int32_t x) { return ldexp(1.0 + (double)((j + x) % 3), 113); }
+/* About 3e38 in bf16, near its largest finite value. */
+static double v_bf16_max(int64_t j, int32_t x) { return 3.0e38 - 1e37 * (double)((j + 2 * x) % 4); }
 static double v_small(int64_t j, int32_t x) { return 0.25 + 0.5 * (double)((j * 7 + x) % 5); }
+
+/* The accumulator sums p v with p up to 1 before the division by the softmax sum: v of 1e34
+ * over 100k keys, or bf16 values near 3e38 over 64, pass FLT_MAX although the output, the
+ * mean of v here (every score the same), is representable. Prefill (a task's rows, key
+ * tiles), decode (one row: key chunks and their merge) and the standard baseline. */
+static void test_sums_past_float32(void **state)
+{
+    (void)state;
+    backend_ctx b[8];
+    int nb = make_backends(b);
+    const mean_case cases[] = {
+        { "f32 v 1e34 x 100k keys", FA_DTYPE_F32, FA_DTYPE_F32, 8, 100000, 8, 0.0f, 0.0f, 0.0, v_huge, 1e-6 },
+        { "f32 v 1e34 x 100k keys, decode", FA_DTYPE_F32, FA_DTYPE_F32, 1, 100000, 8, 0.0f, 0.0f, 0.0, v_huge,
+          1e-6 },
+        { "bf16 v 3e38 x 64 keys", FA_DTYPE_BF16, FA_DTYPE_F32, 4, 64, 8, 0.0f, 0.0f, 0.0, v_bf16_max, 1e-6 },
+        { "bf16 v 3e38 x 64 keys, bf16 o", FA_DTYPE_BF16, FA_DTYPE_BF16, 4, 64, 8, 0.0f, 0.0f, 0.0,
+          v_bf16_max, 4e-3 },
+        { "bf16 v 3e38 x 64 keys, decode", FA_DTYPE_BF16, FA_DTYPE_F32, 1, 64, 8, 0.0f, 0.0f, 0.0, v_bf16_max,
+          1e-6 },
+    };
+    int failed = 0;
+    for (int i = 0; i < nb; i++)
+        for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+            if (cases[c].sk > 64 && !b[i].long_keys)
+                continue;
+            failed += !mean_ok(&b[i], &cases[c], FA_ALGORITHM_FLASH);
+            /* GLES refuses the standard algorithm past llvmpipe's loop limit (100k keys) */
+            if (i == 0 || cases[c].sk <= 64)
+                failed += !mean_ok(&b[i], &cases[c], FA_ALGORITHM_STANDARD);
+        }
+    free_backends(b, nb);
+    assert_int_equal(failed, 0);
+}
+
+/* Only the rows whose sums overflowed change. Even rows weigh every key alike, and v of 2^120
+ * on the even keys overflows their sums; odd rows give the even keys scores 500 units below the
+ * rest (p = 0), so they must come out bit for bit as with those values zeroed. */
+static void test_overflow_leaves_other_rows(void **state)
+{
+    (void)state;
+    backend_ctx b[8];
+    int nb = make_backends(b);
+    problem p;
+    problem_make(&p, 1, 8, 4096, 1, 1, 8, 1.0, seed + 7);
+    for (int i = 0; i < 8 * 8; i++)
+        p.q[i] = i / 8 % 2 && i % 8 == 0 ? -1000.0f : 0.0f;
+    for (int j = 0; j < 4096; j++)
+        p.k[j * 8] = j % 2 ? 0.0f : 1.0f;
+    float *alone = malloc(8 * 8 * 4);
+    assert_non_null(alone);
+    for (int i = 0; i < nb; i++) {
+        for (int j = 0; j < 4096; j += 2)
+            for (int x = 0; x < 8; x++)
+                p.v[j * 8 + x] = 0.0f;
+        assert_int_equal(fa_forward(b[i].ctx, &p.d), FA_OK);
+        memcpy(alone, p.o, 8 * 8 * 4);
+        for (int j = 0; j < 4096; j += 2)
+            for (int x = 0; x < 8; x++)
+                p.v[j * 8 + x] = 0x1p120f;
+        assert_int_equal(fa_forward(b[i].ctx, &p.d), FA_OK);
+        for (int r = 0; r < 8; r++)
+            for (int x = 0; x < 8; x++) {
+                const float got = p.o[r * 8 + x];
+                if (r % 2)
+                    assert_memory_equal(&got, &alone[r * 8 + x], 4);
+                else /* the mean of the even keys' 2^120 and the odd keys' v */
+                    assert_true(isfinite(got) && fabs(got - 0x1p119) <= 1e-6 * 0x1p119);
+            }
+    }
+    free(alone);
+    problem_free(&p);
+    free_backends(b, nb);
+}
 
 /* q = k = 1e20 (k's fourth element -1e20, the rest 0) and scale 1e-36: the scaled scores are
  * 2e4 (the header allows them), q.k alone is 2e40 and its products 1e40 of both signs. The
@@ -480,6 +563,8 @@ int main(void)
         cmocka_unit_test(test_decode_split),
         cmocka_unit_test(test_block_override),
         cmocka_unit_test(test_masked_rows_ignore_nan),
+        cmocka_unit_test(test_sums_past_float32),
+        cmocka_unit_test(test_overflow_leaves_other_rows),
         cmocka_unit_test(test_scale_before_product),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

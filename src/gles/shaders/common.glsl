@@ -121,6 +121,29 @@ float logit2(float s)
 #endif
 }
 
+// Sums past float32 (the CPU backend's cpu.h does the same): o sums p v with p up to 1 before
+// the division by the softmax sum, so it can pass FLT_MAX (v of 1e34 over 1e5 keys) although o,
+// a weighted mean of v, is representable. A row whose sums end inf or NaN while its softmax sum
+// is finite walks its keys again with the base of its exponents raised by redo_shift(keys),
+// 2^shift above the most keys it sums: every p is then below 2^-shift and no partial sum passes
+// max |v|; o divides by the sum in the same units, lse adds the shift back through the base.
+// Other rows keep their bits, and the normal path pays one add a key block and a check at the end.
+float redo_shift(int keys)
+{
+    return float(findMSB(max(keys, 1)) + 1);
+}
+
+bool nonfinite(vec4 x)
+{
+    return any(isinf(x)) || any(isnan(x));
+}
+
+// a softmax sum a redo can rescue: positive and finite (NaN scores give NaN sums; no redo)
+bool sum_ok(float l)
+{
+    return l > 0.0 && !isinf(l);
+}
+
 // query row i may see key j (bottom-right aligned: diagonal at j = i + sk - sq)
 bool visible(int i, int j, seq_t s)
 {

@@ -26,13 +26,26 @@ void main()
         for (int k = 0; k < u_splits; k++)
             l += part_ml[base + k].y * exp2(part_ml[base + k].x - mx);
     float inv = l > 0.0 ? 1.0 / l : 0.0;
+    // the chunks' outputs add up like a chunk's keys: a column whose sum overflowed is summed
+    // again with every weight scaled down (common.glsl: sums past float32)
+    int d = s.sk - s.sq;
+    int keys = min(s.sk, i + d + u_win_right + 1) - max(0, i + d - u_win_left);
+    float f = ldexp(1.0, -int(redo_shift(keys)));
     int orow = O_ROW(s, b, i, h);
     for (int c = t; c < D4; c += 64) {
         vec4 acc = vec4(0.0);
         if (mx != NEG_INF)
             for (int k = 0; k < u_splits; k++)
                 acc += part_o[(base + k) * D4 + c] * exp2(part_ml[base + k].x - mx);
-        O_STORE(o_data, orow + c, acc * inv);
+        if (nonfinite(acc) && sum_ok(l)) {
+            acc = vec4(0.0);
+            for (int k = 0; k < u_splits; k++)
+                acc += part_o[(base + k) * D4 + c] * (exp2(part_ml[base + k].x - mx) * f);
+            acc *= 1.0 / (l * f);
+        } else {
+            acc *= inv;
+        }
+        O_STORE(o_data, orow + c, acc);
     }
     if (t == 0 && u_write_lse != 0)
         lse_data[h * u_qrows + s.q0 + i] = l > 0.0 ? (mx + log2(l)) * LN2 : NEG_INF;

@@ -13,6 +13,7 @@ uniform int u_splits;
 
 shared float sh_p[64];
 shared vec4 sh_q[D4];
+shared int sh_again; // whether the chunk walks its keys again
 
 void main()
 {
@@ -29,39 +30,58 @@ void main()
     int chunk = (n + u_splits - 1) / u_splits;
     int c_lo = lo + split * chunk, c_hi = min(hi, c_lo + chunk);
     int hk = h / u_group;
+    if (t == 0)
+        sh_again = 0;
     for (int c = t; c < D4; c += 64)
         sh_q[c] = LOAD_Q(q_data, Q_ROW(s, b, i, h) + c);
     barrier();
 
-    float m = NEG_INF, l = 0.0;
-    vec4 acc = vec4(0.0); // column t of head_dim (t < D4)
-    for (int j0 = c_lo; j0 < c_hi; j0 += 64) {
-        int j = j0 + t;
-        float x = NEG_INF;
-        if (j < c_hi) {
-            int krow = K_ROW(s, b, j, hk);
-            float dot4 = 0.0;
-            for (int c = 0; c < D4; c++)
-                dot4 += dot(sh_q[c], LOAD4(k_data, krow + c));
-            x = logit2(dot4);
+    // up: how far the exponents' base is raised (0, or redo_shift in the walk again after the
+    // chunk's sums overflowed: common.glsl)
+    float m, l, up = 0.0;
+    vec4 acc; // column t of head_dim (t < D4)
+    for (int walk = 0; walk < 2; walk++) {
+        m = NEG_INF;
+        l = 0.0;
+        acc = vec4(0.0);
+        for (int j0 = c_lo; j0 < c_hi; j0 += 64) {
+            int j = j0 + t;
+            float x = NEG_INF;
+            if (j < c_hi) {
+                int krow = K_ROW(s, b, j, hk);
+                float dot4 = 0.0;
+                for (int c = 0; c < D4; c++)
+                    dot4 += dot(sh_q[c], LOAD4(k_data, krow + c));
+                x = logit2(dot4);
+            }
+            sh_p[t] = x;
+            barrier();
+            float mx = NEG_INF;
+            for (int k = 0; k < 64; k++)
+                mx = max(mx, sh_p[k]);
+            mx = max(m, mx + up);
+            float alpha = exp2(m - mx); // m = -inf gives 0; mx is finite: the tile has a key
+            l *= alpha;
+            acc *= alpha;
+            int nk = min(64, c_hi - j0);
+            for (int k = 0; k < nk; k++) {
+                float p = exp2(sh_p[k] - mx);
+                l += p;
+                if (t < D4)
+                    acc += p * LOAD4(v_data, V_ROW(s, b, j0 + k, hk) + t);
+            }
+            m = mx;
+            barrier(); // sh_p is rewritten next tile
         }
-        sh_p[t] = x;
+        if (walk != 0)
+            break;
+        // the chunk's invocations share its tiles: they walk again together or not at all
+        if (t < D4 && sum_ok(l) && nonfinite(acc))
+            atomicOr(sh_again, 1);
         barrier();
-        float mx = m;
-        for (int k = 0; k < 64; k++)
-            mx = max(mx, sh_p[k]);
-        float alpha = exp2(m - mx); // m = -inf gives 0; mx is finite: the tile has a key
-        l *= alpha;
-        acc *= alpha;
-        int nk = min(64, c_hi - j0);
-        for (int k = 0; k < nk; k++) {
-            float p = exp2(sh_p[k] - mx);
-            l += p;
-            if (t < D4)
-                acc += p * LOAD4(v_data, V_ROW(s, b, j0 + k, hk) + t);
-        }
-        m = mx;
-        barrier(); // sh_p is rewritten next tile
+        if (sh_again == 0)
+            break;
+        up = redo_shift(c_hi - c_lo);
     }
     if (t < D4)
         part_o[slot * D4 + t] = acc;

@@ -39,6 +39,7 @@ uniform highp samplerBuffer u_ktex, u_vtex;
 #else
 shared vec4 sh_k[BC * D4];
 shared vec4 sh_v[BC * D4];
+shared int sh_again; // whether some row of the workgroup walks its keys again
 #define K_AT(j, c) sh_k[((j) - c0) * D4 + (c)]
 #define V_AT(j, c) sh_v[((j) - c0) * D4 + (c)]
 #endif
@@ -62,60 +63,73 @@ shared vec4 sh_v[BC * D4];
         }                                                                                       \
     }
 
-// The invocation's rows, one macro call each: M(q, acc, m, l, x, base, r) names row r's query
-// (q[D4]), output accumulator (acc[D4]), running maximum and sum, the logits of the key block
-// (x[KB]) and the block's maximum, then the exponent's base. Separate arrays per row, each
-// indexed by the loop that walks it, so that compilers unroll those loops and keep them in
-// registers.
+// The invocation's rows, one macro call each: M(q, acc, m, l, x, base, up, r) names row r's
+// query (q[D4]), output accumulator (acc[D4]), running maximum (the exponents' base) and sum,
+// the logits of the key block (x[KB]) and the block's maximum, then the exponent's base, and
+// how far its base is raised (0, or redo_shift in the walk again after its sums overflowed:
+// common.glsl). Separate arrays per row, each indexed by the loop that walks it, so that
+// compilers unroll those loops and keep them in registers.
 #if ROWS == 8
-#define EACH_ROW(M) M(q0, acc0, m0, l0, x0, base0, 0) M(q1, acc1, m1, l1, x1, base1, 1) \
-                    M(q2, acc2, m2, l2, x2, base2, 2) M(q3, acc3, m3, l3, x3, base3, 3) \
-                    M(q4, acc4, m4, l4, x4, base4, 4) M(q5, acc5, m5, l5, x5, base5, 5) \
-                    M(q6, acc6, m6, l6, x6, base6, 6) M(q7, acc7, m7, l7, x7, base7, 7)
+#define EACH_ROW(M) M(q0, acc0, m0, l0, x0, base0, up0, 0) M(q1, acc1, m1, l1, x1, base1, up1, 1) \
+                    M(q2, acc2, m2, l2, x2, base2, up2, 2) M(q3, acc3, m3, l3, x3, base3, up3, 3) \
+                    M(q4, acc4, m4, l4, x4, base4, up4, 4) M(q5, acc5, m5, l5, x5, base5, up5, 5) \
+                    M(q6, acc6, m6, l6, x6, base6, up6, 6) M(q7, acc7, m7, l7, x7, base7, up7, 7)
 #elif ROWS == 4
-#define EACH_ROW(M) M(q0, acc0, m0, l0, x0, base0, 0) M(q1, acc1, m1, l1, x1, base1, 1) \
-                    M(q2, acc2, m2, l2, x2, base2, 2) M(q3, acc3, m3, l3, x3, base3, 3)
+#define EACH_ROW(M) M(q0, acc0, m0, l0, x0, base0, up0, 0) M(q1, acc1, m1, l1, x1, base1, up1, 1) \
+                    M(q2, acc2, m2, l2, x2, base2, up2, 2) M(q3, acc3, m3, l3, x3, base3, up3, 3)
 #elif ROWS == 2
-#define EACH_ROW(M) M(q0, acc0, m0, l0, x0, base0, 0) M(q1, acc1, m1, l1, x1, base1, 1)
+#define EACH_ROW(M) M(q0, acc0, m0, l0, x0, base0, up0, 0) M(q1, acc1, m1, l1, x1, base1, up1, 1)
 #elif ROWS == 1
-#define EACH_ROW(M) M(q0, acc0, m0, l0, x0, base0, 0)
+#define EACH_ROW(M) M(q0, acc0, m0, l0, x0, base0, up0, 0)
 #else
 #error ROWS is 1, 2, 4 or 8
 #endif
 #define ROW_I(r) (ia + (r) * NI)
 
-#define ROW_INIT(Q, A, M, L, X, BASE, R)                                                        \
+#define ROW_INIT(Q, A, M, L, X, BASE, UP, R)                                                    \
     vec4 Q[D4], A[D4];                                                                          \
-    float M = NEG_INF, L = 0.0, BASE, X[KB];                                                    \
+    float M, L, BASE, X[KB], UP = 0.0;                                                          \
     {                                                                                           \
         bool valid = ROW_I(R) < s.sq;                                                           \
         int qr = Q_ROW(s, b, valid ? ROW_I(R) : 0, h);                                          \
-        for (int c = 0; c < D4; c++) {                                                          \
+        for (int c = 0; c < D4; c++)                                                            \
             Q[c] = valid ? LOAD_Q(q_data, qr + c) : vec4(0.0);                                  \
-            A[c] = vec4(0.0);                                                                   \
-        }                                                                                       \
-        if (!first && valid) { /* the state the earlier key chunks left */                      \
-            int orow = h * u_qrows + s.q0 + ROW_I(R), ob = O_ROW(s, b, ROW_I(R), h);            \
-            for (int c = 0; c < D4; c++)                                                        \
-                A[c] = O_LOAD(o_data, ob + c);                                                  \
-            M = lse_data[u_ml + 2 * orow];                                                      \
-            L = lse_data[u_ml + 2 * orow + 1];                                                  \
-        }                                                                                       \
     }
-#define ROW_BLOCK(Q, A, M, L, X, BASE, R) BASE = M;
-#define ROW_ZERO(Q, A, M, L, X, BASE, R)                                                        \
+// the state a walk starts from: nothing, or what the earlier key chunks left, in the units of
+// the row's raised base
+#define ROW_START(Q, A, M, L, X, BASE, UP, R)                                                   \
+    M = NEG_INF;                                                                                \
+    L = 0.0;                                                                                    \
+    for (int c = 0; c < D4; c++)                                                                \
+        A[c] = vec4(0.0);                                                                       \
+    if (!first && ROW_I(R) < s.sq) {                                                            \
+        int orow = h * u_qrows + s.q0 + ROW_I(R), ob = O_ROW(s, b, ROW_I(R), h);                \
+        for (int c = 0; c < D4; c++)                                                            \
+            A[c] = O_LOAD(o_data, ob + c);                                                      \
+        M = lse_data[u_ml + 2 * orow];                                                          \
+        L = lse_data[u_ml + 2 * orow + 1];                                                      \
+    }                                                                                           \
+    if (UP != 0.0) {                                                                            \
+        float f = ldexp(1.0, -int(UP));                                                         \
+        M += UP;                                                                                \
+        L *= f;                                                                                 \
+        for (int c = 0; c < D4; c++)                                                            \
+            A[c] *= f;                                                                          \
+    }
+#define ROW_BLOCK(Q, A, M, L, X, BASE, UP, R) BASE = NEG_INF;
+#define ROW_ZERO(Q, A, M, L, X, BASE, UP, R)                                                    \
     for (int kk = 0; kk < KB; kk++)                                                             \
         X[kk] = 0.0;
-#define ROW_DOT(Q, A, M, L, X, BASE, R)                                                         \
+#define ROW_DOT(Q, A, M, L, X, BASE, UP, R)                                                     \
     for (int kk = 0; kk < KB; kk++)                                                             \
         X[kk] += dot(Q[c], k[kk]);
-#define ROW_LOGIT(Q, A, M, L, X, BASE, R)                                                       \
+#define ROW_LOGIT(Q, A, M, L, X, BASE, UP, R)                                                   \
     X[kk] = in_tile && visible(ROW_I(R), j, s) ? logit2(X[kk]) : NEG_INF;                       \
     BASE = max(BASE, X[kk]);
 // one rescale a block; rows with nothing visible yet keep m = -inf and subtract 0
-#define ROW_RESCALE(Q, A, M, L, X, BASE, R)                                                     \
+#define ROW_RESCALE(Q, A, M, L, X, BASE, UP, R)                                                 \
     {                                                                                           \
-        float mx = BASE;                                                                        \
+        float mx = max(M, BASE + UP);                                                           \
         BASE = mx == NEG_INF ? 0.0 : mx;                                                        \
         float alpha = exp2(M - BASE);                                                           \
         L *= alpha;                                                                             \
@@ -123,15 +137,26 @@ shared vec4 sh_v[BC * D4];
         for (int c = 0; c < D4; c++)                                                            \
             A[c] *= alpha;                                                                      \
     }
-#define ROW_P(Q, A, M, L, X, BASE, R)                                                           \
+#define ROW_P(Q, A, M, L, X, BASE, UP, R)                                                       \
     for (int kk = 0; kk < KB; kk++) {                                                           \
         X[kk] = exp2(X[kk] - BASE);                                                             \
         L += X[kk];                                                                             \
     }
-#define ROW_PV(Q, A, M, L, X, BASE, R)                                                          \
+#define ROW_PV(Q, A, M, L, X, BASE, UP, R)                                                      \
     for (int kk = 0; kk < KB; kk++)                                                             \
         A[c] += X[kk] * v[kk];
-#define ROW_WRITE(Q, A, M, L, X, BASE, R)                                                       \
+// after the first walk: a row whose sums overflowed walks again with its base raised
+#define ROW_CHECK(Q, A, M, L, X, BASE, UP, R)                                                   \
+    if (ROW_I(R) < s.sq && sum_ok(L)) {                                                         \
+        bool bad = false;                                                                       \
+        for (int c = 0; c < D4; c++)                                                            \
+            bad = bad || nonfinite(A[c]);                                                       \
+        if (bad) {                                                                              \
+            UP = redo_shift(hi - lo);                                                           \
+            again = true;                                                                       \
+        }                                                                                       \
+    }
+#define ROW_WRITE(Q, A, M, L, X, BASE, UP, R)                                                   \
     if (ROW_I(R) < s.sq)                                                                        \
         WRITE_ROW(ROW_I(R), A, M, L)
 
@@ -156,46 +181,68 @@ void main()
         return; // the whole workgroup: its state stays as the chunk before left it
 
     EACH_ROW(ROW_INIT)
-    for (int c0 = k_lo; c0 < k_hi; c0 += BC) {
-        int c1 = min(c0 + BC, k_hi);
 #if !KV_TEX
-        barrier(); // the previous tile is read
-        for (int e = lid; e < BC * D4; e += NI) {
-            int j = c0 + e / D4, c = e % D4;
-            bool in_seq = j < s.sk;
-            sh_k[e] = in_seq ? LOAD4(k_data, K_ROW(s, b, j, hk) + c) : vec4(0.0);
-            sh_v[e] = in_seq ? LOAD4(v_data, V_ROW(s, b, j, hk) + c) : vec4(0.0);
-        }
-        barrier();
+    if (lid == 0)
+        sh_again = 0;
 #endif
-        if (ia >= s.sq)
-            continue; // (its other rows lie after it)
-        for (int j0 = c0; j0 < c1; j0 += KB) {
-            // the block's keys, head_dim outside: each row's q and output vec4 are read and
-            // written once a block, not once a key (spilled registers on CPU renderers); keys
-            // past the tile read as its last, so that every load stays inside the sequence
-            EACH_ROW(ROW_ZERO)
-            for (int c = 0; c < D4; c++) {
-                vec4 k[KB];
-                for (int kk = 0; kk < KB; kk++)
-                    k[kk] = K_AT(min(j0 + kk, c1 - 1), c);
-                EACH_ROW(ROW_DOT)
+    for (int walk = 0; walk < 2; walk++) {
+        EACH_ROW(ROW_START)
+        for (int c0 = k_lo; c0 < k_hi; c0 += BC) {
+            int c1 = min(c0 + BC, k_hi);
+#if !KV_TEX
+            barrier(); // the previous tile is read
+            for (int e = lid; e < BC * D4; e += NI) {
+                int j = c0 + e / D4, c = e % D4;
+                bool in_seq = j < s.sk;
+                sh_k[e] = in_seq ? LOAD4(k_data, K_ROW(s, b, j, hk) + c) : vec4(0.0);
+                sh_v[e] = in_seq ? LOAD4(v_data, V_ROW(s, b, j, hk) + c) : vec4(0.0);
             }
-            EACH_ROW(ROW_BLOCK)
-            for (int kk = 0; kk < KB; kk++) {
-                int j = j0 + kk;
-                bool in_tile = j < c1;
-                EACH_ROW(ROW_LOGIT)
-            }
-            EACH_ROW(ROW_RESCALE)
-            EACH_ROW(ROW_P)
-            for (int c = 0; c < D4; c++) {
-                vec4 v[KB];
-                for (int kk = 0; kk < KB; kk++)
-                    v[kk] = V_AT(min(j0 + kk, c1 - 1), c);
-                EACH_ROW(ROW_PV)
+            barrier();
+#endif
+            if (ia >= s.sq)
+                continue; // (its other rows lie after it)
+            for (int j0 = c0; j0 < c1; j0 += KB) {
+                // the block's keys, head_dim outside: each row's q and output vec4 are read and
+                // written once a block, not once a key (spilled registers on CPU renderers);
+                // keys past the tile read as its last, so that every load stays inside the
+                // sequence
+                EACH_ROW(ROW_ZERO)
+                for (int c = 0; c < D4; c++) {
+                    vec4 k[KB];
+                    for (int kk = 0; kk < KB; kk++)
+                        k[kk] = K_AT(min(j0 + kk, c1 - 1), c);
+                    EACH_ROW(ROW_DOT)
+                }
+                EACH_ROW(ROW_BLOCK)
+                for (int kk = 0; kk < KB; kk++) {
+                    int j = j0 + kk;
+                    bool in_tile = j < c1;
+                    EACH_ROW(ROW_LOGIT)
+                }
+                EACH_ROW(ROW_RESCALE)
+                EACH_ROW(ROW_P)
+                for (int c = 0; c < D4; c++) {
+                    vec4 v[KB];
+                    for (int kk = 0; kk < KB; kk++)
+                        v[kk] = V_AT(min(j0 + kk, c1 - 1), c);
+                    EACH_ROW(ROW_PV)
+                }
             }
         }
+        bool again = false;
+        if (walk == 0) {
+            EACH_ROW(ROW_CHECK)
+        }
+#if !KV_TEX
+        // the walk stages tiles for the whole workgroup: it walks again together or not at all
+        barrier();
+        if (again)
+            atomicOr(sh_again, 1);
+        barrier();
+        again = walk == 0 && sh_again != 0;
+#endif
+        if (!again)
+            break;
     }
     EACH_ROW(ROW_WRITE)
 }
