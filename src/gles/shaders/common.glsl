@@ -144,9 +144,25 @@ bool sum_ok(float l)
     return l > 0.0 && !isinf(l);
 }
 
-// query row i may see key j (bottom-right aligned: diagonal at j = i + sk - sq)
+// The mask's geometry, the one definition every shader calls (the C core's fa_problem_*): query
+// row i may see key j when i + d - u_win_left <= j <= i + d + u_win_right and 0 <= j < sk, with
+// d = sk - sq (the diagonal aligned bottom-right).
 bool visible(int i, int j, seq_t s)
 {
     int d = s.sk - s.sq;
     return j < s.sk && j >= i + d - u_win_left && j <= i + d + u_win_right;
+}
+
+// Keys [x, y) that query rows [r0, r1) may see; empty when y <= x.
+ivec2 key_range(int r0, int r1, seq_t s)
+{
+    int d = s.sk - s.sq;
+    return ivec2(max(0, r0 + d - u_win_left), min(s.sk, (r1 - 1) + d + u_win_right + 1));
+}
+
+// Whether every row of [r0, r1) sees every key of [c0, c1): no mask to apply.
+bool tile_full(int r0, int r1, int c0, int c1, seq_t s)
+{
+    int d = s.sk - s.sq;
+    return c1 <= s.sk && c0 >= (r1 - 1) + d - u_win_left && c1 - 1 <= r0 + d + u_win_right;
 }

@@ -28,8 +28,8 @@ void main()
     float inv = l > 0.0 ? 1.0 / l : 0.0;
     // the chunks' outputs add up like a chunk's keys: a column whose sum overflowed is summed
     // again with every weight scaled down (common.glsl: sums past float32)
-    int d = s.sk - s.sq;
-    int keys = min(s.sk, i + d + u_win_right + 1) - max(0, i + d - u_win_left);
+    ivec2 kr = key_range(i, i + 1, s);
+    int keys = kr.y - kr.x;
     float f = ldexp(1.0, -int(redo_shift(keys)));
     int orow = O_ROW(s, b, i, h);
     for (int c = t; c < D4; c += 64) {

@@ -24,8 +24,8 @@ void main()
     if (s.sq == 0)
         return;
     int i = s.sq - 1; // the one query row (sq is 1 on this path)
-    int d = s.sk - s.sq;
-    int lo = max(0, i + d - u_win_left), hi = min(s.sk, i + d + u_win_right + 1);
+    ivec2 kr = key_range(i, i + 1, s);
+    int lo = kr.x, hi = kr.y;
     int n = max(hi - lo, 0);
     int chunk = (n + u_splits - 1) / u_splits;
     int c_lo = lo + split * chunk, c_hi = min(hi, c_lo + chunk);

@@ -170,10 +170,9 @@ void main()
         return; // the whole workgroup: no barrier is left waiting
     int hk = h / u_group;
     int ia = r0 + lid; // this invocation's first row
-    int d = s.sk - s.sq;
     int r1 = min(r0 + BR, s.sq);
-    int lo = max(0, r0 + d - u_win_left);
-    int hi = min(s.sk, (r1 - 1) + d + u_win_right + 1);
+    ivec2 kr = key_range(r0, r1, s);
+    int lo = kr.x, hi = kr.y;
     // this dispatch's key tiles: the tile's range within the key chunk
     bool first = (u_chunk & 1) != 0, last = (u_chunk & 2) != 0;
     int k_lo = max((lo / BC) * BC, u_key_lo), k_hi = min(hi, u_key_hi);

@@ -48,10 +48,9 @@ void main()
     if (r0 >= s.sq)
         return; // the whole workgroup: no barrier is left waiting
     int hk = h / u_group;
-    int d = s.sk - s.sq;
     int r1 = min(r0 + BR, s.sq);
-    int lo = max(0, r0 + d - u_win_left);
-    int hi = min(s.sk, (r1 - 1) + d + u_win_right + 1);
+    ivec2 kr = key_range(r0, r1, s);
+    int lo = kr.x, hi = kr.y;
     int qbase = h * u_qrows + s.q0; // lse rows
     int rme = r0 + TM * ty; // the invocation's first row
 
@@ -125,8 +124,7 @@ void main()
                 }
             }
             // logits in exp2 units, masked; the tile's row maxima across the row's NX invocations
-            bool full = c0 + BC <= s.sk && c0 >= (r1 - 1) + d - u_win_left &&
-                        c0 + BC - 1 <= r0 + d + u_win_right;
+            bool full = tile_full(r0, r1, c0, c0 + BC, s);
             vec4 tmax[G];
             for (int i = 0; i < TM; i++) {
                 float mx = NEG_INF;
