@@ -327,29 +327,24 @@ static void test_output_rounding(void **state)
 /* The contexts the cases below run on: the CPU, and where a GLES driver is reachable each of
  * its fused forwards (the planner's choice, the tiled one, the rows one through shared
  * memory) and the default and tiled ones in key chunks, whose running state is carried from
- * one dispatch to the next. long_keys: whether the context runs 100k keys here. On llvmpipe the
- * tiled and rows forwards do not: the planner budgets their loops for one walk over a dispatch's
- * keys up to close to llvmpipe's loop limit, and the second walk of rows whose sums overflowed
- * passes it (the default, rows-tex, walks blocks of 8 keys where the budget counts 4). The
- * tiled one's budget is short at head_dim 4 and 8 even for one walk. */
+ * one dispatch to the next (on llvmpipe the planner budgets a dispatch's loops for the second
+ * walk of rows whose sums overflowed, so every one of them runs 100k keys). */
 typedef struct backend_ctx {
     const char *name;
     fa_context_t ctx;
-    int long_keys;
 } backend_ctx;
 
 static int make_backends(backend_ctx *out)
 {
     static const struct {
         const char *name, *forward, *chunk;
-        int long_keys;
-    } gl[] = { { "gles", NULL, NULL, 1 },
-               { "gles tiled", "tiled", NULL, 0 },
-               { "gles rows", "rows", NULL, 0 },
-               { "gles chunks", NULL, "4096", 1 },
-               { "gles tiled chunks", "tiled", "4096", 1 } };
+    } gl[] = { { "gles", NULL, NULL },
+               { "gles tiled", "tiled", NULL },
+               { "gles rows", "rows", NULL },
+               { "gles chunks", NULL, "4096" },
+               { "gles tiled chunks", "tiled", "4096" } };
     int n = 0;
-    out[n++] = (backend_ctx){ "cpu", make_ctx(0), 1 };
+    out[n++] = (backend_ctx){ "cpu", make_ctx(0) };
     for (size_t i = 0; i < sizeof(gl) / sizeof(gl[0]); i++) {
         if (gl[i].forward)
             setenv("FLASHATTN_GLES_FORWARD", gl[i].forward, 1);
@@ -363,7 +358,7 @@ static int make_backends(backend_ctx *out)
         if (st == FA_ERR_BACKEND_UNAVAILABLE)
             break;
         assert_int_equal(st, FA_OK);
-        out[n++] = (backend_ctx){ gl[i].name, ctx, gl[i].long_keys };
+        out[n++] = (backend_ctx){ gl[i].name, ctx };
     }
     return n;
 }
@@ -472,8 +467,6 @@ static void test_sums_past_float32(void **state)
     int failed = 0;
     for (int i = 0; i < nb; i++)
         for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-            if (cases[c].sk > 64 && !b[i].long_keys)
-                continue;
             failed += !mean_ok(&b[i], &cases[c], FA_ALGORITHM_FLASH);
             /* GLES refuses the standard algorithm past llvmpipe's loop limit (100k keys) */
             if (i == 0 || cases[c].sk <= 64)

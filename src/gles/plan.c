@@ -120,7 +120,8 @@ static int decode_splits(const fa_problem *p)
 
 /* The loop iterations of one invocation over `keys` keys on llvmpipe, from what was measured on
  * Mesa 22.3 (docs/perf/gles.md): head_dim loops up to 32 vec4s are unrolled, longer ones are
- * not; the tiled forward's loops come to about 37 x D4 per 64-key tile (48 here, for margin).
+ * not; the tiled forward's loops come to about 37 x D4 per 64-key tile (48 here, for margin)
+ * plus a part that does not scale with head_dim (83 a tile measured at D4 1; 96 here).
  * pass: 0 the fused forward, 1-3 the standard's passes. */
 static int64_t llvmpipe_loops(const tiles *t, gles_algo algo, int64_t keys, int *pass)
 {
@@ -140,7 +141,7 @@ static int64_t llvmpipe_loops(const tiles *t, gles_algo algo, int64_t keys, int 
     if (algo == GLES_DECODE) /* chunks of about max_k / 64 keys: each key a few loop turns */
         return 4 * ((keys + 63) / 64) + 4 * d4;
     if (t->tiled)
-        return tiles_k * 48 * d4;
+        return tiles_k * (48 * d4 + 96);
     /* the row variant: a head_dim loop per K and per V row and per row's rescale every 4 keys
      * where they are not unrolled, a block per 4 keys, staging, the rows' set-up (an upper bound
      * on the texture path, whose blocks are 8 keys) */
@@ -149,7 +150,8 @@ static int64_t llvmpipe_loops(const tiles *t, gles_algo algo, int64_t keys, int 
 
 /* pl->chunk: the fused forward in key chunks, one dispatch each, where FLASHATTN_GLES_KEY_CHUNK
  * asks for it or llvmpipe's loop limit needs it (the most whole key tiles a dispatch may walk
- * inside 90% of it); calls past the limit that cannot be cut are refused there. */
+ * inside 90% of it, half of that where rows may walk their keys twice); calls past the limit
+ * that cannot be cut are refused there. */
 static fa_status key_chunks(fa_context_t ctx, const gles_state *s, const fa_problem *p, gles_plan *pl)
 {
     const tiles *t = &pl->t;
@@ -161,7 +163,9 @@ static fa_status key_chunks(fa_context_t ctx, const gles_state *s, const fa_prob
     if (!s->llvmpipe || pl->chunk)
         return FA_OK;
     int pass;
-    const int64_t limit = GLES_LLVMPIPE_LOOPS * 9 / 10;
+    /* the fused and decode shaders walk a row's keys a second time where its sum overflowed
+     * float32 (common.glsl): their budget is half */
+    const int64_t limit = GLES_LLVMPIPE_LOOPS * 9 / 10 / (pl->algo == GLES_STANDARD ? 1 : 2);
     int64_t loops = llvmpipe_loops(t, pl->algo, p->max_k, &pass);
     if (loops > limit && fused && state_fits) {
         int64_t chunk = 0;
