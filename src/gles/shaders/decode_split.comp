@@ -15,6 +15,45 @@ shared float sh_p[64];
 shared vec4 sh_q[D4];
 shared int sh_again; // whether the chunk walks its keys again
 
+// The chunk's keys [c_lo, c_hi) of sequence s, head hk, against the query in sh_q: the running
+// max m, sum l and column t of the unnormalised output, exponents' base raised by up (0, or
+// redo_shift in the walk again after the chunk's sums overflowed: common.glsl).
+void walk(seq_t s, int b, int hk, int t, int c_lo, int c_hi, float up, out float m, out float l, out vec4 acc)
+{
+    m = NEG_INF;
+    l = 0.0;
+    acc = vec4(0.0);
+    for (int j0 = c_lo; j0 < c_hi; j0 += 64) {
+        int j = j0 + t;
+        float x = NEG_INF;
+        if (j < c_hi) {
+            int krow = K_ROW(s, b, j, hk);
+            float dot4 = 0.0;
+            for (int c = 0; c < D4; c++)
+                dot4 += dot(sh_q[c], LOAD4(k_data, krow + c));
+            x = logit2(dot4);
+        }
+        sh_p[t] = x;
+        barrier();
+        float mx = NEG_INF;
+        for (int k = 0; k < 64; k++)
+            mx = max(mx, sh_p[k]);
+        mx = max(m, mx + up);
+        float alpha = exp2(m - mx); // m = -inf gives 0; mx is finite: the tile has a key
+        l *= alpha;
+        acc *= alpha;
+        int nk = min(64, c_hi - j0);
+        for (int k = 0; k < nk; k++) {
+            float p = exp2(sh_p[k] - mx);
+            l += p;
+            if (t < D4)
+                acc += p * LOAD4(v_data, V_ROW(s, b, j0 + k, hk) + t);
+        }
+        m = mx;
+        barrier(); // sh_p is rewritten next tile
+    }
+}
+
 void main()
 {
     int split = int(gl_WorkGroupID.x), h = int(gl_WorkGroupID.y), b = int(gl_WorkGroupID.z);
@@ -36,53 +75,15 @@ void main()
         sh_q[c] = LOAD_Q(q_data, Q_ROW(s, b, i, h) + c);
     barrier();
 
-    // up: how far the exponents' base is raised (0, or redo_shift in the walk again after the
-    // chunk's sums overflowed: common.glsl)
-    float m, l, up = 0.0;
-    vec4 acc; // column t of head_dim (t < D4)
-    for (int walk = 0; walk < 2; walk++) {
-        m = NEG_INF;
-        l = 0.0;
-        acc = vec4(0.0);
-        for (int j0 = c_lo; j0 < c_hi; j0 += 64) {
-            int j = j0 + t;
-            float x = NEG_INF;
-            if (j < c_hi) {
-                int krow = K_ROW(s, b, j, hk);
-                float dot4 = 0.0;
-                for (int c = 0; c < D4; c++)
-                    dot4 += dot(sh_q[c], LOAD4(k_data, krow + c));
-                x = logit2(dot4);
-            }
-            sh_p[t] = x;
-            barrier();
-            float mx = NEG_INF;
-            for (int k = 0; k < 64; k++)
-                mx = max(mx, sh_p[k]);
-            mx = max(m, mx + up);
-            float alpha = exp2(m - mx); // m = -inf gives 0; mx is finite: the tile has a key
-            l *= alpha;
-            acc *= alpha;
-            int nk = min(64, c_hi - j0);
-            for (int k = 0; k < nk; k++) {
-                float p = exp2(sh_p[k] - mx);
-                l += p;
-                if (t < D4)
-                    acc += p * LOAD4(v_data, V_ROW(s, b, j0 + k, hk) + t);
-            }
-            m = mx;
-            barrier(); // sh_p is rewritten next tile
-        }
-        if (walk != 0)
-            break;
-        // the chunk's invocations share its tiles: they walk again together or not at all
-        if (t < D4 && sum_ok(l) && nonfinite(acc))
-            atomicOr(sh_again, 1);
-        barrier();
-        if (sh_again == 0)
-            break;
-        up = redo_shift(c_hi - c_lo);
-    }
+    float m, l;
+    vec4 acc;
+    walk(s, b, hk, t, c_lo, c_hi, 0.0, m, l, acc);
+    // the chunk's invocations share its tiles: they walk again together or not at all
+    if (t < D4 && sum_ok(l) && nonfinite(acc))
+        atomicOr(sh_again, 1);
+    barrier();
+    if (sh_again != 0)
+        walk(s, b, hk, t, c_lo, c_hi, redo_shift(c_hi - c_lo), m, l, acc);
     if (t < D4)
         part_o[slot * D4 + t] = acc;
     if (t == 0)
