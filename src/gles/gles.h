@@ -143,7 +143,6 @@ typedef struct gles_plan {
     qkv_at at;
     size_t bytes[BUF_COUNT]; /* each working buffer the call needs (0: none) */
     size_t tex_bytes[2];     /* K and V bytes bound as buffer textures */
-    const char *why;         /* why the variant, where the planner's first choice did not fit */
 } gles_plan;
 
 /* egl.c */

@@ -318,13 +318,13 @@ fa_status gles_plan_call(fa_context_t ctx, const gles_state *s, const fa_problem
     for (int i = 0; i < 3; i++)
         pl->in_place[i] = in_place(p, pl, i);
     buffer_bytes(p, pl);
-    /* K and V past the buffer-texture limit: the row variant through shared memory instead */
+    /* K and V past the buffer-texture limit: the row variant through shared memory instead (the
+     * report's kernel name says so: gles-flash-* rather than gles-flash-tex-*) */
     const size_t texel = pl->t.f16 ? 8 : 16;
     if (pl->t.tex && (pl->tex_bytes[0] / texel > (size_t)s->max_texels || pl->tex_bytes[1] / texel > (size_t)s->max_texels)) {
         const int cap = pl->t.softcap;
         pl->t = rows_tiles(s, p->dim, pl->t.f16, 0);
         pl->t.softcap = cap;
-        pl->why = "K or V exceeds the device's buffer-texture limit: rows through shared memory";
     }
     if ((st = key_chunks(ctx, s, p, pl)) != FA_OK)
         return st;
