@@ -391,6 +391,193 @@ FA_API fa_status fa_context_synchronize(fa_context_t ctx);
  * fa_backward_plan on ctx. Clears the context's error message on success. */
 FA_API fa_status fa_context_last_run(fa_context_t ctx, fa_run_info *info);
 
+/* ==== Serving: a paged KV cache, append with RoPE, plan once and run per layer ==== */
+
+/* Largest fa_merge_desc.num_states. */
+#define FA_MAX_MERGE_STATES 64
+
+/* Rotary position embedding of the new rows (fa_paged_desc.rope). */
+typedef enum fa_rope {
+    FA_ROPE_NONE = 0,
+    FA_ROPE_NEOX = 1,       /* pairs (x[i], x[i + rope_dim/2]): Hugging Face Llama, GPT-NeoX */
+    FA_ROPE_INTERLEAVED = 2 /* pairs (x[2i], x[2i + 1]): GPT-J, Meta's and llama2.c's Llama */
+} fa_rope;
+
+/*
+ * A paged KV cache: a pool of num_pages pages of page_size tokens each. Key
+ * element (page, t, h, x) lives at k[page*k_stride_page + t*k_stride_token +
+ * h*k_stride_head + x] (strides in elements, head_dim contiguous), values the
+ * same through v's strides. [page, token, head, dim] (vLLM, FlashInfer NHD),
+ * [page, head, token, dim] (FlashInfer HND) and K and V interleaved in one
+ * tensor ([page, 2, token, head, dim]) are all views; fa_kv_cache_contiguous
+ * builds the first two. Any page_size >= 1 works.
+ */
+typedef struct fa_kv_cache {
+    void *k, *v;
+    fa_dtype dtype; /* the queries' dtype */
+    int32_t num_pages;
+    int32_t page_size;
+    int32_t num_heads; /* kv heads */
+    int64_t k_stride_page, k_stride_token, k_stride_head;
+    int64_t v_stride_page, v_stride_token, v_stride_head;
+    /* reserved for quantised caches (fp8, int8 with per-page scales): must be NULL */
+    const float *k_scale, *v_scale;
+} fa_kv_cache;
+
+/* A cache of separate K and V pools in layout BSHD ([page, token, head, dim]) or BHSD
+ * ([page, head, token, dim]). */
+FA_API fa_kv_cache fa_kv_cache_contiguous(void *k, void *v, fa_dtype dtype, fa_layout layout,
+                                          int32_t num_pages, int32_t page_size, int32_t num_heads,
+                                          int32_t head_dim);
+
+/*
+ * One serving call: ragged queries against each sequence's pages, with the
+ * new rows' keys and values appended first.
+ *
+ * Sequence b owns query rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q and
+ * o ([total_q, num_heads_q, head_dim], stride_batch ignored): one row for a
+ * decode, a few for speculative verification, a chunk for chunked prefill, in
+ * any mix. Its cache holds cache_seqlens[b] tokens, token j in page
+ * block_table[b*block_table_stride + j/page_size] at slot j % page_size.
+ *
+ * Append (k_new.data set): row r of k_new and v_new ([total_q, num_heads,
+ * head_dim]) is the new token of query row r; the call writes sequence b's
+ * new rows at tokens cache_seqlens[b] .. cache_seqlens[b] + n_b - 1 (n_b its
+ * query rows) and then attends over all cache_seqlens[b] + n_b keys. Without
+ * append it attends over the cache_seqlens[b] cached keys. cache_seqlens is
+ * not advanced: the caller adds n_b for the next step. Pages a call writes
+ * must belong to one sequence; sequences may share the pages they only read
+ * (a common prefix).
+ *
+ * RoPE (rope != FA_ROPE_NONE): the first rope_dim dimensions (even, 0 = all)
+ * of q and of the appended keys are rotated before anything else, so the
+ * cache holds rotated keys: x' = x cos - y sin, y' = x sin + y cos for each
+ * pair (x, y) of the style's pairing, with cos/sin = rope_cos/rope_sin[pos *
+ * rope_dim/2 + i] (float32 tables of rope_max_pos rows). The position of query
+ * row i of sequence b is positions[row] when positions is set, else
+ * (its keys) - n_b + i: the appended token's own index in the cache.
+ *
+ * Masks, softcap, scale, GQA (num_heads_q a multiple of cache.num_heads) and
+ * lse ([num_heads_q, total_q] by default; lse_stride_head/_seq otherwise) are
+ * fa_attention_desc's, causal aligned bottom-right. sinks (optional, float32
+ * [num_heads_q]): one logit per query head that joins every row's softmax
+ * with no value, o = sum_j e^s_j v_j / (e^sink + sum_j e^s_j), and lse
+ * includes it.
+ *
+ * Memory. q, o, k_new, v_new, lse, the cache and the small arrays
+ * (cu_seqlens_q, block_table, cache_seqlens, positions, rope tables, sinks)
+ * are all memory of the context's backend: on CUDA device memory, so a
+ * serving loop never synchronises, and they are read only on the device.
+ * There the lengths and page ids cannot be checked before the kernels run:
+ * kernels clamp them so that no access leaves the cache, and check_tables = 1
+ * downloads and checks them first, naming the first bad entry (a debugging
+ * aid: it synchronises). On the CPU they are always checked.
+ *
+ * Bounds: max_seqlen_q and max_seqlen_k bound every sequence's query rows and
+ * keys (cached + appended); a plan is made for them.
+ */
+typedef struct fa_paged_desc {
+    size_t size; /* sizeof(fa_paged_desc) */
+
+    int32_t batch;        /* sequences, >= 1 */
+    int32_t total_q;      /* packed query rows, >= 0 */
+    int32_t max_seqlen_q; /* >= every sequence's query rows */
+    int32_t max_seqlen_k; /* >= every sequence's keys, cached plus appended */
+    int32_t num_heads_q;
+    int32_t head_dim; /* 1 .. FA_MAX_HEAD_DIM */
+
+    fa_tensor q, o; /* o: q's dtype or FA_DTYPE_F32 */
+    const int32_t *cu_seqlens_q; /* batch + 1 offsets from 0, non-decreasing, <= total_q */
+
+    fa_kv_cache cache;
+    const int32_t *block_table; /* [batch, max_pages_per_seq] page ids in 0 .. num_pages-1 */
+    int64_t block_table_stride; /* elements between rows; 0 = max_pages_per_seq */
+    int32_t max_pages_per_seq;  /* pages a sequence may own: its keys <= this * page_size */
+    const int32_t *cache_seqlens; /* [batch] tokens cached before this call */
+
+    fa_tensor k_new, v_new; /* data NULL: nothing appended; else cache.dtype */
+
+    fa_rope rope;
+    int32_t rope_dim;     /* even, <= head_dim; 0 = head_dim */
+    int32_t rope_max_pos; /* rows of the tables */
+    const float *rope_cos, *rope_sin; /* [rope_max_pos, rope_dim/2] */
+    const int32_t *positions;         /* optional [total_q] positions of the query rows */
+
+    float *lse; /* optional output */
+    int64_t lse_stride_head, lse_stride_seq;
+
+    float scale; /* 0 = 1/sqrt(head_dim) */
+    int32_t causal;
+    int32_t window_left, window_right;
+    float softcap;
+    const float *sinks; /* optional [num_heads_q] */
+
+    /* Keys per KV split, a multiple of 16 (0 = the backend's default). Split
+     * boundaries depend on nothing but a sequence's own length and this, so a
+     * sequence gets the same bits alone or in any batch. */
+    int32_t kv_split;
+    int32_t check_tables; /* 1: check device-side lengths and page ids first (CUDA; syncs) */
+} fa_paged_desc;
+
+/* Set size, window -1/-1, everything else zero/NULL. */
+FA_API void fa_paged_desc_init(fa_paged_desc *desc);
+
+/* The paged call in one step: plan, run, free. Blocks on the CPU; queued on the stream on
+ * CUDA (the workspace is the context's own, kept between calls). On error nothing is
+ * written, the cache included. */
+FA_API fa_status fa_paged_forward(fa_context_t ctx, const fa_paged_desc *desc);
+
+/* Only the append of desc (k_new and v_new into the pages, keys rotated as desc->rope
+ * says); q, o and lse are not looked at. */
+FA_API fa_status fa_kv_append(fa_context_t ctx, const fa_paged_desc *desc);
+
+/*
+ * Plan once, run per layer. fa_paged_plan_create reads the shapes, dtypes,
+ * bounds and settings of `bounds` (no pointer in it is read) and decides the
+ * kernel, the KV split and the GQA packing; it allocates the plan's
+ * workspace. fa_paged_run then takes any call within those bounds: the same
+ * num_heads_q, head_dim, cache.num_heads, page_size, dtypes, rope style, kv_split
+ * and presence of k_new and lse; batch, total_q, max_seqlen_q and max_seqlen_k
+ * at most the plan's. It allocates nothing, synchronises with nothing and reads
+ * no device memory from the host, so on CUDA it may be captured in a graph and
+ * replayed. The plan belongs to its context (one thread at a time, errors in the
+ * context's message) and must be destroyed before it.
+ */
+typedef struct fa_paged_plan *fa_paged_plan_t;
+FA_API fa_status fa_paged_plan_create(fa_context_t ctx, const fa_paged_desc *bounds,
+                                      fa_paged_plan_t *out);
+FA_API fa_status fa_paged_run(fa_paged_plan_t plan, const fa_paged_desc *desc);
+/* What the plan runs (kernel, split, workspace); info->size set by the caller. */
+FA_API fa_status fa_paged_plan_info(fa_paged_plan_t plan, fa_run_info *info);
+/* NULL is a no-op. */
+FA_API void fa_paged_plan_destroy(fa_paged_plan_t plan);
+
+/*
+ * Merge attention states: num_states partial results (o_s, lse_s) of the same
+ * queries over disjoint key sets become the result over their union,
+ *   lse = log sum_s e^lse_s,  o = sum_s e^(lse_s - lse) o_s,
+ * in state order (deterministic). A row whose states are all -inf gets o = 0,
+ * lse = -inf. o_in is [state, row, head, dim] (stride_batch steps states),
+ * lse_in element (s, h, r) at s*lse_in_stride_state + h*lse_in_stride_head +
+ * r*lse_in_stride_row (all 0 = [state, head, row]); o [row, head, dim] in
+ * o_in's dtype or float32, lse (optional) as in fa_paged_desc. Backend memory.
+ */
+typedef struct fa_merge_desc {
+    size_t size; /* sizeof(fa_merge_desc) */
+    int32_t num_states; /* 1 .. FA_MAX_MERGE_STATES */
+    int32_t rows, num_heads, head_dim;
+    fa_tensor o_in;
+    const float *lse_in;
+    int64_t lse_in_stride_state, lse_in_stride_head, lse_in_stride_row;
+    fa_tensor o;
+    float *lse;
+    int64_t lse_stride_head, lse_stride_row;
+} fa_merge_desc;
+
+/* Set size, everything else zero/NULL. */
+FA_API void fa_merge_desc_init(fa_merge_desc *desc);
+FA_API fa_status fa_merge_states(fa_context_t ctx, const fa_merge_desc *desc);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,9 +22,26 @@ typedef struct fa_seq {
     int32_t k_len;
 } fa_seq;
 
+/*
+ * A validated paged call (fa_paged_desc). `dense` restates it as an attention call that
+ * backends read like any other: q, o, lse, scale, masks and softcap as given, cu_seqlens_q
+ * the desc's, and k and v the cache's pools with stride_seq the token stride, stride_head the
+ * head stride and stride_batch the page stride (fa_problem_kv_offset resolves the page).
+ */
+typedef struct fa_paged_problem {
+    const fa_paged_desc *desc;
+    fa_attention_desc dense;
+    int32_t page_size, num_pages, max_pages;
+    int64_t bt_stride; /* resolved block_table_stride */
+    int append;        /* k_new and v_new are written into the pages first */
+    int32_t rope_dim;  /* resolved; 0 when rope is FA_ROPE_NONE */
+    int host_tables;   /* lengths and page ids are host memory, read and checked by the core */
+} fa_paged_problem;
+
 /* A validated call with every default resolved. Backends read only this. */
 typedef struct fa_problem {
     const fa_attention_desc *desc;
+    const fa_paged_problem *paged; /* paged calls only */
     const fa_backward_desc *bwd; /* backward calls only */
     int32_t batch, heads_q, heads_kv, group, dim;
     int32_t max_q, max_k; /* longest sequence */
@@ -41,8 +58,32 @@ typedef struct fa_problem {
     int64_t lse_sb, lse_sh, lse_ss; /* resolved LSE strides */
 } fa_problem;
 
-/* Sequence b's extents and offsets. */
+/* Sequence b's extents and offsets (paged: from the host-side lengths, keys from 0). */
 fa_seq fa_problem_seq(const fa_problem *p, int32_t b);
+
+/* Element offset in the cache pool t (k or v of a paged problem's dense desc) of key j of
+ * sequence b, head h, and in *run the keys from j on that follow at t's token stride (to the
+ * end of the page). The one statement of the page lookup in C. */
+static inline int64_t fa_problem_kv_offset(const fa_problem *p, const fa_tensor *t, int32_t b,
+                                           int64_t j, int32_t h, int32_t *run)
+{
+    const fa_paged_problem *pg = p->paged;
+    const int64_t page = pg->desc->block_table[(int64_t)b * pg->bt_stride + j / pg->page_size];
+    *run = pg->page_size - (int32_t)(j % pg->page_size);
+    return page * t->stride_batch + (j % pg->page_size) * t->stride_seq + (int64_t)h * t->stride_head;
+}
+
+/* The rotation of one row x (float32, head_dim values) at position pos, as fa_paged_desc
+ * defines it: the one statement in C. */
+void fa_rope_row(const fa_paged_problem *pg, float *x, int64_t pos);
+
+/* The position of row i (0-based in its sequence, packed row `row`) of a sequence with
+ * q_len rows and k_len keys. */
+static inline int64_t fa_rope_position(const fa_paged_problem *pg, int64_t row, int64_t i,
+                                       int64_t q_len, int64_t k_len)
+{
+    return pg->desc->positions ? pg->desc->positions[row] : k_len - q_len + i;
+}
 
 /* The mask's geometry, the one definition every C backend calls: query row i of a sequence
  * sees key j when i + off - win_left <= j <= i + off + win_right, off = k_len - q_len (the
@@ -106,6 +147,17 @@ typedef struct fa_backend_iface {
     fa_status (*mem_import)(struct fa_context *ctx, void *state, uint64_t handle, size_t bytes,
                             void **ptr);
     fa_status (*set_stream)(struct fa_context *ctx, void *state, void *stream);
+    /* Paged calls (p->paged set); NULL where the backend has none. paged_plan decides for the
+     * bounds in p and sets *plan (the backend's, with its workspace); paged_run runs a call
+     * within them, allocating nothing. append writes p's new rows into the pages. */
+    fa_status (*paged_plan)(struct fa_context *ctx, void *state, const fa_problem *p, void **plan,
+                            fa_run_info *info);
+    fa_status (*paged_run)(struct fa_context *ctx, void *state, void *plan, const fa_problem *p,
+                           fa_run_info *info);
+    void (*paged_plan_free)(void *state, void *plan);
+    fa_status (*append)(struct fa_context *ctx, void *state, const fa_problem *p);
+    fa_status (*merge)(struct fa_context *ctx, void *state, const fa_merge_desc *d);
+    int tables_on_device; /* paged lengths and page ids live in device memory */
     fa_status (*synchronize)(struct fa_context *ctx, void *state);
 } fa_backend_iface;
 

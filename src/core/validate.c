@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* Validation of an attention descriptor: every field checked before any work starts. */
-#include "internal.h"
+#include "views.h"
 
 #include "dropout.h"
 
@@ -26,251 +26,26 @@ void *fa_alloc_aligned(size_t bytes)
     return aligned_alloc(64, rounded ? rounded : 64);
 }
 
-static int64_t dtype_bytes(fa_dtype t) { return t == FA_DTYPE_F32 ? 4 : 2; }
-
-static int dtype_valid(fa_dtype t)
-{
-    return t == FA_DTYPE_F32 || t == FA_DTYPE_F16 || t == FA_DTYPE_BF16;
-}
-
-typedef struct axis {
-    const char *name;
-    int64_t stride, extent;
-} axis;
-
-/* Largest element offset of a strided view (all strides positive), or -1 on overflow. */
-static int64_t max_offset(const axis *ax, int n)
-{
-    int64_t off = 0;
-    for (int i = 0; i < n; i++) {
-        int64_t t;
-        if (ax[i].extent <= 0)
-            continue;
-        if (!fa_mul_ok(ax[i].stride, ax[i].extent - 1, &t) || !fa_add_ok(off, t, &off))
-            return -1;
-    }
-    return off;
-}
-
-/* An output view must give every index its own element: with axes sorted by
- * stride, each stride must step over everything the smaller axes span. */
-static int first_overlap(axis *ax, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (ax[i].extent == 0) /* no element at all */
-            return -1;
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && ax[j].stride < ax[j - 1].stride; j--) {
-            axis t = ax[j];
-            ax[j] = ax[j - 1];
-            ax[j - 1] = t;
-        }
-    int64_t span = 0; /* max offset reachable by the axes below i */
-    for (int i = 0; i < n; i++) {
-        if (ax[i].extent <= 1)
-            continue;
-        if (ax[i].stride <= span)
-            return i;
-        span += ax[i].stride * (ax[i].extent - 1);
-    }
-    return -1;
-}
-
-static fa_status check_tensor(fa_context_t ctx, const char *name, const fa_tensor *t,
-                              int64_t batch, int64_t seq, int64_t heads, int64_t dim,
-                              int varlen, int is_output)
-{
-    if (!t->data)
-        return fa_error(ctx, FA_ERR_NULL_POINTER, "%s.data must not be NULL", name);
-    if (!varlen && batch > 1 && t->stride_batch <= 0)
-        return fa_error(ctx, FA_ERR_INVALID_STRIDE, "%s.stride_batch (%lld) must be positive",
-                        name, (long long)t->stride_batch);
-    if (t->stride_seq <= 0)
-        return fa_error(ctx, FA_ERR_INVALID_STRIDE, "%s.stride_seq (%lld) must be positive", name,
-                        (long long)t->stride_seq);
-    if (t->stride_head <= 0)
-        return fa_error(ctx, FA_ERR_INVALID_STRIDE, "%s.stride_head (%lld) must be positive",
-                        name, (long long)t->stride_head);
-    axis ax[4] = {
-        { "head_dim", 1, dim },
-        { "stride_head", t->stride_head, heads },
-        { "stride_seq", t->stride_seq, seq },
-        { "stride_batch", t->stride_batch, varlen ? 1 : batch },
-    };
-    int64_t last = max_offset(ax, 4), bytes;
-    if (last < 0 || !fa_add_ok(last, 1, &last) || !fa_mul_ok(last, dtype_bytes(t->dtype), &bytes))
-        return fa_error(ctx, FA_ERR_SIZE_OVERFLOW,
-                        "%s spans more than 2^63 bytes with these shapes and strides", name);
-    if (is_output) {
-        int i = first_overlap(ax, 4);
-        if (i >= 0)
-            return fa_error(ctx, FA_ERR_INVALID_STRIDE,
-                            "%s.%s (%lld) makes output elements overlap; an output needs "
-                            "non-overlapping strides",
-                            name, ax[i].name, (long long)ax[i].stride);
-    }
-    return FA_OK;
-}
-
-/* The bytes a view covers: rows of `row` contiguous bytes at base + sum stride[i] * idx[i],
- * over the axes with more than one index, sorted by stride. extent[i] is the span of the
- * rows and the axes below i, [0, extent[i]) from base; extent[n] is the whole view's. */
-typedef struct byte_view {
-    const char *name;
-    uintptr_t base;
-    int n, empty;
-    int64_t stride[3], count[3], extent[4];
-} byte_view;
-
-/* Build a view from element strides; the caller has checked that its byte span fits in
- * int64 (check_tensor, check_lse), so no product below overflows. */
-static fa_status byte_view_make(fa_context_t ctx, byte_view *v, const char *name, const void *data,
-                                int64_t row, const int64_t stride[3], const int64_t count[3],
-                                int64_t elem)
-{
-    memset(v, 0, sizeof(*v));
-    v->name = name;
-    v->base = (uintptr_t)data;
-    v->extent[0] = row;
-    for (int i = 0; i < 3; i++) {
-        if (count[i] <= 0)
-            v->empty = 1;
-        if (count[i] <= 1)
-            continue;
-        int j = v->n++;
-        for (; j > 0 && v->stride[j - 1] > stride[i] * elem; j--) {
-            v->stride[j] = v->stride[j - 1];
-            v->count[j] = v->count[j - 1];
-        }
-        v->stride[j] = stride[i] * elem;
-        v->count[j] = count[i];
-    }
-    for (int i = 0; i < v->n; i++)
-        v->extent[i + 1] = v->extent[i] + v->stride[i] * (v->count[i] - 1);
-    if (!v->empty && (uint64_t)v->extent[v->n] > (uint64_t)(UINTPTR_MAX - v->base))
-        return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "%s runs past the end of the address space",
-                        name);
-    return FA_OK;
-}
-
-static fa_status tensor_view(fa_context_t ctx, byte_view *v, const char *name, const fa_tensor *t,
-                             int64_t batch, int64_t seq, int64_t heads, int64_t dim, int varlen)
-{
-    const int64_t stride[3] = { t->stride_head, t->stride_seq, t->stride_batch };
-    const int64_t count[3] = { heads, seq, varlen ? 1 : batch };
-    return byte_view_make(ctx, v, name, t->data, dim * dtype_bytes(t->dtype), stride, count,
-                          dtype_bytes(t->dtype));
-}
-
-static fa_status lse_view(fa_context_t ctx, byte_view *v, const fa_attention_desc *d,
+static fa_status lse_view(fa_context_t ctx, fa_byte_view *v, const fa_attention_desc *d,
                           const fa_problem *p)
 {
     const int64_t stride[3] = { p->lse_ss, p->lse_sh, p->lse_sb };
     const int64_t count[3] = { d->seqlen_q, d->num_heads_q, p->varlen ? 1 : d->batch };
-    return byte_view_make(ctx, v, "lse", d->lse, 4, stride, count, 4);
+    return fa_byte_view_make(ctx, v, "lse", d->lse, 4, stride, count, 4);
 }
 
 /* q, k, v and o as byte views, in that order. */
-static fa_status tensor_views(fa_context_t ctx, byte_view v[4], const fa_attention_desc *d,
+static fa_status tensor_views(fa_context_t ctx, fa_byte_view v[4], const fa_attention_desc *d,
                               const fa_problem *p)
 {
     const int64_t b = d->batch, hq = d->num_heads_q, hk = d->num_heads_kv, dim = d->head_dim;
     const int vl = p->varlen;
     fa_status st;
-    if ((st = tensor_view(ctx, &v[0], "q.data", &d->q, b, d->seqlen_q, hq, dim, vl)) != FA_OK ||
-        (st = tensor_view(ctx, &v[1], "k.data", &d->k, b, d->seqlen_k, hk, dim, vl)) != FA_OK ||
-        (st = tensor_view(ctx, &v[2], "v.data", &d->v, b, d->seqlen_k, hk, dim, vl)) != FA_OK)
+    if ((st = fa_tensor_view(ctx, &v[0], "q.data", &d->q, b, d->seqlen_q, hq, dim, vl)) != FA_OK ||
+        (st = fa_tensor_view(ctx, &v[1], "k.data", &d->k, b, d->seqlen_k, hk, dim, vl)) != FA_OK ||
+        (st = fa_tensor_view(ctx, &v[2], "v.data", &d->v, b, d->seqlen_k, hk, dim, vl)) != FA_OK)
         return st;
-    return tensor_view(ctx, &v[3], "o.data", &d->o, b, d->seqlen_q, hq, dim, vl);
-}
-
-/*
- * Whether a's axes below na and b's below nb share a byte, b starting delta bytes after a.
- * Both are cut along the larger of their outermost strides, P: a view whose outermost
- * stride is P splits into count copies of its inner axes P apart, one whose outermost
- * stride is smaller is one copy. Where every copy spans at most P (the layouts nest, as
- * every output's do), only two offsets between copies can meet, so the answer is exact in
- * at most two branches per level. Where a copy spans more (an input whose strides overlap,
- * or views with different strides interleaved), the byte ranges meeting counts as sharing.
- */
-static int views_meet(const byte_view *a, int na, const byte_view *b, int nb, int64_t delta)
-{
-    if (delta >= a->extent[na] || -delta >= b->extent[nb])
-        return 0;
-    if (na == 0 && nb == 0)
-        return 1; /* two rows whose bytes meet */
-    int64_t pa = na ? a->stride[na - 1] : 0, pb = nb ? b->stride[nb - 1] : 0;
-    int64_t step = pa > pb ? pa : pb, ca = 1, cb = 1;
-    int ia = na, ib = nb;
-    if (pa == step)
-        ca = a->count[--ia];
-    if (pb == step)
-        cb = b->count[--ib];
-    if (a->extent[ia] > step || b->extent[ib] > step)
-        return 1;
-    /* copy i of a and copy j of b meet only if their inner axes do at delta + step*(j-i);
-     * with delta = q*step + r, 0 <= r < step, that shift lies in (-step, step) only for
-     * j - i = -q - 1 and -q */
-    int64_t q = delta / step, r = delta % step;
-    if (r < 0) {
-        r += step;
-        q--;
-    }
-    for (int64_t m = -1; m <= 0; m++) {
-        int64_t k = m - q; /* j - i */
-        if (k > -ca && k < cb && views_meet(a, ia, b, ib, r + m * step))
-            return 1;
-    }
-    return 0;
-}
-
-static int views_overlap(const byte_view *a, const byte_view *b)
-{
-    if (a->empty || b->empty)
-        return 0;
-    int64_t delta;
-    if (b->base >= a->base) {
-        uintptr_t gap = b->base - a->base;
-        if (gap >= (uint64_t)a->extent[a->n])
-            return 0;
-        delta = (int64_t)gap;
-    } else {
-        uintptr_t gap = a->base - b->base;
-        if (gap >= (uint64_t)b->extent[b->n])
-            return 0;
-        delta = -(int64_t)gap;
-    }
-    return views_meet(a, a->n, b, b->n, delta);
-}
-
-/* v[0 .. n_in) are inputs, which may share memory; each output v[n_in ..] must share no
- * byte with anything before it. */
-static fa_status check_disjoint(fa_context_t ctx, const byte_view *v, int n_in, int n)
-{
-    for (int i = n_in; i < n; i++)
-        for (int j = 0; j < i; j++)
-            if (views_overlap(&v[i], &v[j]))
-                return fa_error(ctx, FA_ERR_INVALID_STRIDE,
-                                "%s overlaps %s: outputs must not share memory with inputs or "
-                                "other outputs",
-                                v[i].name, v[j].name);
-    return FA_OK;
-}
-
-static fa_status check_cu(fa_context_t ctx, const char *name, const int32_t *cu, int32_t batch,
-                          int32_t total, const char *total_name)
-{
-    if (cu[0] != 0)
-        return fa_error(ctx, FA_ERR_INVALID_SHAPE, "%s[0] (%d) must be 0", name, (int)cu[0]);
-    for (int32_t b = 0; b < batch; b++)
-        if (cu[b + 1] < cu[b])
-            return fa_error(ctx, FA_ERR_INVALID_SHAPE,
-                            "%s[%d] (%d) is less than %s[%d] (%d): offsets must not decrease",
-                            name, (int)b + 1, (int)cu[b + 1], name, (int)b, (int)cu[b]);
-    if (cu[batch] > total)
-        return fa_error(ctx, FA_ERR_INVALID_SHAPE, "%s[%d] (%d) exceeds %s (%d)", name,
-                        (int)batch, (int)cu[batch], total_name, (int)total);
-    return FA_OK;
+    return fa_tensor_view(ctx, &v[3], "o.data", &d->o, b, d->seqlen_q, hq, dim, vl);
 }
 
 static fa_status check_shape(fa_context_t ctx, const fa_attention_desc *d)
@@ -305,7 +80,7 @@ static fa_status check_shape(fa_context_t ctx, const fa_attention_desc *d)
     return FA_OK;
 }
 
-static fa_status check_scalars(fa_context_t ctx, const fa_attention_desc *d)
+fa_status fa_check_scalars(fa_context_t ctx, const fa_attention_desc *d)
 {
     if (!(fabsf(d->scale) <= FA_MAX_SCALE))
         return fa_error(ctx, FA_ERR_INVALID_VALUE,
@@ -338,7 +113,7 @@ static fa_status check_dtypes(fa_context_t ctx, const fa_attention_desc *d)
         fa_dtype t;
     } ts[] = { { "q", d->q.dtype }, { "k", d->k.dtype }, { "v", d->v.dtype }, { "o", d->o.dtype } };
     for (size_t i = 0; i < 4; i++)
-        if (!dtype_valid(ts[i].t))
+        if (!fa_dtype_valid(ts[i].t))
             return fa_error(ctx, FA_ERR_INVALID_DTYPE, "%s.dtype (%d) is not a fa_dtype",
                             ts[i].name, (int)ts[i].t);
     if (d->k.dtype != d->q.dtype)
@@ -377,13 +152,13 @@ static fa_status check_lse(fa_context_t ctx, const fa_attention_desc *d, fa_prob
     }
     if (!d->lse)
         return FA_OK;
-    axis ax[3] = { { "lse_stride_seq", p->lse_ss, rows },
+    fa_axis ax[3] = { { "lse_stride_seq", p->lse_ss, rows },
                    { "lse_stride_head", p->lse_sh, d->num_heads_q },
                    { "lse_stride_batch", p->lse_sb, nb } };
-    int64_t last = max_offset(ax, 3), bytes;
+    int64_t last = fa_max_offset(ax, 3), bytes;
     if (last < 0 || !fa_add_ok(last, 1, &last) || !fa_mul_ok(last, 4, &bytes))
         return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "lse spans more than 2^63 bytes");
-    int i = first_overlap(ax, 3);
+    int i = fa_first_overlap(ax, 3);
     if (i >= 0)
         return fa_error(ctx, FA_ERR_INVALID_STRIDE,
                         "%s (%lld) makes lse elements overlap", ax[i].name,
@@ -402,7 +177,7 @@ fa_status fa_validate_forward(fa_context_t ctx, const fa_attention_desc *d, fa_p
                         d->size, sizeof(*d));
     fa_status st;
     if ((st = check_shape(ctx, d)) != FA_OK || (st = check_dtypes(ctx, d)) != FA_OK ||
-        (st = check_scalars(ctx, d)) != FA_OK)
+        (st = fa_check_scalars(ctx, d)) != FA_OK)
         return st;
 
     memset(p, 0, sizeof(*p));
@@ -412,24 +187,24 @@ fa_status fa_validate_forward(fa_context_t ctx, const fa_attention_desc *d, fa_p
                         d->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
     p->varlen = d->cu_seqlens_q != NULL;
     int64_t b = d->batch, hq = d->num_heads_q, hk = d->num_heads_kv, dim = d->head_dim;
-    if ((st = check_tensor(ctx, "q", &d->q, b, d->seqlen_q, hq, dim, p->varlen, 0)) != FA_OK ||
-        (st = check_tensor(ctx, "k", &d->k, b, d->seqlen_k, hk, dim, p->varlen, 0)) != FA_OK ||
-        (st = check_tensor(ctx, "v", &d->v, b, d->seqlen_k, hk, dim, p->varlen, 0)) != FA_OK ||
-        (st = check_tensor(ctx, "o", &d->o, b, d->seqlen_q, hq, dim, p->varlen, 1)) != FA_OK)
+    if ((st = fa_check_tensor(ctx, "q", &d->q, b, d->seqlen_q, hq, dim, p->varlen, 0)) != FA_OK ||
+        (st = fa_check_tensor(ctx, "k", &d->k, b, d->seqlen_k, hk, dim, p->varlen, 0)) != FA_OK ||
+        (st = fa_check_tensor(ctx, "v", &d->v, b, d->seqlen_k, hk, dim, p->varlen, 0)) != FA_OK ||
+        (st = fa_check_tensor(ctx, "o", &d->o, b, d->seqlen_q, hq, dim, p->varlen, 1)) != FA_OK)
         return st;
     if (p->varlen &&
-        ((st = check_cu(ctx, "cu_seqlens_q", d->cu_seqlens_q, d->batch, d->seqlen_q, "seqlen_q")) !=
+        ((st = fa_check_cu(ctx, "cu_seqlens_q", d->cu_seqlens_q, d->batch, d->seqlen_q, "seqlen_q")) !=
              FA_OK ||
-         (st = check_cu(ctx, "cu_seqlens_k", d->cu_seqlens_k, d->batch, d->seqlen_k, "seqlen_k")) !=
+         (st = fa_check_cu(ctx, "cu_seqlens_k", d->cu_seqlens_k, d->batch, d->seqlen_k, "seqlen_k")) !=
              FA_OK))
         return st;
     if ((st = check_lse(ctx, d, p)) != FA_OK)
         return st;
-    byte_view views[5];
+    fa_byte_view views[5];
     const int nv = d->lse ? 5 : 4;
     if ((st = tensor_views(ctx, views, d, p)) != FA_OK ||
         (d->lse && (st = lse_view(ctx, &views[4], d, p)) != FA_OK) ||
-        (st = check_disjoint(ctx, views, 3, nv)) != FA_OK)
+        (st = fa_check_disjoint(ctx, views, 3, nv)) != FA_OK)
         return st;
 
     p->desc = d;
@@ -466,7 +241,13 @@ fa_seq fa_problem_seq(const fa_problem *p, int32_t b)
 {
     const fa_attention_desc *d = p->desc;
     fa_seq s;
-    if (p->varlen) {
+    if (p->paged) {
+        const fa_paged_desc *pd = p->paged->desc;
+        s.q_start = pd->cu_seqlens_q[b];
+        s.q_len = pd->cu_seqlens_q[b + 1] - pd->cu_seqlens_q[b];
+        s.k_start = 0;
+        s.k_len = pd->cache_seqlens[b] + (p->paged->append ? s.q_len : 0);
+    } else if (p->varlen) {
         s.q_start = d->cu_seqlens_q[b];
         s.k_start = d->cu_seqlens_k[b];
         s.q_len = d->cu_seqlens_q[b + 1] - d->cu_seqlens_q[b];
@@ -507,26 +288,26 @@ fa_status fa_validate_backward(fa_context_t ctx, const fa_backward_desc *bd, fa_
                   { "d_k", "d_k.data", &bd->d_k, d->seqlen_k, d->num_heads_kv, 1 },
                   { "d_v", "d_v.data", &bd->d_v, d->seqlen_k, d->num_heads_kv, 1 } };
     /* the forward's tensors, o and lse included, are the backward's inputs beside d_o */
-    byte_view views[9];
+    fa_byte_view views[9];
     if ((st = tensor_views(ctx, views, d, p)) != FA_OK ||
         (st = lse_view(ctx, &views[4], d, p)) != FA_OK)
         return st;
     for (size_t i = 0; i < 4; i++) {
         fa_dtype t = grads[i].t->dtype;
-        if (!dtype_valid(t))
+        if (!fa_dtype_valid(t))
             return fa_error(ctx, FA_ERR_INVALID_DTYPE, "%s.dtype (%d) is not a fa_dtype", grads[i].name,
                             (int)t);
         if (t != d->q.dtype && t != FA_DTYPE_F32)
             return fa_error(ctx, FA_ERR_INVALID_DTYPE,
                             "%s.dtype (%d) must equal q.dtype (%d) or be FA_DTYPE_F32",
                             grads[i].name, (int)t, (int)d->q.dtype);
-        if ((st = check_tensor(ctx, grads[i].name, grads[i].t, d->batch, grads[i].seq,
+        if ((st = fa_check_tensor(ctx, grads[i].name, grads[i].t, d->batch, grads[i].seq,
                                grads[i].heads, d->head_dim, p->varlen, grads[i].out)) != FA_OK ||
-            (st = tensor_view(ctx, &views[5 + i], grads[i].data_name, grads[i].t, d->batch,
+            (st = fa_tensor_view(ctx, &views[5 + i], grads[i].data_name, grads[i].t, d->batch,
                               grads[i].seq, grads[i].heads, d->head_dim, p->varlen)) != FA_OK)
             return st;
     }
-    if ((st = check_disjoint(ctx, views, 6, 9)) != FA_OK)
+    if ((st = fa_check_disjoint(ctx, views, 6, 9)) != FA_OK)
         return st;
     p->bwd = bd;
     return FA_OK;

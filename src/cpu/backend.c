@@ -98,15 +98,21 @@ static void cpu_info(void *state, char *buf, size_t cap, size_t *len)
     fa_appendf(buf, cap, len, "\ncpu.register_block: %d x %d floats\n", s->kern->mr, s->kern->nr);
 }
 
-static const char *kernel_name(const fa_cpu_state *s, int standard, int dot)
+const char *fa_cpu_kernel_name(const fa_cpu_state *s, int standard, int dot, int paged)
 {
-    static const char *const names[3][2][2] = {
-        { { "flash-avx512", "flash-avx512-decode" }, { "standard-avx512", "standard-avx512-decode" } },
-        { { "flash-avx2", "flash-avx2-decode" }, { "standard-avx2", "standard-avx2-decode" } },
-        { { "flash-ref", "flash-ref-decode" }, { "standard-ref", "standard-ref-decode" } },
+    static const char *const names[3][3][2] = {
+        { { "flash-avx512", "flash-avx512-decode" },
+          { "standard-avx512", "standard-avx512-decode" },
+          { "paged-avx512", "paged-avx512-decode" } },
+        { { "flash-avx2", "flash-avx2-decode" },
+          { "standard-avx2", "standard-avx2-decode" },
+          { "paged-avx2", "paged-avx2-decode" } },
+        { { "flash-ref", "flash-ref-decode" },
+          { "standard-ref", "standard-ref-decode" },
+          { "paged-ref", "paged-ref-decode" } },
     };
     int k = strcmp(s->kern->name, "avx512") == 0 ? 0 : strcmp(s->kern->name, "avx2") == 0 ? 1 : 2;
-    return names[k][standard][dot];
+    return names[k][paged ? 2 : standard][dot];
 }
 
 static fa_status plan_call(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
@@ -117,7 +123,7 @@ static fa_status plan_call(fa_context_t ctx, const fa_cpu_state *s, const fa_pro
     fa_status st = standard ? fa_cpu_plan_standard(ctx, s, p, pl) : fa_cpu_plan_flash(ctx, s, p, pl);
     if (st != FA_OK)
         return st;
-    info->kernel = kernel_name(s, standard, pl->use_dot);
+    info->kernel = fa_cpu_kernel_name(s, standard, pl->use_dot, 0);
     info->block_q = pl->cols;
     info->block_k = pl->block_k;
     info->threads = pl->threads;
@@ -189,4 +195,9 @@ const fa_backend_iface fa_cpu_backend = {
     .forward = cpu_forward,
     .plan_backward = cpu_plan_backward,
     .backward = cpu_backward,
+    .paged_plan = fa_cpu_paged_plan,
+    .paged_run = fa_cpu_paged_run,
+    .paged_plan_free = fa_cpu_paged_plan_free,
+    .append = fa_cpu_append,
+    .merge = fa_cpu_merge,
 };

@@ -73,6 +73,18 @@ fa_status fa_cpu_decode_forward(fa_context_t ctx, fa_cpu_state *s, const fa_prob
 fa_status fa_cpu_standard_forward(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
                                   const fa_cpu_plan *plan);
 
+/* The kernel's name in reports, e.g. "flash-avx2-decode" (backend.c). */
+const char *fa_cpu_kernel_name(const fa_cpu_state *s, int standard, int dot, int paged);
+
+/* Paged calls (paged.c): plan, run, append, merge. */
+fa_status fa_cpu_paged_plan(fa_context_t ctx, void *state, const fa_problem *p, void **plan,
+                            fa_run_info *info);
+fa_status fa_cpu_paged_run(fa_context_t ctx, void *state, void *plan, const fa_problem *p,
+                           fa_run_info *info);
+void fa_cpu_paged_plan_free(void *state, void *plan);
+fa_status fa_cpu_append(fa_context_t ctx, void *state, const fa_problem *p);
+fa_status fa_cpu_merge(fa_context_t ctx, void *state, const fa_merge_desc *d);
+
 /* Carve `count` floats from a per-thread block at offset *n (64-byte aligned
  * pieces); with base NULL it only advances *n, to size the block. */
 static inline float *fa_ws_take(float *base, int64_t *n, int64_t count)
@@ -118,6 +130,18 @@ typedef struct fa_cpu_cols {
     int32_t npos;
     int32_t ncols;
 } fa_cpu_cols;
+
+/* Key or value row j (within the sequence) of kv head cc->hk in t (desc->k or desc->v), and
+ * in *run how many rows from j on follow at t->stride_seq: the rest of a page in a paged
+ * cache, every row in a dense one. */
+static inline const char *fa_cpu_kv_row(const fa_problem *p, const fa_tensor *t,
+                                        const fa_cpu_cols *cc, int64_t j, int32_t *run)
+{
+    if (p->paged)
+        return fa_elem_ptr(t, fa_problem_kv_offset(p, t, cc->b, j, cc->hk, run));
+    *run = INT32_MAX;
+    return fa_elem_ptr(t, fa_row_offset(p, t, cc->b, cc->seq.k_start + j, cc->hk));
+}
 
 /* A unit of parallel work: a block of query positions of one sequence and kv head. */
 typedef struct fa_cpu_task {

@@ -45,6 +45,7 @@ typedef struct dbufs {
     float *o;             /* heads x cols x dim: output accumulators */
     float *m, *l, *alpha; /* group_cols_vec */
     float *scale;         /* group_cols_vec: the probabilities' factor (cpu.h: sums past float32) */
+    float *ones;          /* group_cols_vec ones: no rescale for a tile's later pages */
     float *st;            /* tile x group_cols_vec: transposed scores */
     float *tmp;           /* dim */
     int32_t *ids;         /* 2 x group_cols_vec: dropout heads and rows of the columns */
@@ -61,6 +62,7 @@ static int64_t carve(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
     out->l = fa_ws_take(base, &n, gv);
     out->alpha = fa_ws_take(base, &n, gv);
     out->scale = fa_ws_take(base, &n, gv);
+    out->ones = fa_ws_take(base, &n, gv);
     out->st = fa_ws_take(base, &n, (int64_t)tile_keys(kern, pl) * gv);
     out->tmp = fa_ws_take(base, &n, p->dim);
     out->ids = (int32_t *)fa_ws_take(base, &n, p->dropout_p > 0.0f ? 2 * gv : 0);
@@ -102,10 +104,6 @@ static fa_cpu_cols seq_cols(const fa_problem *p, int32_t b, int32_t hk)
     return cc;
 }
 
-static const char *row_ptr(const fa_problem *p, const fa_tensor *t, const fa_cpu_cols *cc, int64_t j)
-{
-    return fa_elem_ptr(t, fa_row_offset(p, t, cc->b, cc->seq.k_start + j, cc->hk));
-}
 
 /* A task's walk over the keys [c0, c1) of its chunk into o, m and l of every head's columns
  * from the packed queries, the probabilities of column c times scale[c] when scale is given. */
@@ -129,8 +127,12 @@ static void walk(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_p
     for (int64_t j0 = c0; j0 < c1; j0 += tile) {
         int32_t n = (int32_t)(c1 - j0 < tile ? c1 - j0 : tile);
         int full = fa_cpu_tile_full(p, cc, j0, j0 + n);
-        kern->dot(d->k.dtype, &hk, cc->ncols, n, dim, bf->q, dim, row_ptr(p, &d->k, cc, j0),
-                  d->k.stride_seq, bf->st, gv);
+        for (int32_t j = 0, run; j < n; j += run) { /* page by page in a paged cache */
+            const char *kp = fa_cpu_kv_row(p, &d->k, cc, j0 + j, &run);
+            run = run < n - j ? run : n - j;
+            kern->dot(d->k.dtype, &hk, cc->ncols, run, dim, bf->q, dim, kp, d->k.stride_seq,
+                      bf->st + (int64_t)j * gv, gv);
+        }
         if (p->softcap > 0.0f) /* one call over every head's columns, padding included */
             kern->softcap(n, gv, bf->st, gv, p->softcap);
         for (int32_t h = 0; h < heads; h++)
@@ -141,8 +143,12 @@ static void walk(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_p
                                 bf->ids + gv, j0, p->dropout_threshold, p->dropout_scale);
         if (scale)
             fa_cpu_scale_cols(n, gv, bf->st, gv, scale);
-        kern->axpy(d->v.dtype, &hv, cc->ncols, n, dim, bf->st, gv, row_ptr(p, &d->v, cc, j0),
-                   d->v.stride_seq, bf->o, dim, bf->alpha);
+        for (int32_t j = 0, run; j < n; j += run) { /* the rescale once, with the first page */
+            const char *vp = fa_cpu_kv_row(p, &d->v, cc, j0 + j, &run);
+            run = run < n - j ? run : n - j;
+            kern->axpy(d->v.dtype, &hv, cc->ncols, run, dim, bf->st + (int64_t)j * gv, gv, vp,
+                       d->v.stride_seq, bf->o, dim, j ? bf->ones : bf->alpha);
+        }
     }
 }
 
@@ -246,6 +252,7 @@ typedef struct decode_job {
     const int64_t *first;
     const int32_t *slot_b;
     int32_t groups;
+    int64_t tasks; /* the call's own (sequence, chunk, head group) count */
 } decode_job;
 
 /* The loops of thread tid; inside a parallel region the iterations are shared out, outside
@@ -253,9 +260,11 @@ typedef struct decode_job {
 static void decode_tasks(const decode_job *j, int tid)
 {
     const fa_problem *p = j->p;
-    const int64_t nt = j->pl->task_count, pairs = (int64_t)p->batch * p->heads_kv;
+    const int64_t nt = j->tasks, pairs = (int64_t)p->batch * p->heads_kv;
     dbufs bf;
     carve(j->kern, p, j->pl, j->ws + (size_t)tid * j->per, &bf);
+    for (int32_t c = 0; c < group_cols_vec(j->kern, j->pl); c++)
+        bf.ones[c] = 1.0f;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < nt; t++) {
         int64_t sl = t / j->groups;
@@ -279,7 +288,7 @@ fa_status fa_cpu_decode_forward(fa_context_t ctx, fa_cpu_state *s, const fa_prob
 {
     const fa_cpu_kernels *kern = s->kern;
     const int32_t groups = p->heads_kv / pl->decode_heads;
-    const int64_t nslots = pl->task_count / groups; /* one per (sequence, chunk) */
+    const int64_t nslots = pl->task_count / groups; /* one per (sequence, chunk); paged: a bound */
     const int64_t slot_floats = fa_cpu_decode_slot_floats(p, pl);
     size_t per = (size_t)pl->per_thread_floats;
     /* the thread buffers, the chunks' partial results and two index arrays, in the context's
@@ -310,7 +319,8 @@ fa_status fa_cpu_decode_forward(fa_context_t ctx, fa_cpu_state *s, const fa_prob
         for (int64_t k = first[b]; k < first[b + 1]; k++)
             slot_b[k] = b;
     }
-    const decode_job job = { kern, p, pl, ws, per, slots, slot_floats, first, slot_b, groups };
+    const decode_job job = { kern, p, pl, ws, per, slots, slot_floats, first, slot_b, groups,
+                             first[p->batch] * groups };
     if (pl->threads == 1) {
         /* one thread: no parallel region (entering even a one-thread region costs a futex
          * call per region in libgomp, a measurable share of a small model's decode step) */

@@ -8,6 +8,10 @@
 
 #include <stdlib.h>
 
+/* Keys per split of a paged decode by default: 8 splits of a 4k sequence share out two to
+ * eight cores, and the merge reads (dim + 2) floats per head and split, under 1% of the keys. */
+#define FA_CPU_PAGED_SPLIT 512
+
 static int32_t round_up(int32_t x, int32_t m) { return (x + m - 1) / m * m; }
 
 /* A positive integer from the environment (tuning knob), or 0. */
@@ -28,9 +32,16 @@ static int64_t tile_bytes(int32_t cols, int32_t bk, int32_t dim, int32_t dpad)
                 (int64_t)cols * dpad);
 }
 
+/* Tasks of a call with pos query positions each; for paged calls, whose lengths a plan does
+ * not read, a bound from the call's bounds. */
 static int64_t count_tasks(const fa_problem *p, int32_t pos)
 {
     int64_t n = 0;
+    if (p->paged) {
+        int64_t per_seq = (int64_t)p->batch * ((p->max_q + pos - 1) / pos);
+        int64_t packed = (p->desc->seqlen_q + pos - 1) / pos + p->batch;
+        return (per_seq < packed ? per_seq : packed) * p->heads_kv;
+    }
     for (int32_t b = 0; b < p->batch; b++)
         n += ((int64_t)fa_problem_seq(p, b).q_len + pos - 1) / pos;
     return n * p->heads_kv;
@@ -115,6 +126,8 @@ static fa_status plan_decode(fa_context_t ctx, const fa_cpu_state *s, const fa_p
     pl->decode_heads = interleaved ? p->heads_kv : 1;
     int64_t groups = p->heads_kv / pl->decode_heads;
     int32_t chunk = env_int("FLASHATTN_CPU_BLOCK_K");
+    if (p->paged) /* a sequence's chunks from its own length only: the same bits in any batch */
+        chunk = p->paged->desc->kv_split ? p->paged->desc->kv_split : FA_CPU_PAGED_SPLIT;
     if (!chunk) {
         int64_t streams = (int64_t)p->batch * groups;
         int64_t per = streams >= 64 ? 1 : (64 + streams - 1) / streams;
@@ -123,10 +136,10 @@ static fa_status plan_decode(fa_context_t ctx, const fa_cpu_state *s, const fa_p
             chunk = 256;
     }
     pl->block_k = chunk;
-    int64_t nslots = 0;
+    int64_t nslots = 0; /* paged: a bound, every sequence at its longest */
     for (int32_t b = 0; b < p->batch; b++) {
         int64_t lo, hi;
-        nslots += fa_cpu_decode_chunks(p, pl, b, &lo, &hi);
+        nslots += p->paged ? (p->max_k + chunk - 1) / chunk + 1 : fa_cpu_decode_chunks(p, pl, b, &lo, &hi);
     }
     pl->task_count = nslots * groups;
     if (pl->threads > pl->task_count)

@@ -20,6 +20,10 @@ void fa_cpu_pack_cols(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
             int32_t h = cc->hk * p->group + c % p->group;
             const char *src = fa_elem_ptr(t, fa_row_offset(p, t, cc->b, cc->seq.q_start + pos, h));
             kern->load(t->dtype, src, row, dim, mul);
+            if (p->paged && p->paged->rope_dim && t == &p->desc->q) /* rotation is linear: after mul */
+                fa_rope_row(p->paged, row,
+                            fa_rope_position(p->paged, cc->seq.q_start + pos, pos, cc->seq.q_len,
+                                             cc->seq.k_len));
             if (!transposed && ld > dim)
                 memset(row + dim, 0, sizeof(float) * (size_t)(ld - dim));
         } else if (transposed) {
@@ -48,17 +52,21 @@ void fa_cpu_load_rows(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
     const int32_t dim = p->dim;
     const int64_t row_bytes = (int64_t)dim * (t->dtype == FA_DTYPE_F32 ? 4 : 2);
     const int64_t step = t->stride_seq * (t->dtype == FA_DTYPE_F32 ? 4 : 2);
-    for (int32_t j = 0; j < n; j++) {
-        const char *src = fa_elem_ptr(t, fa_row_offset(p, t, cc->b, cc->seq.k_start + j0 + j, cc->hk));
-        /* Rows of one head are strided (BSHD): hardware prefetchers stop at page
-         * boundaries, so fetch a few rows ahead by hand. */
-        if (j + FA_PREFETCH_ROWS < n)
-            for (int64_t at = 0; at < row_bytes; at += 64)
-                __builtin_prefetch(src + FA_PREFETCH_ROWS * step + at);
-        float *row = dst + (int64_t)j * ld;
-        kern->load(t->dtype, src, row, dim, 1.0f);
-        if (ld > dim)
-            memset(row + dim, 0, sizeof(float) * (size_t)(ld - dim));
+    for (int32_t j = 0; j < n;) {
+        int32_t run;
+        const char *src = fa_cpu_kv_row(p, t, cc, j0 + j, &run);
+        run = run < n - j ? run : n - j;
+        for (int32_t r = 0; r < run; r++, j++, src += step) {
+            /* Rows of one head are strided (BSHD): hardware prefetchers stop at page
+             * boundaries, so fetch a few rows ahead by hand. */
+            if (r + FA_PREFETCH_ROWS < run)
+                for (int64_t at = 0; at < row_bytes; at += 64)
+                    __builtin_prefetch(src + FA_PREFETCH_ROWS * step + at);
+            float *row = dst + (int64_t)j * ld;
+            kern->load(t->dtype, src, row, dim, 1.0f);
+            if (ld > dim)
+                memset(row + dim, 0, sizeof(float) * (size_t)(ld - dim));
+        }
     }
 }
 
@@ -101,18 +109,27 @@ void fa_cpu_store_out(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
                       const float *acc, int32_t ld, const float *m, const float *l)
 {
     const fa_attention_desc *d = p->desc;
+    const float *sinks = p->paged ? p->paged->desc->sinks : NULL;
     for (int32_t c = 0; c < cc->ncols; c++) {
         int64_t row = cc->seq.q_start + cc->r0 + c / p->group;
         int32_t h = cc->hk * p->group + c % p->group;
         char *dst = (char *)fa_elem_ptr(&d->o, fa_row_offset(p, &d->o, cc->b, row, h));
+        /* natural-log normaliser of the keys (-inf: none visible), then the sink's share */
+        float lse = l[c] > 0.0f ? (m[c] + log2f(l[c])) * FA_LN2 : -INFINITY, sum = l[c];
+        if (sinks && l[c] > 0.0f) {
+            sum += exp2f(sinks[h] * FA_LOG2E - m[c]); /* inf when the sink dominates: o = 0 */
+            lse = fmaxf(lse, sinks[h]) + log1pf(expf(-fabsf(lse - sinks[h])));
+        } else if (sinks) {
+            lse = sinks[h];
+        }
         if (l[c] > 0.0f) /* else no visible key: exact zeros, whatever the accumulator holds */
-            kern->store(d->o.dtype, acc + (int64_t)c * ld, dst, p->dim, 1.0f / l[c]);
+            kern->store(d->o.dtype, acc + (int64_t)c * ld, dst, p->dim, 1.0f / sum);
         else
             memset(dst, 0, (size_t)p->dim * (d->o.dtype == FA_DTYPE_F32 ? 4 : 2));
         if (d->lse) {
             int64_t at = (p->varlen ? 0 : (int64_t)cc->b * p->lse_sb) + (int64_t)h * p->lse_sh +
                          row * p->lse_ss;
-            d->lse[at] = l[c] > 0.0f ? (m[c] + log2f(l[c])) * FA_LN2 : -INFINITY;
+            d->lse[at] = lse;
         }
     }
 }

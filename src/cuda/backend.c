@@ -572,4 +572,5 @@ const fa_backend_iface fa_cuda_backend = {
     .mem_copy = cuda_mem_copy,
     .set_stream = cuda_set_stream,
     .synchronize = cuda_synchronize,
+    .tables_on_device = 1,
 };

@@ -1,0 +1,361 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Serving calls: the paged grid against float64 (page sizes 1..256, shuffled tables, GQA,
+ * ragged decode/speculative/prefill rows, append + RoPE, sinks, batch invariance), merges,
+ * the standalone append, plans and their bounds, and bad input.
+ * FLASHATTN_TEST_BACKEND picks the backend, FLASHATTN_TEST_QUICK=1 the short grid,
+ * FLASHATTN_TEST_SEED=N replays a run.
+ */
+#include "paged.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#define MAX_CASES 128
+
+static uint64_t seed;
+static int level;
+
+static fa_context_t make_ctx(void)
+{
+    fa_context_t ctx;
+    fa_context_options opts = { sizeof(opts), fa_test_backend(), 0 };
+    if (fa_context_create(&opts, &ctx) != FA_OK)
+        fail_msg("context: %s", fa_last_create_error());
+    return ctx;
+}
+
+/* CUDA computes in f16/bf16 only: it refuses f32 caches, naming the dtype. */
+static int refused(fa_context_t ctx, const fa_paged_case *c)
+{
+    return fa_context_backend(ctx) == FA_BACKEND_CUDA && c->dtype == FA_DTYPE_F32;
+}
+
+static void test_grid(void **state)
+{
+    (void)state;
+    fa_context_t ctx = make_ctx();
+    static fa_paged_case cases[MAX_CASES];
+    const int n = fa_paged_grid_build(level, seed, cases, MAX_CASES), every = fa_test_case_every();
+    int ran = 0, failed = 0;
+    for (int i = 0; i < n; i++) {
+        if (i % every || refused(ctx, &cases[i]))
+            continue;
+        fa_paged_result r;
+        if (fa_paged_case_run(ctx, &cases[i], &r) != 0) {
+            char desc[400];
+            fa_paged_case_format(&cases[i], desc, sizeof(desc));
+            print_error("case %d could not run: %s (%s)\n", i, r.message, desc);
+            failed++;
+        } else if (!r.passed) {
+            print_error("case %d FAILED: %s\n", i, r.message);
+            failed++;
+        }
+        ran++;
+    }
+    fa_context_destroy(ctx);
+    print_message("%d paged cases, %d failed (seed %llu)\n", ran, failed, (unsigned long long)seed);
+    assert_true(ran > 0);
+    assert_int_equal(failed, 0);
+}
+
+/* ---- a small host-memory call for the API tests (CPU backend) ---- */
+
+typedef struct small {
+    uint16_t q[3 * 4 * 16], o[3 * 4 * 16], kn[3 * 2 * 16], vn[3 * 2 * 16];
+    uint16_t k[6 * 4 * 2 * 16], v[6 * 4 * 2 * 16];
+    int32_t cu[3], bt[2 * 3], lens[2];
+    float lse[4 * 3];
+    fa_paged_desc d;
+} small;
+
+/* Two sequences (2 rows and 1 row, 5 and 2 cached tokens), page 4, GQA 4/2, d16, f16. */
+static void small_make(small *s)
+{
+    memset(s, 0, sizeof(*s));
+    fa_rng r = { 11 };
+    fa_ref_fill(&r, FA_DTYPE_F16, s->q, 3 * 4 * 16, 1.0);
+    fa_ref_fill(&r, FA_DTYPE_F16, s->k, 6 * 4 * 2 * 16, 1.0);
+    fa_ref_fill(&r, FA_DTYPE_F16, s->v, 6 * 4 * 2 * 16, 1.0);
+    fa_ref_fill(&r, FA_DTYPE_F16, s->kn, 3 * 2 * 16, 1.0);
+    fa_ref_fill(&r, FA_DTYPE_F16, s->vn, 3 * 2 * 16, 1.0);
+    const int32_t cu[3] = { 0, 2, 3 }, bt[6] = { 4, 1, -1, 5, -1, -1 }, lens[2] = { 5, 2 };
+    memcpy(s->cu, cu, sizeof(cu));
+    memcpy(s->bt, bt, sizeof(bt));
+    memcpy(s->lens, lens, sizeof(lens));
+    fa_paged_desc *d = &s->d;
+    fa_paged_desc_init(d);
+    d->batch = 2;
+    d->total_q = 3;
+    d->max_seqlen_q = 2;
+    d->max_seqlen_k = 8;
+    d->num_heads_q = 4;
+    d->head_dim = 16;
+    d->q = fa_tensor_contiguous(s->q, FA_DTYPE_F16, FA_LAYOUT_BSHD, 3, 4, 16);
+    d->o = fa_tensor_contiguous(s->o, FA_DTYPE_F16, FA_LAYOUT_BSHD, 3, 4, 16);
+    d->cu_seqlens_q = s->cu;
+    d->cache = fa_kv_cache_contiguous(s->k, s->v, FA_DTYPE_F16, FA_LAYOUT_BSHD, 6, 4, 2, 16);
+    d->block_table = s->bt;
+    d->max_pages_per_seq = 3;
+    d->cache_seqlens = s->lens;
+    d->k_new = fa_tensor_contiguous(s->kn, FA_DTYPE_F16, FA_LAYOUT_BSHD, 3, 2, 16);
+    d->v_new = fa_tensor_contiguous(s->vn, FA_DTYPE_F16, FA_LAYOUT_BSHD, 3, 2, 16);
+    d->lse = s->lse;
+}
+
+static fa_context_t cpu_ctx(void)
+{
+    fa_context_t ctx;
+    fa_context_options opts = { sizeof(opts), FA_BACKEND_CPU, 0 };
+    assert_int_equal(fa_context_create(&opts, &ctx), FA_OK);
+    return ctx;
+}
+
+/* A bad call: the status, a message naming `field`, and nothing written (o, lse, cache). */
+static void expect_refused(fa_context_t ctx, small *s, fa_status want, const char *field)
+{
+    small before = *s;
+    fa_status st = fa_paged_forward(ctx, &s->d);
+    const char *msg = fa_context_last_error(ctx);
+    if (st != want || !strstr(msg, field))
+        fail_msg("got %s \"%s\", want %s naming %s", fa_status_string(st), msg, fa_status_string(want), field);
+    assert_memory_equal(s->o, before.o, sizeof(s->o));
+    assert_memory_equal(s->k, before.k, sizeof(s->k));
+    assert_memory_equal(s->v, before.v, sizeof(s->v));
+    assert_memory_equal(s->lse, before.lse, sizeof(s->lse));
+}
+
+static void test_bad_input(void **state)
+{
+    (void)state;
+    fa_context_t ctx = cpu_ctx();
+    small s;
+    small_make(&s);
+    assert_int_equal(fa_paged_forward(ctx, &s.d), FA_OK); /* the baseline call is good */
+    small_make(&s);
+    s.bt[1] = 6;
+    expect_refused(ctx, &s, FA_ERR_INVALID_VALUE, "block_table[0][1] (6)");
+    small_make(&s);
+    s.bt[3] = -2;
+    expect_refused(ctx, &s, FA_ERR_INVALID_VALUE, "block_table[1][0]");
+    small_make(&s);
+    s.lens[0] = 7; /* 7 + 2 new rows > max_seqlen_k 8 */
+    expect_refused(ctx, &s, FA_ERR_INVALID_SHAPE, "cache_seqlens[0] (7)");
+    small_make(&s);
+    s.lens[1] = -1;
+    expect_refused(ctx, &s, FA_ERR_INVALID_SHAPE, "cache_seqlens[1]");
+    small_make(&s);
+    s.d.cache.page_size = 0;
+    expect_refused(ctx, &s, FA_ERR_INVALID_SHAPE, "cache.page_size");
+    small_make(&s);
+    s.d.max_seqlen_k = 13; /* 3 pages of 4 hold 12 */
+    expect_refused(ctx, &s, FA_ERR_INVALID_SHAPE, "max_pages_per_seq");
+    small_make(&s);
+    s.d.cache.num_pages = 5; /* page 5 is in the table */
+    expect_refused(ctx, &s, FA_ERR_INVALID_VALUE, "cache.num_pages 5");
+    small_make(&s);
+    s.cu[2] = 4;
+    expect_refused(ctx, &s, FA_ERR_INVALID_SHAPE, "cu_seqlens_q");
+    small_make(&s);
+    s.d.max_seqlen_q = 1;
+    expect_refused(ctx, &s, FA_ERR_INVALID_SHAPE, "max_seqlen_q");
+    small_make(&s);
+    s.d.block_table = NULL;
+    expect_refused(ctx, &s, FA_ERR_NULL_POINTER, "block_table");
+    small_make(&s);
+    s.d.v_new.data = NULL;
+    expect_refused(ctx, &s, FA_ERR_NULL_POINTER, "v_new");
+    small_make(&s);
+    s.d.cache.k_scale = s.lse;
+    expect_refused(ctx, &s, FA_ERR_UNSUPPORTED, "cache.k_scale");
+    small_make(&s);
+    s.d.cache.dtype = FA_DTYPE_BF16;
+    expect_refused(ctx, &s, FA_ERR_INVALID_DTYPE, "cache.dtype");
+    small_make(&s);
+    s.d.num_heads_q = 3;
+    expect_refused(ctx, &s, FA_ERR_INVALID_SHAPE, "num_heads_q");
+    small_make(&s);
+    s.d.o.data = s.k + 8; /* the output inside the cache that is written */
+    expect_refused(ctx, &s, FA_ERR_INVALID_STRIDE, "overlaps");
+    small_make(&s);
+    s.d.cache.k_stride_token = 8; /* tokens of a written cache overlap */
+    expect_refused(ctx, &s, FA_ERR_INVALID_STRIDE, "cache.k");
+    small_make(&s);
+    s.d.kv_split = 24;
+    expect_refused(ctx, &s, FA_ERR_INVALID_VALUE, "kv_split");
+    small_make(&s);
+    s.d.rope = FA_ROPE_NEOX; /* no tables */
+    s.d.rope_max_pos = 16;
+    expect_refused(ctx, &s, FA_ERR_NULL_POINTER, "rope_cos");
+    small_make(&s);
+    float tab[4 * 8] = { 0 };
+    s.d.rope = FA_ROPE_INTERLEAVED;
+    s.d.rope_max_pos = 4; /* sequence 0's rows sit at positions 5 and 6 */
+    s.d.rope_cos = s.d.rope_sin = tab;
+    expect_refused(ctx, &s, FA_ERR_INVALID_VALUE, "rope_max_pos (4)");
+    small_make(&s);
+    s.d.size = 8;
+    expect_refused(ctx, &s, FA_ERR_INVALID_ARGUMENT, "sizeof(fa_paged_desc)");
+    fa_context_destroy(ctx);
+}
+
+static void test_plan_bounds(void **state)
+{
+    (void)state;
+    fa_context_t ctx = cpu_ctx();
+    small s;
+    small_make(&s);
+    fa_paged_desc bounds = s.d;
+    bounds.q.data = bounds.o.data = NULL; /* a plan reads no pointer */
+    bounds.cu_seqlens_q = bounds.block_table = bounds.cache_seqlens = NULL;
+    bounds.cache.k = bounds.cache.v = NULL;
+    fa_paged_plan_t plan;
+    assert_int_equal(fa_paged_plan_create(ctx, &bounds, &plan), FA_OK);
+    fa_run_info info = { .size = sizeof(info) };
+    assert_int_equal(fa_paged_plan_info(plan, &info), FA_OK);
+    assert_non_null(strstr(info.kernel, "paged"));
+    assert_int_equal(fa_paged_run(plan, &s.d), FA_OK);
+    small out = s;
+    /* the same call one-shot, on the cache as it was: the same bits */
+    small_make(&s);
+    assert_int_equal(fa_paged_forward(ctx, &s.d), FA_OK);
+    assert_memory_equal(out.o, s.o, sizeof(s.o));
+    assert_memory_equal(out.k, s.k, sizeof(s.k));
+    small_make(&s);
+    s.d.batch = 3;
+    int32_t cu[4] = { 0, 2, 3, 3 }, lens[3] = { 5, 2, 0 }, bt[9] = { 4, 1, -1, 5, -1, -1, 0, -1, -1 };
+    s.d.cu_seqlens_q = cu;
+    s.d.cache_seqlens = lens;
+    s.d.block_table = bt;
+    assert_int_equal(fa_paged_run(plan, &s.d), FA_ERR_INVALID_SHAPE);
+    assert_non_null(strstr(fa_context_last_error(ctx), "plan's bound"));
+    small_make(&s);
+    s.d.lse = NULL;
+    assert_int_equal(fa_paged_run(plan, &s.d), FA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fa_context_last_error(ctx), "lse"));
+    fa_paged_plan_destroy(plan);
+    fa_paged_plan_destroy(NULL);
+    fa_context_destroy(ctx);
+}
+
+/* fa_kv_append writes what the attention call's own append writes, and nothing else. */
+static void test_append_alone(void **state)
+{
+    (void)state;
+    fa_context_t ctx = cpu_ctx();
+    small a, b;
+    float cs[16 * 8], sn[16 * 8];
+    for (int i = 0; i < 16 * 8; i++) {
+        cs[i] = cosf(0.1f * (float)i);
+        sn[i] = sinf(0.1f * (float)i);
+    }
+    small_make(&a);
+    small_make(&b);
+    fa_paged_desc *ds[2] = { &a.d, &b.d };
+    for (int i = 0; i < 2; i++) {
+        ds[i]->rope = FA_ROPE_NEOX;
+        ds[i]->rope_max_pos = 16;
+        ds[i]->rope_cos = cs;
+        ds[i]->rope_sin = sn;
+    }
+    assert_int_equal(fa_paged_forward(ctx, &a.d), FA_OK);
+    b.d.q.data = b.d.o.data = NULL; /* not looked at */
+    assert_int_equal(fa_kv_append(ctx, &b.d), FA_OK);
+    assert_memory_equal(a.k, b.k, sizeof(a.k));
+    assert_memory_equal(a.v, b.v, sizeof(a.v));
+    small c;
+    small_make(&c);
+    int changed = memcmp(c.k, a.k, sizeof(c.k)) != 0;
+    assert_true(changed);
+    c.d.k_new.data = NULL;
+    assert_int_equal(fa_kv_append(ctx, &c.d), FA_ERR_NULL_POINTER);
+    fa_context_destroy(ctx);
+}
+
+/* Two halves of a sequence's keys merged equal the whole, within rounding; empty states. */
+static void test_merge(void **state)
+{
+    (void)state;
+    fa_context_t ctx = cpu_ctx();
+    enum { S = 3, R = 5, H = 2, D = 24 };
+    float o_in[S * R * H * D], lse_in[S * H * R], o[R * H * D], lse[H * R];
+    fa_rng rng = { seed };
+    for (int i = 0; i < S * R * H * D; i++)
+        o_in[i] = (float)fa_rng_uniform(&rng);
+    for (int i = 0; i < S * H * R; i++)
+        lse_in[i] = (float)(30.0 * fa_rng_uniform(&rng));
+    for (int s = 0; s < S; s++) /* row 2 of head 1: every state empty */
+        lse_in[s * H * R + 1 * R + 2] = -INFINITY;
+    lse_in[0 * H * R + 0 * R + 4] = -INFINITY; /* one empty state among full ones */
+    fa_merge_desc m;
+    fa_merge_desc_init(&m);
+    m.num_states = S;
+    m.rows = R;
+    m.num_heads = H;
+    m.head_dim = D;
+    m.o_in = (fa_tensor){ o_in, FA_DTYPE_F32, R * H * D, H * D, D };
+    m.lse_in = lse_in;
+    m.o = fa_tensor_contiguous(o, FA_DTYPE_F32, FA_LAYOUT_BSHD, R, H, D);
+    m.lse = lse;
+    assert_int_equal(fa_merge_states(ctx, &m), FA_OK);
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < H; h++) {
+            double mx = -INFINITY, sum = 0.0, acc[D] = { 0 };
+            for (int s = 0; s < S; s++)
+                mx = fmax(mx, lse_in[s * H * R + h * R + r]);
+            for (int s = 0; s < S && mx > -INFINITY; s++) {
+                double w = exp(lse_in[s * H * R + h * R + r] - mx);
+                sum += w;
+                for (int x = 0; x < D; x++)
+                    acc[x] += w * o_in[((s * R + r) * H + h) * D + x];
+            }
+            double want_lse = mx > -INFINITY ? mx + log(sum) : -INFINITY;
+            if (mx == -INFINITY)
+                assert_true(lse[h * R + r] == -INFINITY);
+            else
+                assert_true(fabs(lse[h * R + r] - want_lse) < 1e-5 * fmax(1.0, fabs(want_lse)));
+            for (int x = 0; x < D; x++) {
+                double want = mx > -INFINITY ? acc[x] / sum : 0.0;
+                assert_true(fabs(o[(r * H + h) * D + x] - want) < 1e-5);
+            }
+        }
+    m.num_states = 0;
+    assert_int_equal(fa_merge_states(ctx, &m), FA_ERR_INVALID_SHAPE);
+    assert_non_null(strstr(fa_context_last_error(ctx), "num_states"));
+    m.num_states = S;
+    m.o.data = o_in + 8;
+    assert_int_equal(fa_merge_states(ctx, &m), FA_ERR_INVALID_STRIDE);
+    fa_context_destroy(ctx);
+}
+
+int main(void)
+{
+    const char *s = getenv("FLASHATTN_TEST_SEED");
+    seed = s && *s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
+    const char *q = getenv("FLASHATTN_TEST_QUICK");
+    level = (q && *q == '1') ? 0 : 1;
+    printf("paged: backend=%s grid=%s seed=%llu (replay: FLASHATTN_TEST_SEED=%llu)\n",
+           fa_backend_name(fa_test_backend()), level ? "full" : "quick", (unsigned long long)seed,
+           (unsigned long long)seed);
+    fa_context_t probe;
+    fa_context_options opts = { sizeof(opts), fa_test_backend(), 0 };
+    if (fa_context_create(&opts, &probe) == FA_ERR_BACKEND_UNAVAILABLE) {
+        printf("skipped: %s\n", fa_last_create_error());
+        return 77;
+    }
+    fa_context_destroy(probe);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_grid),         cmocka_unit_test(test_bad_input), cmocka_unit_test(test_plan_bounds),
+        cmocka_unit_test(test_append_alone), cmocka_unit_test(test_merge),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
