@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a CUDA machine, in one go: build, the CUDA conformance grids (forward and backward)
 # against float64, then the benchmark beside PyTorch. Logs go to $OUT (or build/).
-#   bench/gpu/device_check.sh [full|quick|backward]   (backward: the backward grid alone)
+#   bench/gpu/device_check.sh [full|quick|backward|paged]   (backward / paged: that grid alone)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-build}
@@ -22,7 +22,7 @@ echo "build ok"
 export FLASHATTN_TEST_BACKEND=cuda
 level=${1:-full}
 if [ "$level" = quick ]; then export FLASHATTN_TEST_QUICK=1; fi
-if [ "$level" != backward ]; then
+if [ "$level" != backward ] && [ "$level" != paged ]; then
   timeout 300 ./build/tests/test_conformance > "$out/conformance_cuda.log" 2>&1; echo "conformance_cuda rc=$?"
   grep -E "FAILED|cases|could not" "$out/conformance_cuda.log" | head -20
   # the same grid with three persistent forward blocks taking every case's query tiles
@@ -30,6 +30,9 @@ if [ "$level" != backward ]; then
   echo "conformance_cuda (3 persistent blocks) rc=$?"
   grep -E "FAILED|cases|could not" "$out/conformance_cuda_p3.log" | head -20
 fi
+timeout 300 ./build/tests/test_paged > "$out/paged_cuda.log" 2>&1; echo "paged_cuda rc=$?"
+grep -E "FAILED|cases|could not|want" "$out/paged_cuda.log" | head -20
+[ "$level" = paged ] && exit 0
 timeout 300 ./build/tests/test_backward > "$out/backward_cuda.log" 2>&1; echo "backward_cuda rc=$?"
 grep -E "FAILED|cases|could not" "$out/backward_cuda.log" | head -20
 if [ "${SANITIZE:-0}" = 1 ]; then

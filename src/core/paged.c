@@ -252,6 +252,44 @@ static fa_status check_tables(fa_context_t ctx, const fa_paged_problem *pg)
     return FA_OK;
 }
 
+/* check_tables = 1 on a backend whose tables are device memory: download them and check them
+ * as the host's are (this synchronises). */
+static fa_status check_device_tables(fa_context_t ctx, const fa_paged_problem *pg, int64_t bt_elems)
+{
+    const fa_paged_desc *d = pg->desc;
+    const int64_t n_pos = pg->rope_dim && d->positions ? d->total_q : 0;
+    const size_t n = (size_t)(d->batch + 1) + (size_t)d->batch + (size_t)bt_elems + (size_t)n_pos;
+    int32_t *h = malloc(sizeof(int32_t) * n);
+    if (!h)
+        return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory reading the tables back");
+    fa_paged_desc copy = *d;
+    int32_t *cu = h, *lens = cu + d->batch + 1, *bt = lens + d->batch, *pos = bt + bt_elems;
+    const struct {
+        int32_t *dst;
+        const int32_t *src;
+        int64_t count;
+    } parts[] = { { cu, d->cu_seqlens_q, d->batch + 1 },
+                  { lens, d->cache_seqlens, d->batch },
+                  { bt, d->block_table, bt_elems },
+                  { pos, d->positions, n_pos } };
+    fa_status st = FA_OK;
+    for (size_t i = 0; i < 4 && st == FA_OK; i++)
+        if (parts[i].count)
+            st = ctx->iface->mem_copy(ctx, ctx->state, parts[i].dst, parts[i].src,
+                                      sizeof(int32_t) * (size_t)parts[i].count, 0);
+    if (st == FA_OK) {
+        copy.cu_seqlens_q = cu;
+        copy.cache_seqlens = lens;
+        copy.block_table = bt;
+        copy.positions = n_pos ? pos : NULL;
+        fa_paged_problem hp = *pg;
+        hp.desc = &copy;
+        st = check_tables(ctx, &hp);
+    }
+    free(h);
+    return st;
+}
+
 /*
  * Validate d and fill pg and p. CHECK_PLAN reads shapes and settings only; CHECK_RUN every
  * pointer, stride and (host tables) the lengths and page ids; CHECK_APPEND what an append
@@ -408,7 +446,9 @@ static fa_status validate(fa_context_t ctx, const fa_paged_desc *d, int mode, fa
     memcpy(all + ni, out, sizeof(out[0]) * (size_t)no);
     if ((st = fa_check_disjoint(ctx, all, ni, ni + no)) != FA_OK)
         return st;
-    return pg->host_tables ? check_tables(ctx, pg) : FA_OK;
+    if (pg->host_tables)
+        return check_tables(ctx, pg);
+    return d->check_tables ? check_device_tables(ctx, pg, bt_elems) : FA_OK;
 }
 
 /* ---- entry points ---- */

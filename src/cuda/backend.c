@@ -1,20 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* The CUDA backend's host side: device probe, pointer checks, tile choice, workspace and launches. */
 #include "../core/internal.h"
-#include "cuda.h"
+#include "state.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct cuda_state {
-    int device;
-    struct cudaDeviceProp prop;
-    cudaStream_t stream;
-    int hopper; /* compute capability 9.0: the sm_90a forward */
-    int persistent_blocks; /* the Hopper forward's persistent grid: one block per multiprocessor */
-    cudaMemPool_t pool;    /* the calls' workspace, stream-ordered; keeps POOL_KEEP_BYTES bytes */
-} cuda_state;
 
 /* What the context's workspace pool keeps between calls. With the device's default pool
  * (which keeps nothing) every call mapped its workspace afresh, ~75 us of host time that the
@@ -57,7 +48,7 @@ static const tiles *tiles_for(int32_t dim)
     return NULL;
 }
 
-static fa_status cuda_fail(fa_context_t ctx, cudaError_t err, const char *what)
+fa_status fa_cuda_fail(fa_context_t ctx, cudaError_t err, const char *what)
 {
     return fa_error(ctx, FA_ERR_BACKEND, "%s: CUDA error %d (%s): %s", what, (int)err,
                     cudaGetErrorName(err), cudaGetErrorString(err));
@@ -78,7 +69,7 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
     if ((err = cudaGetDevice(&s->device)) != cudaSuccess ||
         (err = cudaGetDeviceProperties(&s->prop, s->device)) != cudaSuccess) {
         free(s);
-        return cuda_fail(ctx, err, "reading the device's properties");
+        return fa_cuda_fail(ctx, err, "reading the device's properties");
     }
     if (s->prop.major < 8) {
         int dev = s->device, major = s->prop.major, minor = s->prop.minor;
@@ -103,7 +94,7 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
         if (s->pool)
             cudaMemPoolDestroy(s->pool);
         free(s);
-        return cuda_fail(ctx, err, "creating the workspace pool");
+        return fa_cuda_fail(ctx, err, "creating the workspace pool");
     }
     /* FLASHATTN_CUDA_PERSISTENT_BLOCKS=n: n persistent blocks instead (tests run the hand-over of
      * query tiles on small grids with it) */
@@ -173,8 +164,8 @@ static void cuda_info(void *state, char *buf, size_t cap, size_t *len)
 }
 
 /* A tensor argument must live in memory this device can read. */
-static fa_status check_device_ptr(fa_context_t ctx, const cuda_state *s, const void *ptr,
-                                  const char *name)
+fa_status fa_cuda_check_ptr(fa_context_t ctx, const cuda_state *s, const void *ptr,
+                            const char *name)
 {
     struct cudaPointerAttributes a;
     cudaError_t err = cudaPointerGetAttributes(&a, ptr);
@@ -422,7 +413,7 @@ static fa_status check_pointers(fa_context_t ctx, const cuda_state *s, const fa_
     for (int i = 0; i < n; i++) {
         if (!list[i].ptr)
             continue; /* optional and absent (lse), or an empty tensor the validator allowed */
-        fa_status st = check_device_ptr(ctx, s, list[i].ptr, list[i].name);
+        fa_status st = fa_cuda_check_ptr(ctx, s, list[i].ptr, list[i].name);
         if (st != FA_OK)
             return st;
     }
@@ -493,13 +484,13 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
     if (err != cudaSuccess)
         goto fail;
     if (ws && (err = cudaFreeAsync(ws, s->stream)) != cudaSuccess)
-        return cuda_fail(ctx, err, "releasing the workspace");
+        return fa_cuda_fail(ctx, err, "releasing the workspace");
     return FA_OK;
 fail:
     cudaGetLastError();
     if (ws)
         cudaFreeAsync(ws, s->stream);
-    return cuda_fail(ctx, err, backward ? "launching the backward" : "launching the forward");
+    return fa_cuda_fail(ctx, err, backward ? "launching the backward" : "launching the forward");
 }
 
 static fa_status cuda_forward(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
@@ -529,7 +520,7 @@ static fa_status cuda_mem_free(fa_context_t ctx, void *state, void *ptr)
 {
     (void)state;
     cudaError_t err = cudaFree(ptr);
-    return err == cudaSuccess ? FA_OK : cuda_fail(ctx, err, "cudaFree");
+    return err == cudaSuccess ? FA_OK : fa_cuda_fail(ctx, err, "cudaFree");
 }
 
 static fa_status cuda_mem_copy(fa_context_t ctx, void *state, void *dst, const void *src, size_t bytes,
@@ -541,7 +532,7 @@ static fa_status cuda_mem_copy(fa_context_t ctx, void *state, void *dst, const v
                                       s->stream);
     if (err == cudaSuccess)
         err = cudaStreamSynchronize(s->stream);
-    return err == cudaSuccess ? FA_OK : cuda_fail(ctx, err, to_backend ? "upload" : "download");
+    return err == cudaSuccess ? FA_OK : fa_cuda_fail(ctx, err, to_backend ? "upload" : "download");
 }
 
 static fa_status cuda_set_stream(fa_context_t ctx, void *state, void *stream)
@@ -554,7 +545,7 @@ static fa_status cuda_set_stream(fa_context_t ctx, void *state, void *stream)
 static fa_status cuda_synchronize(fa_context_t ctx, void *state)
 {
     cudaError_t err = cudaStreamSynchronize(((cuda_state *)state)->stream);
-    return err == cudaSuccess ? FA_OK : cuda_fail(ctx, err, "synchronize");
+    return err == cudaSuccess ? FA_OK : fa_cuda_fail(ctx, err, "synchronize");
 }
 
 const fa_backend_iface fa_cuda_backend = {
@@ -572,5 +563,10 @@ const fa_backend_iface fa_cuda_backend = {
     .mem_copy = cuda_mem_copy,
     .set_stream = cuda_set_stream,
     .synchronize = cuda_synchronize,
+    .paged_plan = fa_cuda_paged_plan,
+    .paged_run = fa_cuda_paged_run,
+    .paged_plan_free = fa_cuda_paged_plan_free,
+    .append = fa_cuda_append,
+    .merge = fa_cuda_merge,
     .tables_on_device = 1,
 };

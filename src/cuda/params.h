@@ -46,6 +46,26 @@ typedef struct fa_cuda_params {
     void *p_ws, *ds_ws;
 } fa_cuda_params;
 
+/* A paged call (fa_paged_desc on the device). `a` holds what the dense kernels' helpers read:
+ * q and o (ss, sh), lse (lse_sh, lse_ss), the scale, cap and window, heads, dim and bounds.
+ * Every length and page id is read on the device and clamped there: no access leaves the pool. */
+typedef struct fa_cuda_paged {
+    fa_cuda_params a;
+    void *kc, *vc; /* the pools */
+    int64_t k_sp, k_st, k_sh, v_sp, v_st, v_sh;
+    fa_cuda_view kn, vn; /* appended rows [total_q, heads_kv, dim] */
+    const int32_t *cu_q, *block_table, *cache_lens, *positions;
+    int64_t bt_stride;
+    int32_t max_pages, num_pages, page_size, total_q;
+    int32_t page_shift; /* log2(page_size) when it is a power of two, else -1 */
+    const float *rope_cos, *rope_sin, *sinks;
+    int32_t rope_dim, rope_max_pos, rope_neox, append;
+    int32_t split;      /* keys per split */
+    int32_t max_splits; /* splits of the longest sequence the grid covers */
+    int kv_aligned;     /* 16-byte cp.async of cache rows */
+    float *part;        /* split partials: [max_splits][total_q][heads_q] (m, l, o[dim]) */
+} fa_cuda_paged;
+
 /* Tile shapes per padded head_dim: X(dim, fwd_m, fwd_n, fwd_warps, bwd_kv_q, bwd_kv_warps,
  * bwd_kv_dsplit, bwd_q_k, bwd_q_warps). Forward: fwd_m query rows x fwd_n keys per step.
  * Backward dK/dV: 16 keys a warp, bwd_kv_q queries per step, the head_dim split over

@@ -1,0 +1,495 @@
+// SPDX-License-Identifier: MIT
+// Serving kernels over a paged KV cache: the append of new rows (keys rotated), the split-KV
+// attention, the merge of its splits in split order, and fa_merge_states. Lengths and page
+// ids come from device memory; each is clamped so that no access leaves the pool, and a
+// page id outside it reads as an absent key (check_tables finds such entries on the host).
+//
+// The attention block owns (sequence, kv head, split of the keys, tile of packed rows). A
+// packed row is a (query position, query head of the kv group) pair, so one 16-row mma tile
+// carries a GQA group's heads for a decode step (GQA packing). Two shapes:
+//   decode: a 16-row tile, the four warps taking alternate 16-key tiles of the split, each
+//           through its own three-stage cp.async ring, merged in warp order at the end (32-key
+//           tiles, or two stages, ran 10-40% slower on the H200: docs/perf/h200-decode.md);
+//   rows:   four warps of 16 rows sharing 64-key tiles (chunked prefill, long speculation).
+// Split boundaries are multiples of p.split from key 0, set by the plan from nothing but the
+// bounds, so a sequence's bits do not depend on the rest of the batch.
+#include "cuda.h"
+#include "tile.cuh"
+
+namespace fa {
+namespace {
+
+// One sequence: its query rows [q0, q0 + qn), tokens cached before the call and keys now.
+struct pseq_t {
+    int q0, qn, cached, keys;
+};
+
+__device__ __forceinline__ pseq_t pseq_of(const fa_cuda_paged &p, int b)
+{
+    pseq_t s;
+    s.q0 = min(max(p.cu_q[b], 0), p.total_q);
+    const int q1 = min(max(p.cu_q[b + 1], s.q0), p.total_q);
+    s.qn = min(q1 - s.q0, p.a.max_q);
+    const int64_t cap = min((int64_t)p.max_pages * p.page_size, (int64_t)p.a.max_k);
+    s.cached = (int)min(max((int64_t)p.cache_lens[b], (int64_t)0), cap);
+    s.keys = (int)min((int64_t)s.cached + (p.append ? s.qn : 0), cap);
+    return s;
+}
+
+// The sequence of packed query row `row`: the last b with cu_q[b] <= row.
+__device__ __forceinline__ int seq_of_row(const fa_cuda_paged &p, int row)
+{
+    int lo = 0, hi = p.a.batch - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (p.cu_q[mid] <= row)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+// Token j's page and slot (j < 2^31; a shift where the page size is a power of two).
+struct slot_t {
+    int page, slot;
+};
+__device__ __forceinline__ slot_t slot_of(const fa_cuda_paged &p, int b, int j)
+{
+    const int i = p.page_shift >= 0 ? j >> p.page_shift : j / p.page_size;
+    const int t = p.page_shift >= 0 ? j & (p.page_size - 1) : j - i * p.page_size;
+    return slot_t{ p.block_table[b * p.bt_stride + i], t };
+}
+
+// Element offset of a slot's row of kv head g in a pool, or -1 where the table names no page.
+__device__ __forceinline__ int64_t slot_off(const fa_cuda_paged &p, slot_t s, int g, int64_t sp, int64_t st,
+                                            int64_t sh)
+{
+    if (s.page < 0 || s.page >= p.num_pages)
+        return -1;
+    return s.page * sp + s.slot * st + g * sh;
+}
+
+// RoPE position of row i (packed row `row`) of s, clamped into the tables.
+__device__ __forceinline__ int rope_pos(const fa_cuda_paged &p, int row, int i, const pseq_t &s)
+{
+    const int pos = p.positions ? p.positions[row] : s.keys - s.qn + i;
+    return min(max(pos, 0), p.rope_max_pos - 1);
+}
+
+// Element e of row x after the rotation at pos (fa_paged_desc's definition; its pair partner
+// read from x too).
+template <typename T>
+__device__ __forceinline__ float rope_elem(const fa_cuda_paged &p, const T *x, int e, int pos)
+{
+    const float v = to_float(x[e]);
+    if (e >= p.rope_dim)
+        return v;
+    const int half = p.rope_dim / 2;
+    int i, partner;
+    float sign;
+    if (p.rope_neox) {
+        i = e < half ? e : e - half;
+        partner = e < half ? e + half : e - half;
+        sign = e < half ? -1.0f : 1.0f;
+    } else {
+        i = e / 2;
+        partner = e ^ 1;
+        sign = (e & 1) ? 1.0f : -1.0f;
+    }
+    const int64_t at = (int64_t)pos * half + i;
+    return v * p.rope_cos[at] + sign * to_float(x[partner]) * p.rope_sin[at];
+}
+
+// A block per new row: its keys (rotated) and values into the page slot after the cache.
+template <typename T> __global__ void __launch_bounds__(128) append_kernel(const fa_cuda_paged p)
+{
+    const int row = blockIdx.x, b = seq_of_row(p, row);
+    const pseq_t s = pseq_of(p, b);
+    const int i = row - s.q0;
+    if (i < 0 || i >= s.qn || s.cached + i >= s.keys)
+        return;
+    const int pos = p.rope_dim ? rope_pos(p, row, i, s) : 0;
+    const slot_t at = slot_of(p, b, s.cached + i);
+    for (int g = 0; g < p.a.heads_kv; g++) {
+        const int64_t ko = slot_off(p, at, g, p.k_sp, p.k_st, p.k_sh);
+        const int64_t vo = slot_off(p, at, g, p.v_sp, p.v_st, p.v_sh);
+        const T *ks = (const T *)p.kn.p + row * p.kn.ss + g * p.kn.sh;
+        const T *vs = (const T *)p.vn.p + row * p.vn.ss + g * p.vn.sh;
+        for (int e = threadIdx.x; e < p.a.dim; e += blockDim.x) {
+            if (ko >= 0)
+                ((T *)p.kc)[ko + e] = p.rope_dim ? from_float<T>(rope_elem(p, ks, e, pos)) : ks[e];
+            if (vo >= 0)
+                ((T *)p.vc)[vo + e] = vs[e];
+        }
+    }
+}
+
+template <int D, int WM, int KT, int STAGES> struct shape {
+    static constexpr int WK = 4 / WM;      // warp groups along the keys
+    static constexpr int BM = 16 * WM;     // packed rows per block
+    static constexpr int NS = KT / 8;      // score n tiles per key tile
+    static constexpr int ND = D / 8;       // output n tiles
+    static constexpr int LDS = lds<D>();
+    static constexpr int ELEMS = BM * LDS + WK * STAGES * KT * LDS * 2; // Q, then K/V rings
+    static constexpr int STATE = WK * BM * (D + 2);                     // floats of the merge
+};
+
+template <typename T, int D, int WM, int KT, int STAGES> constexpr int smem_bytes()
+{
+    using S = shape<D, WM, KT, STAGES>;
+    return S::ELEMS * (int)sizeof(T) > S::STATE * 4 ? S::ELEMS * (int)sizeof(T) : S::STATE * 4;
+}
+
+// Key tile n (KT tokens from n * KT) of the group's ring stage: rows outside [k_lo, k_hi), of
+// absent pages or past dim read as zero.
+template <typename T, int D, int KT, int NTHREADS>
+__device__ __forceinline__ void load_kv_tile(const fa_cuda_paged &p, T *sK, T *sV, int b, int g, int n, int k_lo,
+                                             int k_hi, int tid)
+{
+    // a row to every TPR threads, CPT neighbouring 16-byte chunks each: one page lookup a row
+    constexpr int CH = D / 8, LDS = lds<D>(), TPR = NTHREADS / KT, CPT = CH / TPR;
+    static_assert(NTHREADS % KT == 0 && CH % TPR == 0, "whole rows");
+    const int r = tid / TPR, col0 = (tid % TPR) * CPT * 8, j = n * KT + r;
+    int64_t ko = -1, vo = -1;
+    if (j >= k_lo && j < k_hi) {
+        const slot_t at = slot_of(p, b, j);
+        ko = slot_off(p, at, g, p.k_sp, p.k_st, p.k_sh);
+        vo = slot_off(p, at, g, p.v_sp, p.v_st, p.v_sh);
+    }
+    T *dk = sK + r * LDS + col0, *dv = sV + r * LDS + col0;
+    const T *kc = (const T *)p.kc, *vc = (const T *)p.vc;
+    if (p.kv_aligned) {
+        const T *ks = ko >= 0 ? kc + ko + col0 : kc, *vs = vo >= 0 ? vc + vo + col0 : vc;
+#pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            const bool in = col0 + c * 8 < p.a.dim;
+            cp_async16(dk + c * 8, in && ko >= 0 ? ks + c * 8 : kc, in && ko >= 0 ? 16 : 0);
+            cp_async16(dv + c * 8, in && vo >= 0 ? vs + c * 8 : vc, in && vo >= 0 ? 16 : 0);
+        }
+    } else {
+        for (int e = 0; e < CPT * 8; e++) {
+            const bool in = col0 + e < p.a.dim;
+            dk[e] = ko >= 0 && in ? kc[ko + col0 + e] : from_float<T>(0.0f);
+            dv[e] = vo >= 0 && in ? vc[vo + col0 + e] : from_float<T>(0.0f);
+        }
+    }
+}
+
+// The sink's share and the natural-log lse of a row with statistics (m, l) in log2 units.
+struct final_t {
+    float inv, lse;
+};
+__device__ __forceinline__ final_t finish(const fa_cuda_paged &p, int h, float m, float l)
+{
+    float lse = l > 0.0f ? (m + __log2f(l)) * kLn2 : -INFINITY, sum = l;
+    if (p.sinks) {
+        const float sk = p.sinks[h];
+        if (l > 0.0f) {
+            sum += exp2f(sk * kLog2e - m);
+            lse = fmaxf(lse, sk) + log1pf(__expf(-fabsf(lse - sk)));
+        } else {
+            lse = sk;
+        }
+    }
+    return final_t{ l > 0.0f ? 1.0f / sum : 0.0f, lse };
+}
+
+template <typename T, int D, int WM, int KT, int STAGES>
+__global__ void __launch_bounds__(128) paged_kernel(const fa_cuda_paged p)
+{
+    using S = shape<D, WM, KT, STAGES>;
+    extern __shared__ __align__(16) unsigned char smem[];
+    T *sQ = reinterpret_cast<T *>(smem);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wm = warp % WM, kg = warp / WM;
+    const int split = blockIdx.x % p.max_splits, bh = blockIdx.x / p.max_splits;
+    const int b = bh / p.a.heads_kv, g = bh % p.a.heads_kv, G = p.a.group;
+    const pseq_t s = pseq_of(p, b);
+    const int rows = s.qn * G, row0 = blockIdx.y * S::BM;
+    const int nsplit = max(1, (s.keys + p.split - 1) / p.split);
+    if (row0 >= rows || split >= nsplit)
+        return;
+    const mask_t mk{ (int64_t)s.keys - s.qn, p.a.win_left, p.a.win_right, s.qn, s.keys };
+    const span_t vis = mk.key_range(row0 / G, (min(rows, row0 + S::BM) - 1) / G + 1);
+    const int k_lo = (int)max(vis.lo, (int64_t)split * p.split);
+    const int k_hi = (int)min(vis.hi, (int64_t)(split + 1) * p.split);
+
+    // Q: the packed rows, rotated, zero past the rows and dim
+#pragma unroll
+    for (int pass = 0; pass < S::BM * D / 128; pass++) {
+        const int idx = threadIdx.x + pass * 128, r = idx / D, e = idx % D, pr = row0 + r;
+        float v = 0.0f;
+        if (pr < rows && e < p.a.dim) {
+            const int i = pr / G, row = s.q0 + i;
+            const T *x = (const T *)p.a.q.p + (int64_t)row * p.a.q.ss + (int64_t)(g * G + pr % G) * p.a.q.sh;
+            v = p.rope_dim ? rope_elem(p, x, e, rope_pos(p, row, i, s)) : to_float(x[e]);
+        }
+        sQ[r * S::LDS + e] = from_float<T>(v);
+    }
+
+    T *sK = sQ + S::BM * S::LDS + kg * STAGES * KT * S::LDS * 2, *sV = sK + STAGES * KT * S::LDS;
+    const int t_lo = k_lo / KT, t_hi = (k_hi + KT - 1) / KT;
+    const int ntiles = k_hi > k_lo && t_hi - t_lo > kg ? (t_hi - t_lo - kg + S::WK - 1) / S::WK : 0;
+    const int gtid = wm * 32 + lane;
+    auto group_sync = [] {
+        if (WM == 1)
+            __syncwarp();
+        else
+            __syncthreads();
+    };
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < ntiles)
+            load_kv_tile<T, D, KT, 32 * WM>(p, sK + st * KT * S::LDS, sV + st * KT * S::LDS, b, g,
+                                            t_lo + kg + st * S::WK, k_lo, k_hi, gtid);
+        cp_async_commit();
+    }
+    __syncthreads(); // Q
+
+    float o[1][S::ND][4], m[1][2], l[1][2];
+    zero(o);
+    softmax_init(m, l);
+    for (int it = 0; it < ntiles; it++) {
+        cp_async_wait<STAGES - 2>();
+        group_sync();
+        const int nxt = it + STAGES - 1;
+        if (nxt < ntiles)
+            load_kv_tile<T, D, KT, 32 * WM>(p, sK + (nxt % STAGES) * KT * S::LDS,
+                                            sV + (nxt % STAGES) * KT * S::LDS, b, g, t_lo + kg + nxt * S::WK,
+                                            k_lo, k_hi, gtid);
+        cp_async_commit();
+        const int stage = it % STAGES;
+        const int j0 = (t_lo + kg + it * S::WK) * KT;
+        float sc[1][S::NS][4];
+        zero(sc);
+        gemm_nt<T, 1, S::NS, D, S::LDS>(sc, sQ + wm * 16 * S::LDS, sK + stage * KT * S::LDS, lane);
+        to_logits(p.a, sc);
+        const int w0 = row0 + wm * 16; // the warp's first packed row
+        const bool full = j0 >= k_lo && j0 + KT <= k_hi && w0 + 16 <= rows &&
+                          mk.all_visible(w0 / G, (w0 + 15) / G + 1, j0, j0 + KT);
+#pragma unroll
+        for (int nt = 0; nt < S::NS && !full; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int pr = w0 + lane / 4 + 8 * (e / 2);
+                const int j = j0 + nt * 8 + 2 * (lane % 4) + (e % 2);
+                if (pr >= rows || j < k_lo || j >= k_hi || !mk.visible(pr / G, j))
+                    sc[0][nt][e] = -INFINITY;
+            }
+        float alpha[1][2];
+        softmax_update(sc, m, l, alpha);
+        rescale(o, alpha);
+        uint32_t pa[1][S::NS / 2][4];
+        to_a<T, 1, S::NS>(pa, sc);
+        gemm_rn<T, 1, S::ND, S::NS / 2, S::LDS>(o, pa, sV + stage * KT * S::LDS, lane);
+    }
+    cp_async_wait<0>();
+    __syncthreads(); // the rings become the merge's state
+
+    // every warp's rows: (m, l summed over the quad, o) as floats, [kg][row][D + 2]
+    float *state = reinterpret_cast<float *>(smem);
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int r = wm * 16 + lane / 4 + 8 * hf;
+        float *at = state + (kg * S::BM + r) * (D + 2);
+        const float lsum = quad_sum(l[0][hf]);
+        if (lane % 4 == 0) {
+            at[0] = m[0][hf];
+            at[1] = lsum;
+        }
+#pragma unroll
+        for (int dt = 0; dt < S::ND; dt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                at[2 + dt * 8 + 2 * (lane % 4) + e] = o[0][dt][2 * hf + e];
+    }
+    __syncthreads();
+
+    // merged in warp order; the sequence's only split writes o and lse, others a partial
+#pragma unroll 4
+    for (int pass = 0; pass < S::BM * D / 128; pass++) {
+        const int idx = threadIdx.x + pass * 128, r = idx / D, e = idx % D, pr = row0 + r;
+        if (pr >= rows || e >= p.a.dim)
+            continue;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < S::WK; k++)
+            mx = fmaxf(mx, state[(k * S::BM + r) * (D + 2)]);
+        float lsum = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < S::WK; k++) {
+            const float *at = state + (k * S::BM + r) * (D + 2);
+            const float w = at[0] == -INFINITY ? 0.0f : exp2_fast(at[0] - mx);
+            lsum += w * at[1];
+            acc += w * at[2 + e];
+        }
+        const int i = pr / G, h = g * G + pr % G, row = s.q0 + i;
+        if (nsplit == 1) {
+            const final_t f = finish(p, h, mx, lsum);
+            const int64_t oo = (int64_t)row * p.a.o.ss + (int64_t)h * p.a.o.sh + e;
+            if (p.a.o.f32)
+                ((float *)p.a.o.p)[oo] = acc * f.inv;
+            else
+                ((T *)p.a.o.p)[oo] = from_float<T>(acc * f.inv);
+            if (p.a.lse && e == 0)
+                p.a.lse[(int64_t)h * p.a.lse_sh + (int64_t)row * p.a.lse_ss] = f.lse;
+        } else {
+            float *part = p.part + (((int64_t)split * p.total_q + row) * p.a.heads_q + h) * (p.a.dim + 2);
+            if (e == 0) {
+                part[0] = mx;
+                part[1] = lsum;
+            }
+            part[2 + e] = acc;
+        }
+    }
+}
+
+// A block per (row, query head) of a sequence with several splits: their partials combined in
+// split order into o and lse.
+template <typename T> __global__ void __launch_bounds__(128) combine_kernel(const fa_cuda_paged p)
+{
+    const int row = blockIdx.x, h = blockIdx.y, b = seq_of_row(p, row);
+    const pseq_t s = pseq_of(p, b);
+    const int nsplit = max(1, (s.keys + p.split - 1) / p.split);
+    if (row - s.q0 < 0 || row - s.q0 >= s.qn || nsplit == 1)
+        return;
+    const int64_t step = (int64_t)p.total_q * p.a.heads_q * (p.a.dim + 2);
+    const float *part = p.part + ((int64_t)row * p.a.heads_q + h) * (p.a.dim + 2);
+    float mx = -INFINITY;
+    for (int k = 0; k < nsplit; k++)
+        mx = fmaxf(mx, part[k * step]);
+    float lsum = 0.0f;
+    for (int k = 0; k < nsplit; k++)
+        lsum += part[k * step] == -INFINITY ? 0.0f : exp2f(part[k * step] - mx) * part[k * step + 1];
+    const final_t f = finish(p, h, mx, lsum);
+    for (int e = threadIdx.x; e < p.a.dim; e += blockDim.x) {
+        float acc = 0.0f;
+        for (int k = 0; k < nsplit; k++)
+            if (part[k * step] != -INFINITY)
+                acc += exp2f(part[k * step] - mx) * part[k * step + 2 + e];
+        const int64_t oo = (int64_t)row * p.a.o.ss + (int64_t)h * p.a.o.sh + e;
+        if (p.a.o.f32)
+            ((float *)p.a.o.p)[oo] = acc * f.inv;
+        else
+            ((T *)p.a.o.p)[oo] = from_float<T>(acc * f.inv);
+    }
+    if (p.a.lse && threadIdx.x == 0)
+        p.a.lse[(int64_t)h * p.a.lse_sh + (int64_t)row * p.a.lse_ss] = f.lse;
+}
+
+struct merge_args {
+    const void *o_in;
+    int in_f32;
+    int64_t sb, ss, sh;
+    const float *lse_in;
+    int64_t ls, lh, lr;
+    void *o;
+    int out_f32;
+    int64_t oss, osh;
+    float *lse;
+    int64_t olh, olr;
+    int states, dim;
+};
+
+template <typename T> __device__ __forceinline__ float load_any(const void *p, int f32, int64_t at)
+{
+    return f32 ? ((const float *)p)[at] : to_float(((const T *)p)[at]);
+}
+
+template <typename T> __global__ void __launch_bounds__(128) merge_kernel(const merge_args a)
+{
+    const int r = blockIdx.x, h = blockIdx.y;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int k = 0; k < a.states; k++)
+        mx = fmaxf(mx, a.lse_in[k * a.ls + h * a.lh + r * a.lr]);
+    for (int k = 0; mx > -INFINITY && k < a.states; k++) {
+        const float x = a.lse_in[k * a.ls + h * a.lh + r * a.lr];
+        sum += x == -INFINITY ? 0.0f : __expf(x - mx);
+    }
+    for (int e = threadIdx.x; e < a.dim; e += blockDim.x) {
+        float acc = 0.0f;
+        for (int k = 0; mx > -INFINITY && k < a.states; k++) {
+            const float x = a.lse_in[k * a.ls + h * a.lh + r * a.lr];
+            if (x != -INFINITY)
+                acc += __expf(x - mx) * load_any<T>(a.o_in, a.in_f32, k * a.sb + r * a.ss + h * a.sh + e);
+        }
+        const float v = sum > 0.0f ? acc / sum : 0.0f;
+        const int64_t oo = r * a.oss + h * a.osh + e;
+        if (a.out_f32)
+            ((float *)a.o)[oo] = v;
+        else
+            ((T *)a.o)[oo] = from_float<T>(v);
+    }
+    if (a.lse && threadIdx.x == 0)
+        a.lse[h * a.olh + r * a.olr] = sum > 0.0f ? mx + __logf(sum) : -INFINITY;
+}
+
+template <typename T, int D, int WM, int KT, int STAGES>
+cudaError_t launch_attention(const fa_cuda_paged &p, cudaStream_t stream)
+{
+    using S = shape<D, WM, KT, STAGES>;
+    constexpr int bytes = smem_bytes<T, D, WM, KT, STAGES>();
+    auto kernel = paged_kernel<T, D, WM, KT, STAGES>;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err != cudaSuccess)
+        return err;
+    const int qblocks = (p.a.max_q * p.a.group + S::BM - 1) / S::BM;
+    const dim3 grid((unsigned)(p.a.batch * p.a.heads_kv * p.max_splits), (unsigned)(qblocks > 0 ? qblocks : 1));
+    kernel<<<grid, 128, bytes, stream>>>(p);
+    if ((err = cudaGetLastError()) != cudaSuccess || p.max_splits == 1 || p.total_q == 0)
+        return err;
+    combine_kernel<T><<<dim3((unsigned)p.total_q, (unsigned)p.a.heads_q), 128, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+template <typename T> cudaError_t attention_for(const fa_cuda_paged &p, int dpad, int decode, cudaStream_t stream)
+{
+    switch (dpad * 2 + (decode ? 1 : 0)) {
+    case 64 * 2 + 1: return launch_attention<T, 64, 1, 16, 3>(p, stream);
+    case 64 * 2: return launch_attention<T, 64, 4, 64, 2>(p, stream);
+    case 128 * 2 + 1: return launch_attention<T, 128, 1, 16, 3>(p, stream);
+    case 128 * 2: return launch_attention<T, 128, 4, 64, 2>(p, stream);
+    case 256 * 2 + 1: return launch_attention<T, 256, 1, 16, 3>(p, stream);
+    case 256 * 2: return launch_attention<T, 256, 4, 32, 2>(p, stream);
+    }
+    return cudaErrorInvalidValue;
+}
+
+} // namespace
+} // namespace fa
+
+extern "C" cudaError_t fa_cuda_paged_append(const fa_cuda_paged *p, int bf16, cudaStream_t stream)
+{
+    if (p->total_q == 0)
+        return cudaSuccess;
+    if (bf16)
+        fa::append_kernel<__nv_bfloat16><<<(unsigned)p->total_q, 128, 0, stream>>>(*p);
+    else
+        fa::append_kernel<__half><<<(unsigned)p->total_q, 128, 0, stream>>>(*p);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t fa_cuda_paged_attention(const fa_cuda_paged *p, int bf16, int dpad, int decode,
+                                               cudaStream_t stream)
+{
+    return bf16 ? fa::attention_for<__nv_bfloat16>(*p, dpad, decode, stream)
+                : fa::attention_for<__half>(*p, dpad, decode, stream);
+}
+
+extern "C" cudaError_t fa_cuda_merge_states(const void *o_in, int in_f32, int64_t sb, int64_t ss, int64_t sh,
+                                            const float *lse_in, int64_t ls, int64_t lh, int64_t lr, void *o,
+                                            int out_f32, int64_t oss, int64_t osh, float *lse, int64_t olh,
+                                            int64_t olr, int states, int rows, int heads, int dim, int bf16,
+                                            cudaStream_t stream)
+{
+    if (rows == 0)
+        return cudaSuccess;
+    const fa::merge_args a{ o_in, in_f32, sb, ss, sh, lse_in, ls, lh, lr, o, out_f32, oss, osh, lse, olh, olr,
+                            states, dim };
+    const dim3 grid((unsigned)rows, (unsigned)heads);
+    if (bf16)
+        fa::merge_kernel<__nv_bfloat16><<<grid, 128, 0, stream>>>(a);
+    else
+        fa::merge_kernel<__half><<<grid, 128, 0, stream>>>(a);
+    return cudaGetLastError();
+}

@@ -1,0 +1,250 @@
+/* SPDX-License-Identifier: MIT */
+/* The CUDA backend's paged calls: the plan (shape, split, workspace), pointer checks, launches. */
+#include "state.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Keys per split of a decode by default: a 4k sequence gives 4 blocks per kv head, b1 at 128k
+ * 128 of them, and the partials stay under 1% of the keys' bytes. 1024 ran 10-20% faster than
+ * 512 on the H200 (docs/perf/h200-decode.md). */
+#define FA_CUDA_DECODE_SPLIT 1024
+
+typedef struct cuda_paged_plan {
+    int dpad, decode, bf16;
+    int32_t split, max_splits;
+    void *ws; /* split partials, from the context's pool on the stream current at plan time */
+    size_t ws_bytes;
+    cudaStream_t stream;
+} cuda_paged_plan;
+
+static int32_t dpad_of(int32_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
+
+fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p, void **plan,
+                             fa_run_info *info)
+{
+    cuda_state *s = state;
+    const fa_paged_desc *d = p->paged->desc;
+    if (p->in_dtype == FA_DTYPE_F32)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "cache.dtype: the CUDA backend computes in f16 or bf16 (float32 runs on the CPU "
+                        "backend)");
+    if (p->heads_q > 65535)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "num_heads_q (%d): the CUDA paged kernels take at most 65535 query heads",
+                        (int)p->heads_q);
+    cuda_paged_plan *pl = calloc(1, sizeof(*pl));
+    if (!pl)
+        return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the plan");
+    pl->dpad = dpad_of(p->dim);
+    pl->bf16 = p->in_dtype == FA_DTYPE_BF16;
+    pl->decode = (int64_t)p->max_q * p->group <= 16;
+    const int32_t whole = p->max_k < 16 ? 16 : (p->max_k + 15) / 16 * 16;
+    pl->split = d->kv_split ? d->kv_split : pl->decode ? FA_CUDA_DECODE_SPLIT : whole;
+    pl->max_splits = (int32_t)(((int64_t)p->max_k + pl->split - 1) / pl->split);
+    if (pl->max_splits < 1)
+        pl->max_splits = 1;
+    int64_t blocks, bytes = 0;
+    if (!fa_mul_ok((int64_t)p->batch * p->heads_kv, pl->max_splits, &blocks) || blocks > INT32_MAX ||
+        (pl->max_splits > 1 &&
+         (!fa_mul_ok((int64_t)pl->max_splits * p->desc->seqlen_q, (int64_t)p->heads_q * (p->dim + 2), &bytes) ||
+          !fa_mul_ok(bytes, 4, &bytes)))) {
+        const int32_t splits = pl->max_splits;
+        free(pl);
+        return fa_error(ctx, FA_ERR_SIZE_OVERFLOW,
+                        "batch (%d) x cache.num_heads (%d) x splits (%d) is too large a grid or workspace; "
+                        "raise kv_split",
+                        (int)p->batch, (int)p->heads_kv, (int)splits);
+    }
+    pl->ws_bytes = (size_t)bytes;
+    pl->stream = s->stream;
+    if (pl->ws_bytes) {
+        cudaError_t err = cudaMallocFromPoolAsync(&pl->ws, pl->ws_bytes, s->pool, s->stream);
+        if (err != cudaSuccess) {
+            cudaGetLastError();
+            free(pl);
+            return fa_error(ctx, err == cudaErrorMemoryAllocation ? FA_ERR_OUT_OF_MEMORY : FA_ERR_BACKEND,
+                            "allocating %zu bytes of device workspace: %s", (size_t)bytes,
+                            cudaGetErrorString(err));
+        }
+    }
+    info->kernel = pl->decode ? "paged-decode" : "paged-rows";
+    info->block_q = pl->decode ? 16 : 64;
+    info->block_k = pl->split;
+    info->threads = 128;
+    info->workspace_bytes = pl->ws_bytes;
+    *plan = pl;
+    return FA_OK;
+}
+
+void fa_cuda_paged_plan_free(void *state, void *plan)
+{
+    (void)state;
+    cuda_paged_plan *pl = plan;
+    if (pl && pl->ws)
+        cudaFreeAsync(pl->ws, pl->stream);
+    free(pl);
+}
+
+/* Every pointer of the call on the context's device. */
+static fa_status check_pointers(fa_context_t ctx, const cuda_state *s, const fa_problem *p, int attention)
+{
+    const fa_paged_desc *d = p->paged->desc;
+    const struct {
+        const void *ptr;
+        const char *name;
+        int needed;
+    } ps[] = { { d->q.data, "q.data", attention },
+               { d->o.data, "o.data", attention },
+               { d->lse, "lse", attention && d->lse },
+               { d->sinks, "sinks", attention && d->sinks },
+               { d->cache.k, "cache.k", 1 },
+               { d->cache.v, "cache.v", 1 },
+               { d->cu_seqlens_q, "cu_seqlens_q", 1 },
+               { d->block_table, "block_table", 1 },
+               { d->cache_seqlens, "cache_seqlens", 1 },
+               { d->k_new.data, "k_new.data", p->paged->append },
+               { d->v_new.data, "v_new.data", p->paged->append },
+               { d->rope_cos, "rope_cos", p->paged->rope_dim != 0 },
+               { d->rope_sin, "rope_sin", p->paged->rope_dim != 0 },
+               { d->positions, "positions", p->paged->rope_dim != 0 && d->positions } };
+    for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) {
+        fa_status st;
+        if (ps[i].needed && (st = fa_cuda_check_ptr(ctx, s, ps[i].ptr, ps[i].name)) != FA_OK)
+            return st;
+    }
+    return FA_OK;
+}
+
+static int aligned16(const void *ptr, int64_t a, int64_t b, int64_t c)
+{
+    return (uintptr_t)ptr % 16 == 0 && a % 8 == 0 && b % 8 == 0 && c % 8 == 0;
+}
+
+/* The kernels' parameters for p. */
+static void fill(const fa_problem *p, fa_cuda_paged *k)
+{
+    const fa_paged_problem *pg = p->paged;
+    const fa_paged_desc *d = pg->desc;
+    memset(k, 0, sizeof(*k));
+    fa_cuda_params *a = &k->a;
+    a->q = (fa_cuda_view){ d->q.data, 0, d->q.stride_seq, d->q.stride_head, 0 };
+    a->o = (fa_cuda_view){ d->o.data, 0, d->o.stride_seq, d->o.stride_head, d->o.dtype == FA_DTYPE_F32 };
+    a->lse = d->lse;
+    a->lse_sh = p->lse_sh;
+    a->lse_ss = p->lse_ss;
+    a->batch = p->batch;
+    a->heads_q = p->heads_q;
+    a->heads_kv = p->heads_kv;
+    a->group = p->group;
+    a->dim = p->dim;
+    a->max_q = p->max_q;
+    a->max_k = p->max_k;
+    a->scale = p->scale;
+    a->scale_log2 = p->scale * 1.4426950408889634f;
+    a->softcap = p->softcap;
+    a->cap_in = p->softcap > 0.0f ? p->scale / p->softcap : 0.0f;
+    a->cap_out = p->softcap * 1.4426950408889634f;
+    a->win_left = p->win_left;
+    a->win_right = p->win_right;
+    const fa_kv_cache *c = &d->cache;
+    k->kc = c->k;
+    k->vc = c->v;
+    k->k_sp = c->k_stride_page, k->k_st = c->k_stride_token, k->k_sh = c->k_stride_head;
+    k->v_sp = c->v_stride_page, k->v_st = c->v_stride_token, k->v_sh = c->v_stride_head;
+    k->kn = (fa_cuda_view){ d->k_new.data, 0, d->k_new.stride_seq, d->k_new.stride_head, 0 };
+    k->vn = (fa_cuda_view){ d->v_new.data, 0, d->v_new.stride_seq, d->v_new.stride_head, 0 };
+    k->cu_q = d->cu_seqlens_q;
+    k->block_table = d->block_table;
+    k->cache_lens = d->cache_seqlens;
+    k->positions = d->positions;
+    k->bt_stride = pg->bt_stride;
+    k->max_pages = pg->max_pages;
+    k->num_pages = pg->num_pages;
+    k->page_size = pg->page_size;
+    k->page_shift = -1;
+    for (int sh = 0; sh < 31 && k->page_shift < 0; sh++)
+        if (pg->page_size == 1 << sh)
+            k->page_shift = sh;
+    k->total_q = d->total_q;
+    k->rope_cos = d->rope_cos;
+    k->rope_sin = d->rope_sin;
+    k->sinks = d->sinks;
+    k->rope_dim = pg->rope_dim;
+    k->rope_max_pos = d->rope_max_pos;
+    k->rope_neox = d->rope == FA_ROPE_NEOX;
+    k->append = pg->append;
+    k->kv_aligned = p->dim % 8 == 0 && aligned16(c->k, c->k_stride_page, c->k_stride_token, c->k_stride_head) &&
+                    aligned16(c->v, c->v_stride_page, c->v_stride_token, c->v_stride_head);
+}
+
+fa_status fa_cuda_paged_run(fa_context_t ctx, void *state, void *plan, const fa_problem *p,
+                            fa_run_info *info)
+{
+    (void)info;
+    cuda_state *s = state;
+    const cuda_paged_plan *pl = plan;
+    fa_status st = check_pointers(ctx, s, p, 1);
+    if (st != FA_OK)
+        return st;
+    fa_cuda_paged k;
+    fill(p, &k);
+    k.split = pl->split;
+    k.max_splits = pl->max_splits;
+    k.part = pl->ws;
+    cudaError_t err = cudaSuccess;
+    if (k.append)
+        err = fa_cuda_paged_append(&k, pl->bf16, s->stream);
+    if (err == cudaSuccess)
+        err = fa_cuda_paged_attention(&k, pl->bf16, pl->dpad, pl->decode, s->stream);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return fa_cuda_fail(ctx, err, "launching the paged attention");
+    }
+    return FA_OK;
+}
+
+fa_status fa_cuda_append(fa_context_t ctx, void *state, const fa_problem *p)
+{
+    cuda_state *s = state;
+    if (p->in_dtype == FA_DTYPE_F32)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "cache.dtype: the CUDA backend's caches are f16 or bf16 (float32 runs on the CPU "
+                        "backend)");
+    fa_status st = check_pointers(ctx, s, p, 0);
+    if (st != FA_OK)
+        return st;
+    fa_cuda_paged k;
+    fill(p, &k);
+    cudaError_t err = fa_cuda_paged_append(&k, p->in_dtype == FA_DTYPE_BF16, s->stream);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return fa_cuda_fail(ctx, err, "launching the append");
+    }
+    return FA_OK;
+}
+
+fa_status fa_cuda_merge(fa_context_t ctx, void *state, const fa_merge_desc *d)
+{
+    cuda_state *s = state;
+    if (d->num_heads > 65535)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED, "num_heads (%d): the CUDA merge takes at most 65535",
+                        (int)d->num_heads);
+    fa_status st;
+    if ((st = fa_cuda_check_ptr(ctx, s, d->o_in.data, "o_in.data")) != FA_OK ||
+        (st = fa_cuda_check_ptr(ctx, s, d->lse_in, "lse_in")) != FA_OK ||
+        (st = fa_cuda_check_ptr(ctx, s, d->o.data, "o.data")) != FA_OK ||
+        (d->lse && (st = fa_cuda_check_ptr(ctx, s, d->lse, "lse")) != FA_OK))
+        return st;
+    cudaError_t err = fa_cuda_merge_states(
+        d->o_in.data, d->o_in.dtype == FA_DTYPE_F32, d->o_in.stride_batch, d->o_in.stride_seq, d->o_in.stride_head,
+        d->lse_in, d->lse_in_stride_state, d->lse_in_stride_head, d->lse_in_stride_row, d->o.data,
+        d->o.dtype == FA_DTYPE_F32, d->o.stride_seq, d->o.stride_head, d->lse, d->lse_stride_head,
+        d->lse_stride_row, d->num_states, d->rows, d->num_heads, d->head_dim, d->o_in.dtype == FA_DTYPE_BF16,
+        s->stream);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return fa_cuda_fail(ctx, err, "launching the merge");
+    }
+    return FA_OK;
+}
