@@ -187,11 +187,28 @@ static void test_empty_sequences(void **state)
     fa_context_destroy(gl);
 }
 
+/* Paged calls are refused with the feature named, before any table is read. */
+static void test_paged_refused(void **state)
+{
+    (void)state;
+    fa_context_t gl = gles_context();
+    fa_paged_desc d;
+    fa_paged_desc_init(&d);
+    assert_int_equal(fa_paged_forward(gl, &d), FA_ERR_UNSUPPORTED);
+    assert_non_null(strstr(fa_context_last_error(gl), "paged KV cache"));
+    fa_paged_plan_t plan = NULL;
+    assert_int_equal(fa_paged_plan_create(gl, &d, &plan), FA_ERR_UNSUPPORTED);
+    assert_null(plan);
+    assert_int_equal(fa_kv_append(gl, &d), FA_ERR_UNSUPPORTED);
+    fa_context_destroy(gl);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_call_same_result),
         cmocka_unit_test(test_empty_sequences),
+        cmocka_unit_test(test_paged_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

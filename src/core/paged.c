@@ -612,11 +612,11 @@ fa_status fa_kv_append(fa_context_t ctx, const fa_paged_desc *desc)
 {
     if (!ctx)
         return FA_ERR_NULL_POINTER;
+    if (!ctx->iface->append)
+        return unsupported(ctx, "fa_kv_append");
     if (desc && desc->size == sizeof(*desc) && (!desc->k_new.data || !desc->v_new.data))
         return fa_error(ctx, FA_ERR_NULL_POINTER, "%s.data must not be NULL: it holds the rows to append",
                         desc->k_new.data ? "v_new" : "k_new");
-    if (!ctx->iface->append)
-        return unsupported(ctx, "fa_kv_append");
     fa_paged_problem pg;
     fa_problem p;
     fa_status st = validate(ctx, desc, CHECK_APPEND, &pg, &p);
