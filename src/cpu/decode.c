@@ -288,7 +288,11 @@ fa_status fa_cpu_decode_forward(fa_context_t ctx, fa_cpu_state *s, const fa_prob
 {
     const fa_cpu_kernels *kern = s->kern;
     const int32_t groups = p->heads_kv / pl->decode_heads;
-    const int64_t nslots = pl->task_count / groups; /* one per (sequence, chunk); paged: a bound */
+    int64_t nslots = 0; /* one per (sequence, chunk): the call's own (a paged plan's is a bound) */
+    for (int32_t b = 0; b < p->batch; b++) {
+        int64_t lo, hi;
+        nslots += fa_cpu_decode_chunks(p, pl, b, &lo, &hi);
+    }
     const int64_t slot_floats = fa_cpu_decode_slot_floats(p, pl);
     size_t per = (size_t)pl->per_thread_floats;
     /* the thread buffers, the chunks' partial results and two index arrays, in the context's

@@ -22,6 +22,13 @@ fa_status fa_cpu_paged_plan(fa_context_t ctx, void *state, const fa_problem *p, 
     if (!pp)
         return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the plan");
     fa_status st = fa_cpu_plan_flash(ctx, s, p, &pp->pl);
+    if (st == FA_OK && (pp->pl.task_count > ((int64_t)1 << 40) || /* bounds no machine holds */
+                        pp->pl.workspace_bytes > ((uint64_t)1 << 48)))
+        st = fa_error(ctx, FA_ERR_SIZE_OVERFLOW,
+                      "these bounds (batch %d, total_q %d, max_seqlen_q %d, max_seqlen_k %d) need %llu "
+                      "bytes of workspace; plan for the bounds the calls will have",
+                      (int)p->batch, (int)p->desc->seqlen_q, (int)p->max_q, (int)p->max_k,
+                      (unsigned long long)pp->pl.workspace_bytes);
     if (st != FA_OK) {
         free(pp);
         return st;

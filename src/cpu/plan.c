@@ -38,8 +38,8 @@ static int64_t count_tasks(const fa_problem *p, int32_t pos)
 {
     int64_t n = 0;
     if (p->paged) {
-        int64_t per_seq = (int64_t)p->batch * ((p->max_q + pos - 1) / pos);
-        int64_t packed = (p->desc->seqlen_q + pos - 1) / pos + p->batch;
+        int64_t per_seq = (int64_t)p->batch * (((int64_t)p->max_q + pos - 1) / pos);
+        int64_t packed = ((int64_t)p->desc->seqlen_q + pos - 1) / pos + p->batch;
         return (per_seq < packed ? per_seq : packed) * p->heads_kv;
     }
     for (int32_t b = 0; b < p->batch; b++)
@@ -139,7 +139,7 @@ static fa_status plan_decode(fa_context_t ctx, const fa_cpu_state *s, const fa_p
     int64_t nslots = 0; /* paged: a bound, every sequence at its longest */
     for (int32_t b = 0; b < p->batch; b++) {
         int64_t lo, hi;
-        nslots += p->paged ? (p->max_k + chunk - 1) / chunk + 1 : fa_cpu_decode_chunks(p, pl, b, &lo, &hi);
+        nslots += p->paged ? ((int64_t)p->max_k + chunk - 1) / chunk + 1 : fa_cpu_decode_chunks(p, pl, b, &lo, &hi);
     }
     pl->task_count = nslots * groups;
     if (pl->threads > pl->task_count)
