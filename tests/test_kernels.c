@@ -233,6 +233,91 @@ static void test_dot_axpy(void **state)
         }
 }
 
+/* The decode kernels at head dims that are whole vectors (the paths that fold many columns'
+ * sums together): head counts and rows per head from one column to more than a vector's
+ * worth, columns side by side in the score tile and spread out (a sequence with fewer rows
+ * than the task's columns), keys past a block of 8 and 16. */
+static void test_dot_axpy_vectors(void **state)
+{
+    (void)state;
+    fa_rng r = { seed + 6 };
+    enum { N = 37, DMAX = 128, CMAX = 64 };
+    static const int shapes[][2] = { { 1, 1 }, { 3, 1 }, { 32, 1 }, { 1, 4 }, { 8, 4 }, { 3, 2 },
+                                     { 5, 3 }, { 2, 8 }, { 2, 16 }, { 17, 1 } };
+    const fa_dtype types[] = { FA_DTYPE_F32, FA_DTYPE_F16, FA_DTYPE_BF16 };
+    float *q = malloc(sizeof(float) * CMAX * 2 * DMAX), *o = malloc(sizeof(float) * CMAX * 2 * DMAX);
+    float *o0 = malloc(sizeof(float) * CMAX * 2 * DMAX), *st = malloc(sizeof(float) * N * CMAX * 2);
+    float *kv32 = malloc(sizeof(float) * 2 * N * 32 * DMAX), alpha[CMAX * 2];
+    uint16_t *kv16 = malloc(sizeof(uint16_t) * 2 * N * 32 * DMAX);
+    FOR_EACH_TABLE(k)
+    for (int ti = 0; ti < 3; ti++)
+        for (int di = 0; di < 3; di++)
+            for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+                for (int spread = 0; spread < 2; spread++) {
+                    const int dim = (const int[]){ 16, 64, 128 }[di], H = shapes[si][0], M = shapes[si][1];
+                    const int cols = M + spread; /* a head's columns in st */
+                    const ptrdiff_t lds = (ptrdiff_t)H * cols + 3, ld = (ptrdiff_t)H * dim; /* [seq, heads, dim] */
+                    const fa_dtype t = types[ti];
+                    void *kp = t == FA_DTYPE_F32 ? (void *)kv32 : (void *)kv16;
+                    void *vp = t == FA_DTYPE_F32 ? (void *)(kv32 + N * ld) : (void *)(kv16 + N * ld);
+                    for (ptrdiff_t i = 0; i < 2 * N * ld; i++)
+                        fa_ref_encode(t, kp, i, fa_rng_uniform(&r));
+                    for (int i = 0; i < H * cols * dim; i++) {
+                        q[i] = (float)fa_rng_uniform(&r);
+                        o[i] = o0[i] = (float)fa_rng_uniform(&r);
+                    }
+                    for (int i = 0; i < H * cols; i++)
+                        alpha[i] = (float)(0.5 + 0.5 * fa_rng_uniform(&r));
+                    for (ptrdiff_t i = 0; i < N * lds; i++)
+                        st[i] = -7.0f; /* entries the kernel must not touch */
+                    fa_cpu_heads hs = { H, (ptrdiff_t)cols * dim, dim, cols, (ptrdiff_t)cols * dim, cols };
+                    k->dot(t, &hs, M, N, dim, q, dim, kp, ld, st, lds);
+                    for (int j = 0; j < N; j++)
+                        for (int c = 0; c < H * cols; c++) {
+                            const int h = c / cols, i = c % cols;
+                            const double g = st[j * lds + c];
+                            if (i >= M) {
+                                if (g != -7.0f)
+                                    fail_msg("%s dot wrote column %d of head %d (dim %d, %dx%d)", k->name, i, h,
+                                             dim, H, M);
+                                continue;
+                            }
+                            double want = 0;
+                            for (int x = 0; x < dim; x++)
+                                want += (double)q[h * cols * dim + i * dim + x] *
+                                        fa_ref_decode(t, kp, j * ld + h * dim + x);
+                            if (fabs(g - want) > 1e-5 * (1 + dim))
+                                fail_msg("%s dot dtype %d dim %d %dx%d key %d col %d: got %g want %g", k->name,
+                                         (int)t, dim, H, M, j, c, g, want);
+                        }
+                    for (int j = 0; j < N; j++) /* small weights, as probabilities are */
+                        for (int c = 0; c < H * cols; c++)
+                            st[j * lds + c] = (float)(0.5 + 0.5 * fa_rng_uniform(&r));
+                    k->axpy(t, &hs, M, N, dim, st, lds, vp, ld, o, dim, alpha);
+                    for (int h = 0; h < H; h++)
+                        for (int i = 0; i < cols; i++)
+                            for (int x = 0; x < dim; x++) {
+                                const int e = h * cols * dim + i * dim + x;
+                                double want = o0[e];
+                                if (i < M) {
+                                    want *= alpha[h * cols + i];
+                                    for (int j = 0; j < N; j++)
+                                        want += (double)st[j * lds + h * cols + i] *
+                                                fa_ref_decode(t, vp, j * ld + h * dim + x);
+                                }
+                                if (fabs(o[e] - want) > 1e-4 * (1 + dim))
+                                    fail_msg("%s axpy dtype %d dim %d %dx%d row %d x %d: got %g want %g",
+                                             k->name, (int)t, dim, H, M, i, x, o[e], want);
+                            }
+                }
+    free(q);
+    free(o);
+    free(o0);
+    free(st);
+    free(kv32);
+    free(kv16);
+}
+
 static void test_conversions(void **state)
 {
     (void)state;
@@ -338,6 +423,7 @@ int main(void)
         cmocka_unit_test(test_softmax_update),
         cmocka_unit_test(test_softcap),
         cmocka_unit_test(test_dot_axpy),
+        cmocka_unit_test(test_dot_axpy_vectors),
         cmocka_unit_test(test_conversions),
         cmocka_unit_test(test_dropout_apply),
     };
