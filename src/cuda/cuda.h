@@ -41,12 +41,12 @@ cudaError_t fa_cuda_standard_backward(const fa_cuda_params *p, int bf16, int64_t
                                       cudaStream_t stream);
 
 /* Paged calls (paged.cu). append: p's new rows into the pages (keys rotated). attention: the
- * split-KV kernel for head_dim padded to dpad (64, 128, 256), `decode` picking the shape whose
- * 16-row tile packs a KV group's query heads with four warps splitting the keys (else 64-row
- * tiles sharing their keys), then the merge of the splits in split order. merge: fa_merge_states
- * (rows x heads (row, head) pairs). */
+ * split-KV kernels for head_dim padded to dpad (64, 128, 256): nq 1 or 2 picks the decode
+ * kernel, whose 8 * nq packed rows (a KV group's query heads) are the mma's N with four warps
+ * splitting the keys; nq 0 the 64-row tiles sharing their keys; then the merge of the splits in
+ * split order. merge: fa_merge_states (rows x heads (row, head) pairs). */
 cudaError_t fa_cuda_paged_append(const fa_cuda_paged *p, int bf16, cudaStream_t stream);
-cudaError_t fa_cuda_paged_attention(const fa_cuda_paged *p, int bf16, int dpad, int decode,
+cudaError_t fa_cuda_paged_attention(const fa_cuda_paged *p, int bf16, int dpad, int nq,
                                     cudaStream_t stream);
 cudaError_t fa_cuda_merge_states(const void *o_in, int in_f32, int64_t sb, int64_t ss, int64_t sh,
                                  const float *lse_in, int64_t ls, int64_t lh, int64_t lr, void *o,

@@ -5,11 +5,15 @@
 // page id outside it reads as an absent key (check_tables finds such entries on the host).
 //
 // The attention block owns (sequence, kv head, split of the keys, tile of packed rows). A
-// packed row is a (query position, query head of the kv group) pair, so one 16-row mma tile
-// carries a GQA group's heads for a decode step (GQA packing). Two shapes:
-//   decode: a 16-row tile, the four warps taking alternate 16-key tiles of the split, each
-//           through its own three-stage cp.async ring, merged in warp order at the end (32-key
-//           tiles, or two stages, ran 10-40% slower on the H200: docs/perf/h200-decode.md);
+// packed row is a (query position, query head of the kv group) pair, so one mma tile carries
+// a GQA group's heads for a decode step (GQA packing). Two kernels:
+//   decode: up to 16 packed rows. The keys are the mma's M dimension and the rows its N
+//           (S^T = K Q^T, O^T += V^T P^T): 8 rows fill an n tile where a 16-row m tile would
+//           sit mostly empty, so a 16-key step costs half the products and half the output
+//           registers. The four warps take alternate 16-key tiles of the split, each through
+//           its own two-stage cp.async ring, and are merged in warp order at the end (two
+//           stages leave room for three blocks a multiprocessor: 3.5 TB/s against 2.9 with
+//           three stages and 1.1 with four on the H200, docs/perf/h200-decode.md);
 //   rows:   four warps of 16 rows sharing 64-key tiles (chunked prefill, long speculation).
 // Split boundaries are multiples of p.split from key 0, set by the plan from nothing but the
 // bounds, so a sequence's bits do not depend on the rest of the batch.
@@ -142,36 +146,37 @@ template <typename T, int D, int WM, int KT, int STAGES> constexpr int smem_byte
 }
 
 // Key tile n (KT tokens from n * KT) of the group's ring stage: rows outside [k_lo, k_hi), of
-// absent pages or past dim read as zero.
+// absent pages or past dim read as zero. Neighbouring lanes take neighbouring 16-byte chunks
+// of a row, so each warp instruction reads whole 32-byte sectors (giving a thread a run of
+// chunks instead leaves every sector half read per instruction: twice the L2 requests).
 template <typename T, int D, int KT, int NTHREADS>
 __device__ __forceinline__ void load_kv_tile(const fa_cuda_paged &p, T *sK, T *sV, int b, int g, int n, int k_lo,
                                              int k_hi, int tid)
 {
-    // a row to every TPR threads, CPT neighbouring 16-byte chunks each: one page lookup a row
-    constexpr int CH = D / 8, LDS = lds<D>(), TPR = NTHREADS / KT, CPT = CH / TPR;
-    static_assert(NTHREADS % KT == 0 && CH % TPR == 0, "whole rows");
-    const int r = tid / TPR, col0 = (tid % TPR) * CPT * 8, j = n * KT + r;
-    int64_t ko = -1, vo = -1;
-    if (j >= k_lo && j < k_hi) {
-        const slot_t at = slot_of(p, b, j);
-        ko = slot_off(p, at, g, p.k_sp, p.k_st, p.k_sh);
-        vo = slot_off(p, at, g, p.v_sp, p.v_st, p.v_sh);
-    }
-    T *dk = sK + r * LDS + col0, *dv = sV + r * LDS + col0;
+    constexpr int CH = D / 8, LDS = lds<D>(), RPP = NTHREADS / CH, PASSES = KT / RPP;
+    static_assert(NTHREADS % CH == 0 && KT % RPP == 0, "whole rows a pass");
+    const int c = tid % CH, col = c * 8;
+    const bool in = col < p.a.dim;
     const T *kc = (const T *)p.kc, *vc = (const T *)p.vc;
-    if (p.kv_aligned) {
-        const T *ks = ko >= 0 ? kc + ko + col0 : kc, *vs = vo >= 0 ? vc + vo + col0 : vc;
 #pragma unroll
-        for (int c = 0; c < CPT; c++) {
-            const bool in = col0 + c * 8 < p.a.dim;
-            cp_async16(dk + c * 8, in && ko >= 0 ? ks + c * 8 : kc, in && ko >= 0 ? 16 : 0);
-            cp_async16(dv + c * 8, in && vo >= 0 ? vs + c * 8 : vc, in && vo >= 0 ? 16 : 0);
+    for (int pass = 0; pass < PASSES; pass++) {
+        const int r = tid / CH + pass * RPP, j = n * KT + r;
+        int64_t ko = -1, vo = -1;
+        if (j >= k_lo && j < k_hi) {
+            const slot_t at = slot_of(p, b, j);
+            ko = slot_off(p, at, g, p.k_sp, p.k_st, p.k_sh);
+            vo = slot_off(p, at, g, p.v_sp, p.v_st, p.v_sh);
         }
-    } else {
-        for (int e = 0; e < CPT * 8; e++) {
-            const bool in = col0 + e < p.a.dim;
-            dk[e] = ko >= 0 && in ? kc[ko + col0 + e] : from_float<T>(0.0f);
-            dv[e] = vo >= 0 && in ? vc[vo + col0 + e] : from_float<T>(0.0f);
+        T *dk = sK + r * LDS + col, *dv = sV + r * LDS + col;
+        if (p.kv_aligned) {
+            cp_async16(dk, in && ko >= 0 ? kc + ko + col : kc, in && ko >= 0 ? 16 : 0);
+            cp_async16(dv, in && vo >= 0 ? vc + vo + col : vc, in && vo >= 0 ? 16 : 0);
+        } else {
+            for (int e = 0; e < 8; e++) {
+                const bool ok = col + e < p.a.dim;
+                dk[e] = ko >= 0 && ok ? kc[ko + col + e] : from_float<T>(0.0f);
+                dv[e] = vo >= 0 && ok ? vc[vo + col + e] : from_float<T>(0.0f);
+            }
         }
     }
 }
@@ -195,6 +200,70 @@ __device__ __forceinline__ final_t finish(const fa_cuda_paged &p, int h, float m
     return final_t{ l > 0.0f ? 1.0f / sum : 0.0f, lse };
 }
 
+// Q: the block's BM packed rows from row0 into sQ (pitch lds<D>()), rotated, zero past the
+// rows and dim.
+template <typename T, int D, int BM>
+__device__ __forceinline__ void load_q(const fa_cuda_paged &p, const pseq_t &s, T *sQ, int row0, int rows, int g)
+{
+    const int G = p.a.group;
+#pragma unroll
+    for (int pass = 0; pass < BM * D / 128; pass++) {
+        const int idx = threadIdx.x + pass * 128, r = idx / D, e = idx % D, pr = row0 + r;
+        float v = 0.0f;
+        if (pr < rows && e < p.a.dim) {
+            const int i = pr / G, row = s.q0 + i;
+            const T *x = (const T *)p.a.q.p + (int64_t)row * p.a.q.ss + (int64_t)(g * G + pr % G) * p.a.q.sh;
+            v = p.rope_dim ? rope_elem(p, x, e, rope_pos(p, row, i, s)) : to_float(x[e]);
+        }
+        sQ[r * lds<D>() + e] = from_float<T>(v);
+    }
+}
+
+// The WK warp groups' states of the block's rows ([WK][BM][D + 2] floats: m, l, o) merged in
+// warp order; the sequence's only split writes o and lse, others a partial.
+template <typename T, int D, int BM, int WK>
+__device__ __forceinline__ void merge_out(const fa_cuda_paged &p, const pseq_t &s, const float *state, int row0,
+                                          int rows, int g, int split, int nsplit)
+{
+    const int G = p.a.group;
+#pragma unroll 4
+    for (int pass = 0; pass < BM * D / 128; pass++) {
+        const int idx = threadIdx.x + pass * 128, r = idx / D, e = idx % D, pr = row0 + r;
+        if (pr >= rows || e >= p.a.dim)
+            continue;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < WK; k++)
+            mx = fmaxf(mx, state[(k * BM + r) * (D + 2)]);
+        float lsum = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < WK; k++) {
+            const float *at = state + (k * BM + r) * (D + 2);
+            const float w = at[0] == -INFINITY ? 0.0f : exp2_fast(at[0] - mx);
+            lsum += w * at[1];
+            acc += w * at[2 + e];
+        }
+        const int i = pr / G, h = g * G + pr % G, row = s.q0 + i;
+        if (nsplit == 1) {
+            const final_t f = finish(p, h, mx, lsum);
+            const int64_t oo = (int64_t)row * p.a.o.ss + (int64_t)h * p.a.o.sh + e;
+            if (p.a.o.f32)
+                ((float *)p.a.o.p)[oo] = acc * f.inv;
+            else
+                ((T *)p.a.o.p)[oo] = from_float<T>(acc * f.inv);
+            if (p.a.lse && e == 0)
+                p.a.lse[(int64_t)h * p.a.lse_sh + (int64_t)row * p.a.lse_ss] = f.lse;
+        } else {
+            float *part = p.part + (((int64_t)split * p.total_q + row) * p.a.heads_q + h) * (p.a.dim + 2);
+            if (e == 0) {
+                part[0] = mx;
+                part[1] = lsum;
+            }
+            part[2 + e] = acc;
+        }
+    }
+}
+
 template <typename T, int D, int WM, int KT, int STAGES>
 __global__ void __launch_bounds__(128) paged_kernel(const fa_cuda_paged p)
 {
@@ -214,18 +283,7 @@ __global__ void __launch_bounds__(128) paged_kernel(const fa_cuda_paged p)
     const int k_lo = (int)max(vis.lo, (int64_t)split * p.split);
     const int k_hi = (int)min(vis.hi, (int64_t)(split + 1) * p.split);
 
-    // Q: the packed rows, rotated, zero past the rows and dim
-#pragma unroll
-    for (int pass = 0; pass < S::BM * D / 128; pass++) {
-        const int idx = threadIdx.x + pass * 128, r = idx / D, e = idx % D, pr = row0 + r;
-        float v = 0.0f;
-        if (pr < rows && e < p.a.dim) {
-            const int i = pr / G, row = s.q0 + i;
-            const T *x = (const T *)p.a.q.p + (int64_t)row * p.a.q.ss + (int64_t)(g * G + pr % G) * p.a.q.sh;
-            v = p.rope_dim ? rope_elem(p, x, e, rope_pos(p, row, i, s)) : to_float(x[e]);
-        }
-        sQ[r * S::LDS + e] = from_float<T>(v);
-    }
+    load_q<T, D, S::BM>(p, s, sQ, row0, rows, g);
 
     T *sK = sQ + S::BM * S::LDS + kg * STAGES * KT * S::LDS * 2, *sV = sK + STAGES * KT * S::LDS;
     const int t_lo = k_lo / KT, t_hi = (k_hi + KT - 1) / KT;
@@ -305,43 +363,195 @@ __global__ void __launch_bounds__(128) paged_kernel(const fa_cuda_paged p)
     }
     __syncthreads();
 
-    // merged in warp order; the sequence's only split writes o and lse, others a partial
-#pragma unroll 4
-    for (int pass = 0; pass < S::BM * D / 128; pass++) {
-        const int idx = threadIdx.x + pass * 128, r = idx / D, e = idx % D, pr = row0 + r;
-        if (pr >= rows || e >= p.a.dim)
-            continue;
-        float mx = -INFINITY;
+    merge_out<T, D, S::BM, S::WK>(p, s, state, row0, rows, g, split, nsplit);
+}
+
+// An 8x8 matrix of 16-bit elements transposed across the warp: the pair a lane holds of row
+// lane / 4 becomes the pair of column lane / 4 (an accumulator row pair into a B operand).
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x)
+{
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
+template <int D, int NQ, int STAGES> struct dshape {
+    static constexpr int BM = 8 * NQ;  // packed rows per block: NQ n tiles
+    static constexpr int KS = D / 16;  // k steps of K Q^T, m tiles of O^T
+    static constexpr int KT = 16;      // keys a warp step
+    static constexpr int LDS = lds<D>();
+    static constexpr int ELEMS = BM * LDS + 4 * STAGES * KT * LDS * 2; // Q, then each warp's K/V ring
+    static constexpr int STATE = 4 * BM * (D + 2);                      // floats of the merge
+    static constexpr int BYTES = ELEMS * 2 > STATE * 4 ? ELEMS * 2 : STATE * 4;
+};
+
+// The decode shape. Lane (c, t) = (lane / 4, lane % 4) holds S^T for keys c and c + 8 of the
+// warp's tile and rows 2t, 2t + 1 of each n tile, and O^T for dims c, c + 8 of each 16-dim
+// tile; a row's statistics reduce over the eight lanes of its t.
+template <typename T, int D, int NQ, int STAGES>
+__global__ void __launch_bounds__(128) decode_kernel(const fa_cuda_paged p)
+{
+    using S = dshape<D, NQ, STAGES>;
+    extern __shared__ __align__(16) unsigned char smem[];
+    T *sQ = reinterpret_cast<T *>(smem);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane / 4, t = lane % 4;
+    const int split = blockIdx.x % p.max_splits, bh = blockIdx.x / p.max_splits;
+    const int b = bh / p.a.heads_kv, g = bh % p.a.heads_kv, G = p.a.group;
+    const pseq_t s = pseq_of(p, b);
+    const int rows = s.qn * G, row0 = blockIdx.y * S::BM;
+    const int nsplit = max(1, (s.keys + p.split - 1) / p.split);
+    if (row0 >= rows || split >= nsplit)
+        return;
+    const int vr1 = min(rows, row0 + S::BM); // valid rows [row0, vr1); the rest have zero Q
+    const mask_t mk{ (int64_t)s.keys - s.qn, p.a.win_left, p.a.win_right, s.qn, s.keys };
+    const span_t vis = mk.key_range(row0 / G, (vr1 - 1) / G + 1);
+    const int k_lo = (int)max(vis.lo, (int64_t)split * p.split);
+    const int k_hi = (int)min(vis.hi, (int64_t)(split + 1) * p.split);
+    load_q<T, D, S::BM>(p, s, sQ, row0, rows, g);
+
+    T *sK = sQ + S::BM * S::LDS + warp * STAGES * S::KT * S::LDS * 2, *sV = sK + STAGES * S::KT * S::LDS;
+    const int t_lo = k_lo / S::KT, t_hi = (k_hi + S::KT - 1) / S::KT;
+    const int ntiles = k_hi > k_lo && t_hi - t_lo > warp ? (t_hi - t_lo - warp + 3) / 4 : 0;
 #pragma unroll
-        for (int k = 0; k < S::WK; k++)
-            mx = fmaxf(mx, state[(k * S::BM + r) * (D + 2)]);
-        float lsum = 0.0f, acc = 0.0f;
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < ntiles)
+            load_kv_tile<T, D, S::KT, 32>(p, sK + st * S::KT * S::LDS, sV + st * S::KT * S::LDS, b, g,
+                                          t_lo + warp + st * 4, k_lo, k_hi, lane);
+        cp_async_commit();
+    }
+    __syncthreads(); // Q
+
+    // Q^T as the B operand of every k step, kept in registers
+    uint32_t qf[S::KS][NQ][2];
 #pragma unroll
-        for (int k = 0; k < S::WK; k++) {
-            const float *at = state + (k * S::BM + r) * (D + 2);
-            const float w = at[0] == -INFINITY ? 0.0f : exp2_fast(at[0] - mx);
-            lsum += w * at[1];
-            acc += w * at[2 + e];
+    for (int k2 = 0; k2 < S::KS / 2; k2++)
+#pragma unroll
+        for (int nq = 0; nq < NQ; nq++) {
+            uint32_t r[4];
+            ldsm_x4(r, sQ + (nq * 8 + (lane & 7)) * S::LDS + k2 * 32 + (lane >> 3) * 8);
+            qf[2 * k2][nq][0] = r[0], qf[2 * k2][nq][1] = r[1];
+            qf[2 * k2 + 1][nq][0] = r[2], qf[2 * k2 + 1][nq][1] = r[3];
         }
-        const int i = pr / G, h = g * G + pr % G, row = s.q0 + i;
-        if (nsplit == 1) {
-            const final_t f = finish(p, h, mx, lsum);
-            const int64_t oo = (int64_t)row * p.a.o.ss + (int64_t)h * p.a.o.sh + e;
-            if (p.a.o.f32)
-                ((float *)p.a.o.p)[oo] = acc * f.inv;
-            else
-                ((T *)p.a.o.p)[oo] = from_float<T>(acc * f.inv);
-            if (p.a.lse && e == 0)
-                p.a.lse[(int64_t)h * p.a.lse_sh + (int64_t)row * p.a.lse_ss] = f.lse;
-        } else {
-            float *part = p.part + (((int64_t)split * p.total_q + row) * p.a.heads_q + h) * (p.a.dim + 2);
-            if (e == 0) {
-                part[0] = mx;
-                part[1] = lsum;
+
+    float o[S::KS][NQ][4], m[NQ][2], l[NQ][2];
+#pragma unroll
+    for (int k = 0; k < S::KS; k++)
+#pragma unroll
+        for (int nq = 0; nq < NQ; nq++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[k][nq][e] = 0.0f;
+#pragma unroll
+    for (int nq = 0; nq < NQ; nq++)
+        m[nq][0] = m[nq][1] = -INFINITY, l[nq][0] = l[nq][1] = 0.0f;
+
+    for (int it = 0; it < ntiles; it++) {
+        cp_async_wait<STAGES - 2>();
+        __syncwarp();
+        const int nxt = it + STAGES - 1;
+        if (nxt < ntiles)
+            load_kv_tile<T, D, S::KT, 32>(p, sK + (nxt % STAGES) * S::KT * S::LDS,
+                                          sV + (nxt % STAGES) * S::KT * S::LDS, b, g, t_lo + warp + nxt * 4, k_lo,
+                                          k_hi, lane);
+        cp_async_commit();
+        const T *tK = sK + (it % STAGES) * S::KT * S::LDS, *tV = sV + (it % STAGES) * S::KT * S::LDS;
+        const int j0 = (t_lo + warp + it * 4) * S::KT;
+
+        // S^T = K Q^T: keys the A operand, straight from the ring
+        float sc[1][NQ][4];
+#pragma unroll
+        for (int nq = 0; nq < NQ; nq++)
+            sc[0][nq][0] = sc[0][nq][1] = sc[0][nq][2] = sc[0][nq][3] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < S::KS; k++) {
+            uint32_t a[4];
+            ldsm_x4(a, tK + ((lane & 7) + ((lane >> 3) & 1) * 8) * S::LDS + k * 16 + (lane >> 4) * 8);
+#pragma unroll
+            for (int nq = 0; nq < NQ; nq++)
+                mma16816<T>::run(sc[0][nq], a, qf[k][nq][0], qf[k][nq][1]);
+        }
+        to_logits(p.a, sc);
+        const bool full = j0 >= k_lo && j0 + S::KT <= k_hi && mk.all_visible(row0 / G, (vr1 - 1) / G + 1, j0, j0 + S::KT);
+        if (!full) // rows past vr1 keep their (finite) scores: their columns are never stored
+#pragma unroll
+            for (int nq = 0; nq < NQ; nq++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int pr = row0 + nq * 8 + 2 * t + (e & 1), j = j0 + c + 8 * (e >> 1);
+                    if (pr < vr1 && (j < k_lo || j >= k_hi || !mk.visible(pr / G, j)))
+                        sc[0][nq][e] = -INFINITY;
+                }
+
+        // the online softmax down each column (a row of S), over the eight lanes of its t
+        float alpha[NQ][2];
+        bool moved = false;
+#pragma unroll
+        for (int nq = 0; nq < NQ; nq++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float mx = fmaxf(m[nq][e], fmaxf(sc[0][nq][e], sc[0][nq][e + 2]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+                const float base = mx == -INFINITY ? 0.0f : mx; // nothing seen yet: keep zeros
+                alpha[nq][e] = exp2_fast(m[nq][e] - base);
+                moved |= alpha[nq][e] != 1.0f;
+                m[nq][e] = mx;
+                const float p0 = prob(sc[0][nq][e], base), p1 = prob(sc[0][nq][e + 2], base);
+                sc[0][nq][e] = p0, sc[0][nq][e + 2] = p1;
+                l[nq][e] = l[nq][e] * alpha[nq][e] + p0 + p1;
             }
-            part[2 + e] = acc;
+        if (__any_sync(0xffffffffu, moved)) // a factor of exactly 1 leaves o as it is
+#pragma unroll
+            for (int k = 0; k < S::KS; k++)
+#pragma unroll
+                for (int nq = 0; nq < NQ; nq++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        o[k][nq][e] *= alpha[nq][e & 1];
+
+        // O^T += V^T P^T: P^T the B operand (the accumulator's 8x8 halves transposed)
+        uint32_t pb[NQ][2];
+#pragma unroll
+        for (int nq = 0; nq < NQ; nq++) {
+            pb[nq][0] = transpose8x8(pack2<T>(sc[0][nq][0], sc[0][nq][1]));
+            pb[nq][1] = transpose8x8(pack2<T>(sc[0][nq][2], sc[0][nq][3]));
+        }
+#pragma unroll
+        for (int k = 0; k < S::KS; k++) {
+            uint32_t a[4];
+            ldsm_x4_t(a, tV + ((lane >> 4) * 8 + (lane & 7)) * S::LDS + k * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+            for (int nq = 0; nq < NQ; nq++)
+                mma16816<T>::run(o[k][nq], a, pb[nq][0], pb[nq][1]);
         }
     }
+    cp_async_wait<0>();
+    __syncthreads(); // the rings become the merge's state
+
+    // every warp's rows: (m, l summed over the column's lanes, o) as floats, [warp][row][D + 2]
+    float *state = reinterpret_cast<float *>(smem);
+#pragma unroll
+    for (int nq = 0; nq < NQ; nq++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float lsum = l[nq][e];
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, 4);
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, 8);
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, 16);
+            float *at = state + (warp * S::BM + nq * 8 + 2 * t + e) * (D + 2);
+            if (c == 0) {
+                at[0] = m[nq][e];
+                at[1] = lsum;
+            }
+#pragma unroll
+            for (int k = 0; k < S::KS; k++) {
+                at[2 + k * 16 + c] = o[k][nq][e];
+                at[2 + k * 16 + c + 8] = o[k][nq][e + 2];
+            }
+        }
+    __syncthreads();
+    merge_out<T, D, S::BM, 4>(p, s, state, row0, rows, g, split, nsplit);
 }
 
 // A block per (row, query head) of a sequence with several splits: their partials combined in
@@ -424,6 +634,16 @@ template <typename T> __global__ void __launch_bounds__(128) merge_kernel(const 
         a.lse[h * a.olh + r * a.olr] = sum > 0.0f ? mx + __logf(sum) : -INFINITY;
 }
 
+// After the attention kernel: the splits' merge where the grid has several.
+template <typename T> cudaError_t finish_launch(const fa_cuda_paged &p, cudaStream_t stream)
+{
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess || p.max_splits == 1 || p.total_q == 0)
+        return err;
+    combine_kernel<T><<<dim3((unsigned)p.total_q, (unsigned)p.a.heads_q), 128, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
 template <typename T, int D, int WM, int KT, int STAGES>
 cudaError_t launch_attention(const fa_cuda_paged &p, cudaStream_t stream)
 {
@@ -436,21 +656,35 @@ cudaError_t launch_attention(const fa_cuda_paged &p, cudaStream_t stream)
     const int qblocks = (p.a.max_q * p.a.group + S::BM - 1) / S::BM;
     const dim3 grid((unsigned)(p.a.batch * p.a.heads_kv * p.max_splits), (unsigned)(qblocks > 0 ? qblocks : 1));
     kernel<<<grid, 128, bytes, stream>>>(p);
-    if ((err = cudaGetLastError()) != cudaSuccess || p.max_splits == 1 || p.total_q == 0)
-        return err;
-    combine_kernel<T><<<dim3((unsigned)p.total_q, (unsigned)p.a.heads_q), 128, 0, stream>>>(p);
-    return cudaGetLastError();
+    return finish_launch<T>(p, stream);
 }
 
-template <typename T> cudaError_t attention_for(const fa_cuda_paged &p, int dpad, int decode, cudaStream_t stream)
+template <typename T, int D, int NQ, int STAGES>
+cudaError_t launch_decode(const fa_cuda_paged &p, cudaStream_t stream)
 {
-    switch (dpad * 2 + (decode ? 1 : 0)) {
-    case 64 * 2 + 1: return launch_attention<T, 64, 1, 16, 3>(p, stream);
-    case 64 * 2: return launch_attention<T, 64, 4, 64, 2>(p, stream);
-    case 128 * 2 + 1: return launch_attention<T, 128, 1, 16, 3>(p, stream);
-    case 128 * 2: return launch_attention<T, 128, 4, 64, 2>(p, stream);
-    case 256 * 2 + 1: return launch_attention<T, 256, 1, 16, 3>(p, stream);
-    case 256 * 2: return launch_attention<T, 256, 4, 32, 2>(p, stream);
+    using S = dshape<D, NQ, STAGES>;
+    auto kernel = decode_kernel<T, D, NQ, STAGES>;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::BYTES);
+    if (err != cudaSuccess)
+        return err;
+    const int qblocks = (p.a.max_q * p.a.group + S::BM - 1) / S::BM;
+    const dim3 grid((unsigned)(p.a.batch * p.a.heads_kv * p.max_splits), (unsigned)(qblocks > 0 ? qblocks : 1));
+    kernel<<<grid, 128, S::BYTES, stream>>>(p);
+    return finish_launch<T>(p, stream);
+}
+
+template <typename T> cudaError_t attention_for(const fa_cuda_paged &p, int dpad, int nq, cudaStream_t stream)
+{
+    switch (dpad * 4 + nq) {
+    case 64 * 4 + 1: return launch_decode<T, 64, 1, 2>(p, stream);
+    case 64 * 4 + 2: return launch_decode<T, 64, 2, 2>(p, stream);
+    case 64 * 4: return launch_attention<T, 64, 4, 64, 2>(p, stream);
+    case 128 * 4 + 1: return launch_decode<T, 128, 1, 2>(p, stream);
+    case 128 * 4 + 2: return launch_decode<T, 128, 2, 2>(p, stream);
+    case 128 * 4: return launch_attention<T, 128, 4, 64, 2>(p, stream);
+    case 256 * 4 + 1: return launch_decode<T, 256, 1, 2>(p, stream);
+    case 256 * 4 + 2: return launch_decode<T, 256, 2, 2>(p, stream);
+    case 256 * 4: return launch_attention<T, 256, 4, 32, 2>(p, stream);
     }
     return cudaErrorInvalidValue;
 }
@@ -469,11 +703,11 @@ extern "C" cudaError_t fa_cuda_paged_append(const fa_cuda_paged *p, int bf16, cu
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t fa_cuda_paged_attention(const fa_cuda_paged *p, int bf16, int dpad, int decode,
+extern "C" cudaError_t fa_cuda_paged_attention(const fa_cuda_paged *p, int bf16, int dpad, int nq,
                                                cudaStream_t stream)
 {
-    return bf16 ? fa::attention_for<__nv_bfloat16>(*p, dpad, decode, stream)
-                : fa::attention_for<__half>(*p, dpad, decode, stream);
+    return bf16 ? fa::attention_for<__nv_bfloat16>(*p, dpad, nq, stream)
+                : fa::attention_for<__half>(*p, dpad, nq, stream);
 }
 
 extern "C" cudaError_t fa_cuda_merge_states(const void *o_in, int in_f32, int64_t sb, int64_t ss, int64_t sh,

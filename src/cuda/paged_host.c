@@ -11,7 +11,8 @@
 #define FA_CUDA_DECODE_SPLIT 1024
 
 typedef struct cuda_paged_plan {
-    int dpad, decode, bf16;
+    int dpad, bf16;
+    int nq; /* decode kernel with 8 * nq packed rows (1, 2), or 0: 64-row tiles */
     int32_t split, max_splits;
     void *ws; /* split partials, from the context's pool on the stream current at plan time */
     size_t ws_bytes;
@@ -38,9 +39,10 @@ fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p,
         return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the plan");
     pl->dpad = dpad_of(p->dim);
     pl->bf16 = p->in_dtype == FA_DTYPE_BF16;
-    pl->decode = (int64_t)p->max_q * p->group <= 16;
+    const int64_t packed = (int64_t)p->max_q * p->group; /* a block's rows of one kv head */
+    pl->nq = packed <= 8 ? 1 : packed <= 16 ? 2 : 0;
     const int32_t whole = p->max_k < 16 ? 16 : (p->max_k + 15) / 16 * 16;
-    pl->split = d->kv_split ? d->kv_split : pl->decode ? FA_CUDA_DECODE_SPLIT : whole;
+    pl->split = d->kv_split ? d->kv_split : pl->nq ? FA_CUDA_DECODE_SPLIT : whole;
     pl->max_splits = (int32_t)(((int64_t)p->max_k + pl->split - 1) / pl->split);
     if (pl->max_splits < 1)
         pl->max_splits = 1;
@@ -68,8 +70,8 @@ fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p,
                             cudaGetErrorString(err));
         }
     }
-    info->kernel = pl->decode ? "paged-decode" : "paged-rows";
-    info->block_q = pl->decode ? 16 : 64;
+    info->kernel = pl->nq ? "paged-decode" : "paged-rows";
+    info->block_q = pl->nq ? 8 * pl->nq : 64;
     info->block_k = pl->split;
     info->threads = 128;
     info->workspace_bytes = pl->ws_bytes;
@@ -196,7 +198,7 @@ fa_status fa_cuda_paged_run(fa_context_t ctx, void *state, void *plan, const fa_
     if (k.append)
         err = fa_cuda_paged_append(&k, pl->bf16, s->stream);
     if (err == cudaSuccess)
-        err = fa_cuda_paged_attention(&k, pl->bf16, pl->dpad, pl->decode, s->stream);
+        err = fa_cuda_paged_attention(&k, pl->bf16, pl->dpad, pl->nq, s->stream);
     if (err != cudaSuccess) {
         cudaGetLastError();
         return fa_cuda_fail(ctx, err, "launching the paged attention");
