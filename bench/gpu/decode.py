@@ -94,22 +94,26 @@ def hbm_rate():
 
 
 class Paged:
-    """flashattn's paged decode of q [b, hq, d] over a cache viewed through a block table."""
+    """flashattn's paged call: qn queries per sequence (q [b * qn, hq, d]) over a cache viewed
+    through a block table, the queries the last qn of each sequence's kv_len keys."""
 
-    def __init__(self, lib, ctx, q, o, k, v, table, lens, page, kv_len, split=0):
-        b, hq, d = q.shape
-        hkv = k.shape[-2]
+    def __init__(self, lib, ctx, q, o, k, v, table, lens, page, kv_len, split=0, hnd=False, qn=1, causal=False):
+        """k, v: [pages, page, heads, d], or [pages, heads, page, d] with hnd."""
+        b, (_, hq, d) = lens.shape[0], q.shape
+        hkv = k.shape[1] if hnd else k.shape[2]
+        tok, head = (2, 1) if hnd else (1, 2)
         self.lib, self.keep = lib, (q, o, k, v, table, lens)
-        self.cu = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+        self.cu = torch.arange(0, b * qn + 1, qn, dtype=torch.int32, device="cuda")
         dd = PagedDesc()
         lib.fa_paged_desc_init(C.byref(dd))
-        dd.batch, dd.total_q, dd.max_seqlen_q, dd.max_seqlen_k = b, b, 1, kv_len
+        dd.batch, dd.total_q, dd.max_seqlen_q, dd.max_seqlen_k = b, b * qn, qn, kv_len
         dd.num_heads_q, dd.head_dim = hq, d
         dd.q = Tensor(q.data_ptr(), FA_DTYPE_BF16, 0, q.stride(0), q.stride(1))
         dd.o = Tensor(o.data_ptr(), FA_DTYPE_BF16, 0, o.stride(0), o.stride(1))
+        dd.causal = 1 if causal else 0
         dd.cu_seqlens_q = self.cu.data_ptr()
         dd.cache = KvCache(k.data_ptr(), v.data_ptr(), FA_DTYPE_BF16, k.shape[0], page, hkv, k.stride(0),
-                           k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), None, None)
+                           k.stride(tok), k.stride(head), v.stride(0), v.stride(tok), v.stride(head), None, None)
         dd.block_table, dd.max_pages_per_seq = table.data_ptr(), table.shape[1]
         dd.cache_seqlens = lens.data_ptr()
         dd.kv_split = split
@@ -139,6 +143,9 @@ def main():
     ap.add_argument("--inner", type=int, default=20)
     ap.add_argument("--split", type=int, default=0, help="kv_split (0: the library's default)")
     ap.add_argument("--case", help="one case BATCHxKVxHEADS_KV (e.g. 32x4096x8)")
+    ap.add_argument("--layout", choices=("nhd", "hnd"), default="nhd",
+                    help="cache pages [page, token, head, dim] (nhd) or [page, head, token, dim] (hnd); "
+                         "cuDNN gets the same keys as [b, s, h, d] or [b, h, s, d] memory")
     args = ap.parse_args()
     lib = load(args.lib)
     ctx = C.c_void_p()
@@ -147,7 +154,9 @@ def main():
         sys.exit("no CUDA context")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     hbm, copy, read = hbm_rate()
-    print(f"HBM: copy {copy:.2f} TB/s, read {read:.2f} TB/s; {torch.cuda.get_device_name()}; commit {commit}")
+    print(f"HBM: copy {copy:.2f} TB/s, read {read:.2f} TB/s; {torch.cuda.get_device_name()}; commit {commit}; "
+          f"layout {args.layout}")
+    hnd = args.layout == "hnd"
     cases = [(32, 4096), (32, 16384), (32, 32768), (8, 4096), (8, 16384), (8, 32768), (1, 131072)]
     if args.quick:
         cases = [(32, 4096), (8, 16384), (1, 131072)]
@@ -164,21 +173,29 @@ def main():
             pages = b * kv // page
             kc = torch.randn(pages, page, hkv, d, dtype=torch.bfloat16, device="cuda")
             vc = torch.randn(pages, page, hkv, d, dtype=torch.bfloat16, device="cuda")
+            if hnd:  # the same keys, each page's heads one after another
+                kc, vc = kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
             table = torch.randperm(pages, device="cuda", dtype=torch.int64).to(torch.int32).view(b, kv // page)
             lens = torch.full((b,), kv, dtype=torch.int32, device="cuda")
             q = torch.randn(b, hq, d, dtype=torch.bfloat16, device="cuda")
             o = torch.empty_like(q)
-            paged = Paged(lib, ctx, q, o, kc, vc, table, lens, page, kv, args.split)
-            # the same keys contiguous per sequence: [b, kv, hkv, d], one page of kv tokens each
-            kd = kc[table.long()].reshape(b, kv, hkv, d)
-            vd = vc[table.long()].reshape(b, kv, hkv, d)
+            paged = Paged(lib, ctx, q, o, kc, vc, table, lens, page, kv, args.split, hnd)
+            # the same keys contiguous per sequence: [b, kv, hkv, d] (hnd: [b, hkv, kv, d]), one page
+            # of kv tokens each
+            if hnd:
+                kd = kc[table.long()].permute(0, 2, 1, 3, 4).reshape(b, hkv, kv, d)
+                vd = vc[table.long()].permute(0, 2, 1, 3, 4).reshape(b, hkv, kv, d)
+            else:
+                kd = kc[table.long()].reshape(b, kv, hkv, d)
+                vd = vc[table.long()].reshape(b, kv, hkv, d)
             o2 = torch.empty_like(q)
             ident = torch.arange(b, dtype=torch.int32, device="cuda").view(b, 1)
-            contig = Paged(lib, ctx, q, o2, kd, vd, ident, lens, kv, kv, args.split)
+            contig = Paged(lib, ctx, q, o2, kd, vd, ident, lens, kv, kv, args.split, hnd)
             lib.fa_context_set_stream(ctx, C.c_void_p(torch.cuda.current_stream().cuda_stream))
             paged()
             contig()
-            qs, ks, vs = q.view(b, hq, 1, d), kd.transpose(1, 2), vd.transpose(1, 2)
+            qs = q.view(b, hq, 1, d)
+            ks, vs = (kd, vd) if hnd else (kd.transpose(1, 2), vd.transpose(1, 2))
             with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
                 try:
                     ref = F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=hkv != hq)
@@ -211,7 +228,7 @@ def main():
             if args.json:
                 with open(args.json, "a") as f:
                     f.write(json.dumps({"commit": commit, "case": name, "batch": b, "kv": kv, "heads_q": hq,
-                                        "heads_kv": hkv, "page": page, "paged_ms": t_paged, "contig_ms": t_contig,
+                                        "heads_kv": hkv, "page": page, "layout": args.layout, "paged_ms": t_paged, "contig_ms": t_contig,
                                         "cudnn_ms": t_peer, "kv_bytes": nbytes, "hbm_tbs": hbm,
                                         "cudnn_gqa": gqa_mode, "kernel": paged.kernel, "split": paged.split,
                                         "max_err": err}) + "\n")
