@@ -623,6 +623,34 @@ done:
     return rc;
 }
 
+int fa_paged_case_host(const fa_paged_case *c, fa_paged_host *h)
+{
+    memset(h, 0, sizeof(*h));
+    built *bl = malloc(sizeof(*bl));
+    if (!bl)
+        return -1;
+    if (build(c, bl) != 0) {
+        built_free(NULL, bl);
+        free(bl);
+        return -1;
+    }
+    h->d = bl->d;
+    h->o = bl->buf[B_O].host, h->o_bytes = bl->buf[B_O].bytes;
+    h->lse = bl->buf[B_LSE].host, h->lse_bytes = bl->buf[B_LSE].bytes;
+    h->pool = bl->buf[B_POOL].host, h->pool_bytes = bl->buf[B_POOL].bytes;
+    h->priv = bl;
+    return 0;
+}
+
+void fa_paged_host_free(fa_paged_host *h)
+{
+    if (h->priv) {
+        built_free(NULL, h->priv);
+        free(h->priv);
+    }
+    memset(h, 0, sizeof(*h));
+}
+
 /* ---- the grid ---- */
 
 static int32_t pick(fa_rng *r, const int32_t *v, int n) { return v[fa_rng_next(r) % (uint64_t)n]; }

@@ -54,6 +54,19 @@ void fa_paged_case_format(const fa_paged_case *c, char *buf, size_t cap);
  */
 int fa_paged_case_run(fa_context_t ctx, const fa_paged_case *c, fa_paged_result *res);
 
+/* A case's call in host memory (for the CPU backend): the descriptor, and every byte the call
+ * may write (o, lse, the pools) so that a refused call can be checked to have written none. */
+typedef struct fa_paged_host {
+    fa_paged_desc d;
+    void *o, *lse, *pool;
+    int64_t o_bytes, lse_bytes, pool_bytes;
+    void *priv;
+} fa_paged_host;
+
+/* 0, or -1 when out of memory (nothing to free then). */
+int fa_paged_case_host(const fa_paged_case *c, fa_paged_host *h);
+void fa_paged_host_free(fa_paged_host *h);
+
 /* The paged grid: level 0 quick, 1 full. Returns the cases written (at most cap). */
 int fa_paged_grid_build(int level, uint64_t seed, fa_paged_case *out, int cap);
 
