@@ -344,19 +344,28 @@ FA_API fa_status fa_dropout_mask(float p, uint64_t seed, uint64_t offset, int32_
  * only, as cuDNN and FlashAttention do: its tensors, lse and gradients must
  * be device pointers (cudaMalloc, cudaMallocAsync, managed memory or these
  * calls), while cu_seqlens stay host arrays on every backend (the library
- * checks them and copies them to the device itself). These four calls let a
+ * checks them and copies them to the device itself). These calls let a
  * program stay backend-neutral:
  *   fa_memory_alloc     *ptr = bytes of backend memory (bytes 0 gives a valid
  *                       pointer to nothing); free it with fa_memory_free
  *   fa_memory_upload    host src -> backend dst
  *   fa_memory_download  backend src -> host dst
+ *   fa_memory_copy      backend src -> backend dst, both memory of this context
+ *                       (on the GPU where the backend has one: cudaMemcpyAsync
+ *                       device to device, glCopyBufferSubData between GL
+ *                       buffers); ranges that overlap are refused with
+ *                       FA_ERR_INVALID_ARGUMENT and a message naming dst and src
  * Copies are ordered after the work already queued on the context's stream
- * and are complete when they return.
+ * and are complete when they return. bytes 0 is a no-op that succeeds (the
+ * pointers are not looked at); otherwise NULL dst or src is
+ * FA_ERR_NULL_POINTER. On an error nothing is written and the context's
+ * message says why.
  */
 FA_API fa_status fa_memory_alloc(fa_context_t ctx, size_t bytes, void **ptr);
 FA_API fa_status fa_memory_free(fa_context_t ctx, void *ptr);
 FA_API fa_status fa_memory_upload(fa_context_t ctx, void *dst, const void *src, size_t bytes);
 FA_API fa_status fa_memory_download(fa_context_t ctx, void *dst, const void *src, size_t bytes);
+FA_API fa_status fa_memory_copy(fa_context_t ctx, void *dst, const void *src, size_t bytes);
 
 /* A GLES context whose GL objects are shared with yours: egl_display an initialised
  * EGLDisplay, egl_context an OpenGL ES 3.1 EGLContext of yours on it (both as void *).

@@ -560,6 +560,53 @@ static void test_memory_and_stream(void **state)
     fa_context_destroy(ctx);
 }
 
+/* fa_memory_copy on the CPU: a copy between disjoint ranges; overlapping ranges (either
+ * order, or the same range), NULL and a range past the address space refused with the
+ * argument named and nothing written; zero bytes a no-op. */
+static void test_memory_copy(void **state)
+{
+    (void)state;
+    fa_context_t ctx;
+    fa_context_options o = { sizeof(o), FA_BACKEND_CPU, 1 };
+    assert_int_equal(fa_context_create(&o, &ctx), FA_OK);
+    unsigned char *buf = NULL;
+    assert_int_equal(fa_memory_alloc(ctx, 64, (void **)&buf), FA_OK);
+    for (int i = 0; i < 64; i++)
+        buf[i] = (unsigned char)i;
+    assert_int_equal(fa_memory_copy(ctx, buf + 32, buf, 32), FA_OK);
+    for (int i = 0; i < 32; i++)
+        assert_int_equal(buf[32 + i], i);
+    assert_string_equal(fa_context_last_error(ctx), "");
+    /* adjacent ranges do not overlap */
+    assert_int_equal(fa_memory_copy(ctx, buf, buf + 16, 16), FA_OK);
+    assert_int_equal(buf[0], 16);
+    unsigned char before[64];
+    memcpy(before, buf, sizeof(before));
+    const struct { void *dst; const void *src; size_t n; } overlap[] = {
+        { buf + 8, buf, 16 }, { buf, buf + 8, 16 }, { buf, buf, 1 }, { buf + 1, buf, 63 },
+    };
+    for (size_t i = 0; i < sizeof(overlap) / sizeof(overlap[0]); i++) {
+        assert_int_equal(fa_memory_copy(ctx, overlap[i].dst, overlap[i].src, overlap[i].n),
+                         FA_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(fa_context_last_error(ctx), "dst"));
+        assert_non_null(strstr(fa_context_last_error(ctx), "overlaps src"));
+        assert_memory_equal(buf, before, sizeof(before));
+    }
+    assert_int_equal(fa_memory_copy(ctx, NULL, buf, 4), FA_ERR_NULL_POINTER);
+    assert_non_null(strstr(fa_context_last_error(ctx), "dst"));
+    assert_int_equal(fa_memory_copy(ctx, buf, NULL, 4), FA_ERR_NULL_POINTER);
+    assert_non_null(strstr(fa_context_last_error(ctx), "src"));
+    assert_int_equal(fa_memory_copy(ctx, buf, (void *)(UINTPTR_MAX - 7), 16), FA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fa_context_last_error(ctx), "src"));
+    assert_memory_equal(buf, before, sizeof(before));
+    assert_int_equal(fa_memory_copy(ctx, NULL, NULL, 0), FA_OK);
+    assert_int_equal(fa_memory_copy(ctx, buf, buf, 0), FA_OK);
+    assert_int_equal(fa_memory_copy(NULL, buf + 32, buf, 4), FA_ERR_NULL_POINTER);
+    assert_memory_equal(buf, before, sizeof(before));
+    assert_int_equal(fa_memory_free(ctx, buf), FA_OK);
+    fa_context_destroy(ctx);
+}
+
 /* A GLES context, or the test skipped where there is none (not built in, or no GLES 3.1
  * driver reachable). */
 static fa_context_t gles_context(void)
@@ -721,6 +768,20 @@ static void test_gles_buffers(void **state)
     static float o_after[B * SQ * HQ * D];
     assert_int_equal(fa_memory_download(gl, o_after, bo, sizeof(o_after)), FA_OK);
     assert_memory_equal(o_after, o_gl, sizeof(o_gl));
+    /* a copy on the GPU between buffers and inside one; host memory and ranges past a
+     * buffer refused by name */
+    void *bq2;
+    static float q_back[sizeof(f->q) / sizeof(float)];
+    assert_int_equal(fa_memory_alloc(gl, 2 * sizeof(f->q), &bq2), FA_OK);
+    assert_int_equal(fa_memory_copy(gl, bq2, bq, sizeof(f->q)), FA_OK);
+    assert_int_equal(fa_memory_copy(gl, (char *)bq2 + sizeof(f->q), bq2, sizeof(f->q)), FA_OK);
+    assert_int_equal(fa_memory_download(gl, q_back, (char *)bq2 + sizeof(f->q), sizeof(q_back)), FA_OK);
+    assert_memory_equal(q_back, f->q, sizeof(q_back));
+    assert_int_equal(fa_memory_copy(gl, bq2, f->q, sizeof(f->q)), FA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fa_context_last_error(gl), "src"));
+    assert_int_equal(fa_memory_copy(gl, (char *)bq2 + 4, bq, 2 * sizeof(f->q)), FA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fa_context_last_error(gl), "dst"));
+    assert_int_equal(fa_memory_free(gl, bq2), FA_OK);
     /* copies past a buffer and frees of pointers it did not hand out */
     assert_int_equal(fa_memory_upload(gl, (char *)bq + 4, f->q, sizeof(f->q)), FA_ERR_INVALID_ARGUMENT);
     assert_int_equal(fa_memory_free(gl, (char *)bq + 4), FA_ERR_INVALID_ARGUMENT);
@@ -843,6 +904,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_interleaved_views, setup, teardown),
         cmocka_unit_test(test_context_calls),
         cmocka_unit_test(test_memory_and_stream),
+        cmocka_unit_test(test_memory_copy),
         cmocka_unit_test_setup_teardown(test_gles_backend, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gles_buffers, setup, teardown),
 #ifdef FA_TEST_GLES

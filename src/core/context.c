@@ -358,7 +358,7 @@ fa_status fa_memory_free(fa_context_t ctx, void *ptr)
 }
 
 static fa_status memory_copy(fa_context_t ctx, void *dst, const void *src, size_t bytes,
-                             int to_backend)
+                             fa_copy_kind kind)
 {
     if (!ctx)
         return FA_ERR_NULL_POINTER;
@@ -366,8 +366,20 @@ static fa_status memory_copy(fa_context_t ctx, void *dst, const void *src, size_
         return fa_error(ctx, FA_ERR_NULL_POINTER, "%s must not be NULL", dst ? "src" : "dst");
     if (!bytes)
         return FA_OK;
+    if (kind == FA_COPY_WITHIN) {
+        const uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+        if (d > UINTPTR_MAX - bytes || s > UINTPTR_MAX - bytes)
+            return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                            "%s (%p) + bytes (%zu) passes the end of the address space",
+                            d > UINTPTR_MAX - bytes ? "dst" : "src",
+                            d > UINTPTR_MAX - bytes ? dst : src, bytes);
+        if (d < s + bytes && s < d + bytes)
+            return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                            "dst [%p, +%zu bytes) overlaps src [%p, +%zu bytes): copy between "
+                            "disjoint ranges", dst, bytes, src, bytes);
+    }
     if (ctx->iface->mem_copy) {
-        fa_status st = ctx->iface->mem_copy(ctx, ctx->state, dst, src, bytes, to_backend);
+        fa_status st = ctx->iface->mem_copy(ctx, ctx->state, dst, src, bytes, kind);
         if (st != FA_OK)
             return st;
     } else {
@@ -379,12 +391,17 @@ static fa_status memory_copy(fa_context_t ctx, void *dst, const void *src, size_
 
 fa_status fa_memory_upload(fa_context_t ctx, void *dst, const void *src, size_t bytes)
 {
-    return memory_copy(ctx, dst, src, bytes, 1);
+    return memory_copy(ctx, dst, src, bytes, FA_COPY_UPLOAD);
 }
 
 fa_status fa_memory_download(fa_context_t ctx, void *dst, const void *src, size_t bytes)
 {
-    return memory_copy(ctx, dst, src, bytes, 0);
+    return memory_copy(ctx, dst, src, bytes, FA_COPY_DOWNLOAD);
+}
+
+fa_status fa_memory_copy(fa_context_t ctx, void *dst, const void *src, size_t bytes)
+{
+    return memory_copy(ctx, dst, src, bytes, FA_COPY_WITHIN);
 }
 
 fa_status fa_context_set_stream(fa_context_t ctx, void *stream)

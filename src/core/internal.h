@@ -119,6 +119,13 @@ static inline int fa_problem_tile_full(const fa_problem *p, const fa_seq *s, int
 
 struct fa_context;
 
+/* The direction of a memory copy (fa_memory_upload, _download, _copy). */
+typedef enum fa_copy_kind {
+    FA_COPY_DOWNLOAD, /* backend src -> host dst */
+    FA_COPY_UPLOAD,   /* host src -> backend dst */
+    FA_COPY_WITHIN    /* backend src -> backend dst, one context's memory */
+} fa_copy_kind;
+
 /* A backend: a const table of functions plus its own state (ggml-backend's shape). */
 typedef struct fa_backend_iface {
     fa_backend id;
@@ -139,9 +146,9 @@ typedef struct fa_backend_iface {
     /* Memory and ordering; NULL for backends that compute on host memory and block. */
     fa_status (*mem_alloc)(struct fa_context *ctx, void *state, size_t bytes, void **ptr);
     fa_status (*mem_free)(struct fa_context *ctx, void *state, void *ptr);
-    /* to_backend: host src -> backend dst, else backend src -> host dst. */
+    /* A copy of bytes > 0 between ranges the core has checked (not NULL, not overlapping). */
     fa_status (*mem_copy)(struct fa_context *ctx, void *state, void *dst, const void *src,
-                          size_t bytes, int to_backend);
+                          size_t bytes, fa_copy_kind kind);
     /* A memory object of the caller's, named by a native handle, as memory like mem_alloc's
      * (fa_context_import); NULL where the backend imports nothing. */
     fa_status (*mem_import)(struct fa_context *ctx, void *state, uint64_t handle, size_t bytes,

@@ -524,15 +524,24 @@ static fa_status cuda_mem_free(fa_context_t ctx, void *state, void *ptr)
 }
 
 static fa_status cuda_mem_copy(fa_context_t ctx, void *state, void *dst, const void *src, size_t bytes,
-                               int to_backend)
+                               fa_copy_kind kind)
 {
     cuda_state *s = state;
-    cudaError_t err = cudaMemcpyAsync(dst, src, bytes,
-                                      to_backend ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
-                                      s->stream);
+    fa_status st;
+    if (kind == FA_COPY_WITHIN && ((st = fa_cuda_check_ptr(ctx, s, dst, "dst")) != FA_OK ||
+                                   (st = fa_cuda_check_ptr(ctx, s, src, "src")) != FA_OK))
+        return st;
+    static const enum cudaMemcpyKind dir[] = {
+        [FA_COPY_DOWNLOAD] = cudaMemcpyDeviceToHost,
+        [FA_COPY_UPLOAD] = cudaMemcpyHostToDevice,
+        [FA_COPY_WITHIN] = cudaMemcpyDeviceToDevice,
+    };
+    static const char *what[] = { [FA_COPY_DOWNLOAD] = "download", [FA_COPY_UPLOAD] = "upload",
+                                  [FA_COPY_WITHIN] = "copy" };
+    cudaError_t err = cudaMemcpyAsync(dst, src, bytes, dir[kind], s->stream);
     if (err == cudaSuccess)
         err = cudaStreamSynchronize(s->stream);
-    return err == cudaSuccess ? FA_OK : fa_cuda_fail(ctx, err, to_backend ? "upload" : "download");
+    return err == cudaSuccess ? FA_OK : fa_cuda_fail(ctx, err, what[kind]);
 }
 
 static fa_status cuda_set_stream(fa_context_t ctx, void *state, void *stream)

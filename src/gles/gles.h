@@ -157,7 +157,7 @@ fa_status gles_mem_alloc(fa_context_t ctx, void *state, size_t bytes, void **ptr
 fa_status gles_mem_import(fa_context_t ctx, void *state, uint64_t handle, size_t bytes, void **ptr);
 fa_status gles_mem_free(fa_context_t ctx, void *state, void *ptr);
 fa_status gles_mem_copy(fa_context_t ctx, void *state, void *dst, const void *src, size_t bytes,
-                        int to_backend);
+                        fa_copy_kind kind);
 /* The buffer that holds [p, p + bytes), and p's byte offset in it; NULL when p is not in one. */
 const gl_mem *gles_find_mem(const gles_state *s, const void *p, size_t bytes, size_t *off);
 fa_status gles_view_of(fa_context_t ctx, const gles_state *s, const void *data, fa_dtype dt,

@@ -143,26 +143,46 @@ const gl_mem *gles_find_mem(const gles_state *s, const void *p, size_t bytes, si
     return NULL;
 }
 
+/* [p, +bytes) inside one GL buffer of s, or an error naming it. */
+static const gl_mem *mem_of(fa_context_t ctx, const gles_state *s, const void *p, size_t bytes,
+                            const char *name, size_t *off)
+{
+    const gl_mem *m = gles_find_mem(s, p, bytes, off);
+    if (!m)
+        fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                 "%s: [%p, +%zu bytes) is not inside one buffer from fa_memory_alloc on this GLES "
+                 "context", name, p, bytes);
+    return m;
+}
+
 fa_status gles_mem_copy(fa_context_t ctx, void *state, void *dst, const void *src, size_t bytes,
-                        int to_backend)
+                        fa_copy_kind kind)
 {
     gles_state *s = state;
-    size_t off = 0;
-    const gl_mem *m = gles_find_mem(s, to_backend ? dst : src, bytes, &off);
-    if (!m)
-        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
-                        "%s: [%p, +%zu bytes) is not inside one buffer from fa_memory_alloc on "
-                        "this GLES context", to_backend ? "dst" : "src", to_backend ? dst : src, bytes);
-    if (bytes == 0)
-        return FA_OK;
+    size_t off = 0, src_off = 0;
+    const gl_mem *m = kind == FA_COPY_DOWNLOAD ? mem_of(ctx, s, src, bytes, "src", &off)
+                                               : mem_of(ctx, s, dst, bytes, "dst", &off);
+    const gl_mem *from = m && kind == FA_COPY_WITHIN ? mem_of(ctx, s, src, bytes, "src", &src_off) : NULL;
+    if (!m || (kind == FA_COPY_WITHIN && !from))
+        return FA_ERR_INVALID_ARGUMENT;
     fa_status st = gles_make_current(ctx, s);
     if (st != FA_OK)
         return st;
-    glBindBuffer(GL_SHADER_STORAGE_BUFFER, m->name);
-    if (to_backend) {
+    if (kind == FA_COPY_WITHIN) { /* on the GPU, after the shaders that wrote src */
+        glMemoryBarrier(GL_BUFFER_UPDATE_BARRIER_BIT);
+        glBindBuffer(GL_COPY_READ_BUFFER, from->name);
+        glBindBuffer(GL_COPY_WRITE_BUFFER, m->name);
+        glCopyBufferSubData(GL_COPY_READ_BUFFER, GL_COPY_WRITE_BUFFER, (GLintptr)src_off, (GLintptr)off,
+                            (GLsizeiptr)bytes);
+        st = gles_gl_check(ctx, "copying between GL buffers");
+        if (st == FA_OK)
+            glFinish();
+    } else if (kind == FA_COPY_UPLOAD) {
+        glBindBuffer(GL_SHADER_STORAGE_BUFFER, m->name);
         glBufferSubData(GL_SHADER_STORAGE_BUFFER, (GLintptr)off, (GLsizeiptr)bytes, src);
         st = gles_gl_check(ctx, "uploading into a GL buffer");
     } else {
+        glBindBuffer(GL_SHADER_STORAGE_BUFFER, m->name);
         glMemoryBarrier(GL_BUFFER_UPDATE_BARRIER_BIT);
         const void *map = glMapBufferRange(GL_SHADER_STORAGE_BUFFER, (GLintptr)off, (GLsizeiptr)bytes,
                                            GL_MAP_READ_BIT);
