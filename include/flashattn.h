@@ -454,9 +454,10 @@ FA_API fa_kv_cache fa_kv_cache_contiguous(void *k, void *v, fa_dtype dtype, fa_l
  * new rows at tokens cache_seqlens[b] .. cache_seqlens[b] + n_b - 1 (n_b its
  * query rows) and then attends over all cache_seqlens[b] + n_b keys. Without
  * append it attends over the cache_seqlens[b] cached keys. cache_seqlens is
- * not advanced: the caller adds n_b for the next step. Pages a call writes
- * must belong to one sequence; sequences may share the pages they only read
- * (a common prefix).
+ * not advanced: the caller adds n_b for the next step. A page a call writes
+ * must appear once among the entries the call uses (one sequence's, once);
+ * sequences may share the pages they only read (a common prefix). Host
+ * tables (and check_tables) are checked for this, naming the entry.
  *
  * RoPE (rope != FA_ROPE_NONE): the first rope_dim dimensions (even, 0 = all)
  * of q and of the appended keys are rotated before anything else, so the

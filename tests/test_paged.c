@@ -156,6 +156,18 @@ static void test_bad_input(void **state)
     s.bt[3] = -2;
     expect_refused(ctx, &s, FA_ERR_INVALID_VALUE, "block_table[1][0]");
     small_make(&s);
+    s.bt[3] = 1; /* both sequences append into page 1 */
+    expect_refused(ctx, &s, FA_ERR_INVALID_VALUE, "block_table[1][0] (1) is a page this call appends to");
+    small_make(&s);
+    s.bt[3] = 4; /* sequence 1 appends into page 4, which sequence 0 reads */
+    expect_refused(ctx, &s, FA_ERR_INVALID_VALUE, "block_table[1][0] (4)");
+    small_make(&s);
+    s.bt[0] = 1; /* sequence 0 reads tokens 0..3 from the page its new rows land in */
+    expect_refused(ctx, &s, FA_ERR_INVALID_VALUE, "block_table[0][1] (1)");
+    small_make(&s);
+    s.lens[1] = 4, s.bt[3] = 4, s.bt[4] = 5; /* a shared prefix page read by both: fine */
+    assert_int_equal(fa_paged_forward(ctx, &s.d), FA_OK);
+    small_make(&s);
     s.lens[0] = 7; /* 7 + 2 new rows > max_seqlen_k 8 */
     expect_refused(ctx, &s, FA_ERR_INVALID_SHAPE, "cache_seqlens[0] (7)");
     small_make(&s);

@@ -209,6 +209,58 @@ static fa_status array_view(fa_context_t ctx, fa_byte_view *v, const char *name,
     return fa_byte_view_make(ctx, v, name, data, bytes > 0 ? bytes : 1, stride, count, 1);
 }
 
+static int cmp_i32(const void *a, const void *b)
+{
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* An append's pages (those its new rows land in) each appear once among the entries the call
+ * uses: no other sequence, and no other entry of the same sequence, reads or writes them while
+ * they are written. The table's ids are already checked. */
+static fa_status check_written_pages(fa_context_t ctx, const fa_paged_problem *pg)
+{
+    const fa_paged_desc *d = pg->desc;
+    const int64_t ps = pg->page_size;
+    int64_t n = 0;
+    for (int32_t b = 0; b < d->batch; b++) {
+        const int64_t cached = d->cache_seqlens[b], qn = d->cu_seqlens_q[b + 1] - d->cu_seqlens_q[b];
+        n += qn ? (cached + qn - 1) / ps - cached / ps + 1 : 0;
+    }
+    if (n == 0)
+        return FA_OK;
+    int32_t *w = malloc(sizeof(int32_t) * (size_t)n), *count = calloc((size_t)n, sizeof(int32_t));
+    if (!w || !count) {
+        free(w), free(count);
+        return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory checking the pages an append writes");
+    }
+    int64_t m = 0;
+    for (int32_t b = 0; b < d->batch; b++) {
+        const int64_t cached = d->cache_seqlens[b], qn = d->cu_seqlens_q[b + 1] - d->cu_seqlens_q[b];
+        for (int64_t i = cached / ps; qn && i <= (cached + qn - 1) / ps; i++)
+            w[m++] = d->block_table[(int64_t)b * pg->bt_stride + i];
+    }
+    qsort(w, (size_t)m, sizeof(int32_t), cmp_i32);
+    fa_status st = FA_OK;
+    for (int32_t b = 0; b < d->batch && st == FA_OK; b++) {
+        const int64_t qn = d->cu_seqlens_q[b + 1] - d->cu_seqlens_q[b], keys = d->cache_seqlens[b] + qn;
+        for (int64_t i = 0; i < (keys + ps - 1) / ps && st == FA_OK; i++) {
+            const int32_t id = d->block_table[(int64_t)b * pg->bt_stride + i];
+            const int32_t *at = bsearch(&id, w, (size_t)m, sizeof(int32_t), cmp_i32);
+            while (at && at > w && at[-1] == id)
+                at--;
+            if (at && ++count[at - w] > 1)
+                st = fa_error(ctx, FA_ERR_INVALID_VALUE,
+                              "block_table[%d][%lld] (%d) is a page this call appends to, and it is "
+                              "used by another entry too: a page receiving new rows must belong to "
+                              "one sequence, once",
+                              (int)b, (long long)i, (int)id);
+        }
+    }
+    free(w), free(count);
+    return st;
+}
+
 /* Host-side lengths, page ids and positions (backends whose tables are host memory). */
 static fa_status check_tables(fa_context_t ctx, const fa_paged_problem *pg)
 {
@@ -249,7 +301,7 @@ static fa_status check_tables(fa_context_t ctx, const fa_paged_problem *pg)
                                 (long long)pos, (int)d->rope_max_pos);
         }
     }
-    return FA_OK;
+    return pg->append ? check_written_pages(ctx, pg) : FA_OK;
 }
 
 /* check_tables = 1 on a backend whose tables are device memory: download them and check them
