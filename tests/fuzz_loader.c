@@ -1,12 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * libFuzzer harness for the checkpoint and tokenizer loaders (src/model): any bytes must
- * give FA_OK or a refusal, never a crash or an out-of-bounds read. A model the loader
- * accepts has every weight array read end to end (AddressSanitizer checks the bounds);
- * an accepted tokenizer encodes and decodes text made from the same bytes.
+ * give FA_OK or a refusal, never a crash or an out-of-bounds read. The same bytes go to
+ * each loader: as a llama2.c checkpoint, as a tokenizer, as a safetensors file of a tiny
+ * fixed config, and as config.json. A model a loader accepts has every weight array read
+ * end to end (AddressSanitizer checks the bounds); an accepted tokenizer encodes and
+ * decodes text made from the same bytes.
  *
  *   fuzz_loader -max_total_time=25 CORPUS_DIR
  */
+#include "hf.h"
 #include "model.h"
 
 #include <stdlib.h>
@@ -22,8 +25,54 @@ static float touch(const float *p, size_t n)
     return acc;
 }
 
+static void touch_model(const fa_model *m)
+{
+    const fa_model_config *c = &m->config;
+    size_t d = (size_t)c->dim, L = (size_t)c->n_layers, h = (size_t)c->hidden_dim;
+    size_t kv = d / (size_t)c->n_heads * (size_t)c->n_kv_heads, v = (size_t)c->vocab_size;
+    touch(m->w.token_embedding, v * d);
+    touch(m->w.rms_att, L * d);
+    touch(m->w.wq, L * d * d);
+    touch(m->w.wk, L * kv * d);
+    touch(m->w.wv, L * kv * d);
+    touch(m->w.wo, L * d * d);
+    touch(m->w.rms_ffn, L * d);
+    touch(m->w.w1, L * h * d);
+    touch(m->w.w2, L * d * h);
+    touch(m->w.w3, L * h * d);
+    touch(m->w.rms_final, d);
+    touch(m->w.classifier, v * d);
+}
+
+/* The shape of `make fuzz`'s seed checkpoint (gen-model 8x1x2x1x8x16x4), tied embeddings. */
+static const char tiny_config[] =
+    "{\"model_type\": \"llama\", \"hidden_size\": 8, \"intermediate_size\": 8, "
+    "\"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, "
+    "\"vocab_size\": 16, \"max_position_embeddings\": 4, \"tie_word_embeddings\": true}";
+
+/* The bytes as a safetensors file of tiny_config, and as a config.json (parsed only: a config
+ * may ask for any size; one that is small is then loaded over an empty safetensors header). */
+static void hf(const uint8_t *data, size_t size)
+{
+    fa_model *m = NULL;
+    char err[FA_MODEL_ERR_LEN];
+    if (fa_model_from_hf_memory(tiny_config, sizeof(tiny_config) - 1, data, size, &m, err) == FA_OK) {
+        touch_model(m);
+        fa_model_free(m);
+    }
+    fa_model_config c;
+    uint64_t bytes;
+    if (fa_hf_parse_config((const char *)data, size, "config.json", &c, err) == FA_OK &&
+        fa_model_config_check(&c, &bytes, err) == FA_OK && bytes < (1u << 20)) {
+        static const char empty[] = "\x02\0\0\0\0\0\0\0{}";
+        if (fa_model_from_hf_memory((const char *)data, size, empty, sizeof(empty) - 1, &m, err) == FA_OK)
+            fa_model_free(m); /* only a model without tensors could be complete: never */
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    hf(data, size);
     /* the loader wants 4-byte aligned images, as mmap gives */
     void *img = malloc(size ? size : 1);
     if (!img)
@@ -32,21 +81,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fa_model *m = NULL;
     char err[FA_MODEL_ERR_LEN];
     if (fa_model_from_memory(img, size, 0, &m, err) == FA_OK) {
-        const fa_model_config *c = &m->config;
-        size_t d = (size_t)c->dim, L = (size_t)c->n_layers, h = (size_t)c->hidden_dim;
-        size_t kv = d / (size_t)c->n_heads * (size_t)c->n_kv_heads, v = (size_t)c->vocab_size;
-        touch(m->w.token_embedding, v * d);
-        touch(m->w.rms_att, L * d);
-        touch(m->w.wq, L * d * d);
-        touch(m->w.wk, L * kv * d);
-        touch(m->w.wv, L * kv * d);
-        touch(m->w.wo, L * d * d);
-        touch(m->w.rms_ffn, L * d);
-        touch(m->w.w1, L * h * d);
-        touch(m->w.w2, L * d * h);
-        touch(m->w.w3, L * h * d);
-        touch(m->w.rms_final, d);
-        touch(m->w.classifier, v * d);
+        touch_model(m);
         fa_model_free(m);
     }
     free(img);

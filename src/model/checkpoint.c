@@ -3,6 +3,7 @@
 #include "fail.h"
 
 #include <fcntl.h>
+#include <float.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +98,12 @@ fa_status fa_model_config_check(const fa_model_config *c, uint64_t *bytes, char 
     if (hs > FA_MAX_HEAD_DIM)
         return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "head_size = dim / n_heads (%d) exceeds %d",
                     (int)hs, FA_MAX_HEAD_DIM);
+    if (!(c->rope_theta == 0.0f || (c->rope_theta > 0.0f && c->rope_theta <= FLT_MAX)))
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "rope_theta (%g) must be positive and finite",
+                    (double)c->rope_theta);
+    if (!(c->norm_eps == 0.0f || (c->norm_eps > 0.0f && c->norm_eps <= FLT_MAX)))
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "norm_eps (%g) must be positive and finite",
+                    (double)c->norm_eps);
     if (c->shared_classifier != 0 && c->shared_classifier != 1)
         return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "shared_classifier (%d) must be 0 or 1",
                     (int)c->shared_classifier);
@@ -178,6 +185,8 @@ fa_status fa_model_adopt(const void *data, size_t bytes, int owner, fa_model **o
     /* a negative vocab_size marks a separate classifier; INT32_MIN has no magnitude */
     c.shared_classifier = vocab > 0;
     c.vocab_size = vocab == INT32_MIN ? 0 : vocab < 0 ? -vocab : vocab;
+    c.rope_theta = FA_MODEL_ROPE_THETA; /* the format has no field for them */
+    c.norm_eps = FA_MODEL_NORM_EPS;
     if ((st = fa_model_config_check(&c, &need, err)) != FA_OK)
         goto bad;
     if (need != bytes) {

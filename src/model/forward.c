@@ -17,6 +17,7 @@ struct fa_model_state {
     fa_context_t ctx;
     fa_model_state_options opts;
     int32_t seq_len, dim, hidden, kv_dim, head_size;
+    float eps;     /* RMSNorm epsilon */
     float *x;      /* [max_tokens, dim] residual stream */
     float *xb;     /* [max_tokens, dim] normed input of a sublayer */
     float *q;      /* [max_tokens, n_heads, head_size] queries, RoPE applied */
@@ -26,7 +27,7 @@ struct fa_model_state {
     float *logits; /* [vocab] of the chunk's last token */
     float *kc;     /* [layers, seq_len, n_kv_heads, head_size] keys, RoPE applied */
     float *vc;     /* [layers, seq_len, n_kv_heads, head_size] values */
-    float *rope;   /* [seq_len, head_size / 2, 2] cos, sin of pos * 10000^(-2i/head_size) */
+    float *rope;   /* [seq_len, head_size / 2, 2] cos, sin of pos * theta^(-2i/head_size) */
     fa_model_stats stats;
 };
 
@@ -98,6 +99,8 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
     s->hidden = c->hidden_dim;
     s->head_size = c->dim / c->n_heads;
     s->kv_dim = s->head_size * c->n_kv_heads;
+    s->eps = c->norm_eps > 0.0f ? c->norm_eps : FA_MODEL_NORM_EPS;
+    const float theta = c->rope_theta > 0.0f ? c->rope_theta : FA_MODEL_ROPE_THETA;
     uint64_t T = (uint64_t)o.max_tokens, total = 0, kv_rows, kv_bytes = 0;
     s->x = alloc_floats(T, (uint64_t)c->dim, &total);
     s->xb = alloc_floats(T, (uint64_t)c->dim, &total);
@@ -123,11 +126,12 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
     }
     s->stats.kv_cache_bytes = kv_bytes;
     s->stats.state_bytes = total + kv_bytes;
-    /* float arithmetic as llama2.c's run.c computes the angles, so the rotations agree */
+    /* float arithmetic as llama2.c's run.c computes the angles (HF's inv_freq is the same
+     * float32 formula), so the rotations agree */
     int32_t half = s->head_size / 2;
     for (int32_t p = 0; p < c->seq_len; p++)
         for (int32_t i = 0; i < half; i++) {
-            float freq = 1.0f / powf(10000.0f, (float)(2 * i) / (float)s->head_size);
+            float freq = 1.0f / powf(theta, (float)(2 * i) / (float)s->head_size);
             float a = (float)p * freq;
             s->rope[((size_t)p * half + i) * 2] = cosf(a);
             s->rope[((size_t)p * half + i) * 2 + 1] = sinf(a);
@@ -225,28 +229,28 @@ static void project(const fa_model_state *s, float *y, int ldy, const float *x, 
         gemm_split(y, ldy, x, w, T, out, in, accumulate);
 }
 
-/* o = x * g / sqrt(mean(x^2) + 1e-5) for one row of n */
-static void rmsnorm_row(float *o, const float *x, const float *g, int n)
+/* o = x * g / sqrt(mean(x^2) + eps) for one row of n */
+static void rmsnorm_row(float *o, const float *x, const float *g, int n, float eps)
 {
     float ss = 0.0f;
     for (int j = 0; j < n; j++)
         ss += x[j] * x[j];
-    ss = 1.0f / sqrtf(ss / (float)n + 1e-5f);
+    ss = 1.0f / sqrtf(ss / (float)n + eps);
     for (int j = 0; j < n; j++)
         o[j] = g[j] * (ss * x[j]);
 }
 
-/* o[T, n] = x * g / sqrt(mean(x^2) + 1e-5), row by row */
-static void rmsnorm(float *o, const float *x, const float *g, int T, int n)
+/* o[T, n] = x * g / sqrt(mean(x^2) + eps), row by row */
+static void rmsnorm(const fa_model_state *s, float *o, const float *x, const float *g, int T, int n)
 {
     if (!threaded(T, n)) {
         for (int t = 0; t < T; t++)
-            rmsnorm_row(o + (size_t)t * n, x + (size_t)t * n, g, n);
+            rmsnorm_row(o + (size_t)t * n, x + (size_t)t * n, g, n, s->eps);
         return;
     }
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++)
-        rmsnorm_row(o + (size_t)t * n, x + (size_t)t * n, g, n);
+        rmsnorm_row(o + (size_t)t * n, x + (size_t)t * n, g, n, s->eps);
 }
 
 /* Rotate adjacent pairs of each head of row r (width n) by the angles cs of its position. */
@@ -331,7 +335,7 @@ static fa_status forward_chunk(const fa_model *m, fa_model_state *s, const int32
         size_t dd = (size_t)dim * dim, kd = (size_t)kvd * dim, hd = (size_t)hid * dim;
         float *kc = s->kc + ((size_t)l * s->seq_len + (size_t)pos) * kvd;
         float *vc = s->vc + ((size_t)l * s->seq_len + (size_t)pos) * kvd;
-        rmsnorm(s->xb, s->x, w->rms_att + (size_t)l * dim, T, dim);
+        rmsnorm(s, s->xb, s->x, w->rms_att + (size_t)l * dim, T, dim);
         /* K and V go straight into the cache rows of these positions; RoPE is applied to
          * them there, so the cache only ever holds rotated keys */
         project(s, s->q, dim, s->xb, w->wq + l * dd, T, dim, dim, 0);
@@ -344,7 +348,7 @@ static fa_status forward_chunk(const fa_model *m, fa_model_state *s, const int32
             return st;
         /* the residual add is the GEMM's beta = 1 */
         project(s, s->x, dim, s->att, w->wo + l * dd, T, dim, dim, 1);
-        rmsnorm(s->xb, s->x, w->rms_ffn + (size_t)l * dim, T, dim);
+        rmsnorm(s, s->xb, s->x, w->rms_ffn + (size_t)l * dim, T, dim);
         project(s, s->hb, hid, s->xb, w->w1 + l * hd, T, hid, dim, 0);
         project(s, s->hb2, hid, s->xb, w->w3 + l * hd, T, hid, dim, 0);
         swiglu(s->hb, s->hb2, (size_t)T * hid);
@@ -353,7 +357,7 @@ static fa_status forward_chunk(const fa_model *m, fa_model_state *s, const int32
             s->opts.progress(s->opts.progress_user, l + 1, c->n_layers);
     }
     /* logits of the last token only: nothing reads the others */
-    rmsnorm(s->xb, s->x + (size_t)(T - 1) * dim, w->rms_final, 1, dim);
+    rmsnorm(s, s->xb, s->x + (size_t)(T - 1) * dim, w->rms_final, 1, dim);
     project(s, s->logits, c->vocab_size, s->xb, w->classifier, 1, c->vocab_size, dim, 0);
     return FA_OK;
 }

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The Llama runner: llama2.c checkpoints (legacy version-0 format) and
- * tokenizers, a float32 forward pass whose attention is flashattn's
+ * The Llama runner: llama2.c checkpoints (legacy version-0 format), Hugging
+ * Face Llama checkpoints (config.json + safetensors), llama2.c tokenizers, a
+ * float32 forward pass whose attention is flashattn's
  * fa_forward, and a sampler. Glue around flashattn.h, OpenBLAS and OpenMP.
  *
  * Errors: every call that can fail returns an fa_status and, when err is not
@@ -39,7 +40,12 @@ typedef struct fa_model_config {
     int32_t vocab_size; /* > 0 */
     int32_t seq_len;    /* longest context */
     int32_t shared_classifier; /* 1: the classifier is the embedding table */
+    float rope_theta;   /* RoPE base; 0 in a config given to the library = llama2.c's 10000 */
+    float norm_eps;     /* RMSNorm epsilon; 0 in a config given to the library = llama2.c's 1e-5 */
 } fa_model_config;
+
+#define FA_MODEL_ROPE_THETA 10000.0f
+#define FA_MODEL_NORM_EPS 1e-5f
 
 /* Views into the checkpoint image; shapes as stored, row-major, [out x in]. */
 typedef struct fa_model_weights {
@@ -65,7 +71,8 @@ typedef struct fa_model {
     int owner;         /* how image is released: 0 borrowed, 1 munmap, 2 free */
 } fa_model;
 
-/* Check a configuration (every header rule) and compute the checkpoint's size
+/* Check a configuration (every header rule; rope_theta and norm_eps 0 or finite
+ * and positive) and compute the checkpoint's size
  * in bytes. FA_ERR_INVALID_SHAPE names a bad field, FA_ERR_SIZE_OVERFLOW a size
  * that does not fit in 64 bits. bytes may be NULL. */
 fa_status fa_model_config_check(const fa_model_config *c, uint64_t *bytes, char *err);
@@ -84,6 +91,36 @@ fa_status fa_model_from_memory(const void *data, size_t bytes, int take_ownershi
 fa_status fa_model_adopt(const void *data, size_t bytes, int owner, fa_model **out, char *err);
 
 void fa_model_free(fa_model *m);
+
+/* ---- Hugging Face Llama checkpoints ----
+ * A directory with config.json (model_type "llama", or "mistral" without an active sliding
+ * window) and model.safetensors, or model.safetensors.index.json naming shard files in the
+ * same directory. Tensors F32, F16 or BF16, each checked against the config's shapes and the
+ * file's bounds; converted to float32 in llama2.c's layout on load (q_proj/k_proj rows
+ * un-permuted from HF's rotate-half order to adjacent pairs), so the forward pass is the same.
+ * Configs the runner cannot run exactly (rope_scaling, biases, another activation, head_dim
+ * other than hidden_size / num_attention_heads, a sliding window) are refused with
+ * FA_ERR_UNSUPPORTED naming the field. The model owns its weights; the files are unmapped
+ * before return. Little-endian hosts only (as safetensors is). */
+fa_status fa_model_open_hf(const char *dir, fa_model **out, char *err);
+
+/* The same from memory: config.json's text and one safetensors image (both borrowed). */
+fa_status fa_model_from_hf_memory(const char *config_json, size_t config_bytes,
+                                  const void *safetensors, size_t safetensors_bytes,
+                                  fa_model **out, char *err);
+
+/* A directory is opened as a Hugging Face checkpoint, anything else as a llama2.c file. */
+fa_status fa_model_load(const char *path, fa_model **out, char *err);
+
+typedef enum fa_hf_dtype { FA_HF_F32 = 0, FA_HF_F16 = 1, FA_HF_BF16 = 2 } fa_hf_dtype;
+
+/* Write m as a Hugging Face Llama directory (created if missing; existing files of the same
+ * names are replaced): config.json and model.safetensors when shards is 1, else
+ * model-0000k-of-0000N.safetensors and model.safetensors.index.json. Weights are rounded to
+ * dtype to nearest even; q_proj/k_proj rows are permuted into HF's rotate-half order. On an
+ * error the files written so far are left in place. */
+fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtype, int32_t shards,
+                            char *err);
 
 /* Shapes by name: "110m" (dim 768, 12 layers, 12 heads), "1b" (TinyLlama-1.1B:
  * 2048, 22 layers, 32 heads, 4 kv heads), "7b" (Llama-2-7B), or

@@ -139,5 +139,12 @@ fa_status fa_model_synth(const fa_model_config *c, uint64_t seed, fa_model **out
     memcpy(image, h, sizeof(h));
     fill(c, s, nseg, seed, 0, (float *)(image + FA_MODEL_HEADER_BYTES),
          (bytes - FA_MODEL_HEADER_BYTES) / 4);
-    return fa_model_adopt(image, (size_t)bytes, 2, out, err);
+    if ((st = fa_model_adopt(image, (size_t)bytes, 2, out, err)) != FA_OK)
+        return st;
+    /* the file format cannot hold them; the in-memory model can */
+    if (c->rope_theta > 0.0f)
+        (*out)->config.rope_theta = c->rope_theta;
+    if (c->norm_eps > 0.0f)
+        (*out)->config.norm_eps = c->norm_eps;
+    return FA_OK;
 }

@@ -1,0 +1,709 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Hugging Face Llama checkpoints: config.json and safetensors (one file or shards named by
+ * model.safetensors.index.json), read with cJSON and checked against each other. The loader
+ * builds the llama2.c image (header, then the float32 arrays in llama2.c's order) and hands it
+ * to fa_model_adopt, so both formats end in one model layout and one forward pass.
+ */
+#include "fail.h"
+#include "hf.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_CONFIG_BYTES (16u << 20)
+#define MAX_HEADER_BYTES 100000000ull /* safetensors' own limit */
+
+/* ---- config.json ---- */
+
+/* An integer field: absent or null takes dflt when required is 0. */
+static fa_status json_int(const cJSON *o, const char *file, const char *key, int required,
+                          int32_t dflt, int32_t *out, char *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (required)
+            return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': %s is missing", file, key);
+        *out = dflt;
+        return FA_OK;
+    }
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d >= 1.0 && d <= (double)INT32_MAX && d == floor(d)))
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "'%s': %s must be a positive integer below 2^31",
+                             file, key);
+    *out = (int32_t)d;
+    return FA_OK;
+}
+
+/* A positive finite float field, dflt when absent. */
+static fa_status json_float(const cJSON *o, const char *file, const char *key, double dflt,
+                            float *out, char *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    double d = !v || cJSON_IsNull(v) ? dflt : cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d > 0.0 && d <= FLT_MAX && (float)d > 0.0f))
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "'%s': %s must be a positive number", file, key);
+    *out = (float)d;
+    return FA_OK;
+}
+
+/* A boolean field, dflt when absent or null. */
+static fa_status json_bool(const cJSON *o, const char *file, const char *key, int dflt, int *out,
+                           char *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) {
+        *out = dflt;
+        return FA_OK;
+    }
+    if (!cJSON_IsBool(v))
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "'%s': %s must be true or false", file, key);
+    *out = cJSON_IsTrue(v);
+    return FA_OK;
+}
+
+/* A JSON object from n bytes; part (" header" or "") follows the file's name in messages. */
+static cJSON *parse_json(const char *text, size_t n, const char *file, const char *part,
+                         fa_status *st, char *err)
+{
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, n, &end, 0);
+    if (!j) {
+        *st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s'%s is not valid JSON (error near byte %ld)",
+                            file, part, end ? (long)(end - text) : 0l);
+        return NULL;
+    }
+    for (; end && end < text + n; end++)
+        if (*end != ' ' && *end != '\t' && *end != '\n' && *end != '\r' && *end != 0) {
+            cJSON_Delete(j);
+            *st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s'%s has data after its JSON value (byte %ld)",
+                                file, part, (long)(end - text));
+            return NULL;
+        }
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        *st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s'%s is not a JSON object", file, part);
+        return NULL;
+    }
+    *st = FA_OK;
+    return j;
+}
+
+fa_status fa_hf_parse_config(const char *text, size_t n, const char *file, fa_model_config *out,
+                             char *err)
+{
+    fa_status st;
+    cJSON *j = parse_json(text, n, file, "", &st, err);
+    if (!j)
+        return st;
+    fa_model_config c = { 0 };
+    int32_t hd = 0, window = 0;
+    int tied = 0, bias = 0, mlp_bias = 0;
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "hidden_act");
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    const char *type = cJSON_GetStringValue(mt);
+    if (!type) {
+        st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': model_type is missing or not a string", file);
+        goto done;
+    }
+    int mistral = strcmp(type, "mistral") == 0;
+    if (strcmp(type, "llama") != 0 && !mistral) {
+        st = fa_model_fail(err, FA_ERR_UNSUPPORTED,
+                           "'%s': model_type '%.40s' is not supported (llama, mistral)", file, type);
+        goto done;
+    }
+    if ((st = json_int(j, file, "hidden_size", 1, 0, &c.dim, err)) ||
+        (st = json_int(j, file, "intermediate_size", 1, 0, &c.hidden_dim, err)) ||
+        (st = json_int(j, file, "num_hidden_layers", 1, 0, &c.n_layers, err)) ||
+        (st = json_int(j, file, "num_attention_heads", 1, 0, &c.n_heads, err)) ||
+        (st = json_int(j, file, "num_key_value_heads", 0, c.n_heads, &c.n_kv_heads, err)) ||
+        (st = json_int(j, file, "vocab_size", 1, 0, &c.vocab_size, err)) ||
+        (st = json_int(j, file, "max_position_embeddings", 1, 0, &c.seq_len, err)) ||
+        (st = json_int(j, file, "head_dim", 0, 0, &hd, err)) ||
+        (st = json_float(j, file, "rms_norm_eps", 1e-6, &c.norm_eps, err)) ||
+        (st = json_float(j, file, "rope_theta", 10000.0, &c.rope_theta, err)) ||
+        (st = json_bool(j, file, "tie_word_embeddings", 0, &tied, err)) ||
+        (st = json_bool(j, file, "attention_bias", 0, &bias, err)) ||
+        (st = json_bool(j, file, "mlp_bias", 0, &mlp_bias, err)))
+        goto done;
+    if (act && !(cJSON_IsString(act) && strcmp(act->valuestring, "silu") == 0)) {
+        st = fa_model_fail(err, FA_ERR_UNSUPPORTED, "'%s': hidden_act '%.40s' is not supported (silu)",
+                           file, cJSON_IsString(act) ? act->valuestring : "(not a string)");
+        goto done;
+    }
+    if (rs && !cJSON_IsNull(rs)) {
+        const char *rt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rs, "rope_type"));
+        if (!rt)
+            rt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rs, "type"));
+        st = fa_model_fail(err, FA_ERR_UNSUPPORTED,
+                           "'%s': rope_scaling (type '%.40s') is not supported: only null", file,
+                           rt ? rt : "?");
+        goto done;
+    }
+    if (bias || mlp_bias) {
+        st = fa_model_fail(err, FA_ERR_UNSUPPORTED, "'%s': %s true is not supported (no biases)", file,
+                           bias ? "attention_bias" : "mlp_bias");
+        goto done;
+    }
+    if (c.n_layers > FA_HF_MAX_LAYERS) {
+        st = fa_model_fail(err, FA_ERR_INVALID_SHAPE, "'%s': num_hidden_layers (%d) exceeds %d", file,
+                           (int)c.n_layers, FA_HF_MAX_LAYERS);
+        goto done;
+    }
+    /* the header rules in HF's names; fa_model_config_check below has the rest (sizes) */
+    if (c.dim % c.n_heads || c.n_heads % c.n_kv_heads || c.n_kv_heads > c.n_heads) {
+        st = fa_model_fail(err, FA_ERR_INVALID_SHAPE,
+                           "'%s': %s (%d) must be a multiple of %s (%d)", file,
+                           c.dim % c.n_heads ? "hidden_size" : "num_attention_heads",
+                           (int)(c.dim % c.n_heads ? c.dim : c.n_heads),
+                           c.dim % c.n_heads ? "num_attention_heads" : "num_key_value_heads",
+                           (int)(c.dim % c.n_heads ? c.n_heads : c.n_kv_heads));
+        goto done;
+    }
+    if (hd && hd * (int64_t)c.n_heads != c.dim) {
+        st = fa_model_fail(err, FA_ERR_UNSUPPORTED,
+                           "'%s': head_dim (%d) must equal hidden_size / num_attention_heads (%d / %d)",
+                           file, (int)hd, (int)c.dim, (int)c.n_heads);
+        goto done;
+    }
+    if (mistral && (st = json_int(j, file, "sliding_window", 0, 0, &window, err)) != FA_OK)
+        goto done;
+    if (window && window < c.seq_len) {
+        st = fa_model_fail(err, FA_ERR_UNSUPPORTED,
+                           "'%s': sliding_window (%d) below max_position_embeddings (%d) is not supported",
+                           file, (int)window, (int)c.seq_len);
+        goto done;
+    }
+    c.shared_classifier = tied;
+    char inner[FA_MODEL_ERR_LEN];
+    if ((st = fa_model_config_check(&c, NULL, inner)) != FA_OK) {
+        fa_model_fail(err, st, "'%s': %s", file, inner);
+        goto done;
+    }
+    *out = c;
+done:
+    cJSON_Delete(j);
+    return st;
+}
+
+/* ---- tensors: names, shapes and where each goes in the llama2.c image ---- */
+
+static const char *const layer_names[FA_HF_PER_LAYER] = {
+    "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight",
+};
+
+static const char *const global_names[3] = { "model.embed_tokens.weight", "model.norm.weight",
+                                             "lm_head.weight" };
+
+/* Slots: 0 embedding, 1 final norm, 2 lm_head, then FA_HF_PER_LAYER per layer. */
+int fa_hf_slot_count(const fa_model_config *c)
+{
+    return 3 + FA_HF_PER_LAYER * c->n_layers;
+}
+
+void fa_hf_slot_name(const fa_model_config *c, int slot, char *name, size_t cap)
+{
+    (void)c;
+    if (slot < 3)
+        snprintf(name, cap, "%s", global_names[slot]);
+    else
+        snprintf(name, cap, "model.layers.%d.%s", (slot - 3) / FA_HF_PER_LAYER,
+                 layer_names[(slot - 3) % FA_HF_PER_LAYER]);
+}
+
+/* The slot of a tensor name, -1 if no slot has it. */
+static int slot_of(const fa_model_config *c, const char *name)
+{
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, global_names[i]) == 0)
+            return i;
+    const char *p = "model.layers.";
+    if (strncmp(name, p, strlen(p)) != 0)
+        return -1;
+    const char *s = name + strlen(p);
+    if (*s < '0' || *s > '9' || (*s == '0' && s[1] != '.'))
+        return -1; /* no sign, no leading zeros: one spelling per layer */
+    long l = 0;
+    while (*s >= '0' && *s <= '9' && l < c->n_layers)
+        l = l * 10 + (*s++ - '0');
+    if (l >= c->n_layers || *s != '.')
+        return -1;
+    for (int k = 0; k < FA_HF_PER_LAYER; k++)
+        if (strcmp(s + 1, layer_names[k]) == 0)
+            return 3 + (int)l * FA_HF_PER_LAYER + k;
+    return -1;
+}
+
+fa_hf_tensor fa_hf_slot(const fa_model_config *c, int slot)
+{
+    uint64_t D = (uint64_t)c->dim, H = (uint64_t)c->hidden_dim, V = (uint64_t)c->vocab_size;
+    uint64_t L = (uint64_t)c->n_layers, hs = D / (uint64_t)c->n_heads;
+    uint64_t K = hs * (uint64_t)c->n_kv_heads;
+    /* float offsets of llama2.c's arrays after the header (checkpoint.c's order) */
+    uint64_t emb = 0, att = emb + V * D, wq = att + L * D, wk = wq + L * D * D, wv = wk + L * K * D;
+    uint64_t wo = wv + L * K * D, ffn = wo + L * D * D, w1 = ffn + L * D, w2 = w1 + L * H * D;
+    uint64_t w3 = w2 + L * D * H, fin = w3 + L * H * D, cls = fin + D + (uint64_t)c->seq_len * hs;
+    fa_hf_tensor t = { 0 };
+    if (slot < 3) {
+        const uint64_t at[3] = { emb, fin, cls };
+        t.offset = at[slot];
+        t.rows = slot == 1 ? D : V;
+        t.cols = slot == 1 ? 0 : D;
+        return t;
+    }
+    uint64_t l = (uint64_t)(slot - 3) / FA_HF_PER_LAYER;
+    switch ((slot - 3) % FA_HF_PER_LAYER) {
+    case 0: t = (fa_hf_tensor){ att + l * D, D, 0, 0 }; break;
+    case 1: t = (fa_hf_tensor){ wq + l * D * D, D, D, c->n_heads }; break;
+    case 2: t = (fa_hf_tensor){ wk + l * K * D, K, D, c->n_kv_heads }; break;
+    case 3: t = (fa_hf_tensor){ wv + l * K * D, K, D, 0 }; break;
+    case 4: t = (fa_hf_tensor){ wo + l * D * D, D, D, 0 }; break;
+    case 5: t = (fa_hf_tensor){ ffn + l * D, D, 0, 0 }; break;
+    case 6: t = (fa_hf_tensor){ w1 + l * H * D, H, D, 0 }; break;
+    case 7: t = (fa_hf_tensor){ w3 + l * H * D, H, D, 0 }; break;
+    default: t = (fa_hf_tensor){ w2 + l * D * H, D, H, 0 }; break;
+    }
+    return t;
+}
+
+uint64_t fa_hf_permuted_row(uint64_t r, uint64_t rows, int32_t heads, int hf_row)
+{
+    if (!heads)
+        return r;
+    uint64_t hs = rows / (uint64_t)heads, half = hs / 2, h = r / hs, w = r % hs;
+    if (hf_row) /* w = p*half + i */
+        return h * hs + 2 * (w % half) + w / half;
+    return h * hs + (w % 2) * half + w / 2; /* w = 2i + p */
+}
+
+static float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, u;
+    if (e == 31)
+        u = sign | 0x7F800000u | m << 13;
+    else if (e)
+        u = sign | (e + 112) << 23 | m << 13;
+    else if (!m)
+        u = sign;
+    else { /* subnormal: normalise */
+        e = 113;
+        while (!(m & 1024))
+            m <<= 1, e--;
+        u = sign | e << 23 | (m & 1023) << 13;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* The llama2.c rows of one tensor from its safetensors bytes (rows x max(cols, 1) elements). */
+static void convert(float *dst, const unsigned char *src, int dtype, const fa_hf_tensor *t)
+{
+    uint64_t cols = t->cols ? t->cols : 1, esize = dtype == FA_HF_F32 ? 4 : 2;
+    for (uint64_t r = 0; r < t->rows; r++) {
+        const unsigned char *s = src + fa_hf_permuted_row(r, t->rows, t->heads, 0) * cols * esize;
+        float *d = dst + r * cols;
+        if (dtype == FA_HF_F32) {
+            memcpy(d, s, cols * 4); /* little-endian host */
+        } else if (dtype == FA_HF_BF16) {
+            for (uint64_t j = 0; j < cols; j++) {
+                uint32_t u = (uint32_t)(s[2 * j] | s[2 * j + 1] << 8) << 16;
+                memcpy(d + j, &u, 4);
+            }
+        } else {
+            for (uint64_t j = 0; j < cols; j++)
+                d[j] = f16_to_f32((uint16_t)(s[2 * j] | s[2 * j + 1] << 8));
+        }
+    }
+}
+
+/* ---- safetensors ---- */
+
+typedef struct loader {
+    const fa_model_config *c;
+    float *image;          /* the llama2.c image's floats */
+    int16_t *from;         /* [slots] 1 + the file index a tensor came from, 0 = not yet */
+    const cJSON *weight_map; /* sharded: tensor name -> shard file name */
+} loader;
+
+/* Tensors tolerated and skipped: rotary tables older exports stored (recomputed here), and
+ * lm_head where the config ties it to the embedding (HF ties the two on load). */
+static int ignorable(const loader *ld, const char *name)
+{
+    const char *inv = "rotary_emb.inv_freq";
+    size_t n = strlen(name), k = strlen(inv);
+    return (n > k && strcmp(name + n - k, inv) == 0) ||
+           (ld->c->shared_classifier && strcmp(name, "lm_head.weight") == 0);
+}
+
+/* A non-negative integer JSON value below 2^53 (exact in a double). */
+static int json_u64(const cJSON *v, uint64_t *out)
+{
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0.0 && v->valuedouble < 9007199254740992.0) ||
+        v->valuedouble != floor(v->valuedouble))
+        return 0;
+    *out = (uint64_t)v->valuedouble;
+    return 1;
+}
+
+static fa_status read_tensor(loader *ld, const cJSON *e, const char *file, int file_index,
+                             const char *shard, const unsigned char *data, uint64_t data_len,
+                             char *err)
+{
+    const char *name = e->string;
+    if (ld->weight_map) {
+        const char *mapped = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(ld->weight_map, name));
+        if (!mapped || strcmp(mapped, shard) != 0)
+            return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                                 "tensor '%.80s' is in '%s' but the index's weight_map %s", name, file,
+                                 mapped ? "puts it in another shard" : "does not name it");
+    }
+    int slot = slot_of(ld->c, name);
+    if (slot < 0 || (slot == 2 && ld->c->shared_classifier)) {
+        if (ignorable(ld, name))
+            return FA_OK;
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': unexpected tensor '%.80s'", file, name);
+    }
+    if (ld->from[slot])
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': tensor '%.80s' appears twice", file, name);
+    if (!cJSON_IsObject(e))
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': tensor '%.80s' is not an object", file, name);
+    const char *dt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "dtype"));
+    int dtype = !dt ? -1 : strcmp(dt, "F32") == 0 ? FA_HF_F32 : strcmp(dt, "F16") == 0 ? FA_HF_F16
+                         : strcmp(dt, "BF16") == 0 ? FA_HF_BF16 : -1;
+    if (dtype < 0)
+        return fa_model_fail(err, FA_ERR_INVALID_DTYPE,
+                             "'%s': tensor '%.80s' has dtype '%.16s'; F32, F16 and BF16 are read", file,
+                             name, dt ? dt : "(none)");
+    fa_hf_tensor t = fa_hf_slot(ld->c, slot);
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    uint64_t want[2] = { t.rows, t.cols }, got[2] = { 0, 0 };
+    int rank = t.cols ? 2 : 1, n = cJSON_IsArray(shape) ? cJSON_GetArraySize(shape) : -1, ok = n == rank;
+    for (int i = 0; ok && i < rank; i++)
+        ok = json_u64(cJSON_GetArrayItem(shape, i), &got[i]) && got[i] == want[i];
+    if (!ok) {
+        if (rank == 2)
+            return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
+                                 "'%s': tensor '%.80s' must have shape [%llu, %llu] (config.json)", file,
+                                 name, (unsigned long long)want[0], (unsigned long long)want[1]);
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "'%s': tensor '%.80s' must have shape [%llu] (config.json)",
+                             file, name, (unsigned long long)want[0]);
+    }
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    uint64_t b = 0, end = 0, esize = dtype == FA_HF_F32 ? 4 : 2;
+    uint64_t bytes = t.rows * (t.cols ? t.cols : 1) * esize; /* the image's size was checked */
+    if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2 || !json_u64(cJSON_GetArrayItem(off, 0), &b) ||
+        !json_u64(cJSON_GetArrayItem(off, 1), &end) || b > end)
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                             "'%s': tensor '%.80s' data_offsets must be two integers [begin, end]", file, name);
+    if (end > data_len)
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
+                             "'%s': tensor '%.80s' data_offsets end %llu past the data (%llu bytes)", file,
+                             name, (unsigned long long)end, (unsigned long long)data_len);
+    if (end - b != bytes)
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
+                             "'%s': tensor '%.80s' data_offsets span %llu bytes; its shape and dtype need %llu",
+                             file, name, (unsigned long long)(end - b), (unsigned long long)bytes);
+    convert(ld->image + t.offset, data + b, dtype, &t);
+    ld->from[slot] = (int16_t)(1 + file_index);
+    return FA_OK;
+}
+
+/* One safetensors image: 8-byte little-endian header length, the JSON header, the data. */
+static fa_status read_safetensors(loader *ld, const unsigned char *p, uint64_t size, const char *file,
+                                  int file_index, const char *shard, char *err)
+{
+    if (size < 8)
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "'%s' is %llu bytes, shorter than its 8-byte header length",
+                             file, (unsigned long long)size);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = n << 8 | p[i];
+    if (n > size - 8)
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
+                             "'%s': header length %llu runs past the end of the file (%llu bytes)", file,
+                             (unsigned long long)n, (unsigned long long)size);
+    if (n > MAX_HEADER_BYTES)
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "'%s': header length %llu exceeds %llu", file,
+                             (unsigned long long)n, MAX_HEADER_BYTES);
+    fa_status st;
+    cJSON *h = parse_json((const char *)p + 8, (size_t)n, file, " header", &st, err);
+    if (!h)
+        return st;
+    for (const cJSON *e = h->child; e && st == FA_OK; e = e->next)
+        if (strcmp(e->string, "__metadata__") != 0)
+            st = read_tensor(ld, e, file, file_index, shard, p + 8 + n, size - 8 - n, err);
+    cJSON_Delete(h);
+    return st;
+}
+
+/* Every tensor the config needs was found in `where` (a file or an index). */
+static fa_status check_complete(const loader *ld, const char *where, char *err)
+{
+    int slots = fa_hf_slot_count(ld->c);
+    for (int s = 0; s < slots; s++)
+        if (!ld->from[s] && !(s == 2 && ld->c->shared_classifier)) {
+            char name[96];
+            fa_hf_slot_name(ld->c, s, name, sizeof(name));
+            return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "tensor '%s' is missing from '%s'%s", name,
+                                 where, s == 2 ? " (tie_word_embeddings is false)" : "");
+        }
+    return FA_OK;
+}
+
+/* The llama2.c image of config c: the header written and the legacy RoPE tables zeroed (nothing
+ * reads them); every other float is a tensor's, written by read_tensor. */
+static fa_status new_image(const fa_model_config *c, unsigned char **img, uint64_t *bytes, char *err)
+{
+    fa_status st = fa_model_config_check(c, bytes, err);
+    if (st != FA_OK)
+        return st;
+    *img = aligned_alloc(64, (size_t)((*bytes + 63) & ~(uint64_t)63));
+    if (!*img)
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for %.2f GiB of float32 weights",
+                             (double)*bytes / (1u << 30));
+    int32_t h[7] = { c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads,
+                     c->shared_classifier ? c->vocab_size : -c->vocab_size, c->seq_len };
+    memcpy(*img, h, sizeof(h));
+    uint64_t rope = fa_hf_slot(c, 1).offset + (uint64_t)c->dim;
+    memset((float *)(*img + FA_MODEL_HEADER_BYTES) + rope, 0,
+           sizeof(float) * (size_t)c->seq_len * (size_t)(c->dim / c->n_heads));
+    return FA_OK;
+}
+
+/* Hand the finished image to fa_model_adopt with the config's fields the format lacks. */
+static fa_status finish(const fa_model_config *c, unsigned char *img, uint64_t bytes, fa_model **out,
+                        char *err)
+{
+    fa_status st = fa_model_adopt(img, (size_t)bytes, 2, out, err);
+    if (st == FA_OK) {
+        (*out)->config.rope_theta = c->rope_theta;
+        (*out)->config.norm_eps = c->norm_eps;
+    }
+    return st;
+}
+
+fa_status fa_model_from_hf_memory(const char *config_json, size_t config_bytes,
+                                  const void *safetensors, size_t safetensors_bytes,
+                                  fa_model **out, char *err)
+{
+    if (!out)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "out is NULL");
+    *out = NULL;
+    if (!config_json || !safetensors)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "%s is NULL", !config_json ? "config_json" : "safetensors");
+    fa_model_config c;
+    unsigned char *img;
+    uint64_t bytes;
+    fa_status st = fa_hf_parse_config(config_json, config_bytes, "config.json", &c, err);
+    if (st != FA_OK || (st = new_image(&c, &img, &bytes, err)) != FA_OK)
+        return st;
+    loader ld = { &c, (float *)(img + FA_MODEL_HEADER_BYTES), calloc((size_t)fa_hf_slot_count(&c), 2), NULL };
+    if (!ld.from)
+        st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st == FA_OK)
+        st = read_safetensors(&ld, safetensors, safetensors_bytes, "model.safetensors", 0, NULL, err);
+    if (st == FA_OK)
+        st = check_complete(&ld, "model.safetensors", err);
+    free(ld.from);
+    if (st != FA_OK) {
+        free(img);
+        return st;
+    }
+    return finish(&c, img, bytes, out, err);
+}
+
+/* ---- files ---- */
+
+/* path = dir/name, refused when it does not fit. */
+static fa_status join(char *path, size_t cap, const char *dir, const char *name, char *err)
+{
+    if ((size_t)snprintf(path, cap, "%s/%s", dir, name) >= cap)
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "path '%s/%s' is too long", dir, name);
+    return FA_OK;
+}
+
+/* A whole small file into a NUL-terminated buffer. */
+static fa_status slurp(const char *path, char **text, size_t *n, char *err)
+{
+    int fd;
+    uint64_t size;
+    fa_status st = fa_model_open_file(path, "file", &fd, &size, err);
+    if (st != FA_OK)
+        return st;
+    if (size > MAX_CONFIG_BYTES) {
+        close(fd);
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s' is %llu bytes, more than a config may be",
+                             path, (unsigned long long)size);
+    }
+    char *b = malloc((size_t)size + 1);
+    size_t got = 0;
+    while (b && got < size) {
+        ssize_t r = read(fd, b + got, (size_t)size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (!b || got != size) {
+        free(b);
+        return fa_model_fail(err, b ? FA_ERR_INVALID_ARGUMENT : FA_ERR_OUT_OF_MEMORY, "cannot read '%s'", path);
+    }
+    b[size] = 0;
+    *text = b;
+    *n = (size_t)size;
+    return FA_OK;
+}
+
+static fa_status map_safetensors(loader *ld, const char *path, int file_index, const char *shard,
+                                 char *err)
+{
+    int fd;
+    uint64_t size;
+    fa_status st = fa_model_open_file(path, "safetensors file", &fd, &size, err);
+    if (st != FA_OK)
+        return st;
+    if (size > (uint64_t)SIZE_MAX) {
+        close(fd);
+        return fa_model_fail(err, FA_ERR_SIZE_OVERFLOW, "'%s' is too large to map", path);
+    }
+    void *map = size ? mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+    close(fd);
+    if (map == MAP_FAILED)
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "cannot map '%s' (%llu bytes)", path,
+                             (unsigned long long)size);
+    static const unsigned char none[1];
+    st = read_safetensors(ld, map ? map : none, size, path, file_index, shard, err);
+    if (map)
+        munmap(map, (size_t)size);
+    return st;
+}
+
+/* A shard's name from the index: a plain file name inside the directory. */
+static int plain_name(const char *s)
+{
+    return *s && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+}
+
+static fa_status read_index(loader *ld, const char *dir, const char *path, char *err)
+{
+    char *text;
+    size_t n;
+    fa_status st = slurp(path, &text, &n, err);
+    if (st != FA_OK)
+        return st;
+    cJSON *j = parse_json(text, n, path, "", &st, err);
+    free(text);
+    if (!j)
+        return st;
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(j, "weight_map");
+    if (!cJSON_IsObject(map)) {
+        cJSON_Delete(j);
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': weight_map is missing or not an object", path);
+    }
+    ld->weight_map = map;
+    int files = 0;
+    for (const cJSON *e = map->child; e && st == FA_OK; e = e->next) {
+        const char *shard = cJSON_GetStringValue(e);
+        if (!shard || !plain_name(shard)) {
+            st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                               "'%s': weight_map entry '%.80s' must name a file in the directory", path,
+                               e->string);
+            break;
+        }
+        int seen = 0; /* read each shard once, at its first mention */
+        for (const cJSON *f = map->child; f != e && !seen; f = f->next)
+            seen = strcmp(cJSON_GetStringValue(f), shard) == 0;
+        if (seen)
+            continue;
+        if (files == INT16_MAX - 1) {
+            st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s' names too many shards", path);
+            break;
+        }
+        char spath[4096];
+        if ((st = join(spath, sizeof(spath), dir, shard, err)) == FA_OK)
+            st = map_safetensors(ld, spath, files++, shard, err);
+    }
+    /* every tensor the map names was found in its shard (or is one we skip) */
+    for (const cJSON *e = map->child; e && st == FA_OK; e = e->next) {
+        int slot = slot_of(ld->c, e->string);
+        if ((slot < 0 || (slot == 2 && ld->c->shared_classifier)) && ignorable(ld, e->string))
+            continue;
+        if (slot < 0 || !ld->from[slot])
+            st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                               "'%s': weight_map names tensor '%.80s' in '%.80s', which does not hold it",
+                               path, e->string, cJSON_GetStringValue(e));
+    }
+    ld->weight_map = NULL;
+    cJSON_Delete(j);
+    return st;
+}
+
+fa_status fa_model_open_hf(const char *dir, fa_model **out, char *err)
+{
+    if (!out)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "out is NULL");
+    *out = NULL;
+    if (!dir)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "dir is NULL");
+    char path[4096];
+    char *text;
+    size_t n;
+    fa_status st = join(path, sizeof(path), dir, "config.json", err);
+    if (st != FA_OK)
+        return st;
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s' has no config.json", dir);
+    if ((st = slurp(path, &text, &n, err)) != FA_OK)
+        return st;
+    fa_model_config c;
+    st = fa_hf_parse_config(text, n, path, &c, err);
+    free(text);
+    unsigned char *img;
+    uint64_t bytes;
+    if (st != FA_OK || (st = new_image(&c, &img, &bytes, err)) != FA_OK)
+        return st;
+    loader ld = { &c, (float *)(img + FA_MODEL_HEADER_BYTES), calloc((size_t)fa_hf_slot_count(&c), 2), NULL };
+    if (!ld.from)
+        st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st == FA_OK && (st = join(path, sizeof(path), dir, "model.safetensors", err)) == FA_OK) {
+        if (stat(path, &sb) == 0)
+            st = map_safetensors(&ld, path, 0, NULL, err);
+        else if ((st = join(path, sizeof(path), dir, "model.safetensors.index.json", err)) == FA_OK) {
+            if (stat(path, &sb) == 0)
+                st = read_index(&ld, dir, path, err);
+            else
+                st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                                   "'%s' holds neither model.safetensors nor model.safetensors.index.json", dir);
+        }
+    }
+    if (st == FA_OK)
+        st = check_complete(&ld, path, err);
+    free(ld.from);
+    if (st != FA_OK) {
+        free(img);
+        return st;
+    }
+    return finish(&c, img, bytes, out, err);
+}
+
+fa_status fa_model_load(const char *path, fa_model **out, char *err)
+{
+    struct stat sb;
+    if (path && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return fa_model_open_hf(path, out, err);
+    return fa_model_open(path, out, err);
+}

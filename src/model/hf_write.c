@@ -1,0 +1,240 @@
+/* SPDX-License-Identifier: MIT */
+/* A model written as a Hugging Face Llama directory: config.json, safetensors (f32, f16 or bf16,
+ * rounded to nearest even), q/k rows in HF's rotate-half order, optionally sharded. */
+#include "fail.h"
+#include "hf.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+        return (uint16_t)(u >> 16 | 0x40); /* NaN stays NaN (quiet) */
+    return (uint16_t)((u + 0x7FFFu + (u >> 16 & 1)) >> 16);
+}
+
+static uint16_t f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = u >> 16 & 0x8000u, a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u)
+        return (uint16_t)(sign | 0x7E00u);
+    if (a >= 0x477FF000u) /* rounds to 65520 or more: infinity */
+        return (uint16_t)(sign | 0x7C00u);
+    if (a < 0x38800000u) { /* below 2^-14: a subnormal (or zero) of f16 */
+        if (a < 0x33000000u) /* at most half the smallest subnormal: zero */
+            return (uint16_t)sign;
+        uint32_t e = a >> 23, m = (a & 0x7FFFFFu) | 0x800000u, shift = 126 - e; /* 14..24 */
+        uint32_t q = m >> shift, rest = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+        q += rest > halfway || (rest == halfway && (q & 1));
+        return (uint16_t)(sign | q);
+    }
+    /* normal: rebias the exponent, round the 13 dropped bits to nearest even */
+    uint32_t v = a - 0x38000000u;
+    v += 0xFFFu + (v >> 13 & 1);
+    return (uint16_t)(sign | v >> 13);
+}
+
+static const char *dtype_name(fa_hf_dtype d)
+{
+    return d == FA_HF_F32 ? "F32" : d == FA_HF_F16 ? "F16" : "BF16";
+}
+
+/* One tensor's rows in HF order, converted, into buf (rows x max(cols, 1) elements). */
+static void emit(unsigned char *buf, const float *image, const fa_hf_tensor *t, fa_hf_dtype d)
+{
+    uint64_t cols = t->cols ? t->cols : 1, esize = d == FA_HF_F32 ? 4 : 2;
+    for (uint64_t r = 0; r < t->rows; r++) {
+        const float *s = image + t->offset + fa_hf_permuted_row(r, t->rows, t->heads, 1) * cols;
+        unsigned char *o = buf + r * cols * esize;
+        if (d == FA_HF_F32) {
+            memcpy(o, s, cols * 4);
+            continue;
+        }
+        for (uint64_t j = 0; j < cols; j++) {
+            uint16_t h = d == FA_HF_F16 ? f32_to_f16(s[j]) : f32_to_bf16(s[j]);
+            o[2 * j] = (unsigned char)h, o[2 * j + 1] = (unsigned char)(h >> 8);
+        }
+    }
+}
+
+static uint64_t tensor_bytes(const fa_hf_tensor *t, fa_hf_dtype d)
+{
+    return t->rows * (t->cols ? t->cols : 1) * (d == FA_HF_F32 ? 4 : 2);
+}
+
+static fa_status write_json(const char *path, cJSON *j, char *err)
+{
+    char *s = j ? cJSON_Print(j) : NULL;
+    if (!s)
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for '%s'", path);
+    FILE *f = fopen(path, "wb");
+    int ok = f && fputs(s, f) >= 0 && fputc('\n', f) != EOF;
+    ok = (f && fclose(f) == 0) && ok;
+    free(s);
+    return ok ? FA_OK : fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot write '%s'", path);
+}
+
+static cJSON *config_json(const fa_model_config *c, fa_hf_dtype d)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("LlamaForCausalLM"));
+    cJSON_AddStringToObject(j, "model_type", "llama");
+    cJSON_AddNumberToObject(j, "hidden_size", c->dim);
+    cJSON_AddNumberToObject(j, "intermediate_size", c->hidden_dim);
+    cJSON_AddNumberToObject(j, "num_hidden_layers", c->n_layers);
+    cJSON_AddNumberToObject(j, "num_attention_heads", c->n_heads);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", c->n_kv_heads);
+    cJSON_AddNumberToObject(j, "head_dim", c->dim / c->n_heads);
+    cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(j, "max_position_embeddings", c->seq_len);
+    cJSON_AddNumberToObject(j, "rms_norm_eps", c->norm_eps > 0.0f ? c->norm_eps : FA_MODEL_NORM_EPS);
+    cJSON_AddNumberToObject(j, "rope_theta", c->rope_theta > 0.0f ? c->rope_theta : FA_MODEL_ROPE_THETA);
+    cJSON_AddNullToObject(j, "rope_scaling");
+    cJSON_AddStringToObject(j, "hidden_act", "silu");
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", c->shared_classifier);
+    cJSON_AddBoolToObject(j, "attention_bias", 0);
+    cJSON_AddBoolToObject(j, "mlp_bias", 0);
+    cJSON_AddNumberToObject(j, "bos_token_id", FA_TOKEN_BOS);
+    cJSON_AddNumberToObject(j, "eos_token_id", FA_TOKEN_EOS);
+    cJSON_AddStringToObject(j, "torch_dtype", d == FA_HF_F32 ? "float32" : d == FA_HF_F16 ? "float16" : "bfloat16");
+    return j;
+}
+
+/* Tensors slot[0..n) of the model into one safetensors file, in that order. */
+static fa_status write_shard(const fa_model *m, const char *path, const int *slot, int n_slots,
+                             fa_hf_dtype d, char *err)
+{
+    const fa_model_config *c = &m->config;
+    const float *image = (const float *)((const unsigned char *)m->image + FA_MODEL_HEADER_BYTES);
+    cJSON *h = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(h, "__metadata__");
+    cJSON_AddStringToObject(meta, "format", "pt");
+    uint64_t at = 0, largest = 0;
+    for (int k = 0; k < n_slots; k++) {
+        fa_hf_tensor t = fa_hf_slot(c, slot[k]);
+        char name[96];
+        fa_hf_slot_name(c, slot[k], name, sizeof(name));
+        cJSON *e = cJSON_AddObjectToObject(h, name), *shape = cJSON_AddArrayToObject(e, "shape");
+        cJSON *off = cJSON_AddArrayToObject(e, "data_offsets");
+        cJSON_AddStringToObject(e, "dtype", dtype_name(d));
+        cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t.rows));
+        if (t.cols)
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t.cols));
+        uint64_t b = tensor_bytes(&t, d);
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)at));
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(at + b)));
+        at += b;
+        largest = b > largest ? b : largest;
+    }
+    char *js = cJSON_PrintUnformatted(h);
+    cJSON_Delete(h);
+    unsigned char *buf = largest <= SIZE_MAX ? malloc(largest ? (size_t)largest : 1) : NULL;
+    if (!js || !buf) {
+        free(js);
+        free(buf);
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory writing '%s'", path);
+    }
+    /* the data starts 8-byte aligned, as safetensors writes it: the header padded with spaces */
+    size_t n = strlen(js), padded = (n + 7) / 8 * 8;
+    unsigned char len[8];
+    for (int i = 0; i < 8; i++)
+        len[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    FILE *f = fopen(path, "wb");
+    int ok = f && fwrite(len, 1, 8, f) == 8 && fwrite(js, 1, n, f) == n;
+    for (size_t i = n; ok && i < padded; i++)
+        ok = fputc(' ', f) != EOF;
+    for (int k = 0; ok && k < n_slots; k++) {
+        fa_hf_tensor t = fa_hf_slot(c, slot[k]);
+        uint64_t b = tensor_bytes(&t, d);
+        emit(buf, image, &t, d);
+        ok = fwrite(buf, 1, (size_t)b, f) == b;
+    }
+    ok = (f && fclose(f) == 0) && ok;
+    free(js);
+    free(buf);
+    return ok ? FA_OK : fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot write '%s' (disk full?)", path);
+}
+
+fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtype, int32_t shards,
+                            char *err)
+{
+    if (!m || !dir)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "%s is NULL", !m ? "model" : "dir");
+    const fa_model_config *c = &m->config;
+    if (dtype != FA_HF_F32 && dtype != FA_HF_F16 && dtype != FA_HF_BF16)
+        return fa_model_fail(err, FA_ERR_INVALID_DTYPE, "dtype (%d) is not f32, f16 or bf16", (int)dtype);
+    if (c->n_layers > FA_HF_MAX_LAYERS)
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "n_layers (%d) exceeds %d", (int)c->n_layers,
+                             FA_HF_MAX_LAYERS);
+    int slots = fa_hf_slot_count(c), tensors = slots - (c->shared_classifier ? 1 : 0);
+    if (shards < 1 || shards > tensors || shards > 99999)
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "shards (%d) must be in 1..%d (a tensor at least each)",
+                             (int)shards, tensors < 99999 ? tensors : 99999);
+    /* file order: the embedding, the layers, the final norm, lm_head when not tied */
+    int *order = malloc(sizeof(int) * (size_t)tensors), n = 0;
+    if (!order)
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory");
+    order[n++] = 0;
+    for (int s = 3; s < slots; s++)
+        order[n++] = s;
+    order[n++] = 1;
+    if (!c->shared_classifier)
+        order[n++] = 2;
+    fa_status st = FA_OK;
+    char path[4096];
+    cJSON *cfg = NULL, *index = NULL;
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot create directory '%s'", dir);
+        goto done;
+    }
+    if ((size_t)snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir) >= sizeof(path)) {
+        st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "directory name '%s' is too long", dir);
+        goto done;
+    }
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    cfg = config_json(c, dtype);
+    if ((st = write_json(path, cfg, err)) != FA_OK)
+        goto done;
+    if (shards == 1) {
+        snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+        st = write_shard(m, path, order, n, dtype, err);
+        goto done;
+    }
+    /* shard k holds tensors [k n / shards, (k + 1) n / shards) of the file order */
+    index = cJSON_CreateObject();
+    cJSON *meta = cJSON_AddObjectToObject(index, "metadata");
+    cJSON *map = cJSON_AddObjectToObject(index, "weight_map");
+    uint64_t total = 0;
+    for (int k = 0; k < shards && st == FA_OK; k++) {
+        int lo = (int)((int64_t)n * k / shards), hi = (int)((int64_t)n * (k + 1) / shards);
+        char file[64];
+        snprintf(file, sizeof(file), "model-%05d-of-%05d.safetensors", k + 1, (int)shards);
+        snprintf(path, sizeof(path), "%s/%s", dir, file);
+        for (int i = lo; i < hi; i++) {
+            char name[96];
+            fa_hf_tensor t = fa_hf_slot(c, order[i]);
+            fa_hf_slot_name(c, order[i], name, sizeof(name));
+            cJSON_AddStringToObject(map, name, file);
+            total += tensor_bytes(&t, dtype);
+        }
+        st = write_shard(m, path, order + lo, hi - lo, dtype, err);
+    }
+    cJSON_AddNumberToObject(meta, "total_size", (double)total);
+    if (st == FA_OK) {
+        snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
+        st = write_json(path, index, err);
+    }
+done:
+    cJSON_Delete(cfg);
+    cJSON_Delete(index);
+    free(order);
+    return st;
+}
