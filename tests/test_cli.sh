@@ -147,6 +147,40 @@ done
 if grep -q '"max_abs_err":\(nan\|inf\)' "$tmp/b.json"; then echo "FAIL: non-finite error in bench"; fails=$((fails + 1)); fi
 grep -q "<svg" "$tmp/b.svg" || { echo "FAIL: no SVG plot"; fails=$((fails + 1)); }
 
+# the serving suite on a tiny shape: the bandwidth of the run, rows with GB/s and their share
+# of it, JSON lines that parse and carry every column
+expect_rc 0 "bench --paged --help" "$fa" bench --paged --help
+grep -q "usage: flashattn bench --paged" "$tmp/out" || { echo "FAIL: bench --paged --help prints no usage"; fails=$((fails + 1)); }
+expect_rc 0 "bench --paged" "$fa" bench --paged --batch 2 --seq 100 --heads 4 --kv-heads 2 --dim 32 \
+  --page-size 16,7 --mix 5 --reps 3 --json "$tmp/p.json"
+grep -q "^read bandwidth (same run): [0-9.]* GB/s" "$tmp/out" || { echo "FAIL: bench --paged measures no bandwidth"; cat "$tmp/out"; fails=$((fails + 1)); }
+n=$(awk '$1 == "cpu" && $14 ~ /^[0-9]+%$/ && $12 + 0 > 0 && $13 + 0 > 0 { n++ } END { print n + 0 }' "$tmp/out")
+[ "$n" -eq 4 ] || { echo "FAIL: bench --paged printed $n of 4 rows with GB/s and %"; cat "$tmp/out"; fails=$((fails + 1)); }
+python3 -c '
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 4, len(rows)
+want = "backend kernel page_size batch seq_q mix seq_k heads kv_heads head_dim dtype threads warm ms ms_contiguous paged_over_contiguous bytes gbs bandwidth_gbs bandwidth_kind pct_bandwidth gflops workspace_bytes max_abs_err rel_l2_err err_pairs_checked err_pairs".split()
+for r in rows:
+    missing = [k for k in want if k not in r]
+    assert not missing, missing
+    assert r["gbs"] > 0 and r["pct_bandwidth"] > 0 and r["ms"] > 0 and r["ms_contiguous"] > 0
+    assert math.isfinite(r["max_abs_err"]) and r["rel_l2_err"] < 1e-2, r
+assert sorted((r["page_size"], r["mix"]) for r in rows) == [(7, 0), (7, 5), (16, 0), (16, 5)]
+' "$tmp/p.json" || { echo "FAIL: bench --paged JSON rows"; cat "$tmp/p.json"; fails=$((fails + 1)); }
+expect_usage "bench --paged --page-size 0" "$fa" bench --paged --page-size 0
+expect_usage "bench --paged --seq-q 0" "$fa" bench --paged --seq-q 0
+expect_usage "bench --paged --mix -1" "$fa" bench --paged --mix -1
+expect_usage "bench --paged kv heads not dividing heads" "$fa" bench --paged --heads 6 --kv-heads 4
+expect_usage "bench --paged --batch 1,,2" "$fa" bench --paged --batch 1,,2
+expect_usage "bench --paged --dtype f64" "$fa" bench --paged --dtype f64
+expect_usage "bench --paged --bogus" "$fa" bench --paged --bogus
+expect_usage "bench --paged on gles" "$fa" bench --paged --backend gles
+grep -q "paged" "$tmp/err" || { echo "FAIL: bench --paged on gles: the message names no paged calls"; cat "$tmp/err"; fails=$((fails + 1)); }
+expect_rc 1 "bench --paged: pages past int32" "$fa" bench --paged --seq 16777216 --page-size 1 --batch 65536 --heads 1 --dim 1
+grep -q "too large" "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ] ||
+  { echo "FAIL: bench --paged with 2^40 pages: want one line saying too large"; cat "$tmp/err"; fails=$((fails + 1)); }
+
 expect_rc 0 "bench --backward" "$fa" bench --seq 80 --heads 2 --dim 16 --causal yes --backward \
   --reps 3 --no-sgemm --json "$tmp/bw.json"
 for field in ms_backward ms_backward_standard gflops_backward dq_rel_l2_err dk_rel_l2_err dv_rel_l2_err; do

@@ -28,6 +28,11 @@ static const char *help =
     "options it runs the default suite: seq 512..4096, heads 8 and 32, head_dim 64 and\n"
     "128, causal and not (about two minutes on 2 cores).\n"
     "\n"
+    "  --paged               the serving suite instead: decode, speculative and mixed\n"
+    "                        decode + prefill calls over a paged KV cache, GB/s and the\n"
+    "                        share of the memory bandwidth measured in the same run\n"
+    "                        (`flashattn bench --paged --help` lists its options)\n"
+    "\n"
     "shape:\n"
     "  --seq N[,N...]        sequence lengths (sq = sk)             [512,1024,2048,4096]\n"
     "  --seq-q N             query length when it differs from --seq (e.g. 1 for decode)\n"
@@ -97,8 +102,16 @@ double cli_median(double *v, int n)
 
 int cli_time_turns(int (*fn)(void *), void *const arg[], int n, long reps, double ms[])
 {
+    return cli_time_turns_evict(fn, arg, n, reps, NULL, NULL, ms);
+}
+
+int cli_time_turns_evict(int (*fn)(void *), void *const arg[], int n, long reps, void (*evict)(void *),
+                         void *evict_arg, double ms[])
+{
     double once = 0.0;
     for (int f = 0; f < n; f++) {
+        if (evict)
+            evict(evict_arg);
         double t0 = cli_now();
         if (fn(arg[f]) != 0)
             return -1;
@@ -110,6 +123,8 @@ int cli_time_turns(int (*fn)(void *), void *const arg[], int n, long reps, doubl
         count = 64;
     for (int i = 0; i < count; i++)
         for (int f = 0; f < n; f++) {
+            if (evict)
+                evict(evict_arg);
             double t0 = cli_now();
             if (fn(arg[f]) != 0)
                 return -1;
@@ -663,6 +678,9 @@ static int parse(int argc, char **argv, opts *o)
 
 int cmd_bench(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--paged") == 0)
+            return cmd_bench_paged(argc, argv);
     opts o;
     int rc = parse(argc, argv, &o);
     if (rc != 0)

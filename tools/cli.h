@@ -15,6 +15,7 @@
 #define CLI_EXIT_USAGE 2
 
 int cmd_bench(int argc, char **argv);
+int cmd_bench_paged(int argc, char **argv); /* `bench --paged` */
 int cmd_check(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
@@ -90,6 +91,9 @@ double cli_median(double *v, int n);
  * machine's slow spells fall on every call alike. -1 when a call fails. */
 #define CLI_TURNS_MAX 2
 int cli_time_turns(int (*fn)(void *), void *const arg[], int n, long reps, double ms[]);
+/* The same with evict(evict_arg) before every call, untimed (NULL: nothing). */
+int cli_time_turns_evict(int (*fn)(void *), void *const arg[], int n, long reps, void (*evict)(void *),
+                         void *evict_arg, double ms[]);
 
 /* Backward of a forward descriptor that has been run (o and lse filled). */
 typedef struct cli_bwd_row {
