@@ -332,7 +332,7 @@ static void convert(float *dst, const unsigned char *src, int dtype, const fa_hf
 typedef struct loader {
     const fa_model_config *c;
     float *image;          /* the llama2.c image's floats */
-    int16_t *from;         /* [slots] 1 + the file index a tensor came from, 0 = not yet */
+    int32_t *from;         /* [slots] 1 + the file index a tensor came from, 0 = not yet */
     const cJSON *weight_map; /* sharded: tensor name -> shard file name */
 } loader;
 
@@ -415,7 +415,7 @@ static fa_status read_tensor(loader *ld, const cJSON *e, const char *file, int f
                              "'%s': tensor '%.80s' data_offsets span %llu bytes; its shape and dtype need %llu",
                              file, name, (unsigned long long)(end - b), (unsigned long long)bytes);
     convert(ld->image + t.offset, data + b, dtype, &t);
-    ld->from[slot] = (int16_t)(1 + file_index);
+    ld->from[slot] = 1 + file_index;
     return FA_OK;
 }
 
@@ -508,7 +508,7 @@ fa_status fa_model_from_hf_memory(const char *config_json, size_t config_bytes,
     fa_status st = fa_hf_parse_config(config_json, config_bytes, "config.json", &c, err);
     if (st != FA_OK || (st = new_image(&c, &img, &bytes, err)) != FA_OK)
         return st;
-    loader ld = { &c, (float *)(img + FA_MODEL_HEADER_BYTES), calloc((size_t)fa_hf_slot_count(&c), 2), NULL };
+    loader ld = { &c, (float *)(img + FA_MODEL_HEADER_BYTES), calloc((size_t)fa_hf_slot_count(&c), sizeof(int32_t)), NULL };
     if (!ld.from)
         st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory");
     if (st == FA_OK)
@@ -613,6 +613,14 @@ static fa_status read_index(loader *ld, const char *dir, const char *path, char 
         cJSON_Delete(j);
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': weight_map is missing or not an object", path);
     }
+    /* every name is a slot, or a layer's rotary table: bounded, as the lookups below are linear */
+    int most = fa_hf_slot_count(ld->c) + ld->c->n_layers, entries = cJSON_GetArraySize(map);
+    if (entries > most) {
+        cJSON_Delete(j);
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                             "'%s': weight_map has %d entries; a Llama of %d layers has at most %d tensors",
+                             path, entries, (int)ld->c->n_layers, most);
+    }
     ld->weight_map = map;
     int files = 0;
     for (const cJSON *e = map->child; e && st == FA_OK; e = e->next) {
@@ -628,10 +636,6 @@ static fa_status read_index(loader *ld, const char *dir, const char *path, char 
             seen = strcmp(cJSON_GetStringValue(f), shard) == 0;
         if (seen)
             continue;
-        if (files == INT16_MAX - 1) {
-            st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s' names too many shards", path);
-            break;
-        }
         char spath[4096];
         if ((st = join(spath, sizeof(spath), dir, shard, err)) == FA_OK)
             st = map_safetensors(ld, spath, files++, shard, err);
@@ -676,7 +680,7 @@ fa_status fa_model_open_hf(const char *dir, fa_model **out, char *err)
     uint64_t bytes;
     if (st != FA_OK || (st = new_image(&c, &img, &bytes, err)) != FA_OK)
         return st;
-    loader ld = { &c, (float *)(img + FA_MODEL_HEADER_BYTES), calloc((size_t)fa_hf_slot_count(&c), 2), NULL };
+    loader ld = { &c, (float *)(img + FA_MODEL_HEADER_BYTES), calloc((size_t)fa_hf_slot_count(&c), sizeof(int32_t)), NULL };
     if (!ld.from)
         st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory");
     if (st == FA_OK && (st = join(path, sizeof(path), dir, "model.safetensors", err)) == FA_OK) {

@@ -82,6 +82,18 @@ static fa_status write_json(const char *path, cJSON *j, char *err)
     return ok ? FA_OK : fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot write '%s'", path);
 }
 
+/* The shortest decimal that reads back as f (1e-05 rather than 9.99999974737875e-06). */
+static double shortest(float f)
+{
+    char b[32];
+    for (int p = 1; p < 9; p++) {
+        snprintf(b, sizeof(b), "%.*g", p, (double)f);
+        if ((float)strtod(b, NULL) == f)
+            return strtod(b, NULL);
+    }
+    return (double)f;
+}
+
 static cJSON *config_json(const fa_model_config *c, fa_hf_dtype d)
 {
     cJSON *j = cJSON_CreateObject();
@@ -96,8 +108,8 @@ static cJSON *config_json(const fa_model_config *c, fa_hf_dtype d)
     cJSON_AddNumberToObject(j, "head_dim", c->dim / c->n_heads);
     cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
     cJSON_AddNumberToObject(j, "max_position_embeddings", c->seq_len);
-    cJSON_AddNumberToObject(j, "rms_norm_eps", c->norm_eps > 0.0f ? c->norm_eps : FA_MODEL_NORM_EPS);
-    cJSON_AddNumberToObject(j, "rope_theta", c->rope_theta > 0.0f ? c->rope_theta : FA_MODEL_ROPE_THETA);
+    cJSON_AddNumberToObject(j, "rms_norm_eps", shortest(c->norm_eps > 0.0f ? c->norm_eps : FA_MODEL_NORM_EPS));
+    cJSON_AddNumberToObject(j, "rope_theta", shortest(c->rope_theta > 0.0f ? c->rope_theta : FA_MODEL_ROPE_THETA));
     cJSON_AddNullToObject(j, "rope_scaling");
     cJSON_AddStringToObject(j, "hidden_act", "silu");
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->shared_classifier);
