@@ -94,7 +94,7 @@ static void generate(story *s, const char *prompt, int steps, int32_t chunk, fa_
     char err[FA_MODEL_ERR_LEN];
     fa_model_state *st;
     fa_sampler *smp;
-    fa_model_state_options o = { chunk, FA_ALGORITHM_FLASH, mv, NULL, NULL };
+    fa_model_state_options o = { chunk, FA_ALGORITHM_FLASH, mv, NULL, NULL, 0 };
     assert_int_equal(fa_model_state_create(s->m, s->ctx, &o, &st, err), FA_OK);
     assert_int_equal(fa_sampler_create(s->m->config.vocab_size, 0.0f, 0.9f, 1, &smp, err), FA_OK);
     memset(c, 0, sizeof(*c));
@@ -240,7 +240,7 @@ static void test_prefill_equals_decode(void **state)
     const int32_t chunks[] = { 0, 7, 1 };
     for (int v = 0; v < 3; v++) {
         fa_model_state *st;
-        fa_model_state_options o = { chunks[v], FA_ALGORITHM_FLASH, FA_MATVEC_OWN, NULL, NULL };
+        fa_model_state_options o = { chunks[v], FA_ALGORITHM_FLASH, FA_MATVEC_OWN, NULL, NULL, 0 };
         assert_int_equal(fa_model_state_create(m, s->ctx, &o, &st, err), FA_OK);
         float *logits;
         if (v < 2) {
@@ -500,7 +500,7 @@ static void test_forward_refusals(void **state)
     assert_non_null(strstr(err, "seq_len"));
     assert_int_equal(fa_model_forward(s->m, st, ids, 0, 0, &logits, err), FA_ERR_INVALID_SHAPE);
     fa_model_state_free(st);
-    fa_model_state_options o = { 513, FA_ALGORITHM_FLASH, FA_MATVEC_OWN, NULL, NULL };
+    fa_model_state_options o = { 513, FA_ALGORITHM_FLASH, FA_MATVEC_OWN, NULL, NULL, 0 };
     assert_int_equal(fa_model_state_create(s->m, s->ctx, &o, &st, err), FA_ERR_INVALID_VALUE);
     assert_non_null(strstr(err, "max_tokens"));
     assert_null(st);

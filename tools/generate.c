@@ -163,7 +163,7 @@ int cmd_generate(int argc, char **argv)
     if (!(ctx = cli_context(FA_BACKEND_CPU, (int)threads)))
         goto done;
     fa_model_state_options so = { chunk < m->config.seq_len ? (int32_t)chunk : 0, FA_ALGORITHM_FLASH,
-                                  matvec, NULL, NULL };
+                                  matvec, NULL, NULL, 0 };
     if ((s = fa_model_state_create(m, ctx, &so, &st, err)) != FA_OK) {
         fprintf(stderr, "flashattn generate: %s (%s)\n", err, fa_status_string(s));
         goto done;

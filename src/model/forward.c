@@ -2,9 +2,13 @@
 /*
  * The Llama forward pass (llama2.c's conventions), float32. Projections are
  * OpenBLAS sgemm over every token of a chunk (one token: our matvec or
- * sgemv); attention is one fa_forward per layer over the KV cache.
+ * sgemv); attention is one fa_forward per layer over the state's KV cache,
+ * or, for a scheduler's step over many sequences, one fa_paged_forward per
+ * layer over a paged cache (the call appends the step's keys and values and
+ * applies RoPE itself).
  */
 #include "fail.h"
+#include "scheduler.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -28,7 +32,15 @@ struct fa_model_state {
     float *kc;     /* [layers, seq_len, n_kv_heads, head_size] keys, RoPE applied */
     float *vc;     /* [layers, seq_len, n_kv_heads, head_size] values */
     float *rope;   /* [seq_len, head_size / 2, 2] cos, sin of pos * theta^(-2i/head_size) */
+    float *kn, *vn; /* [max_tokens, kv_dim] a step's new keys and values (paged steps) */
     fa_model_stats stats;
+};
+
+/* A paged KV cache of the model's layers (fa_model_forward_step). */
+struct fa_model_kv {
+    int32_t num_pages, page_size, n_layers, kv_dim, seq_len, half;
+    float *k, *v;       /* [layers, num_pages, page_size, n_kv_heads, head_size] */
+    float *cos, *sin;   /* [seq_len, head_size / 2]: the paged call's RoPE tables */
 };
 
 static double now(void)
@@ -54,7 +66,7 @@ void fa_model_state_free(fa_model_state *s)
 {
     if (!s)
         return;
-    float *bufs[] = { s->x, s->xb, s->q, s->att, s->hb, s->hb2, s->logits, s->kc, s->vc, s->rope };
+    float *bufs[] = { s->x, s->xb, s->q, s->att, s->hb, s->hb2, s->logits, s->kc, s->vc, s->rope, s->kn, s->vn };
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]);
     free(s);
@@ -73,7 +85,7 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
         return fa_model_fail(err, FA_ERR_UNSUPPORTED,
                     "the runner keeps its KV cache in host memory: ctx must be a cpu context, not %s",
                     fa_backend_name(fa_context_backend(ctx)));
-    fa_model_state_options o = { 0, FA_ALGORITHM_FLASH, FA_MATVEC_AUTO, NULL, NULL };
+    fa_model_state_options o = { 0, FA_ALGORITHM_FLASH, FA_MATVEC_AUTO, NULL, NULL, 0 };
     if (opts)
         o = *opts;
     const fa_model_config *c = &m->config;
@@ -110,13 +122,17 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
     s->hb2 = alloc_floats(T, (uint64_t)c->hidden_dim, &total);
     s->logits = alloc_floats(1, (uint64_t)c->vocab_size, &total);
     s->rope = alloc_floats((uint64_t)c->seq_len, (uint64_t)s->head_size, &total);
+    s->kn = alloc_floats(T, (uint64_t)s->kv_dim, &total);
+    s->vn = alloc_floats(T, (uint64_t)s->kv_dim, &total);
     int ok = !__builtin_mul_overflow((uint64_t)c->n_layers, (uint64_t)c->seq_len, &kv_rows);
-    if (ok) {
+    if (ok && o.paged) { /* steps only: the pages are the cache */
+        s->kc = s->vc = NULL;
+    } else if (ok) {
         s->kc = alloc_floats(kv_rows, (uint64_t)s->kv_dim, &kv_bytes);
         s->vc = alloc_floats(kv_rows, (uint64_t)s->kv_dim, &kv_bytes);
     }
     if (!ok || !s->x || !s->xb || !s->q || !s->att || !s->hb || !s->hb2 || !s->logits ||
-        !s->rope || !s->kc || !s->vc) {
+        !s->rope || !s->kn || !s->vn || (!o.paged && (!s->kc || !s->vc))) {
         int32_t kvd = s->kv_dim;
         fa_model_state_free(s);
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY,
@@ -322,28 +338,68 @@ static fa_status attention(const fa_model *m, fa_model_state *s, int l, int T, i
     return FA_OK;
 }
 
-static fa_status forward_chunk(const fa_model *m, fa_model_state *s, const int32_t *tokens, int T,
-                               int pos, char *err)
+/* Layer l of a step: the paged call appends the rows' keys and values (rotated) at their
+ * sequences' cached lengths and attends, q rotated by the same call. */
+static fa_status attention_paged(const fa_model *m, fa_model_state *s, const fa_model_kv *kv,
+                                 const fa_step *st, int l, char *err)
+{
+    const fa_model_config *c = &m->config;
+    const size_t layer = (size_t)l * (size_t)kv->num_pages * (size_t)kv->page_size * (size_t)kv->kv_dim;
+    fa_paged_desc d;
+    fa_paged_desc_init(&d);
+    d.batch = st->batch;
+    d.total_q = st->total_q;
+    d.max_seqlen_q = st->max_seqlen_q;
+    d.max_seqlen_k = st->max_seqlen_k;
+    d.num_heads_q = c->n_heads;
+    d.head_dim = s->head_size;
+    d.q = fa_tensor_contiguous(s->q, FA_DTYPE_F32, FA_LAYOUT_BSHD, st->total_q, c->n_heads, s->head_size);
+    d.o = fa_tensor_contiguous(s->att, FA_DTYPE_F32, FA_LAYOUT_BSHD, st->total_q, c->n_heads, s->head_size);
+    d.cu_seqlens_q = st->cu_seqlens_q;
+    d.cache = fa_kv_cache_contiguous(kv->k + layer, kv->v + layer, FA_DTYPE_F32, FA_LAYOUT_BSHD, kv->num_pages,
+                                     kv->page_size, c->n_kv_heads, s->head_size);
+    d.block_table = st->block_table;
+    d.max_pages_per_seq = st->max_pages_per_seq;
+    d.cache_seqlens = st->cache_seqlens;
+    d.k_new = fa_tensor_contiguous(s->kn, FA_DTYPE_F32, FA_LAYOUT_BSHD, st->total_q, c->n_kv_heads, s->head_size);
+    d.v_new = fa_tensor_contiguous(s->vn, FA_DTYPE_F32, FA_LAYOUT_BSHD, st->total_q, c->n_kv_heads, s->head_size);
+    d.rope = FA_ROPE_INTERLEAVED; /* llama2.c's adjacent pairs, positions from the cached lengths */
+    d.rope_max_pos = kv->seq_len;
+    d.rope_cos = kv->cos;
+    d.rope_sin = kv->sin;
+    d.causal = 1;
+    double t0 = now();
+    fa_status rc = fa_paged_forward(s->ctx, &d);
+    s->stats.attention_s += now() - t0;
+    if (rc != FA_OK)
+        return fa_model_fail(err, rc, "layer %d paged attention: %s", l, fa_context_last_error(s->ctx));
+    return FA_OK;
+}
+
+/* The layers over T rows of s->x: the dense cache at positions pos.. (kv NULL), or a step
+ * of a paged cache. */
+static fa_status layers(const fa_model *m, fa_model_state *s, int T, int pos, const fa_model_kv *kv,
+                        const fa_step *step, char *err)
 {
     const fa_model_config *c = &m->config;
     const fa_model_weights *w = &m->w;
     int dim = c->dim, hid = c->hidden_dim, kvd = s->kv_dim;
-    for (int t = 0; t < T; t++)
-        memcpy(s->x + (size_t)t * dim, w->token_embedding + (size_t)tokens[t] * dim,
-               sizeof(float) * (size_t)dim);
     for (int l = 0; l < c->n_layers; l++) {
         size_t dd = (size_t)dim * dim, kd = (size_t)kvd * dim, hd = (size_t)hid * dim;
-        float *kc = s->kc + ((size_t)l * s->seq_len + (size_t)pos) * kvd;
-        float *vc = s->vc + ((size_t)l * s->seq_len + (size_t)pos) * kvd;
+        /* K and V go straight into the cache rows of these positions (paged: into the rows the
+         * call appends); RoPE is applied to them before attention, so the cache only ever
+         * holds rotated keys */
+        float *kc = kv ? s->kn : s->kc + ((size_t)l * s->seq_len + (size_t)pos) * kvd;
+        float *vc = kv ? s->vn : s->vc + ((size_t)l * s->seq_len + (size_t)pos) * kvd;
         rmsnorm(s, s->xb, s->x, w->rms_att + (size_t)l * dim, T, dim);
-        /* K and V go straight into the cache rows of these positions; RoPE is applied to
-         * them there, so the cache only ever holds rotated keys */
         project(s, s->q, dim, s->xb, w->wq + l * dd, T, dim, dim, 0);
         project(s, kc, kvd, s->xb, w->wk + l * kd, T, kvd, dim, 0);
         project(s, vc, kvd, s->xb, w->wv + l * kd, T, kvd, dim, 0);
-        rope(s, s->q, dim, T, dim, pos);
-        rope(s, kc, kvd, T, kvd, pos);
-        fa_status st = attention(m, s, l, T, pos, err);
+        if (!kv) {
+            rope(s, s->q, dim, T, dim, pos);
+            rope(s, kc, kvd, T, kvd, pos);
+        }
+        fa_status st = kv ? attention_paged(m, s, kv, step, l, err) : attention(m, s, l, T, pos, err);
         if (st != FA_OK)
             return st;
         /* the residual add is the GEMM's beta = 1 */
@@ -356,6 +412,21 @@ static fa_status forward_chunk(const fa_model *m, fa_model_state *s, const int32
         if (s->opts.progress)
             s->opts.progress(s->opts.progress_user, l + 1, c->n_layers);
     }
+    return FA_OK;
+}
+
+static fa_status forward_chunk(const fa_model *m, fa_model_state *s, const int32_t *tokens, int T,
+                               int pos, char *err)
+{
+    const fa_model_config *c = &m->config;
+    const fa_model_weights *w = &m->w;
+    int dim = c->dim;
+    for (int t = 0; t < T; t++)
+        memcpy(s->x + (size_t)t * dim, w->token_embedding + (size_t)tokens[t] * dim,
+               sizeof(float) * (size_t)dim);
+    fa_status st = layers(m, s, T, pos, NULL, NULL, err);
+    if (st != FA_OK)
+        return st;
     /* logits of the last token only: nothing reads the others */
     rmsnorm(s, s->xb, s->x + (size_t)(T - 1) * dim, w->rms_final, 1, dim);
     project(s, s->logits, c->vocab_size, s->xb, w->classifier, 1, c->vocab_size, dim, 0);
@@ -370,6 +441,9 @@ fa_status fa_model_forward(const fa_model *m, fa_model_state *s, const int32_t *
     const fa_model_config *c = &m->config;
     if (s->dim != c->dim || s->seq_len != c->seq_len || s->hidden != c->hidden_dim)
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "state was made for another model");
+    if (!s->kc)
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                             "state was made for paged steps (options.paged): it has no cache of its own");
     if (n < 1 || pos < 0 || pos > c->seq_len - n)
         return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                     "positions pos (%d) .. pos + n (%d) must lie in 0..seq_len (%d)", (int)pos,
@@ -389,5 +463,92 @@ fa_status fa_model_forward(const fa_model *m, fa_model_state *s, const int32_t *
     s->stats.forward_s += now() - t0;
     if (logits)
         *logits = s->logits;
+    return FA_OK;
+}
+
+void fa_model_kv_free(fa_model_kv *kv)
+{
+    if (!kv)
+        return;
+    free(kv->k), free(kv->v), free(kv->cos), free(kv->sin);
+    free(kv);
+}
+
+fa_status fa_model_kv_create(const fa_model *m, int32_t num_pages, int32_t page_size, fa_model_kv **out,
+                             char *err)
+{
+    if (!out)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "out is NULL");
+    *out = NULL;
+    if (!m)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "model is NULL");
+    if (num_pages < 1 || page_size < 1)
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "%s (%d) must be at least 1",
+                             num_pages < 1 ? "num_pages" : "page_size", (int)(num_pages < 1 ? num_pages : page_size));
+    const fa_model_config *c = &m->config;
+    fa_model_kv *kv = calloc(1, sizeof(*kv));
+    if (!kv)
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the paged cache");
+    const int32_t hs = c->dim / c->n_heads;
+    *kv = (fa_model_kv){ num_pages, page_size, c->n_layers, hs * c->n_kv_heads, c->seq_len, hs / 2, NULL, NULL,
+                         NULL, NULL };
+    uint64_t rows, total = 0;
+    int ok = !__builtin_mul_overflow((uint64_t)c->n_layers * (uint64_t)num_pages, (uint64_t)page_size, &rows);
+    if (ok) {
+        kv->k = alloc_floats(rows, (uint64_t)kv->kv_dim, &total);
+        kv->v = alloc_floats(rows, (uint64_t)kv->kv_dim, &total);
+    }
+    kv->cos = alloc_floats((uint64_t)c->seq_len, (uint64_t)kv->half, &total);
+    kv->sin = alloc_floats((uint64_t)c->seq_len, (uint64_t)kv->half, &total);
+    if (!ok || !kv->k || !kv->v || !kv->cos || !kv->sin) {
+        fa_model_kv_free(kv);
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY,
+                             "out of memory for a paged cache of %d layers x %d pages x %d tokens x %d", (int)c->n_layers,
+                             (int)num_pages, (int)page_size, (int)(hs * c->n_kv_heads));
+    }
+    /* the angles as fa_model_state_create computes them */
+    const float theta = c->rope_theta > 0.0f ? c->rope_theta : FA_MODEL_ROPE_THETA;
+    for (int32_t p = 0; p < c->seq_len; p++)
+        for (int32_t i = 0; i < kv->half; i++) {
+            float a = (float)p * (1.0f / powf(theta, (float)(2 * i) / (float)hs));
+            kv->cos[(size_t)p * kv->half + i] = cosf(a);
+            kv->sin[(size_t)p * kv->half + i] = sinf(a);
+        }
+    *out = kv;
+    return FA_OK;
+}
+
+fa_status fa_model_forward_step(const fa_model *m, fa_model_state *s, fa_model_kv *kv, const fa_step *st,
+                                float *logits, char *err)
+{
+    if (!m || !s || !kv || !st || !logits)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "%s is NULL",
+                             !m ? "model" : !s ? "state" : !kv ? "kv" : !st ? "step" : "logits");
+    const fa_model_config *c = &m->config;
+    if (s->dim != c->dim || s->seq_len != c->seq_len || s->hidden != c->hidden_dim ||
+        kv->n_layers != c->n_layers || kv->kv_dim != s->kv_dim || kv->seq_len != c->seq_len)
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "state or kv was made for another model");
+    if (st->batch < 1 || st->total_q < 1 || st->total_q > s->opts.max_tokens)
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "the step's %d rows must be in 1..max_tokens (%d)",
+                             (int)st->total_q, (int)s->opts.max_tokens);
+    for (int32_t i = 0; i < st->total_q; i++)
+        if (st->tokens[i] < 0 || st->tokens[i] >= c->vocab_size)
+            return fa_model_fail(err, FA_ERR_INVALID_VALUE, "tokens[%d] (%d) is outside 0..vocab_size-1 (%d)", (int)i,
+                                 (int)st->tokens[i], (int)c->vocab_size - 1);
+    double t0 = now();
+    const int dim = c->dim;
+    for (int32_t t = 0; t < st->total_q; t++)
+        memcpy(s->x + (size_t)t * dim, m->w.token_embedding + (size_t)st->tokens[t] * dim,
+               sizeof(float) * (size_t)dim);
+    fa_status rc = layers(m, s, st->total_q, 0, kv, st, err);
+    if (rc != FA_OK)
+        return rc;
+    for (int32_t b = 0; b < st->batch; b++) /* the sampled sequences' last rows only */
+        if (st->sample[b]) {
+            rmsnorm(s, s->xb, s->x + (size_t)(st->cu_seqlens_q[b + 1] - 1) * dim, m->w.rms_final, 1, dim);
+            project(s, logits + (size_t)b * c->vocab_size, c->vocab_size, s->xb, m->w.classifier, 1, c->vocab_size,
+                    dim, 0);
+        }
+    s->stats.forward_s += now() - t0;
     return FA_OK;
 }

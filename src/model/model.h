@@ -187,6 +187,8 @@ typedef struct fa_model_state_options {
     /* called after each layer of each chunk (long prefills); may be NULL */
     void (*progress)(void *user, int32_t layer, int32_t n_layers);
     void *progress_user;
+    int32_t paged; /* 1: for fa_model_forward_step only (no cache of its own; max_tokens = the
+                      scheduler's token_budget or more) */
 } fa_model_state_options;
 
 /* Accumulated since the state was made or fa_model_state_reset. */
@@ -218,6 +220,24 @@ void fa_model_state_reset_stats(fa_model_state *s);
  */
 fa_status fa_model_forward(const fa_model *m, fa_model_state *s, const int32_t *tokens, int32_t n,
                            int32_t pos, float **logits, char *err);
+
+/* ---- steps over a paged KV cache (continuous batching: scheduler.h makes the steps) ---- */
+typedef struct fa_model_kv fa_model_kv;
+struct fa_step;
+
+/* Every layer's keys and values in num_pages pages of page_size tokens (host memory, float32),
+ * and the RoPE tables the paged calls read. */
+fa_status fa_model_kv_create(const fa_model *m, int32_t num_pages, int32_t page_size, fa_model_kv **out,
+                             char *err);
+void fa_model_kv_free(fa_model_kv *kv);
+
+/* One step: its rows through every layer, each layer's attention one fa_paged_forward that
+ * appends the rows' keys and values at their sequences' cached lengths (RoPE applied in the
+ * call). logits[b * vocab_size ..] gets sequence b's next-token logits where step->sample[b]
+ * (other rows untouched). The step's tables must match kv (as the scheduler that made it was
+ * created with kv's num_pages and page_size). */
+fa_status fa_model_forward_step(const fa_model *m, fa_model_state *s, fa_model_kv *kv, const struct fa_step *step,
+                                float *logits, char *err);
 
 /* ---- generation, as llama2.c's run.c: `steps` forwards (positions 0 .. steps-1, the
  *      prompt's included), each followed by the next token (the prompt's own, then
