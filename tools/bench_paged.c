@@ -190,8 +190,9 @@ static int bw_measure(bandwidth *bw)
             fprintf(stderr, "flashattn bench: out of memory for the 1 GiB read-bandwidth probe\n");
             return CLI_EXIT_FAIL;
         }
-        /* distinct words: zero-filled pages read several times faster on a virtual machine
-         * whose host merges them (45-86 against 28 GB/s measured), and would evict nothing */
+        /* written words, not zeros: the compiler may turn malloc + memset(0) into calloc,
+         * whose untouched pages are all the one zero page (read at 86 GB/s here, against
+         * 28 GB/s for memory), which measures nothing and evicts nothing */
         uint64_t *w = bw->a;
         for (size_t i = 0; i < BW_BYTES / 8; i++)
             w[i] = i * 0x9e3779b97f4a7c15ull;
