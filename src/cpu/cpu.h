@@ -143,6 +143,9 @@ static inline const char *fa_cpu_kv_row(const fa_problem *p, const fa_tensor *t,
     return fa_elem_ptr(t, fa_row_offset(p, t, cc->b, cc->seq.k_start + j, cc->hk));
 }
 
+/* Score elements below which a call runs on one thread whatever its plan says. */
+#define FA_CPU_ONE_THREAD_SCORES ((int64_t)1 << 15)
+
 /* A unit of parallel work: a block of query positions of one sequence and kv head. */
 typedef struct fa_cpu_task {
     int64_t cost; /* score elements it computes */

@@ -289,9 +289,11 @@ fa_status fa_cpu_decode_forward(fa_context_t ctx, fa_cpu_state *s, const fa_prob
     const fa_cpu_kernels *kern = s->kern;
     const int32_t groups = p->heads_kv / pl->decode_heads;
     int64_t nslots = 0; /* one per (sequence, chunk): the call's own (a paged plan's is a bound) */
+    int64_t work = 0;   /* score elements, for the thread count (flash.c's rule) */
     for (int32_t b = 0; b < p->batch; b++) {
         int64_t lo, hi;
         nslots += fa_cpu_decode_chunks(p, pl, b, &lo, &hi);
+        work += (hi > lo ? hi - lo : 0) * fa_problem_seq(p, b).q_len * p->heads_q;
     }
     const int64_t slot_floats = fa_cpu_decode_slot_floats(p, pl);
     size_t per = (size_t)pl->per_thread_floats;
@@ -325,9 +327,10 @@ fa_status fa_cpu_decode_forward(fa_context_t ctx, fa_cpu_state *s, const fa_prob
     }
     const decode_job job = { kern, p, pl, ws, per, slots, slot_floats, first, slot_b, groups,
                              first[p->batch] * groups };
-    if (pl->threads == 1) {
+    if (pl->threads == 1 || work < FA_CPU_ONE_THREAD_SCORES || job.tasks < 2) {
         /* one thread: no parallel region (entering even a one-thread region costs a futex
-         * call per region in libgomp, a measurable share of a small model's decode step) */
+         * call per region in libgomp, a measurable share of a small model's decode step;
+         * thread 0's buffers serve: the same bits for any thread count) */
         decode_tasks(&job, 0);
         return FA_OK;
     }

@@ -137,7 +137,25 @@ fa_status fa_cpu_flash_forward(fa_context_t ctx, const fa_cpu_state *s, const fa
     int64_t nt = fa_cpu_build_tasks(p, pl, tasks);
 
     const fa_cpu_kernels *kern = s->kern;
-#pragma omp parallel num_threads(pl->threads)
+    /* A call much smaller than its plan (a paged plan is made for bounds) runs on the threads
+     * its own work can use: one, without a parallel region, below FA_CPU_ONE_THREAD_SCORES
+     * (waking threads costs more than such a call, and on a loaded machine a spinning one
+     * takes the core the caller needs). Each output row comes from one task either way:
+     * the same bits for any thread count. */
+    int64_t work = 0;
+    for (int64_t i = 0; i < nt; i++)
+        work += tasks[i].cost;
+    const int threads = work < FA_CPU_ONE_THREAD_SCORES || nt < 2 ? 1 : nt < pl->threads ? (int)nt : pl->threads;
+    if (threads == 1) {
+        bufs bf;
+        carve(p, pl, ws, &bf);
+        for (int64_t i = 0; i < nt; i++)
+            run_task(kern, p, pl, &tasks[i], &bf);
+        free(ws);
+        free(tasks);
+        return FA_OK;
+    }
+#pragma omp parallel num_threads(threads)
     {
         int tid = 0;
 #ifdef _OPENMP
