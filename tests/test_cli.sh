@@ -30,10 +30,10 @@ expect_usage() { # description, command...
 }
 
 expect_rc 0 "top-level --help" "$fa" --help
-for cmd in bench check info generate gen-model bench-model; do
+for cmd in bench check info generate gen-model bench-model bench-serve; do
   grep -q "^  $cmd  " "$tmp/out" || { echo "FAIL: the top-level usage omits $cmd"; fails=$((fails + 1)); }
 done
-for cmd in bench check info generate gen-model bench-model; do
+for cmd in bench check info generate gen-model bench-model bench-serve; do
   expect_rc 0 "$cmd --help" "$fa" $cmd --help
   grep -q "usage: flashattn $cmd" "$tmp/out" || { echo "FAIL: $cmd --help prints no usage"; fails=$((fails + 1)); }
   expect_usage "$cmd --bogus" "$fa" $cmd --bogus
@@ -230,6 +230,18 @@ grep -q "truncated" "$tmp/err" || { echo "FAIL: truncation not reported"; cat "$
 [ -s "$tmp/out" ] && { echo "FAIL: output written on error"; fails=$((fails + 1)); }
 expect_rc 0 "bench-model" "$fa" bench-model --config 64x2x4x2x96x512x64 --prompt-len 40 --decode 4
 grep -q "^flash " "$tmp/out" && grep -q "^standard " "$tmp/out" || { echo "FAIL: bench-model rows"; cat "$tmp/out"; fails=$((fails + 1)); }
+# continuous batching: a small served workload, its JSON, and its refusals
+expect_rc 0 "bench-serve" "$fa" bench-serve --requests 12 --prompt-len 2,40 --output-len 4,30 --max-batch 4 \
+  --token-budget 16 --pages 12 --arrival poisson --rate 500 --json "$tmp/serve.json"
+grep -q "^time to first token ms: p50" "$tmp/out" && grep -q "^pages in use: mean" "$tmp/out" ||
+  { echo "FAIL: bench-serve report"; cat "$tmp/out"; fails=$((fails + 1)); }
+python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["requests"]==12 and r["generated_tok_s"]>0 and len(r["itl_ms"])==3' \
+  "$tmp/serve.json" || { echo "FAIL: bench-serve JSON"; fails=$((fails + 1)); }
+expect_usage "bench-serve batch over budget" "$fa" bench-serve --max-batch 20 --token-budget 8
+expect_usage "bench-serve empty range" "$fa" bench-serve --prompt-len 9,3
+expect_usage "bench-serve cache too small" "$fa" bench-serve --pages 2
+expect_usage "bench-serve past the context" "$fa" bench-serve --output-len 600,600
+expect_usage "bench-serve on cuda" "$fa" bench-serve --backend cuda
 
 echo "cli: $pass passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -21,6 +21,7 @@ int cmd_info(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_gen_model(int argc, char **argv);
 int cmd_bench_model(int argc, char **argv);
+int cmd_bench_serve(int argc, char **argv);
 
 /* Print "flashattn <cmd>: <message>" plus a hint to stderr; returns CLI_EXIT_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -20,6 +20,7 @@ static const char *usage =
     "  generate     text from a llama2.c checkpoint, attention through flashattn\n"
     "  gen-model    write a synthetic llama2.c checkpoint of any Llama shape\n"
     "  bench-model  the Llama runner end to end, flash against standard attention\n"
+    "  bench-serve  the runner serving many requests at once (continuous batching, paged KV)\n"
     "\n"
     "`flashattn <command> --help` describes each command's options.\n";
 
@@ -273,6 +274,8 @@ int main(int argc, char **argv)
         return cmd_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "bench-model") == 0)
         return cmd_bench_model(argc - 1, argv + 1);
+    if (strcmp(cmd, "bench-serve") == 0)
+        return cmd_bench_serve(argc - 1, argv + 1);
     if (strcmp(cmd, "gen-model") == 0)
         return cmd_gen_model(argc - 1, argv + 1);
     fprintf(stderr, "flashattn: unknown command '%s' (see `flashattn --help`)\n", cmd);

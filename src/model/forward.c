@@ -33,6 +33,8 @@ struct fa_model_state {
     float *vc;     /* [layers, seq_len, n_kv_heads, head_size] values */
     float *rope;   /* [seq_len, head_size / 2, 2] cos, sin of pos * theta^(-2i/head_size) */
     float *kn, *vn; /* [max_tokens, kv_dim] a step's new keys and values (paged steps) */
+    fa_paged_plan_t plan;       /* the paged calls' plan, for steps over plan_kv */
+    const struct fa_model_kv *plan_kv;
     fa_model_stats stats;
 };
 
@@ -66,6 +68,7 @@ void fa_model_state_free(fa_model_state *s)
 {
     if (!s)
         return;
+    fa_paged_plan_destroy(s->plan);
     float *bufs[] = { s->x, s->xb, s->q, s->att, s->hb, s->hb2, s->logits, s->kc, s->vc, s->rope, s->kn, s->vn };
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]);
@@ -369,7 +372,19 @@ static fa_status attention_paged(const fa_model *m, fa_model_state *s, const fa_
     d.rope_sin = kv->sin;
     d.causal = 1;
     double t0 = now();
-    fa_status rc = fa_paged_forward(s->ctx, &d);
+    if (s->plan_kv != kv) { /* one plan for every step over kv: bounds of max_tokens rows */
+        fa_paged_plan_destroy(s->plan);
+        s->plan = NULL, s->plan_kv = NULL;
+        fa_paged_desc b = d;
+        b.batch = b.total_q = b.max_seqlen_q = s->opts.max_tokens;
+        const int64_t room = (int64_t)st->max_pages_per_seq * kv->page_size;
+        b.max_seqlen_k = room < kv->seq_len ? (int32_t)room : kv->seq_len;
+        fa_status pc = fa_paged_plan_create(s->ctx, &b, &s->plan);
+        if (pc != FA_OK)
+            return fa_model_fail(err, pc, "planning the paged attention: %s", fa_context_last_error(s->ctx));
+        s->plan_kv = kv;
+    }
+    fa_status rc = fa_paged_run(s->plan, &d);
     s->stats.attention_s += now() - t0;
     if (rc != FA_OK)
         return fa_model_fail(err, rc, "layer %d paged attention: %s", l, fa_context_last_error(s->ctx));
