@@ -30,10 +30,10 @@ expect_usage() { # description, command...
 }
 
 expect_rc 0 "top-level --help" "$fa" --help
-for cmd in bench check info generate gen-model bench-model bench-serve; do
+for cmd in bench check info generate gen-model export-hf bench-model bench-serve; do
   grep -q "^  $cmd  " "$tmp/out" || { echo "FAIL: the top-level usage omits $cmd"; fails=$((fails + 1)); }
 done
-for cmd in bench check info generate gen-model bench-model bench-serve; do
+for cmd in bench check info generate gen-model export-hf bench-model bench-serve; do
   expect_rc 0 "$cmd --help" "$fa" $cmd --help
   grep -q "usage: flashattn $cmd" "$tmp/out" || { echo "FAIL: $cmd --help prints no usage"; fails=$((fails + 1)); }
   expect_usage "$cmd --bogus" "$fa" $cmd --bogus
@@ -230,6 +230,19 @@ grep -q "truncated" "$tmp/err" || { echo "FAIL: truncation not reported"; cat "$
 [ -s "$tmp/out" ] && { echo "FAIL: output written on error"; fails=$((fails + 1)); }
 expect_rc 0 "bench-model" "$fa" bench-model --config 64x2x4x2x96x512x64 --prompt-len 40 --decode 4
 grep -q "^flash " "$tmp/out" && grep -q "^standard " "$tmp/out" || { echo "FAIL: bench-model rows"; cat "$tmp/out"; fails=$((fails + 1)); }
+# a Hugging Face export of stories260K generates the .bin's text; bad exports are refused
+expect_rc 0 "export-hf" "$fa" export-hf --model "$(dirname "$0")/../models/stories260K.bin" --out "$tmp/hf" --shards 2
+expect_rc 0 "generate from an HF directory" "$fa" generate --model "$tmp/hf" --prompt "Once upon a time" --steps 40 --temperature 0
+head -1 "$tmp/out" >"$tmp/hf.txt"
+expect_rc 0 "generate from the .bin" "$fa" generate --prompt "Once upon a time" --steps 40 --temperature 0
+head -1 "$tmp/out" | cmp -s - "$tmp/hf.txt" || { echo "FAIL: the HF export generates other text"; fails=$((fails + 1)); }
+expect_usage "export-hf without --out" "$fa" export-hf --model x.bin
+expect_usage "export-hf bad dtype" "$fa" export-hf --model x.bin --out "$tmp/y" --dtype f8
+expect_rc 1 "export-hf of a missing model" "$fa" export-hf --model "$tmp/none.bin" --out "$tmp/y"
+sed -i 's/"silu"/"gelu"/' "$tmp/hf/config.json"
+expect_rc 1 "generate from a config it cannot run" "$fa" generate --model "$tmp/hf"
+grep -q "hidden_act" "$tmp/err" || { echo "FAIL: the refused config names no field"; cat "$tmp/err"; fails=$((fails + 1)); }
+
 # continuous batching: a small served workload, its JSON, and its refusals
 expect_rc 0 "bench-serve" "$fa" bench-serve --requests 12 --prompt-len 2,40 --output-len 4,30 --max-batch 4 \
   --token-budget 16 --pages 12 --arrival poisson --rate 500 --json "$tmp/serve.json"

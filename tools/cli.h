@@ -20,6 +20,7 @@ int cmd_check(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_gen_model(int argc, char **argv);
+int cmd_export_hf(int argc, char **argv);
 int cmd_bench_model(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);
 

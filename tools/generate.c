@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* `flashattn generate` (text from a llama2.c checkpoint) and `flashattn gen-model`. */
+/* `flashattn generate` (text from a llama2.c or Hugging Face checkpoint), `flashattn gen-model`
+ * and `flashattn export-hf`. */
 #include "cli.h"
 #include "model.h"
 
@@ -22,14 +23,15 @@ int cli_parse_matvec(const char *s, fa_matvec *out)
 static const char *gen_help =
     "usage: flashattn generate [options]\n"
     "\n"
-    "Generates text with a llama2.c checkpoint (legacy format, float32) and its tokenizer,\n"
+    "Generates text with a llama2.c checkpoint (legacy format, float32) or a Hugging Face\n"
+    "Llama directory (config.json + safetensors, f32/f16/bf16) and a llama2.c tokenizer,\n"
     "streaming it to stdout as it is produced; attention runs through fa_forward (the whole\n"
     "prompt in one causal prefill, then one query per step against the KV cache). At the\n"
     "end, stderr gets the prompt tokens, prefill ms and tok/s (timed warm, after a short\n"
     "forward of the prompt's start, whose ms is given too), and decode tok/s. Steps count\n"
     "the prompt (BOS included), as llama2.c's run.c does; generation stops at BOS or EOS.\n"
     "\n"
-    "  --model PATH          checkpoint                  [" FA_MODELS_DIR "/stories260K.bin]\n"
+    "  --model PATH          checkpoint file or HF directory [" FA_MODELS_DIR "/stories260K.bin]\n"
     "  --tokenizer PATH      tokenizer                   [" FA_MODELS_DIR "/tok512.bin]\n"
     "  --prompt TEXT                                                 [\"\"]\n"
     "  --steps N             0 = the model's seq_len                 [256]\n"
@@ -152,7 +154,7 @@ int cmd_generate(int argc, char **argv)
     sink k = { NULL, 0, 0, 0 };
     rc = CLI_EXIT_FAIL;
     fa_status s;
-    if ((s = fa_model_open(model_path, &m, err)) != FA_OK ||
+    if ((s = fa_model_load(model_path, &m, err)) != FA_OK ||
         (s = fa_tokenizer_open(tok_path, m->config.vocab_size, &tok, err)) != FA_OK ||
         (s = fa_sampler_create(m->config.vocab_size, (float)temperature, (float)topp,
                                (uint64_t)seed, &smp, err)) != FA_OK) {
@@ -270,5 +272,69 @@ int cmd_gen_model(int argc, char **argv)
            out, (int)c.dim, (int)c.n_layers, (int)c.n_heads, (int)c.n_kv_heads, (int)c.hidden_dim,
            (int)c.vocab_size, c.shared_classifier ? "" : " (separate classifier)", (int)c.seq_len,
            (double)bytes / 1048576.0, seed);
+    return 0;
+}
+
+static const char *ex_help =
+    "usage: flashattn export-hf --model FILE.bin --out DIR [--dtype f32|f16|bf16] [--shards N]\n"
+    "\n"
+    "Writes a llama2.c checkpoint as a Hugging Face Llama directory: config.json and\n"
+    "model.safetensors, or N shard files and model.safetensors.index.json. q_proj and k_proj\n"
+    "rows are permuted into HF's rotate-half order; f16 and bf16 round to nearest even.\n"
+    "`flashattn generate --model DIR` reads it back.\n"
+    "\n"
+    "  --model PATH          the llama2.c checkpoint (or an HF directory) to convert\n"
+    "  --out DIR             the directory to write (created if missing)\n"
+    "  --dtype f32|f16|bf16  tensor type                              [f32]\n"
+    "  --shards N            safetensors files                        [1]\n";
+
+int cmd_export_hf(int argc, char **argv)
+{
+    const char *model_path = NULL, *out = NULL;
+    fa_hf_dtype dtype = FA_HF_F32;
+    long shards = 1;
+    enum { MODEL, OUT, DTYPE, SHARDS, N_OPTIONS };
+    static const cli_option options[N_OPTIONS] = {
+        [MODEL] = { "--model", 1 }, [OUT] = { "--out", 1 }, [DTYPE] = { "--dtype", 1 },
+        [SHARDS] = { "--shards", 1 },
+    };
+    cli_args args = { "export-hf", ex_help, argc, argv, options, N_OPTIONS, NULL, NULL, 0 };
+    int opt, rc;
+    const char *v;
+    while ((rc = cli_next_option(&args, &opt, &v)) == 1) {
+        if (opt == MODEL) {
+            model_path = v;
+        } else if (opt == OUT) {
+            out = v;
+        } else if (opt == DTYPE) {
+            if (strcmp(v, "f32") == 0)
+                dtype = FA_HF_F32;
+            else if (strcmp(v, "f16") == 0)
+                dtype = FA_HF_F16;
+            else if (strcmp(v, "bf16") == 0)
+                dtype = FA_HF_BF16;
+            else
+                return cli_usage_error("export-hf", "--dtype needs f32, f16 or bf16");
+        } else if (cli_parse_int(v, 1, 99999, &shards) != 0) {
+            return cli_usage_error("export-hf", "--shards needs an integer in 1..99999");
+        }
+    }
+    if (rc != 0)
+        return rc == CLI_HELP ? 0 : rc;
+    if (!model_path || !out)
+        return cli_usage_error("export-hf", "--model and --out are required");
+    char err[FA_MODEL_ERR_LEN];
+    fa_model *m;
+    fa_status s = fa_model_load(model_path, &m, err);
+    if (s == FA_OK) {
+        s = fa_model_write_hf(m, out, dtype, (int32_t)shards, err);
+        fa_model_free(m);
+    }
+    if (s != FA_OK) {
+        fprintf(stderr, "flashattn export-hf: %s (%s)\n", err, fa_status_string(s));
+        return CLI_EXIT_FAIL;
+    }
+    printf("wrote %s: %s, %ld file%s\n", out, dtype == FA_HF_F32 ? "f32" : dtype == FA_HF_F16 ? "f16" : "bf16",
+           shards, shards == 1 ? "" : "s and an index");
     return 0;
 }

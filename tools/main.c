@@ -17,8 +17,9 @@ static const char *usage =
     "  bench        time flash attention against standard attention, with errors against float64\n"
     "  check        run the conformance grid against float64; exit 1 on any failure\n"
     "  info         version, backends, CPU features, caches, chosen kernels and tile sizes\n"
-    "  generate     text from a llama2.c checkpoint, attention through flashattn\n"
+    "  generate     text from a llama2.c or Hugging Face checkpoint, attention through flashattn\n"
     "  gen-model    write a synthetic llama2.c checkpoint of any Llama shape\n"
+    "  export-hf    write a llama2.c checkpoint as a Hugging Face Llama directory\n"
     "  bench-model  the Llama runner end to end, flash against standard attention\n"
     "  bench-serve  the runner serving many requests at once (continuous batching, paged KV)\n"
     "\n"
@@ -278,6 +279,8 @@ int main(int argc, char **argv)
         return cmd_bench_serve(argc - 1, argv + 1);
     if (strcmp(cmd, "gen-model") == 0)
         return cmd_gen_model(argc - 1, argv + 1);
+    if (strcmp(cmd, "export-hf") == 0)
+        return cmd_export_hf(argc - 1, argv + 1);
     fprintf(stderr, "flashattn: unknown command '%s' (see `flashattn --help`)\n", cmd);
     return CLI_EXIT_USAGE;
 }
