@@ -30,7 +30,7 @@
 
 #include <cmocka.h>
 
-enum { DEFAULT_ITERS = 400, QUICK_ITERS = 80, SHOWN_FAILURES = 8, MUTATIONS = 20 };
+enum { DEFAULT_ITERS = 400, QUICK_ITERS = 80, SHOWN_FAILURES = 8, MUTATIONS = 21 };
 /* multiply-adds of one case's float64 reference: keeps a case a few milliseconds */
 #define WORK_CAP 2.0e6
 
@@ -171,6 +171,21 @@ static const char *mutate(int m, fa_paged_host *h, const fa_paged_case *c, fa_pa
         d->o.data = h->pool;
         return "overlaps";
     case 19: d->check_tables = 2; return "check_tables";
+    case 20: { /* another sequence's first entry names a page this call appends to */
+        if (!d->k_new.data)
+            return NULL;
+        for (int32_t a = 0; a < d->batch; a++) {
+            if (cu[a + 1] == cu[a])
+                continue;
+            const int32_t written = bt[a * row + lens[a] / d->cache.page_size];
+            for (int32_t b = 0; b < d->batch; b++)
+                if (b != a && lens[b] + cu[b + 1] - cu[b] > 0) {
+                    bt[b * row] = written;
+                    return "is a page this call appends to";
+                }
+        }
+        return NULL;
+    }
     }
     return NULL;
 }

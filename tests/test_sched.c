@@ -231,7 +231,7 @@ static void test_refusals(void **state)
     int64_t id;
     assert_int_equal(fa_sched_add(s, toks, 0, 4, &id, err), FA_ERR_INVALID_VALUE);
     assert_non_null(strstr(err, "0 tokens"));
-    assert_int_equal(fa_sched_add(s, toks, 100, 29, &id, err), FA_ERR_INVALID_VALUE);
+    assert_int_equal(fa_sched_add(s, toks, 100, 30, &id, err), FA_ERR_INVALID_VALUE); /* 129 held */
     assert_non_null(strstr(err, "context of 128"));
     assert_int_equal(fa_sched_add(s, toks, 60, 10, &id, err), FA_ERR_INVALID_VALUE); /* 5 pages */
     assert_non_null(strstr(err, "the cache has 4"));
@@ -249,6 +249,16 @@ static void test_refusals(void **state)
     assert_int_equal(fa_sched_step(s, &st, err), FA_ERR_INVALID_ARGUMENT); /* not committed */
     assert_non_null(strstr(err, "commit"));
     assert_int_equal(fa_sched_finish(s, a, err), FA_ERR_INVALID_ARGUMENT); /* in the pending step */
+    /* a failed forward: the step is dropped and the same rows come again */
+    assert_int_equal(fa_sched_abort(s, err), FA_OK);
+    assert_int_equal(fa_sched_abort(s, err), FA_ERR_INVALID_ARGUMENT);
+    fa_request_info ai;
+    assert_int_equal(fa_sched_request(s, a, &ai, err), FA_OK);
+    assert_int_equal(ai.cached, 0);
+    assert_int_equal(fa_sched_step(s, &st, err), FA_OK);
+    assert_int_equal(st.batch, 2);
+    assert_int_equal(st.total_q, 20);
+    assert_int_equal(st.cache_seqlens[0], 0);
     assert_int_equal(fa_sched_commit(s, NULL, NULL, err), FA_ERR_NULL_POINTER);
     int32_t next[2] = { 5, 6 };
     assert_int_equal(fa_sched_commit(s, next, NULL, err), FA_OK);
@@ -262,6 +272,25 @@ static void test_refusals(void **state)
     assert_int_equal(fa_sched_release(s, a, err), FA_OK);
     assert_int_equal(fa_sched_request(s, a, &info, err), FA_ERR_INVALID_VALUE);
     fa_sched_free(s);
+    /* the last sampled token needs no room: 1 + 4 tokens in one page of 4 */
+    fa_sched_options one = { .num_pages = 1, .page_size = 4, .max_batch = 1, .token_budget = 1,
+                             .max_context = 4, .max_requests = 1 };
+    assert_int_equal(fa_sched_create(&one, &s, err), FA_OK);
+    assert_int_equal(fa_sched_add(s, toks, 1, 4, &id, err), FA_OK);
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(fa_sched_step(s, &st, err), FA_OK);
+        assert_int_equal(st.batch, 1);
+        int32_t nx = 7;
+        assert_int_equal(fa_sched_commit(s, &nx, NULL, err), FA_OK);
+    }
+    assert_int_equal(fa_sched_request(s, id, &info, err), FA_OK);
+    assert_int_equal(info.state, FA_REQUEST_FINISHED);
+    assert_int_equal(info.generated, 4);
+    fa_sched_free(s);
+    one.page_size = 1, one.max_context = 1 << 30, one.max_batch = 1;
+    one.token_budget = 1;
+    assert_int_equal(fa_sched_create(&one, &s, err), FA_ERR_INVALID_VALUE); /* a 2^30-entry table */
+    assert_non_null(strstr(err, "block table"));
 }
 
 int main(void)

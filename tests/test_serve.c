@@ -221,6 +221,32 @@ static void test_refusals(void **state)
     int32_t tok = 1;
     assert_int_equal(fa_model_forward(m, s, &tok, 1, 0, NULL, err), FA_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(err, "paged"));
+    /* hand-made steps: each bad field named, nothing read past the step */
+    assert_int_equal(fa_model_kv_create(m, 4, 16, &kv, err), FA_OK);
+    int64_t ids[2] = { 0, 1 };
+    int32_t cu[3] = { 0, 0, 1 }, lens[2] = { 0, 0 }, bt[2] = { 0, 1 }, toks[1] = { 1 }, pos[1] = { 0 };
+    uint8_t smp[2] = { 1, 1 };
+    fa_step st = { .batch = 2, .total_q = 1, .max_seqlen_q = 1, .max_seqlen_k = 1, .max_pages_per_seq = 1,
+                   .page_size = 16, .ids = ids, .cu_seqlens_q = cu, .cache_seqlens = lens, .block_table = bt,
+                   .tokens = toks, .positions = pos, .sample = smp };
+    float *logits = calloc(2 * (size_t)m->config.vocab_size, sizeof(float));
+    assert_int_equal(fa_model_forward_step(m, s, kv, &st, logits, err), FA_ERR_INVALID_VALUE);
+    assert_non_null(strstr(err, "step.sample[0]"));
+    smp[0] = 0;
+    assert_int_equal(fa_model_forward_step(m, s, kv, &st, logits, err), FA_OK);
+    st.tokens = NULL;
+    assert_int_equal(fa_model_forward_step(m, s, kv, &st, logits, err), FA_ERR_NULL_POINTER);
+    assert_non_null(strstr(err, "step.tokens"));
+    st.tokens = toks;
+    st.page_size = 8;
+    assert_int_equal(fa_model_forward_step(m, s, kv, &st, logits, err), FA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "page_size"));
+    st.page_size = 16;
+    st.batch = 0;
+    assert_int_equal(fa_model_forward_step(m, s, kv, &st, logits, err), FA_ERR_INVALID_SHAPE);
+    assert_non_null(strstr(err, "step.batch"));
+    free(logits);
+    fa_model_kv_free(kv);
     fa_model_state_free(s);
     fa_context_destroy(ctx);
     fa_model_free(m);

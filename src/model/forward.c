@@ -366,7 +366,8 @@ static fa_status attention_paged(const fa_model *m, fa_model_state *s, const fa_
     d.cache_seqlens = st->cache_seqlens;
     d.k_new = fa_tensor_contiguous(s->kn, FA_DTYPE_F32, FA_LAYOUT_BSHD, st->total_q, c->n_kv_heads, s->head_size);
     d.v_new = fa_tensor_contiguous(s->vn, FA_DTYPE_F32, FA_LAYOUT_BSHD, st->total_q, c->n_kv_heads, s->head_size);
-    d.rope = FA_ROPE_INTERLEAVED; /* llama2.c's adjacent pairs, positions from the cached lengths */
+    d.rope = FA_ROPE_INTERLEAVED; /* llama2.c's adjacent pairs, at the step's positions */
+    d.positions = st->positions;
     d.rope_max_pos = kv->seq_len;
     d.rope_cos = kv->cos;
     d.rope_sin = kv->sin;
@@ -543,13 +544,39 @@ fa_status fa_model_forward_step(const fa_model *m, fa_model_state *s, fa_model_k
     if (s->dim != c->dim || s->seq_len != c->seq_len || s->hidden != c->hidden_dim ||
         kv->n_layers != c->n_layers || kv->kv_dim != s->kv_dim || kv->seq_len != c->seq_len)
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "state or kv was made for another model");
-    if (st->batch < 1 || st->total_q < 1 || st->total_q > s->opts.max_tokens)
-        return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "the step's %d rows must be in 1..max_tokens (%d)",
+    if (st->batch < 1)
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "step.batch (%d) must be at least 1", (int)st->batch);
+    if (st->total_q < 1 || st->total_q > s->opts.max_tokens)
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "step.total_q (%d) must be in 1..max_tokens (%d)",
                              (int)st->total_q, (int)s->opts.max_tokens);
+    if (st->page_size != kv->page_size)
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                             "step.page_size (%d) differs from the kv cache's (%d): make the scheduler with the "
+                             "cache's pages",
+                             (int)st->page_size, (int)kv->page_size);
+    const struct {
+        const void *p;
+        const char *name;
+    } ptrs[] = { { st->cu_seqlens_q, "step.cu_seqlens_q" }, { st->cache_seqlens, "step.cache_seqlens" },
+                 { st->block_table, "step.block_table" },   { st->tokens, "step.tokens" },
+                 { st->positions, "step.positions" },       { st->sample, "step.sample" } };
+    for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
+        if (!ptrs[i].p)
+            return fa_model_fail(err, FA_ERR_NULL_POINTER, "%s is NULL", ptrs[i].name);
     for (int32_t i = 0; i < st->total_q; i++)
         if (st->tokens[i] < 0 || st->tokens[i] >= c->vocab_size)
             return fa_model_fail(err, FA_ERR_INVALID_VALUE, "tokens[%d] (%d) is outside 0..vocab_size-1 (%d)", (int)i,
                                  (int)st->tokens[i], (int)c->vocab_size - 1);
+    /* the paged call checks the tables against the cache; the logits read each sampled
+     * sequence's last row, so it must have one */
+    for (int32_t b = 0; b < st->batch; b++)
+        if (st->sample[b] && (st->cu_seqlens_q[b + 1] <= st->cu_seqlens_q[b] ||
+                              st->cu_seqlens_q[b + 1] > st->total_q || st->cu_seqlens_q[b] < 0))
+            return fa_model_fail(err, FA_ERR_INVALID_VALUE,
+                                 "step.sample[%d] is set but sequence %d has no query row in "
+                                 "cu_seqlens_q[%d..%d] (%d..%d) within total_q (%d)",
+                                 (int)b, (int)b, (int)b, (int)b + 1, (int)st->cu_seqlens_q[b],
+                                 (int)st->cu_seqlens_q[b + 1], (int)st->total_q);
     double t0 = now();
     const int dim = c->dim;
     for (int32_t t = 0; t < st->total_q; t++)

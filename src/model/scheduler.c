@@ -61,6 +61,14 @@ fa_status fa_sched_create(const fa_sched_options *o, fa_sched **out, char *err)
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the scheduler");
     s->o = *o;
     s->bt_row = pages_for(s, o->max_context);
+    if ((int64_t)s->bt_row * o->max_batch > ((int64_t)1 << 26)) {
+        const int32_t row = s->bt_row;
+        free(s);
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE,
+                             "max_context (%d) / page_size (%d) = %d pages a sequence times max_batch (%d) makes a "
+                             "block table of more than 2^26 entries: use larger pages or a smaller batch",
+                             (int)o->max_context, (int)o->page_size, (int)row, (int)o->max_batch);
+    }
     const size_t nb = (size_t)o->max_batch, nq = (size_t)o->token_budget, nr = (size_t)o->max_requests;
     s->reqs = calloc(nr, sizeof(req));
     s->free_pages = malloc(sizeof(int32_t) * (size_t)o->num_pages);
@@ -112,15 +120,16 @@ fa_status fa_sched_add(fa_sched *s, const int32_t *tokens, int32_t n, int32_t ma
                              "the prompt has %d tokens: a request needs at least one (BOS)", (int)n);
     if (max_new < 1)
         return fa_model_fail(err, FA_ERR_INVALID_VALUE, "max_new (%d) must be at least 1", (int)max_new);
-    if ((int64_t)n + max_new > s->o.max_context)
+    const int64_t held = (int64_t)n + max_new - 1; /* the last token is sampled, never cached */
+    if (held > s->o.max_context)
         return fa_model_fail(err, FA_ERR_INVALID_VALUE,
-                             "the prompt (%d tokens) plus max_new (%d) exceeds the context of %d tokens", (int)n,
-                             (int)max_new, (int)s->o.max_context);
-    if (pages_for(s, (int64_t)n + max_new) > s->o.num_pages)
+                             "the prompt (%d tokens) plus max_new (%d) less one exceeds the context of %d tokens",
+                             (int)n, (int)max_new, (int)s->o.max_context);
+    if (pages_for(s, held) > s->o.num_pages)
         return fa_model_fail(err, FA_ERR_INVALID_VALUE,
-                             "the prompt (%d tokens) plus max_new (%d) needs %d pages of %d tokens; the cache "
-                             "has %d",
-                             (int)n, (int)max_new, (int)pages_for(s, (int64_t)n + max_new), (int)s->o.page_size,
+                             "the prompt (%d tokens) plus max_new (%d) less one needs %d pages of %d tokens; the "
+                             "cache has %d",
+                             (int)n, (int)max_new, (int)pages_for(s, held), (int)s->o.page_size,
                              (int)s->o.num_pages);
     int32_t slot = -1;
     for (int32_t i = 0; i < s->o.max_requests && slot < 0; i++)
@@ -132,7 +141,7 @@ fa_status fa_sched_add(fa_sched *s, const int32_t *tokens, int32_t n, int32_t ma
                              (int)s->o.max_requests);
     req *r = &s->reqs[slot];
     int32_t *t = malloc(sizeof(int32_t) * ((size_t)n + (size_t)max_new));
-    int32_t *p = malloc(sizeof(int32_t) * (size_t)pages_for(s, (int64_t)n + max_new));
+    int32_t *p = malloc(sizeof(int32_t) * (size_t)pages_for(s, held > 0 ? held : 1));
     if (!t || !p) {
         free(t), free(p);
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory adding a request of %d tokens", (int)n);
@@ -290,6 +299,7 @@ fa_status fa_sched_step(fa_sched *s, fa_step *out, char *err)
         budget -= s->reqs[slot].rows;
     }
     st->max_pages_per_seq = s->bt_row;
+    st->page_size = s->o.page_size;
     st->ids = s->ids;
     st->cu_seqlens_q = s->cu;
     st->cache_seqlens = s->lens;
@@ -332,6 +342,16 @@ fa_status fa_sched_commit(fa_sched *s, const int32_t *next, const uint8_t *stop,
         if (r->generated == r->max_new || (stop && stop[b]))
             finish(s, slot);
     }
+    s->pending = 0;
+    return FA_OK;
+}
+
+fa_status fa_sched_abort(fa_sched *s, char *err)
+{
+    if (!s->pending)
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "no step to abort");
+    for (int32_t b = 0; b < s->step.batch; b++)
+        s->reqs[s->seq_slot[b]].rows = 0;
     s->pending = 0;
     return FA_OK;
 }

@@ -54,6 +54,7 @@ typedef struct fa_step {
     int32_t total_q;           /* query rows */
     int32_t max_seqlen_q, max_seqlen_k;
     int32_t max_pages_per_seq; /* the block table's row length */
+    int32_t page_size;         /* tokens a page (the scheduler's) */
     const int64_t *ids;        /* [batch] the request of each sequence */
     const int32_t *cu_seqlens_q;  /* [batch + 1] */
     const int32_t *cache_seqlens; /* [batch] tokens cached before the step */
@@ -76,8 +77,9 @@ fa_status fa_sched_create(const fa_sched_options *o, fa_sched **out, char *err);
 void fa_sched_free(fa_sched *s);
 
 /* A request: n prompt tokens (n >= 1: the runner's prompts start with BOS) and up to max_new
- * (>= 1) generated ones. Refused: n + max_new past max_context, more pages than the cache
- * holds, or max_requests already held. *id is its handle. */
+ * (>= 1) generated ones. The cache holds at most n + max_new - 1 of them (the last sampled
+ * token is never fed back). Refused: those past max_context, more pages than the cache holds,
+ * or max_requests already held. *id is its handle. */
 fa_status fa_sched_add(fa_sched *s, const int32_t *tokens, int32_t n, int32_t max_new, int64_t *id,
                        char *err);
 
@@ -88,6 +90,10 @@ fa_status fa_sched_step(fa_sched *s, fa_step *step, char *err);
  * (ignored elsewhere); stop[i] (may be NULL) ends request i now (EOS). A request reaching
  * max_new finishes. Finished requests free their pages at once. */
 fa_status fa_sched_commit(fa_sched *s, const int32_t *next, const uint8_t *stop, char *err);
+
+/* Drop the pending step after a failed forward: nothing it fed counts as cached, the pages it
+ * took stay with their requests, and the next fa_sched_step schedules those rows again. */
+fa_status fa_sched_abort(fa_sched *s, char *err);
 
 /* End a request early (the caller's cancel); its pages are freed. */
 fa_status fa_sched_finish(fa_sched *s, int64_t id, char *err);
