@@ -575,8 +575,8 @@ static void test_safetensors_refusals(void **state)
     memcpy(b, &len, 8);
     spit(file, b, n);
     expect_hf(dir, FA_ERR_INVALID_SHAPE, file, "header length");
-    spit(file, b, 5);
-    expect_hf(dir, FA_ERR_INVALID_SHAPE, file, "8-byte");
+    spit(file, b, 5); /* far less data than the config's tensors: refused before the image */
+    expect_hf(dir, FA_ERR_INVALID_SHAPE, dir, "need at least");
     len = 4;
     memcpy(b, &len, 8);
     memcpy(b + 8, "[12]", 4);
@@ -595,9 +595,10 @@ static void test_safetensors_refusals(void **state)
     const char *cfg = "{\"model_type\":\"llama\",\"hidden_size\":32,\"intermediate_size\":48,"
                       "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":40,"
                       "\"max_position_embeddings\":16}";
+    /* ten bytes cannot hold the config's tensors: refused before the image is allocated */
     assert_int_equal(fa_model_from_hf_memory(cfg, strlen(cfg), "\x02\0\0\0\0\0\0\0{}", 10, &m, err),
-                     FA_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(err, "tensor 'model.embed_tokens.weight' is missing"));
+                     FA_ERR_INVALID_SHAPE);
+    assert_non_null(strstr(err, "need at least"));
     assert_null(m);
 }
 
@@ -655,6 +656,45 @@ static void test_index_refusals(void **state)
     rm_dir(dir);
 }
 
+/* A second export into the same directory in the other layout is what loads; a header far
+ * longer than the model's tensors need is refused before it is parsed. */
+static void test_reexport_and_bounds(void **state)
+{
+    (void)state;
+    char dir[64], err[FA_MODEL_ERR_LEN], file[128];
+    fa_model_config c;
+    fa_model *a, *b, *h;
+    assert_int_equal(fa_model_config_parse("32x2x4x2x48x40x16", &c, err), FA_OK);
+    assert_int_equal(fa_model_synth(&c, 1, &a, err), FA_OK);
+    assert_int_equal(fa_model_synth(&c, 2, &b, err), FA_OK);
+    tiny(dir, 1);
+    assert_int_equal(fa_model_write_hf(a, dir, FA_HF_F32, 1, err), FA_OK);
+    assert_int_equal(fa_model_write_hf(b, dir, FA_HF_F32, 3, err), FA_OK);
+    assert_int_equal(fa_model_open_hf(dir, &h, err), FA_OK);
+    assert_memory_equal(h->w.token_embedding, b->w.token_embedding, sizeof(float) * 32 * 40);
+    fa_model_free(h);
+    assert_int_equal(fa_model_write_hf(a, dir, FA_HF_F32, 1, err), FA_OK); /* and back */
+    assert_int_equal(fa_model_open_hf(dir, &h, err), FA_OK);
+    assert_memory_equal(h->w.token_embedding, a->w.token_embedding, sizeof(float) * 32 * 40);
+    fa_model_free(h);
+    /* a header of 2 MB for a model of 21 tensors */
+    snprintf(file, sizeof(file), "%s/model.safetensors", dir);
+    size_t n;
+    char *img = slurp(file, &n), *big = malloc(n + (2u << 20));
+    uint64_t len = (2u << 20) + 2;
+    memcpy(big, &len, 8);
+    big[8] = '{';
+    memset(big + 9, ' ', (size_t)len - 2);
+    big[8 + len - 1] = '}';
+    memcpy(big + 8 + len, img, n);
+    spit(file, big, 8 + (size_t)len + n);
+    expect_hf(dir, FA_ERR_INVALID_SHAPE, file, "header length");
+    free(img), free(big);
+    rm_dir(dir);
+    fa_model_free(a);
+    fa_model_free(b);
+}
+
 int main(void)
 {
     const char *s = getenv("FLASHATTN_TEST_SEED");
@@ -677,6 +717,7 @@ int main(void)
         cmocka_unit_test(test_config_refusals),
         cmocka_unit_test(test_safetensors_refusals),
         cmocka_unit_test(test_index_refusals),
+        cmocka_unit_test(test_reexport_and_bounds),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fa_context_destroy(ctx);

@@ -9,6 +9,7 @@
 #include "hf.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <float.h>
 #include <math.h>
@@ -329,12 +330,30 @@ static void convert(float *dst, const unsigned char *src, int dtype, const fa_hf
 
 /* ---- safetensors ---- */
 
+/* One weight_map entry: a tensor's name and its shard's file name. */
+typedef struct map_entry {
+    const char *name, *shard;
+} map_entry;
+
 typedef struct loader {
     const fa_model_config *c;
     float *image;          /* the llama2.c image's floats */
     int32_t *from;         /* [slots] 1 + the file index a tensor came from, 0 = not yet */
-    const cJSON *weight_map; /* sharded: tensor name -> shard file name */
+    const map_entry *map;  /* sharded: the weight_map sorted by name (map_n entries), else NULL */
+    int map_n;
 } loader;
+
+static uint64_t least_bytes(const fa_model_config *c);
+
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(((const map_entry *)a)->name, ((const map_entry *)b)->name);
+}
+
+static int cmp_shard(const void *a, const void *b)
+{
+    return strcmp(((const map_entry *)a)->shard, ((const map_entry *)b)->shard);
+}
 
 /* Tensors tolerated and skipped: rotary tables older exports stored (recomputed here), and
  * lm_head where the config ties it to the embedding (HF ties the two on load). */
@@ -361,8 +380,10 @@ static fa_status read_tensor(loader *ld, const cJSON *e, const char *file, int f
                              char *err)
 {
     const char *name = e->string;
-    if (ld->weight_map) {
-        const char *mapped = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(ld->weight_map, name));
+    if (ld->map) {
+        const map_entry key = { name, NULL };
+        const map_entry *hit = bsearch(&key, ld->map, (size_t)ld->map_n, sizeof(map_entry), cmp_name);
+        const char *mapped = hit ? hit->shard : NULL;
         if (!mapped || strcmp(mapped, shard) != 0)
             return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
                                  "tensor '%.80s' is in '%s' but the index's weight_map %s", name, file,
@@ -433,9 +454,14 @@ static fa_status read_safetensors(loader *ld, const unsigned char *p, uint64_t s
         return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                              "'%s': header length %llu runs past the end of the file (%llu bytes)", file,
                              (unsigned long long)n, (unsigned long long)size);
-    if (n > MAX_HEADER_BYTES)
-        return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "'%s': header length %llu exceeds %llu", file,
-                             (unsigned long long)n, MAX_HEADER_BYTES);
+    /* a header describes at most the model's tensors (and a layer's rotary table each), about
+     * 110 bytes apiece in practice: anything far longer is refused before cJSON builds it */
+    const uint64_t cap = 65536 + 512 * (uint64_t)(fa_hf_slot_count(ld->c) + ld->c->n_layers);
+    if (n > MAX_HEADER_BYTES || n > cap)
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
+                             "'%s': header length %llu exceeds the %llu bytes a header of this model's tensors "
+                             "can need",
+                             file, (unsigned long long)n, (unsigned long long)(cap < MAX_HEADER_BYTES ? cap : MAX_HEADER_BYTES));
     fa_status st;
     cJSON *h = parse_json((const char *)p + 8, (size_t)n, file, " header", &st, err);
     if (!h)
@@ -506,9 +532,13 @@ fa_status fa_model_from_hf_memory(const char *config_json, size_t config_bytes,
     unsigned char *img;
     uint64_t bytes;
     fa_status st = fa_hf_parse_config(config_json, config_bytes, "config.json", &c, err);
+    if (st == FA_OK && (st = fa_model_config_check(&c, NULL, err)) == FA_OK && safetensors_bytes < least_bytes(&c))
+        st = fa_model_fail(err, FA_ERR_INVALID_SHAPE,
+                           "model.safetensors is %zu bytes; config.json's tensors need at least %llu",
+                           safetensors_bytes, (unsigned long long)least_bytes(&c));
     if (st != FA_OK || (st = new_image(&c, &img, &bytes, err)) != FA_OK)
         return st;
-    loader ld = { &c, (float *)(img + FA_MODEL_HEADER_BYTES), calloc((size_t)fa_hf_slot_count(&c), sizeof(int32_t)), NULL };
+    loader ld = { &c, (float *)(img + FA_MODEL_HEADER_BYTES), calloc((size_t)fa_hf_slot_count(&c), sizeof(int32_t)), NULL, 0 };
     if (!ld.from)
         st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory");
     if (st == FA_OK)
@@ -613,7 +643,7 @@ static fa_status read_index(loader *ld, const char *dir, const char *path, char 
         cJSON_Delete(j);
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': weight_map is missing or not an object", path);
     }
-    /* every name is a slot, or a layer's rotary table: bounded, as the lookups below are linear */
+    /* every name is a slot, or a layer's rotary table */
     int most = fa_hf_slot_count(ld->c) + ld->c->n_layers, entries = cJSON_GetArraySize(map);
     if (entries > most) {
         cJSON_Delete(j);
@@ -621,38 +651,110 @@ static fa_status read_index(loader *ld, const char *dir, const char *path, char 
                              "'%s': weight_map has %d entries; a Llama of %d layers has at most %d tensors",
                              path, entries, (int)ld->c->n_layers, most);
     }
-    ld->weight_map = map;
-    int files = 0;
+    map_entry *ents = malloc(sizeof(map_entry) * (size_t)(entries > 0 ? entries : 1));
+    map_entry *byshard = malloc(sizeof(map_entry) * (size_t)(entries > 0 ? entries : 1));
+    map_entry *order = malloc(sizeof(map_entry) * (size_t)(entries > 0 ? entries : 1));
+    char *done = calloc((size_t)(entries > 0 ? entries : 1), 1);
+    if (!ents || !byshard || !order || !done) {
+        free(ents), free(byshard), free(order), free(done);
+        cJSON_Delete(j);
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory reading '%s'", path);
+    }
+    int m = 0;
     for (const cJSON *e = map->child; e && st == FA_OK; e = e->next) {
         const char *shard = cJSON_GetStringValue(e);
-        if (!shard || !plain_name(shard)) {
+        if (!shard || !plain_name(shard))
             st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
                                "'%s': weight_map entry '%.80s' must name a file in the directory", path,
                                e->string);
-            break;
-        }
-        int seen = 0; /* read each shard once, at its first mention */
-        for (const cJSON *f = map->child; f != e && !seen; f = f->next)
-            seen = strcmp(cJSON_GetStringValue(f), shard) == 0;
-        if (seen)
+        else
+            ents[m++] = (map_entry){ e->string, shard };
+    }
+    /* sorted by name for the lookups (a name twice is refused), by shard to read each once, in
+     * the order the map first mentions them */
+    memcpy(order, ents, sizeof(map_entry) * (size_t)m);
+    qsort(ents, (size_t)m, sizeof(map_entry), cmp_name);
+    for (int i = 1; i < m && st == FA_OK; i++)
+        if (strcmp(ents[i].name, ents[i - 1].name) == 0)
+            st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': weight_map names tensor '%.80s' twice", path,
+                               ents[i].name);
+    memcpy(byshard, ents, sizeof(map_entry) * (size_t)m);
+    qsort(byshard, (size_t)m, sizeof(map_entry), cmp_shard);
+    ld->map = ents;
+    ld->map_n = m;
+    int files = 0;
+    for (int i = 0; i < m && st == FA_OK; i++) {
+        const map_entry *at = bsearch(&order[i], byshard, (size_t)m, sizeof(map_entry), cmp_shard);
+        while (at > byshard && strcmp(at[-1].shard, at->shard) == 0)
+            at--; /* the first of its shard's run holds the flag */
+        if (done[at - byshard])
             continue;
+        done[at - byshard] = 1;
         char spath[4096];
-        if ((st = join(spath, sizeof(spath), dir, shard, err)) == FA_OK)
-            st = map_safetensors(ld, spath, files++, shard, err);
+        if ((st = join(spath, sizeof(spath), dir, order[i].shard, err)) == FA_OK)
+            st = map_safetensors(ld, spath, files++, order[i].shard, err);
     }
     /* every tensor the map names was found in its shard (or is one we skip) */
-    for (const cJSON *e = map->child; e && st == FA_OK; e = e->next) {
-        int slot = slot_of(ld->c, e->string);
-        if ((slot < 0 || (slot == 2 && ld->c->shared_classifier)) && ignorable(ld, e->string))
+    for (int i = 0; i < m && st == FA_OK; i++) {
+        int slot = slot_of(ld->c, ents[i].name);
+        if ((slot < 0 || (slot == 2 && ld->c->shared_classifier)) && ignorable(ld, ents[i].name))
             continue;
         if (slot < 0 || !ld->from[slot])
             st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
                                "'%s': weight_map names tensor '%.80s' in '%.80s', which does not hold it",
-                               path, e->string, cJSON_GetStringValue(e));
+                               path, ents[i].name, ents[i].shard);
     }
-    ld->weight_map = NULL;
+    ld->map = NULL;
+    ld->map_n = 0;
+    free(ents), free(byshard), free(order), free(done);
     cJSON_Delete(j);
     return st;
+}
+
+/* The directory's safetensors files hold at least the config's tensors at 2 bytes an element:
+ * checked before the float32 image of a config (which may claim any size) is allocated. */
+static uint64_t least_bytes(const fa_model_config *c) /* c passed fa_model_config_check */
+{
+    uint64_t need = 0;
+    for (int s = 0; s < fa_hf_slot_count(c); s++) {
+        const fa_hf_tensor t = fa_hf_slot(c, s);
+        if (!(s == 2 && c->shared_classifier))
+            need += 2 * t.rows * (t.cols ? t.cols : 1);
+    }
+    return need;
+}
+
+static fa_status enough_data(const char *dir, const fa_model_config *c, char *err)
+{
+    fa_status st = fa_model_config_check(c, NULL, err);
+    if (st != FA_OK)
+        return st;
+    const uint64_t need = least_bytes(c);
+    uint64_t have = 0;
+    int files = 0;
+    DIR *dp = opendir(dir);
+    if (!dp)
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot read directory '%s'", dir);
+    for (struct dirent *e; (e = readdir(dp)) != NULL;) {
+        const size_t len = strlen(e->d_name), k = strlen(".safetensors");
+        char path[4096];
+        struct stat sb;
+        if (len > k && strcmp(e->d_name + len - k, ".safetensors") == 0 &&
+            (size_t)snprintf(path, sizeof(path), "%s/%s", dir, e->d_name) < sizeof(path) && stat(path, &sb) == 0 &&
+            S_ISREG(sb.st_mode))
+            have += (uint64_t)sb.st_size, files++;
+    }
+    closedir(dp);
+    if (!files)
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                             "'%s' holds neither model.safetensors nor any shard model.safetensors.index.json "
+                             "could name (no .safetensors file)",
+                             dir);
+    if (have < need)
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
+                             "'%s' holds %llu bytes of safetensors; config.json's tensors need at least %llu",
+                             dir, (unsigned long long)have, (unsigned long long)need);
+    return FA_OK;
 }
 
 fa_status fa_model_open_hf(const char *dir, fa_model **out, char *err)
@@ -678,9 +780,9 @@ fa_status fa_model_open_hf(const char *dir, fa_model **out, char *err)
     free(text);
     unsigned char *img;
     uint64_t bytes;
-    if (st != FA_OK || (st = new_image(&c, &img, &bytes, err)) != FA_OK)
+    if (st != FA_OK || (st = enough_data(dir, &c, err)) != FA_OK || (st = new_image(&c, &img, &bytes, err)) != FA_OK)
         return st;
-    loader ld = { &c, (float *)(img + FA_MODEL_HEADER_BYTES), calloc((size_t)fa_hf_slot_count(&c), sizeof(int32_t)), NULL };
+    loader ld = { &c, (float *)(img + FA_MODEL_HEADER_BYTES), calloc((size_t)fa_hf_slot_count(&c), sizeof(int32_t)), NULL, 0 };
     if (!ld.from)
         st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory");
     if (st == FA_OK && (st = join(path, sizeof(path), dir, "model.safetensors", err)) == FA_OK) {

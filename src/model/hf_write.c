@@ -6,6 +6,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -207,8 +208,17 @@ fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtyp
         st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot create directory '%s'", dir);
         goto done;
     }
-    if ((size_t)snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir) >= sizeof(path)) {
-        st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "directory name '%s' is too long", dir);
+    /* the longest name written there fits (the index's and a shard's are the longest) */
+    if ((size_t)snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir) >= sizeof(path) ||
+        (size_t)snprintf(path, sizeof(path), "%s/model-%05d-of-%05d.safetensors", dir, (int)shards, (int)shards) >=
+            sizeof(path)) {
+        st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "directory name '%.200s' is too long", dir);
+        goto done;
+    }
+    /* the other layout's entry file goes: a loader would read it before this one */
+    snprintf(path, sizeof(path), "%s/%s", dir, shards == 1 ? "model.safetensors.index.json" : "model.safetensors");
+    if (unlink(path) != 0 && errno != ENOENT) {
+        st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot remove '%s', left from another export", path);
         goto done;
     }
     snprintf(path, sizeof(path), "%s/config.json", dir);
