@@ -229,6 +229,16 @@ static void test_prefill_equals_decode(void **state)
     char err[FA_MODEL_ERR_LEN];
     fa_model_config c;
     fa_model *m;
+    /* the named shapes: Llama-3-8B's GQA, vocabulary and RoPE base */
+    assert_int_equal(fa_model_config_parse("llama3-8b", &c, err), FA_OK);
+    assert_int_equal(c.n_heads, 32);
+    assert_int_equal(c.n_kv_heads, 8);
+    assert_int_equal(c.vocab_size, 128256);
+    assert_int_equal(c.hidden_dim, 14336);
+    assert_false(c.shared_classifier);
+    assert_true(c.rope_theta == 5e5f);
+    assert_int_equal(fa_model_config_parse("7b", &c, err), FA_OK);
+    assert_true(c.rope_theta == 0.0f); /* llama2.c's default */
     assert_int_equal(fa_model_config_parse("64x3x4x2x96x300x80", &c, err), FA_OK);
     assert_int_equal(fa_model_synth(&c, seed, &m, err), FA_OK);
     uint64_t r = seed ^ 77;

@@ -22,7 +22,7 @@ static const char *help =
     "the runner's state (KV cache, activations). Refuses a shape whose weights and state do\n"
     "not fit in the memory available here.\n"
     "\n"
-    "  --config 110m|1b|7b|DIMxLAYERSxHEADSxKVHEADSxHIDDENxVOCABxSEQ      [110m]\n"
+    "  --config 110m|1b|7b|llama3-8b|DIMxLAYERSxHEADSxKVHEADSxHIDDENxVOCABxSEQ  [110m]\n"
     "                        (see `flashattn gen-model --help`); seq grows to fit the run\n"
     "  --model PATH          a checkpoint file instead of --config\n"
     "  --prompt-len N        prompt tokens, one prefill                    [512]\n"

@@ -214,10 +214,12 @@ static const char *gm_help =
     "Writes a synthetic llama2.c checkpoint (legacy format) with seeded uniform weights\n"
     "scaled by 1/sqrt(fan_in) and unit norm gains, for benchmarks of any Llama shape.\n"
     "\n"
-    "  --config 110m|1b|7b|DIMxLAYERSxHEADSxKVHEADSxHIDDENxVOCABxSEQ\n"
+    "  --config 110m|1b|7b|llama3-8b|DIMxLAYERSxHEADSxKVHEADSxHIDDENxVOCABxSEQ\n"
     "                        110m: 768x12x12x12x2048x32000x1024 (llama2.c stories110M)\n"
     "                        1b:   2048x22x32x4x5632x-32000x2048 (TinyLlama-1.1B)\n"
     "                        7b:   4096x32x32x32x11008x-32000x4096 (Llama-2-7B)\n"
+    "                        llama3-8b: 4096x32x32x8x14336x-128256x8192 (Llama-3-8B; its\n"
+    "                        rope_theta 5e5 holds in memory, a llama2.c file keeps 1e4)\n"
     "                        a negative VOCAB stores a separate classifier\n"
     "  --out PATH            the checkpoint to write\n"
     "  --seed S                                                      [1]\n";

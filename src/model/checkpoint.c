@@ -274,16 +274,20 @@ fa_status fa_model_config_parse(const char *spec, fa_model_config *c, char *err)
     static const struct {
         const char *name;
         int32_t v[7];
+        float rope_theta;
     } named[] = {
-        { "110m", { 768, 12, 12, 12, 2048, 32000, 1024 } },   /* llama2.c stories110M */
-        { "1b", { 2048, 22, 32, 4, 5632, -32000, 2048 } },    /* TinyLlama-1.1B */
-        { "7b", { 4096, 32, 32, 32, 11008, -32000, 4096 } },  /* Llama-2-7B */
+        { "110m", { 768, 12, 12, 12, 2048, 32000, 1024 }, 0.0f },       /* llama2.c stories110M */
+        { "1b", { 2048, 22, 32, 4, 5632, -32000, 2048 }, 0.0f },        /* TinyLlama-1.1B */
+        { "7b", { 4096, 32, 32, 32, 11008, -32000, 4096 }, 0.0f },      /* Llama-2-7B */
+        { "llama3-8b", { 4096, 32, 32, 8, 14336, -128256, 8192 }, 5e5f }, /* Llama-3-8B */
     };
     int32_t v[7];
+    float theta = 0.0f;
     int found = 0;
     for (size_t i = 0; i < sizeof(named) / sizeof(named[0]); i++)
         if (strcmp(spec, named[i].name) == 0) {
             memcpy(v, named[i].v, sizeof(v));
+            theta = named[i].rope_theta;
             found = 1;
         }
     if (!found) {
@@ -293,7 +297,7 @@ fa_status fa_model_config_parse(const char *spec, fa_model_config *c, char *err)
             long x = strtol(s, &end, 10);
             if (end == s || x < INT32_MIN + 1 || x > INT32_MAX || (i < 6 ? *end != 'x' : *end != 0))
                 return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
-                            "config '%s' is not 110m, 1b, 7b or "
+                            "config '%s' is not 110m, 1b, 7b, llama3-8b or "
                             "DIMxLAYERSxHEADSxKVHEADSxHIDDENxVOCABxSEQ",
                             spec);
             v[i] = (int32_t)x;
@@ -302,7 +306,7 @@ fa_status fa_model_config_parse(const char *spec, fa_model_config *c, char *err)
     }
     fa_model_config r = { .dim = v[0], .n_layers = v[1], .n_heads = v[2], .n_kv_heads = v[3],
                           .hidden_dim = v[4], .vocab_size = v[5] < 0 ? -v[5] : v[5],
-                          .seq_len = v[6], .shared_classifier = v[5] > 0 };
+                          .seq_len = v[6], .shared_classifier = v[5] > 0, .rope_theta = theta };
     fa_status st = fa_model_config_check(&r, NULL, err);
     if (st == FA_OK)
         *c = r;

@@ -123,7 +123,8 @@ fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtyp
                             char *err);
 
 /* Shapes by name: "110m" (dim 768, 12 layers, 12 heads), "1b" (TinyLlama-1.1B:
- * 2048, 22 layers, 32 heads, 4 kv heads), "7b" (Llama-2-7B), or
+ * 2048, 22 layers, 32 heads, 4 kv heads), "7b" (Llama-2-7B), "llama3-8b" (32 heads over
+ * 8 kv heads, vocab 128256, rope_theta 5e5, context 8192), or
  * "DIMxLAYERSxHEADSxKVHEADSxHIDDENxVOCABxSEQ" (a negative VOCAB asks for a
  * separate classifier). The result passed fa_model_config_check. */
 fa_status fa_model_config_parse(const char *spec, fa_model_config *c, char *err);
