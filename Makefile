@@ -6,7 +6,7 @@
 
 BUILD ?= build
 JOBS ?= $(shell nproc)
-DEPS := cmake gcc make libopenblas-dev libcmocka-dev libcjson-dev libegl-dev libgles-dev libegl-mesa0 libgl1-mesa-dri \
+DEPS := cmake gcc make pkg-config libopenblas-dev libcmocka-dev libcjson-dev libegl-dev libgles-dev libegl-mesa0 libgl1-mesa-dri \
         clang libclang-rt-dev libomp-dev
 CMAKE_FLAGS ?=
 
