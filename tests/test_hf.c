@@ -680,8 +680,8 @@ static void test_reexport_and_bounds(void **state)
     /* a header of 2 MB for a model of 21 tensors */
     snprintf(file, sizeof(file), "%s/model.safetensors", dir);
     size_t n;
-    char *img = slurp(file, &n), *big = malloc(n + (2u << 20));
-    uint64_t len = (2u << 20) + 2;
+    const uint64_t len = (2u << 20) + 2;
+    char *img = slurp(file, &n), *big = malloc(8 + (size_t)len + n);
     memcpy(big, &len, 8);
     big[8] = '{';
     memset(big + 9, ' ', (size_t)len - 2);

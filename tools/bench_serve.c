@@ -214,9 +214,10 @@ int cmd_bench_serve(int argc, char **argv)
     }
     const fa_model_config *c = &m->config;
     if (o.p_hi + o.o_hi > c->seq_len) {
+        const int32_t ctx_len = c->seq_len;
         fa_model_free(m);
         return cli_usage_error("bench-serve", "the longest request (%ld prompt + %ld output tokens) exceeds the "
-                                              "model's context of %d", o.p_hi, o.o_hi, (int)c->seq_len);
+                                              "model's context of %d", o.p_hi, o.o_hi, (int)ctx_len);
     }
     const long per = (o.p_hi + o.o_hi + o.page_size - 1) / o.page_size;
     if (o.pages == 0)
