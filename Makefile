@@ -6,11 +6,11 @@
 
 BUILD ?= build
 JOBS ?= $(shell nproc)
-DEPS := cmake gcc make pkg-config libopenblas-dev libcmocka-dev libcjson-dev libegl-dev libgles-dev libegl-mesa0 libgl1-mesa-dri \
+DEPS := cmake gcc make pkg-config python3-venv python3-pip libopenblas-dev libcmocka-dev libcjson-dev libegl-dev libgles-dev libegl-mesa0 libgl1-mesa-dri \
         clang libclang-rt-dev libomp-dev
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run test test-full sanitize fuzz clean
+.PHONY: all deps build run test test-full test-python sanitize fuzz clean
 
 all: build
 
@@ -38,6 +38,13 @@ test: build
 test-full: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L full
 
+# The Python package: `pip install .` into a fresh virtual environment (nanobind and
+# scikit-build-core from PyPI, the C library built by CMake inside), then its tests.
+test-python: deps
+	python3 -m venv $(BUILD)-python/venv
+	$(BUILD)-python/venv/bin/pip install -q ".[test]"
+	cd $(BUILD)-python && venv/bin/python -m pytest -q $(CURDIR)/python/tests
+
 # The tests again with AddressSanitizer + UndefinedBehaviorSanitizer (used by CI).
 sanitize: deps
 	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFA_SANITIZE=ON
@@ -57,4 +64,4 @@ fuzz: build
 	./$(BUILD)-fuzz/tests/fuzz_loader -max_total_time=$(FUZZ_SECONDS) -max_len=8192 $(BUILD)-fuzz/corpus
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(BUILD)-python

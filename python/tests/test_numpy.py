@@ -1,0 +1,154 @@
+# SPDX-License-Identifier: MIT
+"""flashattn from numpy on the CPU against a float64 reference: odd shapes, GQA, masks,
+softcap, lse, 16-bit inputs, strided views, varlen, and bad input raising ValueError."""
+import os
+
+import numpy as np
+import pytest
+
+import flashattn
+
+SEED = int(os.environ.get("FLASHATTN_TEST_SEED", "20261202"))
+print(f"flashattn python tests: seed {SEED} (replay: FLASHATTN_TEST_SEED={SEED})")
+
+
+def reference(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None):
+    """o and lse in float64 for [b, s, h, d] inputs, bottom-right causal, GQA by h // group."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    b, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    o = np.zeros((b, sq, hq, d))
+    lse = np.full((b, hq, sq), -np.inf)
+    i = np.arange(sq)[:, None] + (sk - sq)
+    j = np.arange(sk)[None, :]
+    wl, wr = window
+    if causal:
+        wr = 0 if wr < 0 else min(wr, 0)
+    vis = np.ones((sq, sk), dtype=bool)
+    if wl >= 0:
+        vis &= j >= i - wl
+    if wr >= 0:
+        vis &= j <= i + wr
+    for bb in range(b):
+        for h in range(hq):
+            s = q[bb, :, h] @ k[bb, :, h // (hq // hk)].T * scale
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
+            s = np.where(vis, s, -np.inf)
+            m = s.max(axis=1, keepdims=True)
+            m = np.where(np.isfinite(m), m, 0.0)
+            p = np.exp(s - m)
+            tot = p.sum(axis=1, keepdims=True)
+            o[bb, :, h] = np.where(tot > 0, (p @ v[bb, :, h // (hq // hk)]) / np.where(tot > 0, tot, 1), 0)
+            lse[bb, h] = np.where(tot[:, 0] > 0, np.log(np.where(tot[:, 0] > 0, tot[:, 0], 1)) + m[:, 0], -np.inf)
+    return o, lse
+
+
+def rand(rng, *shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+CASES = [  # b, sq, sk, hq, hk, d, causal, window, softcap
+    (1, 1, 1, 1, 1, 1, False, (-1, -1), 0.0),
+    (2, 17, 17, 4, 4, 16, True, (-1, -1), 0.0),
+    (1, 5, 33, 8, 2, 80, True, (-1, -1), 0.0),
+    (3, 31, 40, 6, 3, 17, False, (7, 2), 0.0),
+    (1, 64, 64, 4, 1, 64, True, (16, -1), 30.0),
+    (2, 1, 300, 32, 8, 128, False, (-1, -1), 0.0),
+    (1, 9, 9, 2, 2, 256, False, (-1, -1), 5.0),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_float32(case):
+    b, sq, sk, hq, hk, d, causal, window, softcap = case
+    rng = np.random.default_rng(SEED + hash(case) % 1000)
+    q, k, v = rand(rng, b, sq, hq, d), rand(rng, b, sk, hk, d), rand(rng, b, sk, hk, d)
+    o, lse = flashattn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                       return_lse=True)
+    ro, rl = reference(q, k, v, causal, window, softcap)
+    assert o.dtype == np.float32 and o.shape == q.shape and lse.shape == (b, hq, sq)
+    assert np.max(np.abs(o - ro)) < 2e-5
+    fin = np.isfinite(rl)
+    assert np.all(np.isfinite(lse) == fin)
+    assert np.max(np.abs(lse[fin] - rl[fin]), initial=0.0) < 2e-5
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16bit(dtype):
+    if dtype == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        dt = ml_dtypes.bfloat16
+        unit = 2.0 ** -8
+    else:
+        dt = np.float16
+        unit = 2.0 ** -11
+    rng = np.random.default_rng(SEED)
+    q, k, v = (rand(rng, 2, 40, 8, 64).astype(dt) for _ in range(3))
+    o = flashattn.flash_attn_func(q, k, v, causal=True)
+    assert o.dtype == q.dtype
+    ro, _ = reference(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), causal=True)
+    # the output rounds once to the 16-bit type: a few units of its rounding at the outputs' size
+    assert np.max(np.abs(o.astype(np.float64) - ro)) < 8 * unit * max(1.0, np.max(np.abs(ro)))
+
+
+def test_strided_views():
+    """[b, h, s, d] arrays seen as [b, s, h, d] (head_dim contiguous): read in place."""
+    rng = np.random.default_rng(SEED + 1)
+    qb, kb, vb = rand(rng, 2, 4, 21, 32), rand(rng, 2, 2, 30, 32), rand(rng, 2, 2, 30, 32)
+    q, k, v = (x.transpose(0, 2, 1, 3) for x in (qb, kb, vb))
+    assert not q.flags.c_contiguous
+    o = flashattn.flash_attn_func(q, k, v, causal=True)
+    ro, _ = reference(q, k, v, causal=True)
+    assert np.max(np.abs(o - ro)) < 2e-5
+    sliced = rand(rng, 2, 21, 4, 64)[:, :, :, :32]  # head_dim padded in memory
+    o2 = flashattn.flash_attn_func(sliced, sliced, sliced)
+    assert np.max(np.abs(o2 - reference(sliced, sliced, sliced)[0])) < 2e-5
+
+
+def test_varlen():
+    rng = np.random.default_rng(SEED + 2)
+    lens_q, lens_k = [3, 0, 11, 1], [7, 4, 11, 20]
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    q, k, v = rand(rng, cu_q[-1], 4, 24), rand(rng, cu_k[-1], 2, 24), rand(rng, cu_k[-1], 2, 24)
+    o, lse = flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                              return_lse=True)
+    assert lse.shape == (4, cu_q[-1])
+    for bb in range(4):
+        if lens_q[bb] == 0:
+            continue
+        s = slice(cu_q[bb], cu_q[bb + 1])
+        t = slice(cu_k[bb], cu_k[bb + 1])
+        ro, rl = reference(q[None, s], k[None, t], v[None, t], causal=True)
+        assert np.max(np.abs(o[s] - ro[0])) < 2e-5
+        assert np.max(np.abs(lse[:, s] - rl[0])) < 2e-5
+
+
+def test_bad_input():
+    rng = np.random.default_rng(SEED + 3)
+    q, k = rand(rng, 1, 8, 4, 32), rand(rng, 1, 8, 4, 16)
+    with pytest.raises(ValueError, match="head_dim"):
+        flashattn.flash_attn_func(q, k, k)
+    with pytest.raises(ValueError, match="contiguous"):
+        flashattn.flash_attn_func(q[..., ::2], q[..., ::2], q[..., ::2])
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        qi = q.astype(np.int32)
+        flashattn.flash_attn_func(qi, qi, qi)
+    with pytest.raises(ValueError, match="num_heads"):
+        k3 = rand(rng, 1, 8, 3, 32)
+        flashattn.flash_attn_func(q, k3, k3)
+    with pytest.raises(ValueError, match="window"):
+        flashattn.flash_attn_func(q, q, q, window_size=(-2, 0))
+    with pytest.raises(ValueError, match="window_size"):
+        flashattn.flash_attn_func(q, q, q, window_size=5)
+    with pytest.raises(ValueError, match=r"must be \[batch, seqlen, heads, head_dim\]"):
+        flashattn.flash_attn_func(q[0], q[0], q[0])
+    with pytest.raises(ValueError, match="k's batch"):
+        flashattn.flash_attn_func(q, rand(rng, 2, 8, 4, 32), rand(rng, 2, 8, 4, 32))
+    with pytest.raises(ValueError, match="v's shape"):
+        flashattn.flash_attn_func(q, q, rand(rng, 1, 9, 4, 32))
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        cu = np.array([0, 8], dtype=np.int64)
+        flashattn.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8)
