@@ -13,6 +13,11 @@ Bad arguments raise ValueError with the library's message naming the field.
 """
 from . import _C
 
+try:
+    from numpy import empty as _np_empty, ndarray as _np_ndarray
+except ImportError:  # torch-only environments
+    _np_empty, _np_ndarray = None, type(None)
+
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "version"]
 __version__ = _C.version()
 
@@ -57,12 +62,15 @@ def _check_float(name, x):
 def _common(dropout_p, softmax_scale, window_size, softcap, deterministic):
     """The keywords shared by the calls; deterministic is accepted for FlashAttention-2's
     signature: flashattn is deterministic whatever it says."""
-    _check_float("dropout_p", dropout_p)
-    _check_float("softcap", softcap)
+    if type(dropout_p) is not float and type(dropout_p) is not int:
+        _check_float("dropout_p", dropout_p)
+    if type(softcap) is not float and type(softcap) is not int:
+        _check_float("softcap", softcap)
     if softmax_scale is not None:
         _check_float("softmax_scale", softmax_scale)
     try:
-        wl, wr = (int(w) for w in window_size)
+        wl, wr = window_size
+        wl, wr = int(wl), int(wr)
     except (TypeError, ValueError):
         raise ValueError("flashattn: window_size must be a pair (left, right), -1 for unbounded") from None
     return float(softmax_scale or 0.0), wl, wr
@@ -76,6 +84,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap, deterministic)
     if getattr(q, "ndim", None) != 4:
         raise ValueError("flashattn: q must be [batch, seqlen, heads, head_dim]")
+    if type(q) is _np_ndarray and q.dtype.name != "bfloat16":  # numpy's common case, the fast path
+        out = _np_empty(q.shape, q.dtype)
+        lse = _np_empty((q.shape[0], q.shape[2], q.shape[1]), "float32") if return_lse else None
+        _C.forward(q, k, v, out, lse, None, None, 0, 0, scale, bool(causal), wl, wr, float(softcap),
+                   float(dropout_p), int(seed), 0, 0, False)
+        return (out, lse) if return_lse else out
     out = _empty(tuple(q.shape), q)
     lse = _empty((q.shape[0], q.shape[2], q.shape[1]), q, float32=True) if return_lse else None
     (qq, bf), (kk, _), (vv, _), (oo, _) = (_bf16_numpy(x) for x in (q, k, v, out))
