@@ -7,10 +7,15 @@ The names and keywords follow FlashAttention-2's, so switching is an import chan
     from flashattn import flash_attn_func
     out = flash_attn_func(q, k, v, causal=True)          # q, k, v: [batch, seq, heads, head_dim]
 
-Tensors may have any strides whose last dimension is contiguous; outputs are allocated by the
-caller's framework (numpy or torch), on q's device; CUDA calls run on torch's current stream.
-Bad arguments raise ValueError with the library's message naming the field.
+Tensors may have any positive strides with the last dimension contiguous (read-only arrays
+too); outputs are allocated by the caller's framework (numpy or torch), on q's device; CUDA
+calls run on torch's current stream. Calls from several threads take turns per device. Bad
+arguments raise ValueError with the library's message naming the field.
 """
+import numbers
+import operator
+import struct
+
 from . import _C
 
 try:
@@ -55,25 +60,56 @@ def _stream(q):
 
 
 def _check_float(name, x):
-    if not isinstance(x, (int, float)):
+    if not isinstance(x, numbers.Real) or isinstance(x, bool):
         raise ValueError(f"flashattn: {name} must be a number, not {type(x).__name__}")
+    if x != 0 and struct.unpack("f", struct.pack("f", float(x)))[0] == 0:
+        raise ValueError(f"flashattn: {name} ({x}) rounds to 0 in float32, which means 'off' or 'default'")
+
+
+def _int(name, x, lo, hi):
+    """An integer argument (no float, no string) in lo..hi."""
+    try:
+        v = operator.index(x)
+    except TypeError:
+        raise ValueError(f"flashattn: {name} must be an integer, not {type(x).__name__}") from None
+    if not lo <= v <= hi:
+        raise ValueError(f"flashattn: {name} ({v}) must be in {lo}..{hi}")
+    return v
 
 
 def _common(dropout_p, softmax_scale, window_size, softcap, deterministic):
     """The keywords shared by the calls; deterministic is accepted for FlashAttention-2's
     signature: flashattn is deterministic whatever it says."""
-    if type(dropout_p) is not float and type(dropout_p) is not int:
+    if type(dropout_p) is not float or dropout_p:
         _check_float("dropout_p", dropout_p)
-    if type(softcap) is not float and type(softcap) is not int:
+    if type(softcap) is not float or softcap:
         _check_float("softcap", softcap)
     if softmax_scale is not None:
         _check_float("softmax_scale", softmax_scale)
-    try:
-        wl, wr = window_size
-        wl, wr = int(wl), int(wr)
-    except (TypeError, ValueError):
-        raise ValueError("flashattn: window_size must be a pair (left, right), -1 for unbounded") from None
+        if softmax_scale == 0:
+            raise ValueError("flashattn: softmax_scale 0 is not supported (the library reads 0 as 1/sqrt(head_dim)); "
+                             "pass None for that")
+    if type(window_size) is not tuple or len(window_size) != 2 or type(window_size[0]) is not int or \
+            type(window_size[1]) is not int:
+        try:
+            wl, wr = window_size
+        except (TypeError, ValueError):
+            raise ValueError("flashattn: window_size must be a pair (left, right), -1 for unbounded") from None
+        window_size = (_int("window_size[0]", wl, -(2 ** 31), 2 ** 31 - 1),
+                       _int("window_size[1]", wr, -(2 ** 31), 2 ** 31 - 1))
+    wl, wr = window_size
+    if not (-(2 ** 31) <= wl < 2 ** 31 and -(2 ** 31) <= wr < 2 ** 31):
+        raise ValueError("flashattn: window_size's entries must fit in 32 bits")
     return float(softmax_scale or 0.0), wl, wr
+
+
+def _trivial(q, k, out_shape, lse_shape, return_lse, zeros_like):
+    """Calls with nothing to attend: empty outputs, or (no keys) zeros and lse -inf."""
+    out = zeros_like(out_shape, q)
+    lse = zeros_like(lse_shape, q, float32=True) if return_lse else None
+    if lse is not None:
+        lse[...] = float("-inf")
+    return (out, lse) if return_lse else out
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -84,18 +120,32 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap, deterministic)
     if getattr(q, "ndim", None) != 4:
         raise ValueError("flashattn: q must be [batch, seqlen, heads, head_dim]")
-    if type(q) is _np_ndarray and q.dtype.name != "bfloat16":  # numpy's common case, the fast path
+    seed = seed if type(seed) is int and 0 <= seed < 2 ** 64 else _int("seed", seed, 0, 2 ** 64 - 1)
+    if (type(q) is _np_ndarray and type(k) is _np_ndarray and type(v) is _np_ndarray and
+            q.dtype.name != "bfloat16" and k.dtype == q.dtype and v.dtype == q.dtype and q.size and
+            k.shape[1:2] != (0,)):  # numpy's common case
         out = _np_empty(q.shape, q.dtype)
         lse = _np_empty((q.shape[0], q.shape[2], q.shape[1]), "float32") if return_lse else None
         _C.forward(q, k, v, out, lse, None, None, 0, 0, scale, bool(causal), wl, wr, float(softcap),
                    float(dropout_p), int(seed), 0, 0, False)
         return (out, lse) if return_lse else out
+    lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+    if 0 in tuple(q.shape) or (getattr(k, "ndim", 0) == 4 and k.shape[1] == 0):
+        return _trivial(q, k, tuple(q.shape), lse_shape, return_lse, _zeros)
     out = _empty(tuple(q.shape), q)
-    lse = _empty((q.shape[0], q.shape[2], q.shape[1]), q, float32=True) if return_lse else None
+    lse = _empty(lse_shape, q, float32=True) if return_lse else None
     (qq, bf), (kk, _), (vv, _), (oo, _) = (_bf16_numpy(x) for x in (q, k, v, out))
     _C.forward(qq, kk, vv, oo, lse, None, None, 0, 0, scale, bool(causal), wl, wr, float(softcap),
-               float(dropout_p), int(seed), 0, _stream(q), bf)
+               float(dropout_p), seed, 0, _stream(q), bf)
     return (out, lse) if return_lse else out
+
+
+def _zeros(shape, like, float32=False):
+    if _is_torch(like):
+        import torch
+        return torch.zeros(shape, dtype=torch.float32 if float32 else like.dtype, device=like.device)
+    import numpy as np
+    return np.zeros(shape, dtype=np.float32 if float32 else like.dtype)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -108,9 +158,18 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap, deterministic)
     if getattr(q, "ndim", None) != 3:
         raise ValueError("flashattn: q must be [total_q, heads, head_dim] for varlen calls")
-    out = _empty(tuple(q.shape), q)
-    lse = _empty((q.shape[1], q.shape[0]), q, float32=True) if return_lse else None
+    seed = _int("seed", seed, 0, 2 ** 64 - 1)
+    max_q = _int("max_seqlen_q", max_seqlen_q, 0, 2 ** 31 - 1)
+    max_k = _int("max_seqlen_k", max_seqlen_k, 0, 2 ** 31 - 1)
+    if 0 in tuple(q.shape):
+        return _trivial(q, k, tuple(q.shape), (q.shape[1], q.shape[0]), return_lse, _zeros)
+    # rows past cu_seqlens_q[-1] are not written: zeros (and lse -inf) rather than stale memory
+    out = _zeros(tuple(q.shape), q)
+    lse = None
+    if return_lse:
+        lse = _zeros((q.shape[1], q.shape[0]), q, float32=True)
+        lse[...] = float("-inf")
     (qq, bf), (kk, _), (vv, _), (oo, _) = (_bf16_numpy(x) for x in (q, k, v, out))
-    _C.forward(qq, kk, vv, oo, lse, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), scale,
-               bool(causal), wl, wr, float(softcap), float(dropout_p), int(seed), 0, _stream(q), bf)
+    _C.forward(qq, kk, vv, oo, lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, bool(causal), wl, wr,
+               float(softcap), float(dropout_p), seed, 0, _stream(q), bf)
     return (out, lse) if return_lse else out

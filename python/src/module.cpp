@@ -10,27 +10,37 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "flashattn.h"
 
 namespace nb = nanobind;
 using array = nb::ndarray<>;
+using in_array = nb::ndarray<nb::ro>; // inputs may be read-only (broadcasts, frombuffer, memmaps)
 
 namespace {
 
 // ValueError with message m (nanobind copies it).
 [[noreturn]] void bad(const std::string &m) { throw nb::value_error(m.c_str()); }
 
+// A context and the lock its calls take: a context serves one thread at a time, and calls run
+// with the GIL released, so Python threads sharing a device take turns (the message of a
+// failed call is copied under the same lock).
+struct device_ctx {
+    fa_context_t ctx;
+    std::mutex lock;
+};
+
 // One context per (backend, device), made on first use and kept for the process.
-fa_context_t context_for(int device_type, int device_id)
+device_ctx &context_for(int device_type, int device_id)
 {
     static std::mutex lock;
-    static std::map<std::pair<int, int>, fa_context_t> made;
+    static std::map<std::pair<int, int>, device_ctx *> made;
     std::lock_guard<std::mutex> g(lock);
     auto key = std::make_pair(device_type, device_id);
     auto it = made.find(key);
     if (it != made.end())
-        return it->second;
+        return *it->second;
     fa_context_options opts = { sizeof(opts), FA_BACKEND_CPU, 0 };
     if (device_type == nb::device::cuda::value) {
         if (device_id != 0)
@@ -43,14 +53,17 @@ fa_context_t context_for(int device_type, int device_id)
     fa_context_t ctx;
     if (fa_context_create(&opts, &ctx) != FA_OK)
         throw std::runtime_error(std::string("flashattn: ") + fa_last_create_error());
-    made[key] = ctx;
-    return ctx;
+    auto *dc = new device_ctx; // kept for the process, as the contexts are
+    dc->ctx = ctx;
+    made[key] = dc;
+    return *dc;
 }
 
-// The library's status as a Python exception: bad arguments are ValueError.
-[[noreturn]] void raise(fa_context_t ctx, fa_status st)
+// The library's status (its message copied under the context's lock) as a Python exception:
+// bad arguments are ValueError.
+[[noreturn]] void raise(fa_status st, const std::string &message)
 {
-    std::string msg = std::string("flashattn: ") + fa_context_last_error(ctx);
+    std::string msg = "flashattn: " + message;
     if (st == FA_ERR_OUT_OF_MEMORY)
         throw std::bad_alloc();
     if (st == FA_ERR_BACKEND || st == FA_ERR_BACKEND_UNAVAILABLE)
@@ -58,7 +71,7 @@ fa_context_t context_for(int device_type, int device_id)
     bad(msg);
 }
 
-fa_dtype dtype_of(const array &a, const char *name, bool bf16_bits)
+template <typename A> fa_dtype dtype_of(const A &a, const char *name, bool bf16_bits)
 {
     const nb::dlpack::dtype t = a.dtype();
     if (t == nb::dtype<float>())
@@ -73,7 +86,7 @@ fa_dtype dtype_of(const array &a, const char *name, bool bf16_bits)
 }
 
 // A [batch, seq, heads, dim] (or [rows, heads, dim]) view of a, its last dimension contiguous.
-fa_tensor view_of(const array &a, const char *name, int ndim, bool bf16_bits)
+template <typename A> fa_tensor view_of(const A &a, const char *name, int ndim, bool bf16_bits)
 {
     if ((int)a.ndim() != ndim)
         bad(std::string("flashattn: ") + name + " must have " + std::to_string(ndim) + " dimensions, not " +
@@ -83,7 +96,7 @@ fa_tensor view_of(const array &a, const char *name, int ndim, bool bf16_bits)
             "'s last dimension is strided; flashattn reads head_dim contiguously: pass a contiguous copy "
             "(x.contiguous() in torch, np.ascontiguousarray in numpy)");
     fa_tensor t;
-    t.data = a.data();
+    t.data = (void *)a.data();
     t.dtype = dtype_of(a, name, bf16_bits);
     t.stride_batch = ndim == 4 ? a.stride(0) : 0;
     t.stride_seq = a.stride(ndim - 3);
@@ -91,13 +104,13 @@ fa_tensor view_of(const array &a, const char *name, int ndim, bool bf16_bits)
     return t;
 }
 
-void same_device(const array &a, const array &b, const char *name)
+template <typename A, typename B> void same_device(const A &a, const B &b, const char *name)
 {
     if (a.device_type() != b.device_type() || a.device_id() != b.device_id())
         bad(std::string("flashattn: ") + name + " is on another device than q");
 }
 
-int32_t dim_of(const array &a, int i, const char *what)
+template <typename A> int32_t dim_of(const A &a, int i, const char *what)
 {
     if (a.shape(i) > (size_t)INT32_MAX)
         bad(std::string("flashattn: ") + what + " exceeds 2^31 - 1");
@@ -106,8 +119,8 @@ int32_t dim_of(const array &a, int i, const char *what)
 
 // fa_forward on q, k, v into o (and lse): fixed-length [b, s, h, d] tensors, or varlen
 // [rows, h, d] ones with cu_seqlens (int32 tensors on the same device as q).
-void forward(array q, array k, array v, array o, std::optional<array> lse, std::optional<array> cu_q,
-             std::optional<array> cu_k, int max_q, int max_k, float scale, bool causal, int window_left,
+void forward(in_array q, in_array k, in_array v, array o, std::optional<array> lse, std::optional<in_array> cu_q,
+             std::optional<in_array> cu_k, int max_q, int max_k, float scale, bool causal, int window_left,
              int window_right, float softcap, float dropout_p, uint64_t seed, uint64_t offset, uintptr_t stream,
              bool bf16_bits)
 {
@@ -115,16 +128,18 @@ void forward(array q, array k, array v, array o, std::optional<array> lse, std::
     if (varlen != cu_k.has_value())
         throw nb::value_error("flashattn: give cu_seqlens_q and cu_seqlens_k together");
     const int nd = varlen ? 3 : 4;
-    for (auto *p : { &k, &v, &o })
-        same_device(q, *p, p == &k ? "k" : p == &v ? "v" : "out");
+    same_device(q, k, "k");
+    same_device(q, v, "v");
+    same_device(q, o, "out");
     fa_attention_desc d;
     fa_attention_desc_init(&d);
     d.q = view_of(q, "q", nd, bf16_bits);
     d.k = view_of(k, "k", nd, bf16_bits);
     d.v = view_of(v, "v", nd, bf16_bits);
     d.o = view_of(o, "out", nd, bf16_bits);
+    std::vector<int32_t> cuq, cuk; // copies: another thread may write the caller's arrays mid-call
     if (varlen) {
-        for (auto *c : { &*cu_q, &*cu_k }) {
+        for (const in_array *c : { &*cu_q, &*cu_k }) {
             if (c->ndim() != 1 || c->dtype() != nb::dtype<int32_t>())
                 throw nb::value_error("flashattn: cu_seqlens must be 1-d int32 tensors");
             same_device(q, *c, "cu_seqlens");
@@ -135,8 +150,10 @@ void forward(array q, array k, array v, array o, std::optional<array> lse, std::
             (cu_k->stride(0) != 1 && cu_k->shape(0) > 1))
             bad("flashattn: cu_seqlens_q and cu_seqlens_k must be contiguous, of batch + 1 entries each");
         d.batch = (int32_t)cu_q->shape(0) - 1;
-        d.cu_seqlens_q = (const int32_t *)cu_q->data();
-        d.cu_seqlens_k = (const int32_t *)cu_k->data();
+        cuq.assign((const int32_t *)cu_q->data(), (const int32_t *)cu_q->data() + cu_q->shape(0));
+        cuk.assign((const int32_t *)cu_k->data(), (const int32_t *)cu_k->data() + cu_k->shape(0));
+        d.cu_seqlens_q = cuq.data();
+        d.cu_seqlens_k = cuk.data();
         d.seqlen_q = dim_of(q, 0, "total_q"); /* the packed extents; the library checks the offsets */
         d.seqlen_k = dim_of(k, 0, "total_k");
         d.num_heads_q = dim_of(q, 1, "q's heads");
@@ -197,17 +214,21 @@ void forward(array q, array k, array v, array o, std::optional<array> lse, std::
     d.dropout_p = dropout_p;
     d.dropout_seed = seed;
     d.dropout_offset = offset;
-    fa_context_t ctx = context_for(q.device_type(), q.device_id());
+    device_ctx &dc = context_for(q.device_type(), q.device_id());
     fa_status st = FA_OK;
+    std::string message;
     {
         nb::gil_scoped_release unlocked;
+        std::lock_guard<std::mutex> turn(dc.lock);
         if (q.device_type() == nb::device::cuda::value)
-            st = fa_context_set_stream(ctx, (void *)stream);
+            st = fa_context_set_stream(dc.ctx, (void *)stream);
         if (st == FA_OK)
-            st = fa_forward(ctx, &d);
+            st = fa_forward(dc.ctx, &d);
+        if (st != FA_OK)
+            message = fa_context_last_error(dc.ctx);
     }
     if (st != FA_OK)
-        raise(ctx, st);
+        raise(st, message);
 }
 
 } // namespace

@@ -152,3 +152,52 @@ def test_bad_input():
     with pytest.raises(ValueError, match="cu_seqlens"):
         cu = np.array([0, 8], dtype=np.int64)
         flashattn.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8)
+
+
+def test_threads():
+    """Calls from several threads take turns per device: every result right (decode shapes of
+    different lengths regrow the context's scratch)."""
+    import threading
+    errs = []
+
+    def work(i):
+        rng = np.random.default_rng(SEED + 10 + i)
+        q, k = rand(rng, 1, 1, 8, 64), rand(rng, 1, 512 * (i + 1), 8, 64)
+        want = reference(q, k, k)[0]
+        for _ in range(20):
+            if np.max(np.abs(flashattn.flash_attn_func(q, k, k) - want)) > 2e-5:
+                errs.append(i)
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errs
+
+
+def test_edges():
+    rng = np.random.default_rng(SEED + 4)
+    q = rand(rng, 1, 6, 2, 8)
+    ro = q.copy()
+    ro.setflags(write=False)  # read-only inputs are read in place
+    assert np.max(np.abs(flashattn.flash_attn_func(ro, ro, ro) - reference(q, q, q)[0])) < 2e-5
+    b = np.broadcast_to(q[:, :1], (1, 6, 2, 8))  # a stride-0 view is refused by name, not crashed on
+    with pytest.raises(ValueError, match="stride"):
+        flashattn.flash_attn_func(q, b, b)
+    empty = np.zeros((0, 6, 2, 8), np.float32)
+    assert flashattn.flash_attn_func(empty, empty, empty).shape == empty.shape
+    o, lse = flashattn.flash_attn_func(q, q[:, :0], q[:, :0], return_lse=True)  # no keys
+    assert np.all(o == 0) and np.all(np.isneginf(lse))
+    with pytest.raises(ValueError, match="softmax_scale 0"):
+        flashattn.flash_attn_func(q, q, q, softmax_scale=0.0)
+    with pytest.raises(ValueError, match="rounds to 0"):
+        flashattn.flash_attn_func(q, q, q, softcap=1e-60)
+    assert np.allclose(flashattn.flash_attn_func(q, q, q, softmax_scale=np.float32(0.3)),
+                       reference(q, q, q, scale=0.3)[0], atol=2e-5)
+    with pytest.raises(ValueError, match="integer"):
+        flashattn.flash_attn_func(q, q, q, window_size="12")
+    with pytest.raises(ValueError, match="seed"):
+        flashattn.flash_attn_func(q, q, q, seed=-1)
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    with pytest.raises(ValueError, match="dtype"):
+        flashattn.flash_attn_func(q, q.astype(ml_dtypes.bfloat16), q)
