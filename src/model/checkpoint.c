@@ -2,6 +2,7 @@
 /* llama2.c checkpoints: header rules, sizes, memory mapping. Trusts nothing in the file. */
 #include "fail.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <float.h>
 #include <stdarg.h>
@@ -35,6 +36,42 @@ fa_status fa_model_open_file(const char *path, const char *what, int *fd, uint64
     }
     *fd = f;
     *bytes = (uint64_t)sb.st_size;
+    return FA_OK;
+}
+
+fa_status fa_model_read_file(const char *path, const char *what, uint64_t max, fa_status too_big,
+                             unsigned char **buf, size_t *n, char *err)
+{
+    int fd;
+    uint64_t size;
+    *buf = NULL;
+    fa_status st = fa_model_open_file(path, what, &fd, &size, err);
+    if (st != FA_OK)
+        return st;
+    if (size > max) {
+        close(fd);
+        return fa_model_fail(err, too_big, "%s '%s' is %llu bytes, more than the %llu it may be", what, path,
+                             (unsigned long long)size, (unsigned long long)max);
+    }
+    unsigned char *b = malloc((size_t)size + 1);
+    size_t got = 0;
+    while (b && got < size) {
+        ssize_t r = read(fd, b + got, (size_t)size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (!b || got != size) {
+        free(b);
+        return b ? fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot read %s '%s'", what, path)
+                 : fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory reading %s '%s'", what, path);
+    }
+    b[size] = 0;
+    *buf = b;
+    *n = (size_t)size;
     return FA_OK;
 }
 

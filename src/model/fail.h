@@ -14,4 +14,9 @@ fa_status fa_model_fail(char *err, fa_status st, const char *fmt, ...)
  * ("checkpoint", "tokenizer") and path. */
 fa_status fa_model_open_file(const char *path, const char *what, int *fd, uint64_t *bytes, char *err);
 
+/* The whole of that file (at most max bytes, else too_big naming it) in a malloc'd buffer with
+ * a NUL after its *n bytes; *buf NULL on error. */
+fa_status fa_model_read_file(const char *path, const char *what, uint64_t max, fa_status too_big,
+                             unsigned char **buf, size_t *n, char *err);
+
 #endif

@@ -563,38 +563,11 @@ static fa_status join(char *path, size_t cap, const char *dir, const char *name,
     return FA_OK;
 }
 
-/* A whole small file into a NUL-terminated buffer. */
+/* A whole small file (config.json, the shard index) into a NUL-terminated buffer. */
 static fa_status slurp(const char *path, char **text, size_t *n, char *err)
 {
-    int fd;
-    uint64_t size;
-    fa_status st = fa_model_open_file(path, "file", &fd, &size, err);
-    if (st != FA_OK)
-        return st;
-    if (size > MAX_CONFIG_BYTES) {
-        close(fd);
-        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s' is %llu bytes, more than a config may be",
-                             path, (unsigned long long)size);
-    }
-    char *b = malloc((size_t)size + 1);
-    size_t got = 0;
-    while (b && got < size) {
-        ssize_t r = read(fd, b + got, (size_t)size - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        got += (size_t)r;
-    }
-    close(fd);
-    if (!b || got != size) {
-        free(b);
-        return fa_model_fail(err, b ? FA_ERR_INVALID_ARGUMENT : FA_ERR_OUT_OF_MEMORY, "cannot read '%s'", path);
-    }
-    b[size] = 0;
-    *text = b;
-    *n = (size_t)size;
-    return FA_OK;
+    return fa_model_read_file(path, "file", MAX_CONFIG_BYTES, FA_ERR_INVALID_ARGUMENT, (unsigned char **)text, n,
+                              err);
 }
 
 static fa_status map_safetensors(loader *ld, const char *path, int file_index, const char *shard,

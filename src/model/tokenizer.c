@@ -188,32 +188,12 @@ fa_status fa_tokenizer_open(const char *path, int32_t vocab_size, fa_tokenizer *
     *out = NULL;
     if (!path)
         return fa_model_fail(err, FA_ERR_NULL_POINTER, "path is NULL");
-    int fd;
-    uint64_t n;
-    fa_status st = fa_model_open_file(path, "tokenizer", &fd, &n, err);
+    unsigned char *buf;
+    size_t n;
+    fa_status st = fa_model_read_file(path, "tokenizer", 1u << 30, FA_ERR_SIZE_OVERFLOW, &buf, &n, err);
     if (st != FA_OK)
         return st;
-    if (n > (1u << 30)) {
-        close(fd);
-        return fa_model_fail(err, FA_ERR_SIZE_OVERFLOW, "tokenizer '%s' is over 1 GiB", path);
-    }
-    unsigned char *buf = malloc((size_t)n + 1);
-    if (!buf) {
-        close(fd);
-        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory reading tokenizer '%s'", path);
-    }
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, buf + got, (size_t)n - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        got += (size_t)r;
-    }
-    close(fd);
-    st = got == n ? fa_tokenizer_from_memory(buf, got, vocab_size, out, err)
-                  : fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot read tokenizer '%s'", path);
+    st = fa_tokenizer_from_memory(buf, n, vocab_size, out, err);
     free(buf);
     return st;
 }
