@@ -23,7 +23,7 @@ try:
 except ImportError:  # torch-only environments
     _np_empty, _np_ndarray = None, type(None)
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "version"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "version"]
 __version__ = _C.version()
 
 
@@ -173,3 +173,86 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _C.forward(qq, kk, vv, oo, lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, bool(causal), wl, wr,
                float(softcap), float(dropout_p), seed, 0, _stream(q), bf)
     return (out, lse) if return_lse else out
+
+
+def _arange_i32(n, step, like):
+    if _is_torch(like):
+        import torch
+        return torch.arange(0, n * step + 1, step, dtype=torch.int32, device=like.device)
+    import numpy as np
+    return np.arange(0, n * step + 1, step, dtype=np.int32)
+
+
+def _i32_like(values, like):
+    if _is_torch(like):
+        import torch
+        return torch.as_tensor(values, dtype=torch.int32, device=like.device)
+    import numpy as np
+    return np.ascontiguousarray(values, dtype=np.int32)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                            return_softmax_lse=False):
+    """Attention of q [batch, seqlen_q, heads, head_dim] over a KV cache, the new k and v
+    [batch, seqlen_q, kv_heads, head_dim] (when given) first written into it at each
+    sequence's cache_seqlens (in place; RoPE from rotary_cos / rotary_sin [max_pos,
+    rotary_dim / 2] applied to q and the new keys, interleaved pairs or NeoX halves).
+
+    The cache is paged, k_cache / v_cache [num_pages, page_size, kv_heads, head_dim] with
+    block_table int32 [batch, max_pages] (any page_size, 16 included), or contiguous,
+    [batch_cache, seqlen_cache, kv_heads, head_dim] with cache_batch_idx choosing rows.
+    cache_seqlens: an int or int32 [batch] of tokens already cached (default: none). causal
+    is bottom-right aligned. Returns out, or (out, softmax_lse [batch, heads, seqlen_q])."""
+    scale, wl, wr = _common(0.0, softmax_scale, window_size, softcap, True)
+    if getattr(q, "ndim", None) != 4:
+        raise ValueError("flashattn: q must be [batch, seqlen_q, heads, head_dim]")
+    b, sq, hq, d = (int(x) for x in q.shape)
+    if len(q.strides if not _is_torch(q) else q.stride()) == 4 and b > 1:
+        st = q.strides if not _is_torch(q) else tuple(s * q.element_size() for s in q.stride())
+        if st[0] != sq * st[1]:
+            raise ValueError("flashattn: q's batch and seqlen must be one run of rows (q.contiguous() or "
+                             "np.ascontiguousarray)")
+    if k_cache.ndim != 4:
+        raise ValueError("flashattn: k_cache must be 4-d")
+    if block_table is None:  # a contiguous cache: each sequence one page of the cache's length
+        rows = list(range(b)) if cache_batch_idx is None else [int(i) for i in cache_batch_idx]
+        block_table = _i32_like([[r] for r in rows], q)
+    elif cache_batch_idx is not None:
+        raise ValueError("flashattn: cache_batch_idx applies to a contiguous cache, not with block_table")
+    if cache_seqlens is None:
+        cache_seqlens = 0
+    if isinstance(cache_seqlens, numbers.Integral):
+        cache_seqlens = _i32_like([int(cache_seqlens)] * b, q)
+    page = int(k_cache.shape[1])
+    max_k = int(block_table.shape[1]) * page  # the tables' capacity: no look at device lengths
+    out = _empty((b * sq, hq, d), q)
+    lse = None
+    if return_softmax_lse:
+        lse = _zeros((hq, b * sq), q, float32=True)
+    bf = False
+    qq, bf = _bf16_numpy(q.reshape(b * sq, hq, d))
+    oo, _ = _bf16_numpy(out)
+    kc, _ = _bf16_numpy(k_cache)
+    vc, _ = _bf16_numpy(v_cache)
+    kn = vn = None
+    if (k is None) != (v is None):
+        raise ValueError("flashattn: give k and v together")
+    if k is not None:
+        if tuple(k.shape[:2]) != (b, sq) or tuple(v.shape) != tuple(k.shape):
+            raise ValueError("flashattn: k and v must be [batch, seqlen_q, kv_heads, head_dim]: one new key a "
+                             "query row")
+        kn, _ = _bf16_numpy(k.reshape(b * sq, k.shape[2], k.shape[3]))
+        vn, _ = _bf16_numpy(v.reshape(b * sq, v.shape[2], v.shape[3]))
+    rope = 0
+    if rotary_cos is not None or rotary_sin is not None:
+        rope = 2 if rotary_interleaved else 1
+    _C.paged_forward(qq, oo, kc, vc, block_table, _arange_i32(b, sq, q), cache_seqlens, kn, vn, rotary_cos,
+                     rotary_sin, rope, 0, lse, sq, max_k, scale, bool(causal), wl, wr, float(softcap), _stream(q),
+                     bf)
+    out = out.reshape(b, sq, hq, d)
+    if return_softmax_lse:
+        return out, lse.reshape(hq, b, sq).transpose(1, 0, 2) if not _is_torch(lse) else \
+            lse.reshape(hq, b, sq).permute(1, 0, 2)
+    return out

@@ -231,6 +231,136 @@ void forward(in_array q, in_array k, in_array v, array o, std::optional<array> l
         raise(st, message);
 }
 
+// fa_paged_forward: q [total_q, h, d] (rows of sequence b from cu_q[b]) over a cache of
+// [pages, page_size, kv_heads, d] through block_table [batch, max_pages] and cache_seqlens
+// [batch], k_new / v_new [total_q, kv_heads, d] appended first (RoPE applied with rope_cos /
+// rope_sin [max_pos, rope_dim / 2]: rope 0 none, 1 NeoX, 2 interleaved). Every table lives on
+// q's device (the CUDA backend reads them there).
+void paged_forward(in_array q, array o, array k_cache, array v_cache, in_array block_table, in_array cu_q,
+                   in_array cache_seqlens, std::optional<in_array> k_new, std::optional<in_array> v_new,
+                   std::optional<in_array> rope_cos, std::optional<in_array> rope_sin, int rope, int rope_dim,
+                   std::optional<array> lse, int max_q, int max_k, float scale, bool causal, int window_left,
+                   int window_right, float softcap, uintptr_t stream, bool bf16_bits)
+{
+    same_device(q, o, "out");
+    same_device(q, k_cache, "k_cache");
+    same_device(q, v_cache, "v_cache");
+    for (const in_array *t : { &block_table, &cu_q, &cache_seqlens })
+        if (t->dtype() != nb::dtype<int32_t>() || (t->ndim() == 1 ? t->stride(0) != 1 && t->shape(0) > 1 : false))
+            bad("flashattn: block_table, cu_seqlens and cache_seqlens must be contiguous int32 tensors");
+    if (block_table.ndim() != 2 || cu_q.ndim() != 1 || cache_seqlens.ndim() != 1 ||
+        cache_seqlens.shape(0) + 1 != cu_q.shape(0) || block_table.shape(0) != cache_seqlens.shape(0) ||
+        (block_table.shape(1) > 1 && block_table.stride(1) != 1))
+        bad("flashattn: block_table must be [batch, max_pages] (rows contiguous), cache_seqlens [batch], "
+            "cu_seqlens [batch + 1]");
+    same_device(q, block_table, "block_table");
+    same_device(q, cu_q, "cu_seqlens");
+    same_device(q, cache_seqlens, "cache_seqlens");
+    if (k_cache.ndim() != 4 || v_cache.ndim() != 4)
+        bad("flashattn: k_cache and v_cache must be [pages, page_size, kv_heads, head_dim]");
+    for (int i = 0; i < 4; i++)
+        if (k_cache.shape(i) != v_cache.shape(i))
+            bad("flashattn: v_cache's shape must equal k_cache's");
+    fa_paged_desc d;
+    fa_paged_desc_init(&d);
+    d.q = view_of(q, "q", 3, bf16_bits);
+    d.o = view_of(o, "out", 3, bf16_bits);
+    for (int i = 0; i < 3; i++)
+        if (o.shape(i) != q.shape(i))
+            bad("flashattn: out's shape must equal q's");
+    if (k_cache.shape(3) != q.shape(2))
+        bad("flashattn: k_cache must have q's head_dim");
+    const fa_tensor kc = view_of(k_cache, "k_cache", 4, bf16_bits), vc = view_of(v_cache, "v_cache", 4, bf16_bits);
+    d.batch = dim_of(cache_seqlens, 0, "batch");
+    d.total_q = dim_of(q, 0, "total_q");
+    d.max_seqlen_q = max_q;
+    d.max_seqlen_k = max_k;
+    d.num_heads_q = dim_of(q, 1, "q's heads");
+    d.head_dim = dim_of(q, 2, "q's head_dim");
+    /* on the CPU the library reads the tables on the host, twice (checks, then the walk):
+     * copies, so another thread writing the caller's arrays cannot slip between */
+    const bool host = q.device_type() == nb::device::cpu::value;
+    std::vector<int32_t> cu_copy, bt_copy, len_copy;
+    if (host) {
+        cu_copy.assign((const int32_t *)cu_q.data(), (const int32_t *)cu_q.data() + cu_q.shape(0));
+        bt_copy.assign((const int32_t *)block_table.data(),
+                       (const int32_t *)block_table.data() + block_table.shape(0) * block_table.shape(1));
+        len_copy.assign((const int32_t *)cache_seqlens.data(),
+                        (const int32_t *)cache_seqlens.data() + cache_seqlens.shape(0));
+    }
+    if (block_table.shape(0) > 1 && block_table.stride(0) != (int64_t)block_table.shape(1))
+        bad("flashattn: block_table's rows must be contiguous one after another");
+    d.cu_seqlens_q = host ? cu_copy.data() : (const int32_t *)cu_q.data();
+    d.cache.k = kc.data;
+    d.cache.v = vc.data;
+    d.cache.dtype = kc.dtype;
+    d.cache.num_pages = dim_of(k_cache, 0, "pages");
+    d.cache.page_size = dim_of(k_cache, 1, "page_size");
+    d.cache.num_heads = dim_of(k_cache, 2, "kv heads");
+    d.cache.k_stride_page = kc.stride_batch, d.cache.k_stride_token = kc.stride_seq, d.cache.k_stride_head = kc.stride_head;
+    d.cache.v_stride_page = vc.stride_batch, d.cache.v_stride_token = vc.stride_seq, d.cache.v_stride_head = vc.stride_head;
+    d.block_table = host ? bt_copy.data() : (const int32_t *)block_table.data();
+    d.max_pages_per_seq = dim_of(block_table, 1, "max_pages");
+    d.cache_seqlens = host ? len_copy.data() : (const int32_t *)cache_seqlens.data();
+    if (k_new.has_value() != v_new.has_value())
+        bad("flashattn: give k and v together");
+    if (k_new) {
+        same_device(q, *k_new, "k");
+        same_device(q, *v_new, "v");
+        d.k_new = view_of(*k_new, "k", 3, bf16_bits);
+        d.v_new = view_of(*v_new, "v", 3, bf16_bits);
+        for (int i = 0; i < 3; i++)
+            if (k_new->shape(i) != v_new->shape(i) || k_new->shape(i) != (i == 0 ? q.shape(0) : k_cache.shape(i + 1)))
+                bad("flashattn: k and v must be [total_q, kv_heads, head_dim], one new row per query row");
+    }
+    if (rope) {
+        if (!rope_cos || !rope_sin)
+            bad("flashattn: rotary_cos and rotary_sin go together");
+        for (const in_array *t : { &*rope_cos, &*rope_sin }) {
+            same_device(q, *t, "rotary tables");
+            if (t->dtype() != nb::dtype<float>() || t->ndim() != 2 || (t->shape(1) > 1 && t->stride(1) != 1) ||
+                t->stride(0) != (int64_t)t->shape(1))
+                bad("flashattn: rotary_cos and rotary_sin must be contiguous float32 [max_pos, rotary_dim / 2]");
+        }
+        if (rope_cos->shape(0) != rope_sin->shape(0) || rope_cos->shape(1) != rope_sin->shape(1))
+            bad("flashattn: rotary_cos and rotary_sin must have one shape");
+        d.rope = rope == 1 ? FA_ROPE_NEOX : FA_ROPE_INTERLEAVED;
+        d.rope_dim = 2 * dim_of(*rope_cos, 1, "rotary_dim");
+        d.rope_max_pos = dim_of(*rope_cos, 0, "rotary positions");
+        d.rope_cos = (const float *)rope_cos->data();
+        d.rope_sin = (const float *)rope_sin->data();
+    }
+    if (lse) {
+        same_device(q, *lse, "lse");
+        if (lse->dtype() != nb::dtype<float>() || lse->ndim() != 2 || lse->shape(0) != q.shape(1) ||
+            lse->shape(1) != q.shape(0))
+            bad("flashattn: lse must be float32 [heads, total_q]");
+        d.lse = (float *)lse->data();
+        d.lse_stride_head = lse->stride(0);
+        d.lse_stride_seq = lse->stride(1);
+    }
+    d.scale = scale;
+    d.causal = causal ? 1 : 0;
+    d.window_left = window_left;
+    d.window_right = window_right;
+    d.softcap = softcap;
+    device_ctx &dc = context_for(q.device_type(), q.device_id());
+    fa_status st = FA_OK;
+    std::string message;
+    {
+        nb::gil_scoped_release unlocked;
+        std::lock_guard<std::mutex> turn(dc.lock);
+        if (q.device_type() == nb::device::cuda::value)
+            st = fa_context_set_stream(dc.ctx, (void *)stream);
+        if (st == FA_OK)
+            st = fa_paged_forward(dc.ctx, &d);
+        if (st != FA_OK)
+            message = fa_context_last_error(dc.ctx);
+    }
+    if (st != FA_OK)
+        raise(st, message);
+}
+
 } // namespace
 
 NB_MODULE(_C, m)
@@ -240,6 +370,12 @@ NB_MODULE(_C, m)
           nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(), nb::arg("max_seqlen_q"),
           nb::arg("max_seqlen_k"), nb::arg("scale"), nb::arg("causal"), nb::arg("window_left"),
           nb::arg("window_right"), nb::arg("softcap"), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"),
+          nb::arg("stream"), nb::arg("bf16_bits"));
+    m.def("paged_forward", &paged_forward, nb::arg("q"), nb::arg("out"), nb::arg("k_cache"), nb::arg("v_cache"),
+          nb::arg("block_table"), nb::arg("cu_seqlens_q"), nb::arg("cache_seqlens"), nb::arg("k").none(),
+          nb::arg("v").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rope"),
+          nb::arg("rope_dim"), nb::arg("lse").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
+          nb::arg("scale"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
           nb::arg("stream"), nb::arg("bf16_bits"));
     m.def("version", []() { return std::string(fa_version_string()); });
     m.def("backend_is_built", [](const std::string &name) {

@@ -201,3 +201,64 @@ def test_edges():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     with pytest.raises(ValueError, match="dtype"):
         flashattn.flash_attn_func(q, q.astype(ml_dtypes.bfloat16), q)
+
+
+def rope_ref(x, pos, cos, sin, interleaved):
+    """x [n, h, d] rotated at positions pos [n] with tables [max_pos, rd / 2], in float64."""
+    x = np.array(x, dtype=np.float64)
+    rd = 2 * cos.shape[1]
+    c, s = cos[pos][:, None, :].astype(np.float64), sin[pos][:, None, :].astype(np.float64)
+    if interleaved:
+        a, b = x[..., 0:rd:2].copy(), x[..., 1:rd:2].copy()
+        x[..., 0:rd:2], x[..., 1:rd:2] = a * c - b * s, a * s + b * c
+    else:
+        a, b = x[..., : rd // 2].copy(), x[..., rd // 2: rd].copy()
+        x[..., : rd // 2], x[..., rd // 2: rd] = a * c - b * s, a * s + b * c
+    return x
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_kvcache_paged(interleaved):
+    """Pages of 16 in a shuffled table: the new keys land rotated at each sequence's length and
+    attention sees the cache plus them (bottom-right causal)."""
+    rng = np.random.default_rng(SEED + 5 + interleaved)
+    b, sq, hq, hk, d, page = 3, 2, 8, 2, 32, 16
+    lens = np.array([5, 16, 33], dtype=np.int32)
+    pages_per = 4
+    table = rng.permutation(b * pages_per).astype(np.int32).reshape(b, pages_per)
+    kc, vc = rand(rng, b * pages_per, page, hk, d), rand(rng, b * pages_per, page, hk, d)
+    kc0 = kc.copy()
+    q, kn, vn = rand(rng, b, sq, hq, d), rand(rng, b, sq, hk, d), rand(rng, b, sq, hk, d)
+    max_pos = 64
+    ang = np.arange(max_pos)[:, None] * 10000.0 ** (-np.arange(d // 4) * 2.0 / (d // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)  # rotary_dim = d / 2
+    out, lse = flashattn.flash_attn_with_kvcache(q, kc, vc, kn, vn, rotary_cos=cos, rotary_sin=sin,
+                                                 cache_seqlens=lens, block_table=table, causal=True,
+                                                 rotary_interleaved=interleaved, return_softmax_lse=True)
+    assert out.shape == q.shape and lse.shape == (b, hq, sq)
+    for bb in range(b):
+        pos = lens[bb] + np.arange(sq)
+        krot = rope_ref(kn[bb], pos, cos, sin, interleaved)
+        keys = np.concatenate([kc0[table[bb, j // page], j % page][None] for j in range(lens[bb])] + [krot]) \
+            if lens[bb] else krot
+        vals = np.concatenate([vc[table[bb, j // page], j % page][None] for j in range(lens[bb])] + [vn[bb]])
+        qr = rope_ref(q[bb], pos, cos, sin, interleaved)
+        ro, rl = reference(qr[None], keys[None], vals[None], causal=True)
+        assert np.max(np.abs(out[bb] - ro[0])) < 3e-5
+        assert np.max(np.abs(lse[bb] - rl[0])) < 3e-5
+        for i in range(sq):  # the cache holds the rotated keys now
+            j = lens[bb] + i
+            assert np.max(np.abs(kc[table[bb, j // page], j % page] - krot[i])) < 3e-6
+
+
+def test_kvcache_contiguous():
+    rng = np.random.default_rng(SEED + 7)
+    kc, vc = rand(rng, 2, 50, 4, 16), rand(rng, 2, 50, 4, 16)
+    q = rand(rng, 2, 1, 4, 16)
+    out = flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=20)
+    ro, _ = reference(q, kc[:, :20], vc[:, :20])
+    assert np.max(np.abs(out - ro)) < 2e-5
+    with pytest.raises(ValueError, match="k and v"):
+        flashattn.flash_attn_with_kvcache(q, kc, vc, k=rand(rng, 2, 1, 4, 16))
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=51)
