@@ -191,6 +191,16 @@ def _i32_like(values, like):
     return np.ascontiguousarray(values, dtype=np.int32)
 
 
+def _one_run(name, x):
+    """x [batch, seq, ...] with its batch and seq dimensions one run of rows, so that the
+    [batch * seq, ...] reshape the paged call takes is a view, never a copy."""
+    if x.shape[0] > 1 and x.shape[1] > 1:
+        st = x.stride() if _is_torch(x) else tuple(s // x.itemsize for s in x.strides)
+        if st[0] != x.shape[1] * st[1]:
+            raise ValueError(f"flashattn: {name}'s batch and seqlen must be one run of rows, as a contiguous "
+                             "tensor has them (x.contiguous() or np.ascontiguousarray)")
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
@@ -209,11 +219,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if getattr(q, "ndim", None) != 4:
         raise ValueError("flashattn: q must be [batch, seqlen_q, heads, head_dim]")
     b, sq, hq, d = (int(x) for x in q.shape)
-    if len(q.strides if not _is_torch(q) else q.stride()) == 4 and b > 1:
-        st = q.strides if not _is_torch(q) else tuple(s * q.element_size() for s in q.stride())
-        if st[0] != sq * st[1]:
-            raise ValueError("flashattn: q's batch and seqlen must be one run of rows (q.contiguous() or "
-                             "np.ascontiguousarray)")
+    _one_run("q", q)
     if k_cache.ndim != 4:
         raise ValueError("flashattn: k_cache must be 4-d")
     if block_table is None:  # a contiguous cache: each sequence one page of the cache's length
@@ -243,6 +249,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if tuple(k.shape[:2]) != (b, sq) or tuple(v.shape) != tuple(k.shape):
             raise ValueError("flashattn: k and v must be [batch, seqlen_q, kv_heads, head_dim]: one new key a "
                              "query row")
+        _one_run("k", k)
+        _one_run("v", v)
         kn, _ = _bf16_numpy(k.reshape(b * sq, k.shape[2], k.shape[3]))
         vn, _ = _bf16_numpy(v.reshape(b * sq, v.shape[2], v.shape[3]))
     rope = 0

@@ -262,3 +262,6 @@ def test_kvcache_contiguous():
         flashattn.flash_attn_with_kvcache(q, kc, vc, k=rand(rng, 2, 1, 4, 16))
     with pytest.raises(ValueError, match="cache_seqlens"):
         flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=51)
+    qs = rand(rng, 2, 2, 4, 16).transpose(1, 0, 2, 3)  # [2, 2, ...] whose rows are not one run
+    with pytest.raises(ValueError, match="one run of rows"):
+        flashattn.flash_attn_with_kvcache(qs, kc, vc, cache_seqlens=20)
