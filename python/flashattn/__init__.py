@@ -23,7 +23,7 @@ try:
 except ImportError:  # torch-only environments
     _np_empty, _np_ndarray = None, type(None)
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "version"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "merge_states", "version"]
 __version__ = _C.version()
 
 
@@ -264,3 +264,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         return out, lse.reshape(hq, b, sq).transpose(1, 0, 2) if not _is_torch(lse) else \
             lse.reshape(hq, b, sq).permute(1, 0, 2)
     return out
+
+
+def merge_states(o, lse):
+    """Merge partial attention results over disjoint key sets: o [states, rows, heads,
+    head_dim] and lse float32 [states, heads, rows] (natural log, as the calls here return it,
+    -inf for a state that saw no key) become (o [rows, heads, head_dim], lse [heads, rows]),
+    in state order (deterministic)."""
+    if getattr(o, "ndim", None) != 4 or getattr(lse, "ndim", None) != 3:
+        raise ValueError("flashattn: merge_states takes o [states, rows, heads, head_dim] and lse "
+                         "[states, heads, rows]")
+    out = _empty(tuple(o.shape[1:]), o)
+    lse_out = _empty((o.shape[2], o.shape[1]), o, float32=True)
+    oo, bf = _bf16_numpy(o)
+    ot, _ = _bf16_numpy(out)
+    _C.merge(oo, lse, ot, lse_out, _stream(o), bf)
+    return out, lse_out

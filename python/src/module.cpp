@@ -361,6 +361,57 @@ void paged_forward(in_array q, array o, array k_cache, array v_cache, in_array b
         raise(st, message);
 }
 
+// fa_merge_states: partial results o_in [states, rows, heads, dim] with lse_in float32
+// [states, heads, rows] (natural log) over disjoint keys into o [rows, heads, dim] and lse
+// [heads, rows].
+void merge(in_array o_in, in_array lse_in, array o, std::optional<array> lse, uintptr_t stream, bool bf16_bits)
+{
+    same_device(o_in, o, "out");
+    same_device(o_in, lse_in, "lse");
+    if (o_in.ndim() != 4 || lse_in.ndim() != 3 || o.ndim() != 3)
+        bad("flashattn: merge_states takes o [states, rows, heads, head_dim] and lse [states, heads, rows]");
+    if (lse_in.dtype() != nb::dtype<float>() || lse_in.shape(0) != o_in.shape(0) ||
+        lse_in.shape(1) != o_in.shape(2) || lse_in.shape(2) != o_in.shape(1))
+        bad("flashattn: merge_states' lse must be float32 [states, heads, rows] matching o");
+    for (int i = 0; i < 3; i++)
+        if (o.shape(i) != o_in.shape(i + 1))
+            bad("flashattn: merge_states' out must be [rows, heads, head_dim]");
+    fa_merge_desc d;
+    fa_merge_desc_init(&d);
+    d.num_states = dim_of(o_in, 0, "states");
+    d.rows = dim_of(o_in, 1, "rows");
+    d.num_heads = dim_of(o_in, 2, "heads");
+    d.head_dim = dim_of(o_in, 3, "head_dim");
+    d.o_in = view_of(o_in, "o", 4, bf16_bits);
+    d.lse_in = (const float *)lse_in.data();
+    d.lse_in_stride_state = lse_in.stride(0), d.lse_in_stride_head = lse_in.stride(1);
+    d.lse_in_stride_row = lse_in.stride(2);
+    d.o = view_of(o, "out", 3, bf16_bits);
+    if (lse) {
+        same_device(o_in, *lse, "lse out");
+        if (lse->dtype() != nb::dtype<float>() || lse->ndim() != 2 || lse->shape(0) != o_in.shape(2) ||
+            lse->shape(1) != o_in.shape(1))
+            bad("flashattn: merge_states' lse out must be float32 [heads, rows]");
+        d.lse = (float *)lse->data();
+        d.lse_stride_head = lse->stride(0), d.lse_stride_row = lse->stride(1);
+    }
+    device_ctx &dc = context_for(o_in.device_type(), o_in.device_id());
+    fa_status st = FA_OK;
+    std::string message;
+    {
+        nb::gil_scoped_release unlocked;
+        std::lock_guard<std::mutex> turn(dc.lock);
+        if (o_in.device_type() == nb::device::cuda::value)
+            st = fa_context_set_stream(dc.ctx, (void *)stream);
+        if (st == FA_OK)
+            st = fa_merge_states(dc.ctx, &d);
+        if (st != FA_OK)
+            message = fa_context_last_error(dc.ctx);
+    }
+    if (st != FA_OK)
+        raise(st, message);
+}
+
 } // namespace
 
 NB_MODULE(_C, m)
@@ -376,6 +427,8 @@ NB_MODULE(_C, m)
           nb::arg("v").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rope"),
           nb::arg("rope_dim"), nb::arg("lse").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
           nb::arg("scale"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
+          nb::arg("stream"), nb::arg("bf16_bits"));
+    m.def("merge", &merge, nb::arg("o"), nb::arg("lse"), nb::arg("out"), nb::arg("lse_out").none(),
           nb::arg("stream"), nb::arg("bf16_bits"));
     m.def("version", []() { return std::string(fa_version_string()); });
     m.def("backend_is_built", [](const std::string &name) {

@@ -265,3 +265,16 @@ def test_kvcache_contiguous():
     qs = rand(rng, 2, 2, 4, 16).transpose(1, 0, 2, 3)  # [2, 2, ...] whose rows are not one run
     with pytest.raises(ValueError, match="one run of rows"):
         flashattn.flash_attn_with_kvcache(qs, kc, vc, cache_seqlens=20)
+
+
+def test_merge_states():
+    """Attention over two halves of the keys, merged, equals attention over all of them."""
+    rng = np.random.default_rng(SEED + 8)
+    q, k, v = rand(rng, 1, 7, 4, 32), rand(rng, 1, 50, 4, 32), rand(rng, 1, 50, 4, 32)
+    oa, la = flashattn.flash_attn_func(q, k[:, :20], v[:, :20], return_lse=True)
+    ob, lb = flashattn.flash_attn_func(q, k[:, 20:], v[:, 20:], return_lse=True)
+    o, lse = flashattn.merge_states(np.stack([oa[0], ob[0]]), np.stack([la[0], lb[0]]))
+    ro, rl = reference(q, k, v)
+    assert np.max(np.abs(o - ro[0])) < 2e-5 and np.max(np.abs(lse - rl[0])) < 2e-5
+    with pytest.raises(ValueError, match="lse"):
+        flashattn.merge_states(np.stack([oa[0], ob[0]]), np.stack([la[0], lb[0]])[:, :3])
