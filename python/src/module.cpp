@@ -71,6 +71,27 @@ device_ctx &context_for(int device_type, int device_id)
     bad(msg);
 }
 
+// call(ctx) on the device of `on` with the GIL released and the context's lock held (CUDA:
+// on `stream`); a failure raised with the message copied under that lock.
+template <typename A, typename F> void run_on(const A &on, uintptr_t stream, F call)
+{
+    device_ctx &dc = context_for(on.device_type(), on.device_id());
+    fa_status st = FA_OK;
+    std::string message;
+    {
+        nb::gil_scoped_release unlocked;
+        std::lock_guard<std::mutex> turn(dc.lock);
+        if (on.device_type() == nb::device::cuda::value)
+            st = fa_context_set_stream(dc.ctx, (void *)stream);
+        if (st == FA_OK)
+            st = call(dc.ctx);
+        if (st != FA_OK)
+            message = fa_context_last_error(dc.ctx);
+    }
+    if (st != FA_OK)
+        raise(st, message);
+}
+
 template <typename A> fa_dtype dtype_of(const A &a, const char *name, bool bf16_bits)
 {
     const nb::dlpack::dtype t = a.dtype();
@@ -214,21 +235,7 @@ void forward(in_array q, in_array k, in_array v, array o, std::optional<array> l
     d.dropout_p = dropout_p;
     d.dropout_seed = seed;
     d.dropout_offset = offset;
-    device_ctx &dc = context_for(q.device_type(), q.device_id());
-    fa_status st = FA_OK;
-    std::string message;
-    {
-        nb::gil_scoped_release unlocked;
-        std::lock_guard<std::mutex> turn(dc.lock);
-        if (q.device_type() == nb::device::cuda::value)
-            st = fa_context_set_stream(dc.ctx, (void *)stream);
-        if (st == FA_OK)
-            st = fa_forward(dc.ctx, &d);
-        if (st != FA_OK)
-            message = fa_context_last_error(dc.ctx);
-    }
-    if (st != FA_OK)
-        raise(st, message);
+    run_on(q, stream, [&](fa_context_t ctx) { return fa_forward(ctx, &d); });
 }
 
 // fa_paged_forward: q [total_q, h, d] (rows of sequence b from cu_q[b]) over a cache of
@@ -344,21 +351,7 @@ void paged_forward(in_array q, array o, array k_cache, array v_cache, in_array b
     d.window_left = window_left;
     d.window_right = window_right;
     d.softcap = softcap;
-    device_ctx &dc = context_for(q.device_type(), q.device_id());
-    fa_status st = FA_OK;
-    std::string message;
-    {
-        nb::gil_scoped_release unlocked;
-        std::lock_guard<std::mutex> turn(dc.lock);
-        if (q.device_type() == nb::device::cuda::value)
-            st = fa_context_set_stream(dc.ctx, (void *)stream);
-        if (st == FA_OK)
-            st = fa_paged_forward(dc.ctx, &d);
-        if (st != FA_OK)
-            message = fa_context_last_error(dc.ctx);
-    }
-    if (st != FA_OK)
-        raise(st, message);
+    run_on(q, stream, [&](fa_context_t ctx) { return fa_paged_forward(ctx, &d); });
 }
 
 // fa_merge_states: partial results o_in [states, rows, heads, dim] with lse_in float32
@@ -395,21 +388,7 @@ void merge(in_array o_in, in_array lse_in, array o, std::optional<array> lse, ui
         d.lse = (float *)lse->data();
         d.lse_stride_head = lse->stride(0), d.lse_stride_row = lse->stride(1);
     }
-    device_ctx &dc = context_for(o_in.device_type(), o_in.device_id());
-    fa_status st = FA_OK;
-    std::string message;
-    {
-        nb::gil_scoped_release unlocked;
-        std::lock_guard<std::mutex> turn(dc.lock);
-        if (o_in.device_type() == nb::device::cuda::value)
-            st = fa_context_set_stream(dc.ctx, (void *)stream);
-        if (st == FA_OK)
-            st = fa_merge_states(dc.ctx, &d);
-        if (st != FA_OK)
-            message = fa_context_last_error(dc.ctx);
-    }
-    if (st != FA_OK)
-        raise(st, message);
+    run_on(o_in, stream, [&](fa_context_t ctx) { return fa_merge_states(ctx, &d); });
 }
 
 } // namespace
