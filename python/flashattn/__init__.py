@@ -23,7 +23,8 @@ try:
 except ImportError:  # torch-only environments
     _np_empty, _np_ndarray = None, type(None)
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "merge_states", "version"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "merge_states", "PagedPlan",
+           "version"]
 __version__ = _C.version()
 
 
@@ -153,7 +154,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            return_lse=False, deterministic=True, seed=0):
     """Attention over packed sequences: q [total_q, heads, head_dim], k and v [total_k,
     kv_heads, head_dim], sequence b's rows cu_seqlens[b] .. cu_seqlens[b + 1] (int32, on the
-    CPU); max_seqlen_* are Python ints. Returns out, or (out, lse) with lse float32
+    CPU on every device); max_seqlen_* are Python ints. Returns out, or (out, lse) with lse float32
     [heads, total_q]."""
     scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap, deterministic)
     if getattr(q, "ndim", None) != 3:
@@ -257,7 +258,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if rotary_cos is not None or rotary_sin is not None:
         rope = 2 if rotary_interleaved else 1
     _C.paged_forward(qq, oo, kc, vc, block_table, _arange_i32(b, sq, q), cache_seqlens, kn, vn, rotary_cos,
-                     rotary_sin, rope, 0, lse, sq, max_k, scale, bool(causal), wl, wr, float(softcap), _stream(q),
+                     rotary_sin, rope, lse, sq, max_k, scale, bool(causal), wl, wr, float(softcap), _stream(q),
                      bf)
     out = out.reshape(b, sq, hq, d)
     if return_softmax_lse:
@@ -280,3 +281,6 @@ def merge_states(o, lse):
     ot, _ = _bf16_numpy(out)
     _C.merge(oo, lse, ot, lse_out, _stream(o), bf)
     return out, lse_out
+
+
+from .plan import PagedPlan  # noqa: E402  (it uses the helpers above)

@@ -7,6 +7,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <string>
@@ -71,17 +72,16 @@ device_ctx &context_for(int device_type, int device_id)
     bad(msg);
 }
 
-// call(ctx) on the device of `on` with the GIL released and the context's lock held (CUDA:
-// on `stream`); a failure raised with the message copied under that lock.
-template <typename A, typename F> void run_on(const A &on, uintptr_t stream, F call)
+// call(ctx) on context dc with the GIL released and its lock held (CUDA: on `stream`); a
+// failure raised with the message copied under that lock.
+template <typename F> void run_in(device_ctx &dc, bool cuda, uintptr_t stream, F call)
 {
-    device_ctx &dc = context_for(on.device_type(), on.device_id());
     fa_status st = FA_OK;
     std::string message;
     {
         nb::gil_scoped_release unlocked;
         std::lock_guard<std::mutex> turn(dc.lock);
-        if (on.device_type() == nb::device::cuda::value)
+        if (cuda)
             st = fa_context_set_stream(dc.ctx, (void *)stream);
         if (st == FA_OK)
             st = call(dc.ctx);
@@ -90,6 +90,12 @@ template <typename A, typename F> void run_on(const A &on, uintptr_t stream, F c
     }
     if (st != FA_OK)
         raise(st, message);
+}
+
+// call(ctx) on the device of `on`.
+template <typename A, typename F> void run_on(const A &on, uintptr_t stream, F call)
+{
+    run_in(context_for(on.device_type(), on.device_id()), on.device_type() == nb::device::cuda::value, stream, call);
 }
 
 template <typename A> fa_dtype dtype_of(const A &a, const char *name, bool bf16_bits)
@@ -138,12 +144,22 @@ template <typename A> int32_t dim_of(const A &a, int i, const char *what)
     return (int32_t)a.shape(i);
 }
 
-// fa_forward on q, k, v into o (and lse): fixed-length [b, s, h, d] tensors, or varlen
-// [rows, h, d] ones with cu_seqlens (int32 tensors on the same device as q).
-void forward(in_array q, in_array k, in_array v, array o, std::optional<array> lse, std::optional<in_array> cu_q,
-             std::optional<in_array> cu_k, int max_q, int max_k, float scale, bool causal, int window_left,
-             int window_right, float softcap, float dropout_p, uint64_t seed, uint64_t offset, uintptr_t stream,
-             bool bf16_bits)
+// One dense or varlen call's descriptor, with its own copies of cu_seqlens (another thread
+// may write the caller's arrays mid-call): the descriptor points into them.
+struct dense_call {
+    fa_attention_desc d;
+    std::vector<int32_t> cuq, cuk;
+};
+
+// The descriptor of q, k, v, o (and lse): fixed-length [b, s, h, d] tensors, or varlen
+// [rows, h, d] ones with cu_seqlens (int32 CPU tensors: the library reads them on the host on
+// every backend). Every extent is checked against q's and k's; the library sees pointers and
+// strides only.
+template <typename O, typename L>
+void describe(dense_call &c, const in_array &q, const in_array &k, const in_array &v, const O &o, const L *lse,
+              const std::optional<in_array> &cu_q, const std::optional<in_array> &cu_k, int max_q, int max_k,
+              float scale, bool causal, int window_left, int window_right, float softcap, float dropout_p,
+              uint64_t seed, uint64_t offset, bool bf16_bits)
 {
     const bool varlen = cu_q.has_value();
     if (varlen != cu_k.has_value())
@@ -152,29 +168,28 @@ void forward(in_array q, in_array k, in_array v, array o, std::optional<array> l
     same_device(q, k, "k");
     same_device(q, v, "v");
     same_device(q, o, "out");
-    fa_attention_desc d;
+    fa_attention_desc &d = c.d;
     fa_attention_desc_init(&d);
     d.q = view_of(q, "q", nd, bf16_bits);
     d.k = view_of(k, "k", nd, bf16_bits);
     d.v = view_of(v, "v", nd, bf16_bits);
     d.o = view_of(o, "out", nd, bf16_bits);
-    std::vector<int32_t> cuq, cuk; // copies: another thread may write the caller's arrays mid-call
     if (varlen) {
-        for (const in_array *c : { &*cu_q, &*cu_k }) {
-            if (c->ndim() != 1 || c->dtype() != nb::dtype<int32_t>())
+        for (const in_array *a : { &*cu_q, &*cu_k }) {
+            if (a->ndim() != 1 || a->dtype() != nb::dtype<int32_t>())
                 throw nb::value_error("flashattn: cu_seqlens must be 1-d int32 tensors");
-            same_device(q, *c, "cu_seqlens");
+            if (a->device_type() != nb::device::cpu::value)
+                bad("flashattn: cu_seqlens must be CPU tensors: the library reads them on the host on every "
+                    "backend (keep a CPU copy beside the device one; .cpu() would synchronise each call)");
         }
-        if (q.device_type() != nb::device::cpu::value)
-            throw nb::value_error("flashattn: varlen calls read cu_seqlens on the host: pass them as CPU tensors");
         if (cu_q->shape(0) != cu_k->shape(0) || cu_q->shape(0) < 2 || (cu_q->stride(0) != 1 && cu_q->shape(0) > 1) ||
             (cu_k->stride(0) != 1 && cu_k->shape(0) > 1))
             bad("flashattn: cu_seqlens_q and cu_seqlens_k must be contiguous, of batch + 1 entries each");
         d.batch = (int32_t)cu_q->shape(0) - 1;
-        cuq.assign((const int32_t *)cu_q->data(), (const int32_t *)cu_q->data() + cu_q->shape(0));
-        cuk.assign((const int32_t *)cu_k->data(), (const int32_t *)cu_k->data() + cu_k->shape(0));
-        d.cu_seqlens_q = cuq.data();
-        d.cu_seqlens_k = cuk.data();
+        c.cuq.assign((const int32_t *)cu_q->data(), (const int32_t *)cu_q->data() + cu_q->shape(0));
+        c.cuk.assign((const int32_t *)cu_k->data(), (const int32_t *)cu_k->data() + cu_k->shape(0));
+        d.cu_seqlens_q = c.cuq.data();
+        d.cu_seqlens_k = c.cuk.data();
         d.seqlen_q = dim_of(q, 0, "total_q"); /* the packed extents; the library checks the offsets */
         d.seqlen_k = dim_of(k, 0, "total_k");
         d.num_heads_q = dim_of(q, 1, "q's heads");
@@ -196,8 +211,6 @@ void forward(in_array q, in_array k, in_array v, array o, std::optional<array> l
         d.num_heads_kv = dim_of(k, 2, "k's heads");
         d.head_dim = dim_of(q, 3, "q's head_dim");
     }
-    /* every tensor's extents agree with the descriptor made from q and k: the library sees
-     * pointers and strides only */
     const size_t hd = q.shape(nd - 1);
     if (k.shape(nd - 1) != hd || v.shape(nd - 1) != hd)
         bad("flashattn: k and v must have q's head_dim (" + std::to_string(hd) + "), not " +
@@ -235,7 +248,50 @@ void forward(in_array q, in_array k, in_array v, array o, std::optional<array> l
     d.dropout_p = dropout_p;
     d.dropout_seed = seed;
     d.dropout_offset = offset;
-    run_on(q, stream, [&](fa_context_t ctx) { return fa_forward(ctx, &d); });
+}
+
+// fa_forward on q, k, v into o (and lse).
+void forward(in_array q, in_array k, in_array v, array o, std::optional<array> lse, std::optional<in_array> cu_q,
+             std::optional<in_array> cu_k, int max_q, int max_k, float scale, bool causal, int window_left,
+             int window_right, float softcap, float dropout_p, uint64_t seed, uint64_t offset, uintptr_t stream,
+             bool bf16_bits)
+{
+    dense_call c;
+    describe(c, q, k, v, o, lse ? &*lse : nullptr, cu_q, cu_k, max_q, max_k, scale, causal, window_left,
+             window_right, softcap, dropout_p, seed, offset, bf16_bits);
+    run_on(q, stream, [&](fa_context_t ctx) { return fa_forward(ctx, &c.d); });
+}
+
+// fa_backward: the forward's q, k, v, o and lse (required) with every setting as the forward
+// had them, and d_o like o; writes d_q like q and d_k, d_v like k and v (q's dtype or
+// float32, any strides with head_dim contiguous).
+void backward(in_array q, in_array k, in_array v, in_array o, in_array lse, in_array d_o, array d_q, array d_k,
+              array d_v, std::optional<in_array> cu_q, std::optional<in_array> cu_k, int max_q, int max_k,
+              float scale, bool causal, int window_left, int window_right, float softcap, float dropout_p,
+              uint64_t seed, uint64_t offset, uintptr_t stream, bool bf16_bits)
+{
+    dense_call c;
+    describe(c, q, k, v, o, &lse, cu_q, cu_k, max_q, max_k, scale, causal, window_left, window_right, softcap,
+             dropout_p, seed, offset, bf16_bits);
+    const int nd = cu_q ? 3 : 4;
+    same_device(q, d_o, "dout");
+    same_device(q, d_q, "dq");
+    same_device(q, d_k, "dk");
+    same_device(q, d_v, "dv");
+    fa_backward_desc b;
+    fa_backward_desc_init(&b);
+    b.forward = &c.d;
+    b.d_o = view_of(d_o, "dout", nd, bf16_bits);
+    b.d_q = view_of(d_q, "dq", nd, bf16_bits);
+    b.d_k = view_of(d_k, "dk", nd, bf16_bits);
+    b.d_v = view_of(d_v, "dv", nd, bf16_bits);
+    for (int i = 0; i < nd; i++) {
+        if (d_o.shape(i) != q.shape(i) || d_q.shape(i) != q.shape(i))
+            bad("flashattn: dout and dq must have q's shape (dimension " + std::to_string(i) + ")");
+        if (d_k.shape(i) != k.shape(i) || d_v.shape(i) != k.shape(i))
+            bad("flashattn: dk and dv must have k's shape (dimension " + std::to_string(i) + ")");
+    }
+    run_on(q, stream, [&](fa_context_t ctx) { return fa_backward(ctx, &b); });
 }
 
 // fa_paged_forward: q [total_q, h, d] (rows of sequence b from cu_q[b]) over a cache of
@@ -243,11 +299,17 @@ void forward(in_array q, in_array k, in_array v, array o, std::optional<array> l
 // [batch], k_new / v_new [total_q, kv_heads, d] appended first (RoPE applied with rope_cos /
 // rope_sin [max_pos, rope_dim / 2]: rope 0 none, 1 NeoX, 2 interleaved). Every table lives on
 // q's device (the CUDA backend reads them there).
-void paged_forward(in_array q, array o, array k_cache, array v_cache, in_array block_table, in_array cu_q,
-                   in_array cache_seqlens, std::optional<in_array> k_new, std::optional<in_array> v_new,
-                   std::optional<in_array> rope_cos, std::optional<in_array> rope_sin, int rope, int rope_dim,
-                   std::optional<array> lse, int max_q, int max_k, float scale, bool causal, int window_left,
-                   int window_right, float softcap, uintptr_t stream, bool bf16_bits)
+struct paged_call {
+    fa_paged_desc d;
+    std::vector<int32_t> cu_copy, bt_copy, len_copy; /* host tables, copied */
+};
+
+void describe_paged(paged_call &c, const in_array &q, const array &o, const array &k_cache, const array &v_cache,
+                    const in_array &block_table, const in_array &cu_q, const in_array &cache_seqlens,
+                    const std::optional<in_array> &k_new, const std::optional<in_array> &v_new,
+                    const std::optional<in_array> &rope_cos, const std::optional<in_array> &rope_sin, int rope,
+                    const std::optional<array> &lse, int max_q, int max_k, float scale, bool causal,
+                    int window_left, int window_right, float softcap, bool bf16_bits)
 {
     same_device(q, o, "out");
     same_device(q, k_cache, "k_cache");
@@ -268,7 +330,7 @@ void paged_forward(in_array q, array o, array k_cache, array v_cache, in_array b
     for (int i = 0; i < 4; i++)
         if (k_cache.shape(i) != v_cache.shape(i))
             bad("flashattn: v_cache's shape must equal k_cache's");
-    fa_paged_desc d;
+    fa_paged_desc &d = c.d;
     fa_paged_desc_init(&d);
     d.q = view_of(q, "q", 3, bf16_bits);
     d.o = view_of(o, "out", 3, bf16_bits);
@@ -287,7 +349,7 @@ void paged_forward(in_array q, array o, array k_cache, array v_cache, in_array b
     /* on the CPU the library reads the tables on the host, twice (checks, then the walk):
      * copies, so another thread writing the caller's arrays cannot slip between */
     const bool host = q.device_type() == nb::device::cpu::value;
-    std::vector<int32_t> cu_copy, bt_copy, len_copy;
+    std::vector<int32_t> &cu_copy = c.cu_copy, &bt_copy = c.bt_copy, &len_copy = c.len_copy;
     if (host) {
         cu_copy.assign((const int32_t *)cu_q.data(), (const int32_t *)cu_q.data() + cu_q.shape(0));
         bt_copy.assign((const int32_t *)block_table.data(),
@@ -351,8 +413,114 @@ void paged_forward(in_array q, array o, array k_cache, array v_cache, in_array b
     d.window_left = window_left;
     d.window_right = window_right;
     d.softcap = softcap;
-    run_on(q, stream, [&](fa_context_t ctx) { return fa_paged_forward(ctx, &d); });
 }
+
+void paged_forward(in_array q, array o, array k_cache, array v_cache, in_array block_table, in_array cu_q,
+                   in_array cache_seqlens, std::optional<in_array> k_new, std::optional<in_array> v_new,
+                   std::optional<in_array> rope_cos, std::optional<in_array> rope_sin, int rope,
+                   std::optional<array> lse, int max_q, int max_k, float scale, bool causal, int window_left,
+                   int window_right, float softcap, uintptr_t stream, bool bf16_bits)
+{
+    paged_call c;
+    describe_paged(c, q, o, k_cache, v_cache, block_table, cu_q, cache_seqlens, k_new, v_new, rope_cos, rope_sin,
+                   rope, lse, max_q, max_k, scale, causal, window_left, window_right, softcap, bf16_bits);
+    run_on(q, stream, [&](fa_context_t ctx) { return fa_paged_forward(ctx, &c.d); });
+}
+
+// fa_paged_plan for a serving loop: made once from host-side bounds and settings (no tensor),
+// run per step on tensors within them. The plan keeps its context (made for the process) and
+// takes that context's lock for every call, its destruction included.
+struct paged_plan {
+    device_ctx *dc;
+    int device_type, device_id;
+    fa_paged_plan_t plan = nullptr;
+    fa_paged_desc bounds;
+    int rope;
+
+    paged_plan(int device_type_, int device_id_, int batch, int total_q, int max_q, int max_k, int heads_q,
+               int heads_kv, int head_dim, int page_size, int dtype, bool append, int rope_, int rope_dim,
+               bool with_lse, float scale, bool causal, int window_left, int window_right, float softcap,
+               int kv_split)
+        : device_type(device_type_), device_id(device_id_), rope(rope_)
+    {
+        if (dtype < FA_DTYPE_F32 || dtype > FA_DTYPE_BF16 || rope < 0 || rope > 2)
+            bad("flashattn: dtype and rope must be fa_dtype and fa_rope values");
+        if (page_size < 1)
+            bad("flashattn: page_size (" + std::to_string(page_size) + ") must be at least 1");
+        dc = &context_for(device_type, device_id);
+        static int present; /* stands for the pointers whose presence the plan records */
+        fa_paged_desc &b = bounds;
+        fa_paged_desc_init(&b);
+        b.batch = batch, b.total_q = total_q, b.max_seqlen_q = max_q, b.max_seqlen_k = max_k;
+        b.num_heads_q = heads_q, b.head_dim = head_dim;
+        b.q.dtype = b.o.dtype = b.cache.dtype = (fa_dtype)dtype;
+        b.cache.num_pages = 1, b.cache.page_size = page_size, b.cache.num_heads = heads_kv;
+        b.max_pages_per_seq = std::max(1, (int)(((int64_t)max_k + page_size - 1) / page_size));
+        if (append) {
+            b.k_new.data = b.v_new.data = &present;
+            b.k_new.dtype = b.v_new.dtype = (fa_dtype)dtype;
+        }
+        b.rope = rope == 0 ? FA_ROPE_NONE : rope == 1 ? FA_ROPE_NEOX : FA_ROPE_INTERLEAVED;
+        b.rope_dim = rope_dim, b.rope_max_pos = 1;
+        b.lse = with_lse ? (float *)&present : nullptr;
+        b.scale = scale, b.causal = causal ? 1 : 0, b.window_left = window_left, b.window_right = window_right;
+        b.softcap = softcap, b.kv_split = kv_split;
+        run_in(*dc, false, 0, [&](fa_context_t ctx) { return fa_paged_plan_create(ctx, &b, &plan); });
+    }
+    paged_plan(const paged_plan &) = delete;
+    paged_plan &operator=(const paged_plan &) = delete;
+    ~paged_plan() { close(); }
+
+    void close()
+    {
+        std::lock_guard<std::mutex> turn(dc->lock);
+        fa_paged_plan_destroy(plan);
+        plan = nullptr;
+    }
+
+    void run(in_array q, array o, array k_cache, array v_cache, in_array block_table, in_array cu_q,
+             in_array cache_seqlens, std::optional<in_array> k_new, std::optional<in_array> v_new,
+             std::optional<in_array> rope_cos, std::optional<in_array> rope_sin, std::optional<array> lse,
+             uintptr_t stream, bool bf16_bits)
+    {
+        if (!plan)
+            bad("flashattn: the plan is closed");
+        if ((int)q.device_type() != device_type || (int)q.device_id() != device_id)
+            bad("flashattn: q is on another device than the plan's");
+        if (k_cache.ndim() != 4 || block_table.ndim() != 2)
+            bad("flashattn: k_cache must be [pages, page_size, kv_heads, head_dim] and block_table "
+                "[batch, max_pages]");
+        /* the plan's bounds, clipped to what this call's block_table can hold */
+        const int64_t room = (int64_t)block_table.shape(1) * (int64_t)k_cache.shape(1);
+        const int max_k = room < bounds.max_seqlen_k ? (int)room : bounds.max_seqlen_k;
+        paged_call c;
+        describe_paged(c, q, o, k_cache, v_cache, block_table, cu_q, cache_seqlens, k_new, v_new, rope_cos, rope_sin,
+                       rope, lse, bounds.max_seqlen_q, max_k, bounds.scale, bounds.causal != 0, bounds.window_left,
+                       bounds.window_right, bounds.softcap, bf16_bits);
+        c.d.kv_split = bounds.kv_split;
+        if (rope)
+            c.d.rope_dim = bounds.rope_dim;
+        run_in(*dc, device_type == nb::device::cuda::value, stream,
+               [&](fa_context_t) { return plan ? fa_paged_run(plan, &c.d) : FA_ERR_INVALID_ARGUMENT; });
+    }
+
+    nb::dict info()
+    {
+        if (!plan)
+            bad("flashattn: the plan is closed");
+        fa_run_info ri;
+        ri.size = sizeof(ri);
+        run_in(*dc, false, 0, [&](fa_context_t) { return fa_paged_plan_info(plan, &ri); });
+        nb::dict r;
+        r["backend"] = std::string(ri.backend_name ? ri.backend_name : "");
+        r["kernel"] = std::string(ri.kernel ? ri.kernel : "");
+        r["block_q"] = ri.block_q;
+        r["block_k"] = ri.block_k;
+        r["threads"] = ri.threads;
+        r["workspace_bytes"] = ri.workspace_bytes;
+        return r;
+    }
+};
 
 // fa_merge_states: partial results o_in [states, rows, heads, dim] with lse_in float32
 // [states, heads, rows] (natural log) over disjoint keys into o [rows, heads, dim] and lse
@@ -404,9 +572,28 @@ NB_MODULE(_C, m)
     m.def("paged_forward", &paged_forward, nb::arg("q"), nb::arg("out"), nb::arg("k_cache"), nb::arg("v_cache"),
           nb::arg("block_table"), nb::arg("cu_seqlens_q"), nb::arg("cache_seqlens"), nb::arg("k").none(),
           nb::arg("v").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rope"),
-          nb::arg("rope_dim"), nb::arg("lse").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
+          nb::arg("lse").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
           nb::arg("scale"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
           nb::arg("stream"), nb::arg("bf16_bits"));
+    m.def("backward", &backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
+          nb::arg("dout"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("cu_seqlens_q").none(),
+          nb::arg("cu_seqlens_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("scale"),
+          nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
+          nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"), nb::arg("stream"), nb::arg("bf16_bits"));
+    nb::class_<paged_plan>(m, "PagedPlan")
+        .def(nb::init<int, int, int, int, int, int, int, int, int, int, int, bool, int, int, bool, float, bool, int,
+                      int, float, int>(),
+             nb::arg("device_type"), nb::arg("device_id"), nb::arg("batch"), nb::arg("total_q"),
+             nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("num_heads_q"), nb::arg("num_heads_kv"),
+             nb::arg("head_dim"), nb::arg("page_size"), nb::arg("dtype"), nb::arg("append"), nb::arg("rope"),
+             nb::arg("rope_dim"), nb::arg("lse"), nb::arg("scale"), nb::arg("causal"), nb::arg("window_left"),
+             nb::arg("window_right"), nb::arg("softcap"), nb::arg("kv_split"))
+        .def("run", &paged_plan::run, nb::arg("q"), nb::arg("out"), nb::arg("k_cache"), nb::arg("v_cache"),
+             nb::arg("block_table"), nb::arg("cu_seqlens_q"), nb::arg("cache_seqlens"), nb::arg("k").none(),
+             nb::arg("v").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("lse").none(),
+             nb::arg("stream"), nb::arg("bf16_bits"))
+        .def("info", &paged_plan::info)
+        .def("close", &paged_plan::close);
     m.def("merge", &merge, nb::arg("o"), nb::arg("lse"), nb::arg("out"), nb::arg("lse_out").none(),
           nb::arg("stream"), nb::arg("bf16_bits"));
     m.def("version", []() { return std::string(fa_version_string()); });

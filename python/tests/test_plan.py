@@ -1,0 +1,149 @@
+# SPDX-License-Identifier: MIT
+"""flashattn.PagedPlan from numpy on the CPU: a decode loop of several steps against a
+float64 reference, the serving-loop example of the docs, calls beyond the bounds refused with
+the library's message, and bad arguments raising ValueError."""
+import os
+
+import numpy as np
+import pytest
+
+import flashattn
+from test_numpy import reference, rope_ref
+
+SEED = int(os.environ.get("FLASHATTN_TEST_SEED", "20261202"))
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def rope_tables(max_pos, rotary_dim):
+    ang = np.arange(max_pos)[:, None] * 10000.0 ** (-np.arange(rotary_dim // 2) * 2.0 / rotary_dim)
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def test_decode_loop():
+    """Three sequences in shuffled pages of 16: a prefill chunk each, then decode steps; every
+    step's output against float64 attention over the rotated keys appended so far."""
+    rng = np.random.default_rng(SEED + 20)
+    print(f"test_decode_loop: seed {SEED + 20}")
+    b, hq, hk, d, page, pages_per = 3, 8, 2, 32, 16, 4
+    kc, vc = np.zeros((b * pages_per, page, hk, d), np.float32), np.zeros((b * pages_per, page, hk, d), np.float32)
+    table = rng.permutation(b * pages_per).astype(np.int32).reshape(b, pages_per)
+    cos, sin = rope_tables(64, d)
+    plan = flashattn.PagedPlan(batch=b, total_q=16, max_seqlen_q=8, max_seqlen_k=pages_per * page, num_heads_q=hq,
+                               num_heads_kv=hk, head_dim=d, page_size=page, rotary="neox", return_lse=True,
+                               causal=True)
+    info = plan.info()
+    assert info["backend"] == "cpu" and info["kernel"]
+    keys = [np.zeros((0, hk, d)) for _ in range(b)]
+    vals = [np.zeros((0, hk, d)) for _ in range(b)]
+    lens = np.zeros(b, np.int32)
+    for step, rows in enumerate([[5, 8, 3], [1, 1, 1], [1, 1, 1], [2, 1, 0]]):
+        cu = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
+        tq = int(cu[-1])
+        q, kn, vn = rand(rng, tq, hq, d), rand(rng, tq, hk, d), rand(rng, tq, hk, d)
+        out, lse = plan.run(q, kc, vc, table, lens, cu, kn, vn, cos, sin)
+        assert out.shape == q.shape and lse.shape == (hq, tq)
+        for s in range(b):
+            r = slice(cu[s], cu[s + 1])
+            pos = lens[s] + np.arange(rows[s])
+            keys[s] = np.concatenate([keys[s], rope_ref(kn[r], pos, cos, sin, False)])
+            vals[s] = np.concatenate([vals[s], vn[r]])
+            if not rows[s]:
+                continue
+            qr = rope_ref(q[r], pos, cos, sin, False)
+            ro, rl = reference(qr[None], keys[s][None], vals[s][None], causal=True)
+            assert np.max(np.abs(out[r] - ro[0])) < 3e-5, (step, s)
+            assert np.max(np.abs(lse[:, r] - rl[0])) < 3e-5, (step, s)
+        lens += np.array(rows, np.int32)
+    plan.close()
+    with pytest.raises(ValueError, match="closed"):
+        plan.run(q, kc, vc, table, lens, cu, kn, vn, cos, sin)
+
+
+def test_docs_example():
+    """The serving-loop example of docs/python.md, as written there."""
+    # --- docs/python.md: PagedPlan ---
+    import numpy as np
+    import flashattn
+
+    batch, heads, kv_heads, dim, page = 2, 8, 2, 64, 16
+    k_cache = np.zeros((64, page, kv_heads, dim), np.float32)      # a pool of 64 pages
+    v_cache = np.zeros_like(k_cache)
+    block_table = np.arange(64, dtype=np.int32).reshape(batch, 32)  # 32 pages a sequence
+    cache_seqlens = np.zeros(batch, np.int32)                       # tokens cached so far
+    plan = flashattn.PagedPlan(batch=batch, total_q=batch, max_seqlen_q=1, max_seqlen_k=32 * page,
+                               num_heads_q=heads, num_heads_kv=kv_heads, head_dim=dim, page_size=page,
+                               causal=True)
+    cu_seqlens_q = np.arange(batch + 1, dtype=np.int32)             # one query row a sequence
+    rng = np.random.default_rng(0)
+    for step in range(4):                                           # decode steps (per layer)
+        q = rng.random((batch, heads, dim), np.float32)             # [total_q, heads, dim]
+        k = rng.random((batch, kv_heads, dim), np.float32)          # the new rows, appended
+        v = rng.random((batch, kv_heads, dim), np.float32)
+        out = plan.run(q, k_cache, v_cache, block_table, cache_seqlens, cu_seqlens_q, k, v)
+        cache_seqlens += 1                                          # the caller advances lengths
+    # --- end ---
+    assert out.shape == (batch, heads, dim) and np.all(cache_seqlens == 4)
+    want, _ = reference(q[:, None], k_cache[[0, 32], :4], v_cache[[0, 32], :4])
+    assert np.max(np.abs(out - want[:, 0])) < 2e-5
+    assert np.array_equal(k_cache[32, 3], k[1])
+
+
+def test_bounds_refused():
+    rng = np.random.default_rng(SEED + 21)
+    hq, hk, d, page = 4, 2, 16, 8
+    plan = flashattn.PagedPlan(batch=2, total_q=4, max_seqlen_q=2, max_seqlen_k=32, num_heads_q=hq,
+                               num_heads_kv=hk, head_dim=d, page_size=page, append=False)
+    kc, vc = rand(rng, 8, page, hk, d), rand(rng, 8, page, hk, d)
+    table = np.arange(8, dtype=np.int32).reshape(2, 4)
+    lens = np.array([10, 20], np.int32)
+    q = rand(rng, 4, hq, d)
+    out = plan.run(q, kc, vc, table, lens, np.array([0, 2, 4], np.int32))
+    for s in range(2):
+        keys = np.concatenate([kc[table[s, j // page], j % page][None] for j in range(lens[s])])
+        vals = np.concatenate([vc[table[s, j // page], j % page][None] for j in range(lens[s])])
+        ro, _ = reference(q[None, 2 * s:2 * s + 2], keys[None], vals[None])
+        assert np.max(np.abs(out[2 * s:2 * s + 2] - ro[0])) < 2e-5
+    with pytest.raises(ValueError, match=r"batch \(3\) exceeds the plan's bound \(2\)"):
+        plan.run(rand(rng, 3, hq, d), kc, vc, np.arange(9, dtype=np.int32).reshape(3, 3) % 8,
+                 np.array([1, 1, 1], np.int32), np.array([0, 1, 2, 3], np.int32))
+    with pytest.raises(ValueError, match=r"total_q \(6\) exceeds the plan's bound \(4\)"):
+        plan.run(rand(rng, 6, hq, d), kc, vc, table, lens, np.array([0, 2, 4], np.int32))
+    with pytest.raises(ValueError, match="max_seqlen_q"):  # a sequence of 3 query rows, bound 2
+        plan.run(q, kc, vc, table, lens, np.array([0, 3, 4], np.int32))
+    with pytest.raises(ValueError, match="num_heads_q"):
+        plan.run(rand(rng, 4, 2 * hq, d), kc, vc, table, lens, np.array([0, 2, 4], np.int32))
+    with pytest.raises(ValueError, match="does not append"):
+        plan.run(q, kc, vc, table, lens, np.array([0, 2, 4], np.int32), rand(rng, 4, hk, d), rand(rng, 4, hk, d))
+    with pytest.raises(ValueError, match="rotary"):
+        cos, sin = rope_tables(8, d)
+        plan.run(q, kc, vc, table, lens, np.array([0, 2, 4], np.int32), rotary_cos=cos, rotary_sin=sin)
+    with pytest.raises(ValueError, match="cache.dtype"):
+        plan.run(q.astype(np.float16), kc.astype(np.float16), vc.astype(np.float16), table, lens,
+                 np.array([0, 2, 4], np.int32))
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(batch=0), "batch"),
+    (dict(batch=1.5), "batch"),
+    (dict(num_heads_q=3), "num_heads_q"),
+    (dict(head_dim=0), "head_dim"),
+    (dict(page_size=0), "page_size"),
+    (dict(max_seqlen_k=-1), "max_seqlen_k"),
+    (dict(dtype="int8"), "dtype"),
+    (dict(device="tpu"), "device"),
+    (dict(rotary="yarn"), "rotary"),
+    (dict(rotary="neox", rotary_dim=3), "rope_dim"),
+    (dict(kv_split=10), "kv_split"),
+    (dict(softmax_scale=0.0), "softmax_scale"),
+    (dict(window_size=(1,)), "window_size"),
+    (dict(append="yes"), "append"),
+])
+def test_bad_plan(bad, match):
+    args = dict(batch=2, total_q=2, max_seqlen_q=1, max_seqlen_k=64, num_heads_q=4, num_heads_kv=2, head_dim=16,
+                page_size=16)
+    args.update(bad)
+    with pytest.raises(ValueError, match=match):
+        flashattn.PagedPlan(**args)
