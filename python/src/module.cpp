@@ -497,9 +497,7 @@ struct paged_plan {
         describe_paged(c, q, o, k_cache, v_cache, block_table, cu_q, cache_seqlens, k_new, v_new, rope_cos, rope_sin,
                        rope, lse, bounds.max_seqlen_q, max_k, bounds.scale, bounds.causal != 0, bounds.window_left,
                        bounds.window_right, bounds.softcap, bf16_bits);
-        c.d.kv_split = bounds.kv_split;
-        if (rope)
-            c.d.rope_dim = bounds.rope_dim;
+        c.d.kv_split = bounds.kv_split; /* rope_dim: the tables' width, checked against the plan's */
         run_in(*dc, device_type == nb::device::cuda::value, stream,
                [&](fa_context_t) { return plan ? fa_paged_run(plan, &c.d) : FA_ERR_INVALID_ARGUMENT; });
     }
