@@ -15,6 +15,7 @@ arguments raise ValueError with the library's message naming the field.
 import numbers
 import operator
 import struct
+import sys
 
 from . import _C
 
@@ -26,6 +27,17 @@ except ImportError:  # torch-only environments
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "merge_states", "PagedPlan",
            "version"]
 __version__ = _C.version()
+
+_torch_ops = None
+
+
+def _torch():
+    """flashattn.torch_ops, imported on the first torch tensor (or at import when torch is)."""
+    global _torch_ops
+    if _torch_ops is None:
+        from . import torch_ops
+        _torch_ops = torch_ops
+    return _torch_ops
 
 
 def version():
@@ -117,7 +129,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
                     softcap=0.0, return_lse=False, deterministic=True, seed=0):
     """Attention over [batch, seqlen, heads, head_dim] tensors (k and v may have fewer heads:
     GQA / MQA). causal is bottom-right aligned when seqlen_q != seqlen_k. Returns out, or
-    (out, lse) with lse float32 [batch, heads, seqlen_q] (natural log)."""
+    (out, lse) with lse float32 [batch, heads, seqlen_q] (natural log). torch tensors go
+    through torch.ops.flashattn.fwd: differentiable (fa_backward) and traceable by
+    torch.compile."""
+    if _is_torch(q):
+        return _torch().flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                                        return_lse, deterministic, seed)
     scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap, deterministic)
     if getattr(q, "ndim", None) != 4:
         raise ValueError("flashattn: q must be [batch, seqlen, heads, head_dim]")
@@ -154,8 +171,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            return_lse=False, deterministic=True, seed=0):
     """Attention over packed sequences: q [total_q, heads, head_dim], k and v [total_k,
     kv_heads, head_dim], sequence b's rows cu_seqlens[b] .. cu_seqlens[b + 1] (int32, on the
-    CPU on every device); max_seqlen_* are Python ints. Returns out, or (out, lse) with lse float32
-    [heads, total_q]."""
+    CPU on every device); max_seqlen_* are Python ints. Returns out, or (out, lse) with lse
+    float32 [heads, total_q]. torch tensors go through torch.ops.flashattn.varlen_fwd."""
+    if _is_torch(q):
+        return _torch().flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                               dropout_p, softmax_scale, causal, window_size, softcap, return_lse,
+                                               deterministic, seed)
     scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap, deterministic)
     if getattr(q, "ndim", None) != 3:
         raise ValueError("flashattn: q must be [total_q, heads, head_dim] for varlen calls")
@@ -215,7 +236,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     block_table int32 [batch, max_pages] (any page_size, 16 included), or contiguous,
     [batch_cache, seqlen_cache, kv_heads, head_dim] with cache_batch_idx choosing rows.
     cache_seqlens: an int or int32 [batch] of tokens already cached (default: none). causal
-    is bottom-right aligned. Returns out, or (out, softmax_lse [batch, heads, seqlen_q])."""
+    is bottom-right aligned. Returns out, or (out, softmax_lse [batch, heads, seqlen_q]).
+    torch tensors go through torch.ops.flashattn.kvcache, which declares the cache write."""
+    if _is_torch(q):
+        return _torch().flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                                cache_batch_idx, block_table, softmax_scale, causal, window_size,
+                                                softcap, rotary_interleaved, return_softmax_lse)
     scale, wl, wr = _common(0.0, softmax_scale, window_size, softcap, True)
     if getattr(q, "ndim", None) != 4:
         raise ValueError("flashattn: q must be [batch, seqlen_q, heads, head_dim]")
@@ -284,3 +310,6 @@ def merge_states(o, lse):
 
 
 from .plan import PagedPlan  # noqa: E402  (it uses the helpers above)
+
+if "torch" in sys.modules:  # register the torch ops now, before anything traces a call
+    _torch()

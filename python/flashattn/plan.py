@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """PagedPlan: the paged call planned once for a serving loop and run per step (and per
 layer) on tensors alone, over fa_paged_plan_create / fa_paged_run."""
-from . import _C, _bf16_numpy, _common, _empty, _int, _is_torch, _stream, _zeros
+from . import _C, _bf16_numpy, _common, _empty, _int, _is_torch, _stream, _torch, _zeros
 
 _DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
 _ROPES = {None: 0, "neox": 1, "interleaved": 2}
@@ -95,14 +95,13 @@ class PagedPlan:
         if self._lse:
             lse = _empty((q.shape[1], q.shape[0]), q, float32=True)
             lse[...] = float("-inf")
-        (qq, bf), (oo, _), (kc, _), (vc, _) = (_bf16_numpy(x) for x in (q, out, k_cache, v_cache))
-        kn = vn = None
-        if k is not None:
-            (kn, _), (vn, _) = _bf16_numpy(k), _bf16_numpy(v)
-        if _is_torch(q):
-            qq, kn, vn = (None if x is None else x.detach() for x in (qq, kn, vn))
-        self._plan.run(qq, oo, kc, vc, block_table, cu_seqlens_q, cache_seqlens, kn, vn, rotary_cos, rotary_sin, lse,
-                       _stream(q), bf)
+        args = (q, out, k_cache, v_cache, block_table, cu_seqlens_q, cache_seqlens, k, v, rotary_cos, rotary_sin, lse)
+        if _is_torch(q):  # as DLPack capsules: the fast way in
+            bf, args = False, tuple(map(_torch()._dlo, args))
+        else:
+            bf = _bf16_numpy(q)[1]
+            args = tuple(None if x is None else _bf16_numpy(x)[0] for x in args)
+        self._plan.run(*args, _stream(q), bf)
         return (out, lse) if self._lse else out
 
     def info(self):
