@@ -297,12 +297,18 @@ def merge_states(o, lse):
     """Merge partial attention results over disjoint key sets: o [states, rows, heads,
     head_dim] and lse float32 [states, heads, rows] (natural log, as the calls here return it,
     -inf for a state that saw no key) become (o [rows, heads, head_dim], lse [heads, rows]),
-    in state order (deterministic)."""
+    in state order (deterministic). No gradient flows through it."""
     if getattr(o, "ndim", None) != 4 or getattr(lse, "ndim", None) != 3:
         raise ValueError("flashattn: merge_states takes o [states, rows, heads, head_dim] and lse "
                          "[states, heads, rows]")
     out = _empty(tuple(o.shape[1:]), o)
     lse_out = _empty((o.shape[2], o.shape[1]), o, float32=True)
+    if _is_torch(o):  # DLPack capsules, which tensors that require grad may give too
+        if not _is_torch(lse):
+            raise ValueError("flashattn: merge_states' lse must be a torch tensor like o")
+        dl = _torch()._dl
+        _C.merge(dl(o), dl(lse), dl(out), dl(lse_out), _stream(o), False)
+        return out, lse_out
     oo, bf = _bf16_numpy(o)
     ot, _ = _bf16_numpy(out)
     _C.merge(oo, lse, ot, lse_out, _stream(o), bf)

@@ -364,3 +364,31 @@ def test_plan_torch():
         with pytest.raises(ValueError, match=r"rope_dim \(4\) differs from the plan's \(8\)"):
             plan.run(q.reshape(4, 4, 16), kc2, vc2, table, lens, torch.arange(0, 5, 2, dtype=torch.int32),
                      kn.reshape(4, 2, 16), vn.reshape(4, 2, 16), cos[:, :2].contiguous(), sin[:, :2].contiguous())
+
+
+def test_merge_states():
+    """Two halves of the keys, merged, equal attention over all of them (outputs that carry
+    autograd history taken as they are)."""
+    gen = torch.Generator().manual_seed(SEED + 19)
+    q, k, v = rand(gen, 1, 7, 4, 32).requires_grad_(), rand(gen, 1, 50, 4, 32), rand(gen, 1, 50, 4, 32)
+    oa, la = flashattn.flash_attn_func(q, k[:, :20], v[:, :20], return_lse=True)
+    ob, lb = flashattn.flash_attn_func(q, k[:, 20:], v[:, 20:], return_lse=True)
+    o, lse = flashattn.merge_states(torch.stack([oa[0], ob[0]]), torch.stack([la[0], lb[0]]))
+    whole, wl = flashattn.flash_attn_func(q, k, v, return_lse=True)
+    assert err(o, whole[0]) < 2e-5 and err(lse, wl[0]) < 2e-5
+    with pytest.raises(ValueError, match="lse"):
+        flashattn.merge_states(torch.stack([oa[0], ob[0]]), torch.stack([la[0], lb[0]]).numpy())
+
+
+def test_import_order():
+    """flashattn imported before torch, and the first call compiled: the ops register on the
+    first torch tensor, inside the trace, with no graph break."""
+    import subprocess
+    import sys
+    code = ("import flashattn, torch\n"
+            "f = torch.compile(lambda q: flashattn.flash_attn_func(q, q, q, causal=True), fullgraph=True, "
+            "backend='eager')\n"
+            "q = torch.ones(1, 4, 2, 8)\n"
+            "assert torch.equal(f(q), torch.ones(1, 4, 2, 8))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
