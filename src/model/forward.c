@@ -115,7 +115,6 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
     s->head_size = c->dim / c->n_heads;
     s->kv_dim = s->head_size * c->n_kv_heads;
     s->eps = c->norm_eps > 0.0f ? c->norm_eps : FA_MODEL_NORM_EPS;
-    const float theta = c->rope_theta > 0.0f ? c->rope_theta : FA_MODEL_ROPE_THETA;
     uint64_t T = (uint64_t)o.max_tokens, total = 0, kv_rows, kv_bytes = 0;
     s->x = alloc_floats(T, (uint64_t)c->dim, &total);
     s->xb = alloc_floats(T, (uint64_t)c->dim, &total);
@@ -145,18 +144,24 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
     }
     s->stats.kv_cache_bytes = kv_bytes;
     s->stats.state_bytes = total + kv_bytes;
-    /* float arithmetic as llama2.c's run.c computes the angles (HF's inv_freq is the same
-     * float32 formula), so the rotations agree */
     int32_t half = s->head_size / 2;
     for (int32_t p = 0; p < c->seq_len; p++)
         for (int32_t i = 0; i < half; i++) {
-            float freq = 1.0f / powf(theta, (float)(2 * i) / (float)s->head_size);
-            float a = (float)p * freq;
+            const float a = fa_model_rope_angle(c, p, i);
             s->rope[((size_t)p * half + i) * 2] = cosf(a);
             s->rope[((size_t)p * half + i) * 2 + 1] = sinf(a);
         }
     *out = s;
     return FA_OK;
+}
+
+float fa_model_rope_angle(const fa_model_config *c, int32_t pos, int32_t i)
+{
+    /* float arithmetic as llama2.c's run.c computes the angles (HF's inv_freq is the same
+     * float32 formula), so the rotations agree */
+    const float theta = c->rope_theta > 0.0f ? c->rope_theta : FA_MODEL_ROPE_THETA;
+    const int32_t hs = c->dim / c->n_heads;
+    return (float)pos * (1.0f / powf(theta, (float)(2 * i) / (float)hs));
 }
 
 fa_model_stats fa_model_state_stats(const fa_model_state *s)
@@ -522,11 +527,9 @@ fa_status fa_model_kv_create(const fa_model *m, int32_t num_pages, int32_t page_
                              "out of memory for a paged cache of %d layers x %d pages x %d tokens x %d", (int)c->n_layers,
                              (int)num_pages, (int)page_size, (int)(hs * c->n_kv_heads));
     }
-    /* the angles as fa_model_state_create computes them */
-    const float theta = c->rope_theta > 0.0f ? c->rope_theta : FA_MODEL_ROPE_THETA;
     for (int32_t p = 0; p < c->seq_len; p++)
         for (int32_t i = 0; i < kv->half; i++) {
-            float a = (float)p * (1.0f / powf(theta, (float)(2 * i) / (float)hs));
+            const float a = fa_model_rope_angle(c, p, i);
             kv->cos[(size_t)p * kv->half + i] = cosf(a);
             kv->sin[(size_t)p * kv->half + i] = sinf(a);
         }

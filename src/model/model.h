@@ -172,6 +172,10 @@ void fa_sampler_free(fa_sampler *s);
 int32_t fa_sampler_sample(fa_sampler *s, float *logits);
 
 /* ---- the forward pass ---- */
+/* RoPE's angle (radians) for pair i of a head at position pos: every backend's tables. */
+float fa_model_rope_angle(const fa_model_config *c, int32_t pos, int32_t i);
+
+
 /* One-token projections. Measured here (docs/runner.md): our loop is faster on large
  * matrices (110M: 70 vs 47-57 tok/s, bandwidth-bound, rows over OpenMP threads), sgemv
  * on small ones (stories260K, one thread: 6000 vs 4600 tok/s). */

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT */
-/* Next-token sampling: argmax, temperature, top-p (nucleus), from a seeded xorshift64*. */
-#include "model.h"
+/* Next-token sampling: argmax, temperature, top-p (nucleus). fa_sampler draws from a seeded
+ * xorshift64* stream (llama2.c's run.c); the engine's formula draws from (seed, position). */
+#include "engine.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct cand {
     float p;
@@ -133,4 +135,75 @@ int32_t fa_sampler_sample(fa_sampler *s, float *logits)
             return s->cands[i].id;
     }
     return s->cands[last].id;
+}
+
+/* splitmix64's finaliser (Steele, Lea, Flood 2014) */
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+float fa_sample_uniform(uint64_t seed, int32_t position)
+{
+    const uint64_t z = mix64(mix64(seed + 0x9E3779B97F4A7C15ull) ^ (uint64_t)(uint32_t)position);
+    return (float)(z >> 40) / 16777216.0f;
+}
+
+static int desc_float(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The CUDA sampler (src/model/cuda/layers.cu) computes the same: the nucleus threshold as the
+ * largest weight tau whose {w >= tau} mass reaches topp of the total, the draw by walking
+ * token ids in order. Only the sums' rounding order differs. */
+int32_t fa_sample_logits(const float *logits, int32_t n, const fa_sample_params *p, float u, float *scratch)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++) /* NaN never wins */
+        if (logits[i] > logits[best])
+            best = i;
+    if (!(p->temperature > 0.0f))
+        return best;
+    const float mx = logits[best];
+    float total = 0.0f;
+    for (int32_t i = 0; i < n; i++) {
+        const float w = expf((logits[i] - mx) / p->temperature);
+        scratch[i] = w == w ? w : 0.0f;
+        total += scratch[i];
+    }
+    float tau = 0.0f, mass = total;
+    if (p->topp > 0.0f && p->topp < 1.0f) {
+        float *sorted = scratch + n; /* scratch holds 2n */
+        memcpy(sorted, scratch, sizeof(float) * (size_t)n);
+        qsort(sorted, (size_t)n, sizeof(float), desc_float);
+        const float want = p->topp * total;
+        float c = 0.0f;
+        tau = sorted[n - 1];
+        for (int32_t i = 0; i < n; i++) {
+            c += sorted[i];
+            if (c >= want) {
+                tau = sorted[i];
+                break;
+            }
+        }
+        mass = 0.0f;
+        for (int32_t i = 0; i < n; i++)
+            if (scratch[i] >= tau)
+                mass += scratch[i];
+    }
+    const float r = u * mass;
+    float c = 0.0f;
+    int32_t last = best;
+    for (int32_t i = 0; i < n; i++)
+        if (scratch[i] >= tau && scratch[i] > 0.0f) {
+            c += scratch[i];
+            last = i;
+            if (r < c)
+                return i;
+        }
+    return last; /* rounding left the sum short of r */
 }

@@ -1,0 +1,426 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The CUDA engine: bf16 weights and cache in device memory, one stream for everything
+ * (cuBLAS, the layer kernels, flashattn's paged calls), one host synchronisation a step.
+ *
+ * A layer over a step's T rows (x the float32 residual stream):
+ *   xb  = rmsnorm(x) g_att                      layers.cu
+ *   qkv = xb [Wq; Wk; Wv]^T                     cuBLAS, bf16 out
+ *   att = paged attention (q, k, v of qkv: RoPE, append into the pages, attend)
+ *   x  += att Wo^T                              cuBLAS, float32 out, beta = 1
+ *   xb  = rmsnorm(x) g_ffn
+ *   h13 = xb [W1; W3]^T,  hg = silu(h1) h3
+ *   x  += hg W2^T
+ * then the sampled rows' final norm, the classifier (float32 logits) and the sampler.
+ */
+#include "engine_cuda.h"
+#include "fail.h"
+#include "layers.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct layer_w {
+    uint16_t *qkv; /* [dim + 2 kv_dim, dim] */
+    uint16_t *o;   /* [dim, dim] */
+    uint16_t *w13; /* [2 hidden, dim]: gate rows, then up rows */
+    uint16_t *w2;  /* [dim, hidden] */
+} layer_w;
+
+struct fa_engine_cuda {
+    const fa_model *m;
+    fa_engine_options o;
+    int dim, hid, kvd, hs, qkv_w, L, V, kvh, max_pages;
+    float eps;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    fa_context_t ctx;
+    fa_paged_plan_t plan;
+    uint16_t *weights;   /* one allocation: the layers' matrices, the embedding, the classifier */
+    layer_w *lw;         /* [layers] views into weights */
+    uint16_t *emb, *cls; /* [vocab, dim]; cls == emb when shared */
+    float *norms;        /* rms_att [layers, dim], rms_ffn [layers, dim], rms_final [dim] */
+    uint16_t *kc, *vc;   /* [layers, pages, page_size, kv_heads, head_size] */
+    float *rope;         /* cos [seq_len, hs/2] then sin [seq_len, hs/2] */
+    float *x;            /* [T, dim] residual stream */
+    uint16_t *xb;        /* [T, dim] normed input of a sublayer; the sampled rows' final norm */
+    uint16_t *qkv;       /* [T, dim + 2 kv_dim] */
+    uint16_t *att;       /* [T, dim] */
+    uint16_t *h13;       /* [T, 2 hidden] */
+    uint16_t *hg;        /* [T, hidden] */
+    float *logits;       /* [B, vocab] */
+    float *wts;          /* [B, vocab] the sampler's weights */
+    int32_t *d_tab, *h_tab; /* a step's tables: device, pinned host */
+    size_t tab_words;
+    int32_t *d_next, *h_next; /* [B] */
+    uint64_t weight_bytes, act_bytes, kv_bytes;
+    char name[256]; /* the device's */
+};
+
+#define CUDA_TRY(call, what)                                                                            \
+    do {                                                                                                \
+        cudaError_t e_ = (call);                                                                        \
+        if (e_ != cudaSuccess)                                                                          \
+            return fa_model_fail(err, FA_ERR_BACKEND, "%s: %s", what, cudaGetErrorString(e_));          \
+    } while (0)
+
+#define BLAS_TRY(call, what)                                                                            \
+    do {                                                                                                \
+        cublasStatus_t b_ = (call);                                                                     \
+        if (b_ != CUBLAS_STATUS_SUCCESS)                                                                \
+            return fa_model_fail(err, FA_ERR_BACKEND, "%s: cuBLAS %s", what, cublasGetStatusString(b_)); \
+    } while (0)
+
+int fa_engine_cuda_available(void)
+{
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+/* Sizes of the parts, in bytes, from the model and the options. */
+typedef struct sizes {
+    uint64_t weights, norms, act, tables_words, page;
+} sizes;
+
+static sizes sizes_of(const fa_model_config *c, const fa_engine_options *o)
+{
+    const uint64_t dim = (uint64_t)c->dim, hid = (uint64_t)c->hidden_dim, hs = dim / (uint64_t)c->n_heads;
+    const uint64_t kvd = hs * (uint64_t)c->n_kv_heads, V = (uint64_t)c->vocab_size, L = (uint64_t)c->n_layers;
+    const uint64_t T = (uint64_t)o->token_budget, B = (uint64_t)o->max_batch;
+    const uint64_t per_layer = (dim + 2 * kvd) * dim + dim * dim + 3 * hid * dim;
+    const uint64_t pages = ((uint64_t)c->seq_len + (uint64_t)o->page_size - 1) / (uint64_t)o->page_size;
+    sizes z;
+    z.weights = 2 * (L * per_layer + V * dim * (c->shared_classifier ? 1 : 2));
+    z.norms = 4 * (2 * L * dim + dim) + 4 * 2 * (uint64_t)c->seq_len * (hs / 2);
+    z.act = T * (4 * dim + 2 * dim + 2 * (dim + 2 * kvd) + 2 * dim + 4 * hid + 2 * hid) + B * (8 * V + 4);
+    z.tables_words = 2 * T + 6 * B + 1 + B * pages;
+    z.page = 2 * 2 * L * (uint64_t)o->page_size * kvd;
+    return z;
+}
+
+fa_status fa_engine_cuda_memory(const fa_model *m, const fa_engine_options *o, uint64_t *free_bytes,
+                                uint64_t *fixed_bytes, uint64_t *page_bytes, char *err)
+{
+    CUDA_TRY(cudaSetDevice(o->device), "selecting the device");
+    size_t fr = 0, total = 0;
+    CUDA_TRY(cudaMemGetInfo(&fr, &total), "reading the device's free memory");
+    const sizes z = sizes_of(&m->config, o);
+    *free_bytes = fr;
+    /* and room for cuBLAS's and the attention plan's workspaces */
+    *fixed_bytes = z.weights + z.norms + z.act + 4 * z.tables_words + (256ull << 20);
+    *page_bytes = z.page;
+    return FA_OK;
+}
+
+void fa_engine_cuda_free(fa_engine_cuda *g)
+{
+    if (!g)
+        return;
+    if (g->stream)
+        cudaStreamSynchronize(g->stream);
+    fa_paged_plan_destroy(g->plan);
+    if (g->ctx)
+        fa_context_destroy(g->ctx);
+    if (g->blas)
+        cublasDestroy(g->blas);
+    void *dev[] = { g->weights, g->norms, g->kc, g->vc, g->rope, g->x, g->xb, g->qkv, g->att,
+                    g->h13, g->hg, g->logits, g->wts, g->d_tab, g->d_next };
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        cudaFree(dev[i]);
+    cudaFreeHost(g->h_tab);
+    cudaFreeHost(g->h_next);
+    if (g->stream)
+        cudaStreamDestroy(g->stream);
+    free(g->lw);
+    free(g);
+}
+
+/* n float32 values from the host into bf16 at dst, through a device staging buffer */
+static fa_status upload_bf16(fa_engine_cuda *g, uint16_t *dst, const float *src, size_t n, float *stage,
+                             size_t stage_n, char *err)
+{
+    for (size_t done = 0; done < n;) {
+        const size_t k = n - done < stage_n ? n - done : stage_n;
+        CUDA_TRY(cudaMemcpyAsync(stage, src + done, k * sizeof(float), cudaMemcpyHostToDevice, g->stream),
+                 "uploading the weights");
+        CUDA_TRY(fa_layers_to_bf16(dst + done, stage, k, g->stream), "converting the weights to bf16");
+        done += k;
+    }
+    return FA_OK;
+}
+
+static fa_status upload_weights(fa_engine_cuda *g, char *err)
+{
+    const fa_model_weights *w = &g->m->w;
+    const size_t dim = (size_t)g->dim, kvd = (size_t)g->kvd, hid = (size_t)g->hid;
+    const size_t stage_n = (size_t)16 << 20;
+    float *stage = NULL;
+    CUDA_TRY(cudaMalloc((void **)&stage, stage_n * sizeof(float)), "allocating the upload buffer");
+    fa_status st = FA_OK;
+    uint16_t *p = g->weights;
+    for (int l = 0; l < g->L && st == FA_OK; l++) {
+        layer_w *lw = &g->lw[l];
+        const size_t dd = dim * dim, kd = kvd * dim, hd = hid * dim;
+        lw->qkv = p, p += (dim + 2 * kvd) * dim;
+        lw->o = p, p += dd;
+        lw->w13 = p, p += 2 * hd;
+        lw->w2 = p, p += hd;
+        const struct {
+            uint16_t *dst;
+            const float *src;
+            size_t n;
+        } parts[] = { { lw->qkv, w->wq + l * dd, dd },           { lw->qkv + dd, w->wk + l * kd, kd },
+                      { lw->qkv + dd + kd, w->wv + l * kd, kd }, { lw->o, w->wo + l * dd, dd },
+                      { lw->w13, w->w1 + l * hd, hd },           { lw->w13 + hd, w->w3 + l * hd, hd },
+                      { lw->w2, w->w2 + l * hd, hd } };
+        for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]) && st == FA_OK; i++)
+            st = upload_bf16(g, parts[i].dst, parts[i].src, parts[i].n, stage, stage_n, err);
+    }
+    const size_t vd = (size_t)g->V * dim;
+    g->emb = p, p += vd;
+    if (st == FA_OK)
+        st = upload_bf16(g, g->emb, w->token_embedding, vd, stage, stage_n, err);
+    if (g->m->config.shared_classifier) {
+        g->cls = g->emb;
+    } else {
+        g->cls = p;
+        if (st == FA_OK)
+            st = upload_bf16(g, g->cls, w->classifier, vd, stage, stage_n, err);
+    }
+    const cudaError_t e = cudaStreamSynchronize(g->stream);
+    cudaFree(stage);
+    if (st == FA_OK && e != cudaSuccess)
+        return fa_model_fail(err, FA_ERR_BACKEND, "uploading the weights: %s", cudaGetErrorString(e));
+    return st;
+}
+
+static fa_status upload_small(fa_engine_cuda *g, char *err)
+{
+    const fa_model_config *c = &g->m->config;
+    const size_t dim = (size_t)g->dim, L = (size_t)g->L, half = (size_t)g->hs / 2, S = (size_t)c->seq_len;
+    const size_t n_norm = 2 * L * dim + dim, n_rope = 2 * S * half;
+    float *h = malloc(sizeof(float) * (n_norm > n_rope ? n_norm : n_rope));
+    if (!h)
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the norms");
+    memcpy(h, g->m->w.rms_att, sizeof(float) * L * dim);
+    memcpy(h + L * dim, g->m->w.rms_ffn, sizeof(float) * L * dim);
+    memcpy(h + 2 * L * dim, g->m->w.rms_final, sizeof(float) * dim);
+    cudaError_t e = cudaMemcpy(g->norms, h, sizeof(float) * n_norm, cudaMemcpyHostToDevice);
+    for (size_t p = 0; p < S && e == cudaSuccess; p++)
+        for (size_t i = 0; i < half; i++) {
+            const float a = fa_model_rope_angle(c, (int32_t)p, (int32_t)i);
+            h[p * half + i] = cosf(a);
+            h[S * half + p * half + i] = sinf(a);
+        }
+    if (e == cudaSuccess)
+        e = cudaMemcpy(g->rope, h, sizeof(float) * n_rope, cudaMemcpyHostToDevice);
+    free(h);
+    CUDA_TRY(e, "uploading the norms and RoPE tables");
+    return FA_OK;
+}
+
+/* The paged call of layer l over a step (tables at their device addresses). */
+static fa_paged_desc attention_desc(const fa_engine_cuda *g, int l)
+{
+    const fa_model_config *c = &g->m->config;
+    const size_t layer = (size_t)l * (size_t)g->o.num_pages * (size_t)g->o.page_size * (size_t)g->kvd;
+    fa_paged_desc d;
+    fa_paged_desc_init(&d);
+    d.num_heads_q = c->n_heads;
+    d.head_dim = g->hs;
+    const fa_tensor rows = { NULL, FA_DTYPE_BF16, 0, g->qkv_w, g->hs };
+    d.q = rows, d.q.data = g->qkv;
+    d.k_new = rows, d.k_new.data = g->qkv + g->dim;
+    d.v_new = rows, d.v_new.data = g->qkv + g->dim + g->kvd;
+    d.o = fa_tensor_contiguous(g->att, FA_DTYPE_BF16, FA_LAYOUT_BSHD, 1, c->n_heads, g->hs);
+    d.cache = fa_kv_cache_contiguous(g->kc + layer, g->vc + layer, FA_DTYPE_BF16, FA_LAYOUT_BSHD, g->o.num_pages,
+                                     g->o.page_size, g->kvh, g->hs);
+    d.rope = FA_ROPE_INTERLEAVED; /* llama2.c's adjacent pairs (HF's are un-permuted on load) */
+    d.rope_max_pos = c->seq_len;
+    d.rope_cos = g->rope;
+    d.rope_sin = g->rope + (size_t)c->seq_len * (size_t)(g->hs / 2);
+    d.causal = 1;
+    return d;
+}
+
+fa_status fa_engine_cuda_create(const fa_model *m, const fa_engine_options *o, fa_engine_cuda **out,
+                                fa_engine_info *info, char *err)
+{
+    *out = NULL;
+    const fa_model_config *c = &m->config;
+    CUDA_TRY(cudaSetDevice(o->device), "selecting the device");
+    CUDA_TRY(cudaFree(NULL), "starting the device"); /* the primary context, current for flashattn too */
+    fa_engine_cuda *g = calloc(1, sizeof(*g));
+    if (!g)
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the engine");
+    g->m = m, g->o = *o;
+    g->dim = c->dim, g->hid = c->hidden_dim, g->L = c->n_layers, g->V = c->vocab_size, g->kvh = c->n_kv_heads;
+    g->hs = c->dim / c->n_heads, g->kvd = g->hs * c->n_kv_heads, g->qkv_w = g->dim + 2 * g->kvd;
+    g->eps = c->norm_eps > 0.0f ? c->norm_eps : FA_MODEL_NORM_EPS;
+    g->max_pages = (c->seq_len + o->page_size - 1) / o->page_size;
+    const sizes z = sizes_of(c, o);
+    const size_t T = (size_t)o->token_budget, B = (size_t)o->max_batch, V = (size_t)g->V;
+    const uint64_t cache_elems = (uint64_t)g->L * (uint64_t)o->num_pages * (uint64_t)o->page_size * (uint64_t)g->kvd;
+    g->weight_bytes = z.weights, g->act_bytes = z.act, g->kv_bytes = 4 * cache_elems;
+    g->tab_words = (size_t)z.tables_words;
+    fa_status st = FA_OK;
+    char what[96];
+#define ALLOC(ptr, bytes, name)                                                                         \
+    do {                                                                                                \
+        cudaError_t e_ = st == FA_OK ? cudaMalloc((void **)&(ptr), (bytes)) : cudaSuccess;              \
+        if (e_ != cudaSuccess) {                                                                        \
+            snprintf(what, sizeof(what), "allocating %s (%llu bytes)", name, (unsigned long long)(bytes)); \
+            st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "%s: %s", what, cudaGetErrorString(e_));      \
+        }                                                                                               \
+    } while (0)
+    cudaError_t e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess)
+        st = fa_model_fail(err, FA_ERR_BACKEND, "creating a stream: %s", cudaGetErrorString(e));
+    if (st == FA_OK && !(g->lw = calloc((size_t)g->L, sizeof(layer_w))))
+        st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the layers");
+    ALLOC(g->weights, z.weights, "the bf16 weights");
+    ALLOC(g->norms, sizeof(float) * (2 * (size_t)g->L * g->dim + g->dim), "the norms");
+    ALLOC(g->rope, sizeof(float) * 2 * (size_t)c->seq_len * (size_t)(g->hs / 2), "the RoPE tables");
+    ALLOC(g->kc, 2 * cache_elems, "the key pages");
+    ALLOC(g->vc, 2 * cache_elems, "the value pages");
+    ALLOC(g->x, 4 * T * g->dim, "the residual stream");
+    ALLOC(g->xb, 2 * T * g->dim, "the normed rows");
+    ALLOC(g->qkv, 2 * T * g->qkv_w, "q, k and v");
+    ALLOC(g->att, 2 * T * g->dim, "the attention output");
+    ALLOC(g->h13, 4 * T * g->hid, "the FFN's gate and up");
+    ALLOC(g->hg, 2 * T * g->hid, "the FFN's product");
+    ALLOC(g->logits, 4 * B * V, "the logits");
+    ALLOC(g->wts, 4 * B * V, "the sampler's weights");
+    ALLOC(g->d_tab, 4 * g->tab_words, "the step tables");
+    ALLOC(g->d_next, 4 * B, "the next tokens");
+#undef ALLOC
+    if (st == FA_OK && ((e = cudaMallocHost((void **)&g->h_tab, 4 * g->tab_words)) != cudaSuccess ||
+                        (e = cudaMallocHost((void **)&g->h_next, 4 * B)) != cudaSuccess))
+        st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "pinned host memory for the step tables: %s",
+                           cudaGetErrorString(e));
+    if (st == FA_OK) {
+        const cublasStatus_t b = cublasCreate(&g->blas);
+        if (b == CUBLAS_STATUS_SUCCESS)
+            cublasSetStream(g->blas, g->stream);
+        else
+            st = fa_model_fail(err, FA_ERR_BACKEND, "cuBLAS: %s", cublasGetStatusString(b));
+    }
+    if (st == FA_OK) {
+        const fa_context_options co = { sizeof(co), FA_BACKEND_CUDA, 0 };
+        if (fa_context_create(&co, &g->ctx) != FA_OK)
+            st = fa_model_fail(err, FA_ERR_BACKEND, "flashattn's cuda context: %s", fa_last_create_error());
+        else if (fa_context_set_stream(g->ctx, g->stream) != FA_OK)
+            st = fa_model_fail(err, FA_ERR_BACKEND, "flashattn's stream: %s", fa_context_last_error(g->ctx));
+    }
+    if (st == FA_OK)
+        st = upload_weights(g, err);
+    if (st == FA_OK)
+        st = upload_small(g, err);
+    if (st == FA_OK) { /* one plan for every step: the engine's bounds */
+        fa_paged_desc b = attention_desc(g, 0);
+        b.batch = o->max_batch;
+        b.total_q = b.max_seqlen_q = o->token_budget;
+        b.max_seqlen_k = c->seq_len;
+        b.max_pages_per_seq = g->max_pages;
+        if (fa_paged_plan_create(g->ctx, &b, &g->plan) != FA_OK)
+            st = fa_model_fail(err, FA_ERR_BACKEND, "planning the paged attention: %s",
+                               fa_context_last_error(g->ctx));
+    }
+    if (st != FA_OK) {
+        fa_engine_cuda_free(g);
+        return st;
+    }
+    struct cudaDeviceProp prop;
+    snprintf(g->name, sizeof(g->name), "%s", cudaGetDeviceProperties(&prop, o->device) == cudaSuccess ? prop.name : "cuda");
+    *info = (fa_engine_info){ FA_BACKEND_CUDA, g->name, g->weight_bytes, g->kv_bytes,
+                              g->act_bytes, 0 };
+    *out = g;
+    return FA_OK;
+}
+
+/* y [T, out] (row pitch ldy, float32 or bf16) (+)= x [T, in] (bf16, pitch ldx) w [out, in]^T */
+static cublasStatus_t gemm(fa_engine_cuda *g, void *y, cudaDataType yt, int ldy, const uint16_t *x, int ldx,
+                           const uint16_t *w, int T, int out, int in, float beta)
+{
+    const float alpha = 1.0f;
+    return cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &alpha, w, CUDA_R_16BF, in, x, CUDA_R_16BF,
+                        ldx, &beta, y, yt, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+fa_status fa_engine_cuda_step(fa_engine_cuda *g, const fa_step *st, int32_t ns, const int32_t *rows,
+                              const float *temperature, const float *topp, const float *u, int32_t *next,
+                              float *logits, char *err)
+{
+    const int T = st->total_q, B = st->batch, dim = g->dim, hid = g->hid;
+    /* the tables, packed: tokens, positions, cu_seqlens, cache lengths, sampled rows, their
+     * temperature / topp / uniform (float bits), the block table */
+    int32_t *h = g->h_tab;
+    size_t at = 0;
+    const size_t o_tok = at;
+    memcpy(h + at, st->tokens, 4 * (size_t)T), at += (size_t)T;
+    const size_t o_pos = at;
+    memcpy(h + at, st->positions, 4 * (size_t)T), at += (size_t)T;
+    const size_t o_cu = at;
+    memcpy(h + at, st->cu_seqlens_q, 4 * (size_t)(B + 1)), at += (size_t)B + 1;
+    const size_t o_len = at;
+    memcpy(h + at, st->cache_seqlens, 4 * (size_t)B), at += (size_t)B;
+    const size_t o_rows = at;
+    memcpy(h + at, rows, 4 * (size_t)ns), at += (size_t)ns;
+    const size_t o_temp = at;
+    memcpy(h + at, temperature, 4 * (size_t)ns), at += (size_t)ns;
+    const size_t o_topp = at;
+    memcpy(h + at, topp, 4 * (size_t)ns), at += (size_t)ns;
+    const size_t o_u = at;
+    memcpy(h + at, u, 4 * (size_t)ns), at += (size_t)ns;
+    const size_t o_bt = at;
+    memcpy(h + at, st->block_table, 4 * (size_t)B * (size_t)st->max_pages_per_seq);
+    at += (size_t)B * (size_t)st->max_pages_per_seq;
+    CUDA_TRY(cudaMemcpyAsync(g->d_tab, h, 4 * at, cudaMemcpyHostToDevice, g->stream), "uploading the step");
+    int32_t *d = g->d_tab;
+    CUDA_TRY(fa_layers_embed(g->x, g->emb, d + o_tok, T, dim, g->stream), "the embedding");
+    for (int l = 0; l < g->L; l++) {
+        const layer_w *w = &g->lw[l];
+        const float *g_att = g->norms + (size_t)l * dim, *g_ffn = g->norms + ((size_t)g->L + l) * dim;
+        CUDA_TRY(fa_layers_rmsnorm(g->xb, g->x, NULL, g_att, T, dim, g->eps, g->stream), "the attention norm");
+        BLAS_TRY(gemm(g, g->qkv, CUDA_R_16BF, g->qkv_w, g->xb, dim, w->qkv, T, g->qkv_w, dim, 0.0f), "q, k, v");
+        fa_paged_desc a = attention_desc(g, l);
+        a.batch = B;
+        a.total_q = T;
+        a.max_seqlen_q = st->max_seqlen_q;
+        a.max_seqlen_k = st->max_seqlen_k;
+        a.cu_seqlens_q = d + o_cu;
+        a.cache_seqlens = d + o_len;
+        a.positions = d + o_pos;
+        a.block_table = d + o_bt;
+        a.max_pages_per_seq = st->max_pages_per_seq;
+        if (fa_paged_run(g->plan, &a) != FA_OK)
+            return fa_model_fail(err, FA_ERR_BACKEND, "layer %d paged attention: %s", l,
+                                 fa_context_last_error(g->ctx));
+        BLAS_TRY(gemm(g, g->x, CUDA_R_32F, dim, g->att, dim, w->o, T, dim, dim, 1.0f), "the attention output");
+        CUDA_TRY(fa_layers_rmsnorm(g->xb, g->x, NULL, g_ffn, T, dim, g->eps, g->stream), "the FFN norm");
+        BLAS_TRY(gemm(g, g->h13, CUDA_R_16BF, 2 * hid, g->xb, dim, w->w13, T, 2 * hid, dim, 0.0f), "gate, up");
+        CUDA_TRY(fa_layers_swiglu(g->hg, g->h13, T, hid, g->stream), "SwiGLU");
+        BLAS_TRY(gemm(g, g->x, CUDA_R_32F, dim, g->hg, hid, w->w2, T, dim, hid, 1.0f), "the FFN output");
+    }
+    if (ns > 0) {
+        const float *g_fin = g->norms + 2 * (size_t)g->L * dim;
+        CUDA_TRY(fa_layers_rmsnorm(g->xb, g->x, d + o_rows, g_fin, ns, dim, g->eps, g->stream), "the final norm");
+        BLAS_TRY(gemm(g, g->logits, CUDA_R_32F, g->V, g->xb, dim, g->cls, ns, g->V, dim, 0.0f), "the classifier");
+        CUDA_TRY(fa_layers_sample(g->d_next, g->wts, g->logits, (const float *)(d + o_temp),
+                                  (const float *)(d + o_topp), (const float *)(d + o_u), ns, g->V, g->stream),
+                 "sampling");
+        CUDA_TRY(cudaMemcpyAsync(g->h_next, g->d_next, 4 * (size_t)ns, cudaMemcpyDeviceToHost, g->stream),
+                 "downloading the tokens");
+        if (logits)
+            CUDA_TRY(cudaMemcpyAsync(logits, g->logits, 4 * (size_t)ns * (size_t)g->V, cudaMemcpyDeviceToHost,
+                                     g->stream),
+                     "downloading the logits");
+    }
+    CUDA_TRY(cudaStreamSynchronize(g->stream), "the step");
+    memcpy(next, g->h_next, 4 * (size_t)ns);
+    return FA_OK;
+}

@@ -1,0 +1,312 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The runner's engine (src/model/engine.c): stories260K served through the scheduler and
+ * fa_engine_step.
+ * - cpu: each request's greedy ids equal the single-sequence runner's; sampled requests draw
+ *   the same tokens alone and in a batch (the uniform depends on seed and position only).
+ * - cuda (where a device answers; skipped otherwise): bf16 greedy ids equal the float32 CPU
+ *   engine's up to the first divergence, which is printed, and the logits before it agree
+ *   within bf16's tolerance.
+ * - the sampling formula: argmax at temperature 0, the nucleus's frequencies over a grid of
+ *   uniforms, refusals of bad options and steps with the field named.
+ */
+#include "engine.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+enum { NREQ = 4, MAX_NEW = 48, MAX_PROMPT = 64, MAX_STEPS = 4000 };
+
+static const char *prompts[NREQ] = { "Once upon a time", "Lily and Tom went to the park", "The little bird",
+                                     "Ben liked to play" };
+
+typedef struct run_t {
+    int32_t ids[NREQ][MAX_NEW];
+    float *logits; /* [NREQ, MAX_NEW, vocab] */
+} run_t;
+
+static fa_model *model;
+static int32_t tokens[NREQ][MAX_PROMPT], n_tok[NREQ];
+
+static int setup(void **state)
+{
+    (void)state;
+    char err[FA_MODEL_ERR_LEN];
+    fa_tokenizer *t;
+    if (fa_model_open(FA_MODELS_DIR "/stories260K.bin", &model, err) != FA_OK ||
+        fa_tokenizer_open(FA_MODELS_DIR "/tok512.bin", model->config.vocab_size, &t, err) != FA_OK) {
+        fprintf(stderr, "%s\n", err);
+        return -1;
+    }
+    for (int r = 0; r < NREQ; r++) {
+        int32_t buf[512];
+        if (fa_tokenizer_encode(t, prompts[r], 1, 0, buf, 512, &n_tok[r], err) != FA_OK || n_tok[r] > MAX_PROMPT)
+            return -1;
+        memcpy(tokens[r], buf, sizeof(int32_t) * (size_t)n_tok[r]);
+    }
+    fa_tokenizer_free(t);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    fa_model_free(model);
+    return 0;
+}
+
+/* Serve requests `which` (a bit set of prompts) on backend b; params per request (NULL:
+ * greedy). Fills out's rows of those requests. */
+static void serve(fa_backend b, unsigned which, const fa_sample_params *params, run_t *out)
+{
+    char err[FA_MODEL_ERR_LEN];
+    const int32_t V = model->config.vocab_size;
+    const fa_engine_options eo = { b, 48, 16, NREQ, 32, 0, 0 };
+    fa_engine *e;
+    if (fa_engine_create(model, &eo, &e, err) != FA_OK)
+        fail_msg("engine: %s", err);
+    const fa_sched_options so = { eo.num_pages, eo.page_size, eo.max_batch, eo.token_budget, model->config.seq_len,
+                                  NREQ };
+    fa_sched *sc;
+    assert_int_equal(fa_sched_create(&so, &sc, err), FA_OK);
+    int64_t ids[NREQ];
+    int req_of[NREQ], n = 0;
+    for (int r = 0; r < NREQ; r++)
+        if (which & (1u << r)) {
+            assert_int_equal(fa_sched_add(sc, tokens[r], n_tok[r], MAX_NEW, &ids[n], err), FA_OK);
+            req_of[n++] = r;
+        }
+    float *logits = malloc(sizeof(float) * NREQ * (size_t)V);
+    int32_t next[NREQ];
+    fa_sample_params p[NREQ];
+    for (int steps = 0;; steps++) {
+        assert_true(steps < MAX_STEPS);
+        fa_step st;
+        assert_int_equal(fa_sched_step(sc, &st, err), FA_OK);
+        if (st.batch == 0)
+            break;
+        for (int32_t i = 0; i < st.batch; i++)
+            p[i] = params ? params[req_of[st.ids[i]]] : (fa_sample_params){ 0.0f, 0.0f, 0 };
+        if (fa_engine_step(e, &st, p, next, logits, err) != FA_OK)
+            fail_msg("step %d: %s", steps, err);
+        for (int32_t i = 0; i < st.batch; i++) {
+            if (!st.sample[i])
+                continue;
+            fa_request_info info;
+            assert_int_equal(fa_sched_request(sc, st.ids[i], &info, err), FA_OK);
+            const int r = req_of[st.ids[i]];
+            out->ids[r][info.generated] = next[i];
+            memcpy(out->logits + ((size_t)r * MAX_NEW + (size_t)info.generated) * V, logits + (size_t)i * V,
+                   sizeof(float) * (size_t)V);
+        }
+        assert_int_equal(fa_sched_commit(sc, next, NULL, err), FA_OK);
+    }
+    free(logits);
+    fa_sched_free(sc);
+    fa_engine_free(e);
+}
+
+static run_t *new_run(void)
+{
+    run_t *r = calloc(1, sizeof(run_t));
+    r->logits = calloc((size_t)NREQ * MAX_NEW * (size_t)model->config.vocab_size, sizeof(float));
+    return r;
+}
+
+static void free_run(run_t *r)
+{
+    free(r->logits);
+    free(r);
+}
+
+static void test_cpu_greedy(void **state)
+{
+    (void)state;
+    char err[FA_MODEL_ERR_LEN];
+    run_t *got = new_run();
+    serve(FA_BACKEND_CPU, (1u << NREQ) - 1, NULL, got);
+    fa_context_t ctx;
+    const fa_context_options co = { sizeof(co), FA_BACKEND_CPU, 0 };
+    assert_int_equal(fa_context_create(&co, &ctx), FA_OK);
+    const int32_t V = model->config.vocab_size;
+    for (int r = 0; r < NREQ; r++) { /* the single-sequence runner, argmax */
+        fa_model_state *s;
+        assert_int_equal(fa_model_state_create(model, ctx, NULL, &s, err), FA_OK);
+        float *lg;
+        assert_int_equal(fa_model_forward(model, s, tokens[r], n_tok[r], 0, &lg, err), FA_OK);
+        for (int g = 0; g < MAX_NEW; g++) {
+            int32_t best = 0;
+            for (int32_t i = 1; i < V; i++)
+                best = lg[i] > lg[best] ? i : best;
+            if (got->ids[r][g] != best)
+                fail_msg("request %d token %d: engine %d, runner %d", r, g, got->ids[r][g], best);
+            assert_int_equal(fa_model_forward(model, s, &best, 1, n_tok[r] + g, &lg, err), FA_OK);
+        }
+        fa_model_state_free(s);
+    }
+    fa_context_destroy(ctx);
+    free_run(got);
+}
+
+static void test_cpu_sampling_batch_invariant(void **state)
+{
+    (void)state;
+    const fa_sample_params p[NREQ] = { { 0.8f, 0.9f, 11 }, { 1.0f, 0.0f, 12 }, { 0.5f, 0.5f, 13 }, { 1.2f, 0.95f, 14 } };
+    run_t *all = new_run(), *one = new_run();
+    serve(FA_BACKEND_CPU, (1u << NREQ) - 1, p, all);
+    int differs_from_greedy = 0;
+    for (int r = 0; r < NREQ; r++) {
+        serve(FA_BACKEND_CPU, 1u << r, p, one);
+        for (int g = 0; g < MAX_NEW; g++) {
+            if (all->ids[r][g] != one->ids[r][g])
+                fail_msg("request %d token %d: %d in a batch, %d alone", r, g, all->ids[r][g], one->ids[r][g]);
+            const float *l = all->logits + ((size_t)r * MAX_NEW + g) * (size_t)model->config.vocab_size;
+            int32_t best = 0;
+            for (int32_t i = 1; i < model->config.vocab_size; i++)
+                best = l[i] > l[best] ? i : best;
+            differs_from_greedy += best != all->ids[r][g];
+        }
+    }
+    print_message("sampled %d tokens, %d of them not the argmax\n", NREQ * MAX_NEW, differs_from_greedy);
+    assert_true(differs_from_greedy > 0); /* the temperatures do something */
+    free_run(all), free_run(one);
+}
+
+static void test_cuda_against_cpu(void **state)
+{
+    (void)state;
+    char err[FA_MODEL_ERR_LEN];
+    const fa_engine_options eo = { FA_BACKEND_CUDA, 48, 16, NREQ, 32, 0, 0 };
+    fa_engine *e;
+    if (fa_engine_create(model, &eo, &e, err) != FA_OK) {
+        print_message("skipped: %s\n", err);
+        skip();
+    }
+    print_message("cuda engine on %s\n", fa_engine_get_info(e).device);
+    fa_engine_free(e);
+    run_t *cpu = new_run(), *gpu = new_run();
+    serve(FA_BACKEND_CPU, (1u << NREQ) - 1, NULL, cpu);
+    serve(FA_BACKEND_CUDA, (1u << NREQ) - 1, NULL, gpu);
+    const int32_t V = model->config.vocab_size;
+    for (int r = 0; r < NREQ; r++) {
+        int g = 0;
+        double worst = 0.0;
+        for (; g < MAX_NEW; g++) {
+            const float *a = cpu->logits + ((size_t)r * MAX_NEW + g) * V, *b = gpu->logits + ((size_t)r * MAX_NEW + g) * V;
+            double scale = 0.0;
+            for (int32_t i = 0; i < V; i++)
+                scale = fmax(scale, fabs((double)a[i]));
+            for (int32_t i = 0; i < V; i++)
+                worst = fmax(worst, fabs((double)a[i] - b[i]) / fmax(scale, 1.0));
+            if (cpu->ids[r][g] != gpu->ids[r][g])
+                break;
+        }
+        print_message("request %d: cuda greedy ids equal the cpu's for %d of %d tokens; worst logit difference "
+                      "up to there %.3e of the row's largest\n",
+                      r, g, MAX_NEW, worst);
+        /* bf16 weights and activations: about 2^-8 relative each, a few layers deep */
+        assert_true(worst < 0.05);
+        assert_true(g >= 8);
+    }
+    free_run(cpu), free_run(gpu);
+}
+
+static void test_sample_formula(void **state)
+{
+    (void)state;
+    const float logits[5] = { 1.0f, 3.0f, 2.0f, 3.0f, -1.0f };
+    float scratch[10];
+    const fa_sample_params greedy = { 0.0f, 0.0f, 0 };
+    assert_int_equal(fa_sample_logits(logits, 5, &greedy, 0.7f, scratch), 1); /* the first maximum */
+    const fa_sample_params tiny = { 1.0f, 0.01f, 0 };
+    for (int k = 0; k < 100; k++) { /* the nucleus of 1% is the two tied maxima */
+        const int32_t t = fa_sample_logits(logits, 5, &tiny, (float)k / 100.0f, scratch);
+        assert_true(t == 1 || t == 3);
+    }
+    /* the whole distribution: frequencies over a grid of uniforms are the probabilities */
+    const fa_sample_params all = { 1.0f, 1.0f, 0 };
+    int hits[5] = { 0 };
+    const int N = 100000;
+    for (int k = 0; k < N; k++)
+        hits[fa_sample_logits(logits, 5, &all, ((float)k + 0.5f) / (float)N, scratch)]++;
+    double z = 0.0;
+    for (int i = 0; i < 5; i++)
+        z += exp(logits[i] - 3.0);
+    for (int i = 0; i < 5; i++)
+        assert_true(fabs((double)hits[i] / N - exp(logits[i] - 3.0) / z) < 1e-3);
+    /* uniforms: in [0, 1), spread */
+    double mean = 0.0;
+    for (int pos = 0; pos < 10000; pos++) {
+        const float u = fa_sample_uniform(42, pos);
+        assert_true(u >= 0.0f && u < 1.0f);
+        mean += u;
+    }
+    assert_true(fabs(mean / 10000.0 - 0.5) < 0.02);
+    assert_true(fa_sample_uniform(1, 5) != fa_sample_uniform(2, 5));
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    char err[FA_MODEL_ERR_LEN];
+    fa_engine *e;
+    fa_engine_options eo = { FA_BACKEND_CPU, 8, 16, 2, 16, 0, 0 };
+    eo.token_budget = 1; /* below max_batch */
+    assert_int_equal(fa_engine_create(model, &eo, &e, err), FA_ERR_INVALID_VALUE);
+    assert_non_null(strstr(err, "token_budget"));
+    assert_null(e);
+    eo.token_budget = 16, eo.num_pages = 0;
+    assert_int_equal(fa_engine_create(model, &eo, &e, err), FA_ERR_INVALID_VALUE);
+    assert_non_null(strstr(err, "num_pages"));
+    eo.num_pages = 8, eo.backend = FA_BACKEND_GLES;
+    assert_int_equal(fa_engine_create(model, &eo, &e, err), FA_ERR_UNSUPPORTED);
+    eo.backend = FA_BACKEND_CPU;
+    assert_int_equal(fa_engine_create(model, &eo, &e, err), FA_OK);
+    int32_t cu[2] = { 0, 1 }, len[1] = { 0 }, bt[1] = { 0 }, tok[1] = { 5 }, pos[1] = { 0 }, next[1] = { -7 };
+    uint8_t smp[1] = { 1 };
+    int64_t id = 0;
+    fa_step st = { 1, 1, 1, 1, 1, 16, &id, cu, len, bt, tok, pos, smp, 0 };
+    fa_sample_params p = { 0.0f, 0.0f, 0 };
+    assert_int_equal(fa_engine_step(e, &st, &p, next, NULL, err), FA_OK);
+    assert_true(next[0] >= 0 && next[0] < model->config.vocab_size);
+    const struct {
+        int32_t *field;
+        int32_t bad;
+        const char *name;
+    } cases[] = { { &bt[0], 8, "block_table" }, { &tok[0], 512, "tokens" }, { &pos[0], 3, "positions" },
+                  { &len[0], 512, "cache_seqlens" }, { &cu[1], 2, "cu_seqlens_q" } };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const int32_t keep = *cases[i].field;
+        *cases[i].field = cases[i].bad;
+        next[0] = -7;
+        assert_int_not_equal(fa_engine_step(e, &st, &p, next, NULL, err), FA_OK);
+        if (!strstr(err, cases[i].name))
+            fail_msg("case %s: message '%s'", cases[i].name, err);
+        assert_int_equal(next[0], -7); /* nothing written */
+        *cases[i].field = keep;
+    }
+    p.temperature = NAN;
+    assert_int_equal(fa_engine_step(e, &st, &p, next, NULL, err), FA_ERR_INVALID_VALUE);
+    assert_non_null(strstr(err, "temperature"));
+    st.page_size = 8;
+    assert_int_equal(fa_engine_step(e, &st, NULL, next, NULL, err), FA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "page_size"));
+    fa_engine_free(e);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = { cmocka_unit_test(test_sample_formula), cmocka_unit_test(test_refusals),
+                                        cmocka_unit_test(test_cpu_greedy),
+                                        cmocka_unit_test(test_cpu_sampling_batch_invariant),
+                                        cmocka_unit_test(test_cuda_against_cpu) };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
