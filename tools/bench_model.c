@@ -30,7 +30,10 @@ static const char *help =
     "  --seed S              weights and prompt ids                        [1]\n"
     "  --matvec auto|own|blas  one-token projections: own loop or sgemv [auto]\n"
     "  --no-standard         skip the standard-attention run\n"
-    "  --backend cpu         the runner runs on the CPU backend            [cpu]\n"
+    "  --backend cpu|cuda    cpu: the float32 runner above; cuda: the engine (bf16, paged KV,\n"
+    "                        cuBLAS), prefill and decode tok/s for each --batch  [cpu]\n"
+    "  --batch LIST          engine batch sizes, comma-separated (with --batch the CPU runs\n"
+    "                        the engine too)                                [1,8,32]\n"
     "  --threads N           attention threads, 0 = all cores              [0]\n";
 
 typedef struct result {
@@ -146,12 +149,14 @@ int cmd_bench_model(int argc, char **argv)
     int no_standard = 0;
     fa_matvec mv = FA_MATVEC_AUTO;
     fa_backend backend = FA_BACKEND_CPU;
-    enum { CONFIG, MODEL, PROMPT_LEN, DECODE, SEED, MATVEC, NO_STANDARD, N_OPTIONS };
+    long batches[16] = { 1, 8, 32 };
+    int n_batches = 3, engine = 0;
+    enum { CONFIG, MODEL, PROMPT_LEN, DECODE, SEED, MATVEC, NO_STANDARD, BATCH, N_OPTIONS };
     static const cli_option options[N_OPTIONS] = {
         [CONFIG] = { "--config", 1 }, [MODEL] = { "--model", 1 },
         [PROMPT_LEN] = { "--prompt-len", 1 }, [DECODE] = { "--decode", 1 },
         [SEED] = { "--seed", 1 },     [MATVEC] = { "--matvec", 1 },
-        [NO_STANDARD] = { "--no-standard", 0 },
+        [NO_STANDARD] = { "--no-standard", 0 }, [BATCH] = { "--batch", 1 },
     };
     cli_args args = { "bench-model", help, argc, argv, options, N_OPTIONS, &backend, &threads, 0 };
     int opt, rc;
@@ -184,12 +189,27 @@ int cmd_bench_model(int argc, char **argv)
         case NO_STANDARD:
             no_standard = 1;
             break;
+        case BATCH:
+            engine = 1;
+            n_batches = 0;
+            for (const char *p = v; *p && n_batches < 16;) {
+                char one[32];
+                size_t k = strcspn(p, ",");
+                if (k == 0 || k >= sizeof(one))
+                    return cli_usage_error("bench-model", "--batch needs a comma-separated list of integers");
+                memcpy(one, p, k), one[k] = 0;
+                if (cli_parse_int(one, 1, 4096, &batches[n_batches++]) != 0)
+                    return cli_usage_error("bench-model", "--batch needs integers in 1..4096");
+                p += k + (p[k] == ',');
+            }
+            break;
         }
     }
     if (rc != 0)
         return rc == CLI_HELP ? 0 : rc;
-    if (backend != FA_BACKEND_CPU)
-        return cli_usage_error("bench-model", "--backend: the runner runs on cpu only");
+    if (backend != FA_BACKEND_CPU && backend != FA_BACKEND_CUDA)
+        return cli_usage_error("bench-model", "--backend: the runner runs on cpu or cuda");
+    engine |= backend == FA_BACKEND_CUDA;
     char err[FA_MODEL_ERR_LEN];
     fa_model_config c;
     if (!path) {
@@ -231,7 +251,7 @@ int cmd_bench_model(int argc, char **argv)
     uint64_t ws_flash = attention_workspace(ctx, &c, n, FA_ALGORITHM_FLASH);
     uint64_t ws_std = attention_workspace(ctx, &c, n, FA_ALGORITHM_STANDARD);
     double avail = (double)cli_mem_available(), gib = 1024.0 * 1024.0 * 1024.0;
-    double need = (path ? 0.0 : (double)wbytes) + state + (double)ws_flash;
+    double need = (path ? 0.0 : (double)wbytes) + (engine && backend != FA_BACKEND_CPU ? 0.0 : state + (double)ws_flash);
     if (avail > 0 && need > 0.9 * avail) {
         fprintf(stderr,
                 "flashattn bench-model: %s needs %.1f GiB (weights %.1f, KV cache and activations "
@@ -266,6 +286,10 @@ int cmd_bench_model(int argc, char **argv)
     for (int32_t i = 0; i < n; i++) { /* xorshift64: random ids, BOS first */
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         ids[i] = i == 0 ? FA_TOKEN_BOS : (int32_t)(x % (uint64_t)c.vocab_size);
+    }
+    if (engine) {
+        rc = cli_bench_engine(m, backend, ids, n, (int32_t)decode, batches, n_batches);
+        goto done;
     }
     double params = (double)(wbytes - FA_MODEL_HEADER_BYTES) / 4.0 - (double)c.seq_len * hs;
     printf("model %s: dim %d, layers %d, heads %d, kv heads %d, hidden %d, vocab %d%s, "

@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench-model's engine rows (--backend cuda, or cpu with --batch): B requests of the same
+ * prompt served through the scheduler and fa_engine_step, for each batch size B. Prefill
+ * tok/s counts the prompts' tokens over the steps that carried prompt rows; decode tok/s the
+ * generated tokens over the steps of B decode rows.
+ */
+#include "cli.h"
+#include "engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* One batch size: 0 or CLI_EXIT_FAIL. */
+static int one(const fa_model *m, fa_backend backend, const int32_t *ids, int32_t n, int32_t decode, int32_t B,
+               int print)
+{
+    const fa_model_config *c = &m->config;
+    char err[FA_MODEL_ERR_LEN];
+    const int32_t page = 16, per = (n + decode + 1 + page - 1) / page;
+    int32_t budget = n > B ? n : B;
+    budget = budget < c->seq_len ? budget : c->seq_len;
+    budget = budget < 8192 ? (budget > B ? budget : B) : (8192 > B ? 8192 : B);
+    const fa_engine_options eo = { backend, per * B, page, B, budget, 0, 0 };
+    const fa_sched_options so = { eo.num_pages, page, B, budget, c->seq_len, B };
+    fa_engine *e = NULL;
+    fa_sched *sc = NULL;
+    int32_t *next = malloc(sizeof(int32_t) * (size_t)B);
+    int rc = CLI_EXIT_FAIL;
+    fa_status st;
+    if (!next || (st = fa_engine_create(m, &eo, &e, err)) != FA_OK || (st = fa_sched_create(&so, &sc, err)) != FA_OK) {
+        fprintf(stderr, "flashattn bench-model: %s\n", next ? err : "out of memory");
+        goto done;
+    }
+    for (int32_t b = 0; b < B; b++) {
+        int64_t id;
+        if ((st = fa_sched_add(sc, ids, n, decode + 1, &id, err)) != FA_OK) {
+            fprintf(stderr, "flashattn bench-model: %s\n", err);
+            goto done;
+        }
+    }
+    double t_pre = 0.0, t_dec = 0.0;
+    long dec_tokens = 0;
+    for (;;) {
+        fa_step s;
+        if ((st = fa_sched_step(sc, &s, err)) != FA_OK) {
+            fprintf(stderr, "flashattn bench-model: %s\n", err);
+            goto done;
+        }
+        if (s.batch == 0)
+            break;
+        const double t0 = cli_now();
+        if ((st = fa_engine_step(e, &s, NULL, next, NULL, err)) != FA_OK) {
+            fprintf(stderr, "\nflashattn bench-model: %s (%s)\n", err, fa_status_string(st));
+            goto done;
+        }
+        const double dt = cli_now() - t0;
+        if (s.total_q == s.batch && s.batch == B)
+            t_dec += dt, dec_tokens += B;
+        else
+            t_pre += dt;
+        if ((st = fa_sched_commit(sc, next, NULL, err)) != FA_OK) {
+            fprintf(stderr, "flashattn bench-model: %s\n", err);
+            goto done;
+        }
+    }
+    if (print) {
+        const fa_engine_info in = fa_engine_get_info(e);
+        printf("%-5d %11.1f %13.1f %12.1f %14.1f %10.1f   %s\n", (int)B, t_pre * 1e3, (double)n * B / t_pre,
+               dec_tokens ? dec_tokens / t_dec : 0.0, dec_tokens ? t_dec * 1e3 / (dec_tokens / B) : 0.0,
+               (double)in.weight_bytes / 1073741824.0, in.device);
+    }
+    rc = 0;
+done:
+    fa_sched_free(sc);
+    fa_engine_free(e);
+    free(next);
+    return rc;
+}
+
+int cli_bench_engine(const fa_model *m, fa_backend backend, const int32_t *ids, int32_t n, int32_t decode,
+                     const long *batches, int n_batches)
+{
+    char err[FA_MODEL_ERR_LEN];
+    /* a first small run: cuBLAS's heuristics, the kernels' first launches */
+    if (one(m, backend, ids, n < 64 ? n : 64, 2, 1, 0) != 0)
+        return CLI_EXIT_FAIL;
+    printf("engine %s: page 16, prompt %d tokens, %d decode steps a request\n", fa_backend_name(backend), (int)n,
+           (int)decode);
+    printf("%-5s %11s %13s %12s %14s %10s   %s\n", "batch", "prefill_ms", "prefill_tok/s", "decode_tok/s",
+           "decode_step_ms", "weight_GiB", "device");
+    for (int i = 0; i < n_batches; i++)
+        if (one(m, backend, ids, n, decode, (int32_t)batches[i], 1) != 0)
+            return CLI_EXIT_FAIL;
+    const fa_engine_options eo = { backend, 1, 16, 1, 1, 0, 0 };
+    int32_t pages;
+    if (fa_engine_pages_for(m, &eo, 0.9, &pages, err) == FA_OK)
+        printf("KV capacity at 90%% of free memory: %d pages of 16 = %lld tokens\n", (int)pages,
+               (long long)pages * 16);
+    return 0;
+}
