@@ -32,12 +32,17 @@ _torch_ops = None
 
 
 def _torch():
-    """flashattn.torch_ops, imported on the first torch tensor (or at import when torch is)."""
+    """flashattn.torch_ops, imported on the first torch tensor (or at import when torch is);
+    None with a torch too old for torch.library.custom_op (< 2.4), whose tensors then take
+    the plain DLPack path (no autograd, no torch.compile)."""
     global _torch_ops
     if _torch_ops is None:
-        from . import torch_ops
+        try:
+            from . import torch_ops
+        except ImportError:
+            torch_ops = False
         _torch_ops = torch_ops
-    return _torch_ops
+    return _torch_ops or None
 
 
 def version():
@@ -132,7 +137,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     (out, lse) with lse float32 [batch, heads, seqlen_q] (natural log). torch tensors go
     through torch.ops.flashattn.fwd: differentiable (fa_backward) and traceable by
     torch.compile."""
-    if _is_torch(q):
+    if _is_torch(q) and _torch():
         return _torch().flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                                         return_lse, deterministic, seed)
     scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap, deterministic)
@@ -173,7 +178,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     kv_heads, head_dim], sequence b's rows cu_seqlens[b] .. cu_seqlens[b + 1] (int32, on the
     CPU on every device); max_seqlen_* are Python ints. Returns out, or (out, lse) with lse
     float32 [heads, total_q]. torch tensors go through torch.ops.flashattn.varlen_fwd."""
-    if _is_torch(q):
+    if _is_torch(q) and _torch():
         return _torch().flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                dropout_p, softmax_scale, causal, window_size, softcap, return_lse,
                                                deterministic, seed)
@@ -238,7 +243,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_seqlens: an int or int32 [batch] of tokens already cached (default: none). causal
     is bottom-right aligned. Returns out, or (out, softmax_lse [batch, heads, seqlen_q]).
     torch tensors go through torch.ops.flashattn.kvcache, which declares the cache write."""
-    if _is_torch(q):
+    if _is_torch(q) and _torch():
         return _torch().flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                                 cache_batch_idx, block_table, softmax_scale, causal, window_size,
                                                 softcap, rotary_interleaved, return_softmax_lse)
@@ -303,7 +308,7 @@ def merge_states(o, lse):
                          "[states, heads, rows]")
     out = _empty(tuple(o.shape[1:]), o)
     lse_out = _empty((o.shape[2], o.shape[1]), o, float32=True)
-    if _is_torch(o):  # DLPack capsules, which tensors that require grad may give too
+    if _is_torch(o) and _torch():  # DLPack capsules, which tensors that require grad may give too
         if not _is_torch(lse):
             raise ValueError("flashattn: merge_states' lse must be a torch tensor like o")
         dl = _torch()._dl

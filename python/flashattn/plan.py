@@ -96,7 +96,7 @@ class PagedPlan:
             lse = _empty((q.shape[1], q.shape[0]), q, float32=True)
             lse[...] = float("-inf")
         args = (q, out, k_cache, v_cache, block_table, cu_seqlens_q, cache_seqlens, k, v, rotary_cos, rotary_sin, lse)
-        if _is_torch(q):  # as DLPack capsules: the fast way in
+        if _is_torch(q) and _torch():  # as DLPack capsules: the fast way in
             bf, args = False, tuple(map(_torch()._dlo, args))
         else:
             bf = _bf16_numpy(q)[1]

@@ -19,6 +19,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+if not hasattr(torch.library, "custom_op"):
+    raise ImportError(f"flashattn.torch_ops needs torch >= 2.4 (torch.library.custom_op), not {torch.__version__}")
+
 from . import _C
 from . import _common as _fa_common
 
