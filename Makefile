@@ -10,7 +10,7 @@ DEPS := cmake gcc make pkg-config python3-venv python3-pip libopenblas-dev libcm
         clang libclang-rt-dev libomp-dev
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run test test-full test-python sanitize fuzz clean
+.PHONY: all deps build run test test-full test-python test-torch sanitize fuzz clean
 
 all: build
 
@@ -45,6 +45,14 @@ test-python: deps
 	$(BUILD)-python/venv/bin/pip install -q ".[test]"
 	cd $(BUILD)-python && venv/bin/python -m pytest -q $(CURDIR)/python/tests
 
+# The same with torch (pip install ".[test,torch]": the custom ops, autograd, torch.compile) in a
+# virtual environment of its own, so that test-python keeps checking the package without it.
+# torch comes from PyPI with its CUDA libraries (2.5 GB, about 2 minutes); CPU tests only.
+test-torch: deps
+	python3 -m venv $(BUILD)-torch/venv
+	$(BUILD)-torch/venv/bin/pip install -q ".[test,torch]"
+	cd $(BUILD)-torch && venv/bin/python -m pytest -q $(CURDIR)/python/tests
+
 # The tests again with AddressSanitizer + UndefinedBehaviorSanitizer (used by CI).
 sanitize: deps
 	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFA_SANITIZE=ON
@@ -64,4 +72,4 @@ fuzz: build
 	./$(BUILD)-fuzz/tests/fuzz_loader -max_total_time=$(FUZZ_SECONDS) -max_len=8192 $(BUILD)-fuzz/corpus
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(BUILD)-python
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(BUILD)-python $(BUILD)-torch
