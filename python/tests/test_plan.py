@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """flashattn.PagedPlan from numpy on the CPU: a decode loop of several steps against a
-float64 reference, the serving-loop example of the docs, calls beyond the bounds refused with
-the library's message, and bad arguments raising ValueError."""
+float64 reference, calls beyond the bounds refused with the library's message, and bad
+arguments raising ValueError (docs/python.md's example runs in test_docs.py)."""
 import os
 
 import numpy as np
@@ -60,35 +60,6 @@ def test_decode_loop():
     plan.close()
     with pytest.raises(ValueError, match="closed"):
         plan.run(q, kc, vc, table, lens, cu, kn, vn, cos, sin)
-
-
-def test_docs_example():
-    """The serving-loop example of docs/python.md, as written there."""
-    # --- docs/python.md: PagedPlan ---
-    import numpy as np
-    import flashattn
-
-    batch, heads, kv_heads, dim, page = 2, 8, 2, 64, 16
-    k_cache = np.zeros((64, page, kv_heads, dim), np.float32)      # a pool of 64 pages
-    v_cache = np.zeros_like(k_cache)
-    block_table = np.arange(64, dtype=np.int32).reshape(batch, 32)  # 32 pages a sequence
-    cache_seqlens = np.zeros(batch, np.int32)                       # tokens cached so far
-    plan = flashattn.PagedPlan(batch=batch, total_q=batch, max_seqlen_q=1, max_seqlen_k=32 * page,
-                               num_heads_q=heads, num_heads_kv=kv_heads, head_dim=dim, page_size=page,
-                               causal=True)
-    cu_seqlens_q = np.arange(batch + 1, dtype=np.int32)             # one query row a sequence
-    rng = np.random.default_rng(0)
-    for step in range(4):                                           # decode steps (per layer)
-        q = rng.random((batch, heads, dim), np.float32)             # [total_q, heads, dim]
-        k = rng.random((batch, kv_heads, dim), np.float32)          # the new rows, appended
-        v = rng.random((batch, kv_heads, dim), np.float32)
-        out = plan.run(q, k_cache, v_cache, block_table, cache_seqlens, cu_seqlens_q, k, v)
-        cache_seqlens += 1                                          # the caller advances lengths
-    # --- end ---
-    assert out.shape == (batch, heads, dim) and np.all(cache_seqlens == 4)
-    want, _ = reference(q[:, None], k_cache[[0, 32], :4], v_cache[[0, 32], :4])
-    assert np.max(np.abs(out - want[:, 0])) < 2e-5
-    assert np.array_equal(k_cache[32, 3], k[1])
 
 
 def test_bounds_refused():
