@@ -3,7 +3,7 @@
  * bench-model's engine rows (--backend cuda, or cpu with --batch): B requests of the same
  * prompt served through the scheduler and fa_engine_step, for each batch size B. Prefill
  * tok/s counts the prompts' tokens over the steps that carried prompt rows; decode tok/s the
- * generated tokens over the steps of B decode rows.
+ * tokens of the steps of decode rows only.
  */
 #include "cli.h"
 #include "engine.h"
@@ -18,9 +18,11 @@ static int one(const fa_model *m, fa_backend backend, const int32_t *ids, int32_
     const fa_model_config *c = &m->config;
     char err[FA_MODEL_ERR_LEN];
     const int32_t page = 16, per = (n + decode + 1 + page - 1) / page;
-    int32_t budget = n > B ? n : B;
-    budget = budget < c->seq_len ? budget : c->seq_len;
-    budget = budget < 8192 ? (budget > B ? budget : B) : (8192 > B ? 8192 : B);
+    /* prompts packed into steps of up to 8192 rows (or seq_len), then decode steps of B rows */
+    int64_t want = (int64_t)n * B;
+    want = want < 8192 ? want : 8192;
+    want = want < c->seq_len ? want : c->seq_len;
+    const int32_t budget = want > B ? (int32_t)want : B;
     const fa_engine_options eo = { backend, per * B, page, B, budget, 0, 0 };
     const fa_sched_options so = { eo.num_pages, page, B, budget, c->seq_len, B };
     fa_engine *e = NULL;
@@ -55,8 +57,8 @@ static int one(const fa_model *m, fa_backend backend, const int32_t *ids, int32_
             goto done;
         }
         const double dt = cli_now() - t0;
-        if (s.total_q == s.batch && s.batch == B)
-            t_dec += dt, dec_tokens += B;
+        if (s.total_q == s.batch) /* decode rows only */
+            t_dec += dt, dec_tokens += s.batch;
         else
             t_pre += dt;
         if ((st = fa_sched_commit(sc, next, NULL, err)) != FA_OK) {
@@ -67,7 +69,7 @@ static int one(const fa_model *m, fa_backend backend, const int32_t *ids, int32_
     if (print) {
         const fa_engine_info in = fa_engine_get_info(e);
         printf("%-5d %11.1f %13.1f %12.1f %14.1f %10.1f   %s\n", (int)B, t_pre * 1e3, (double)n * B / t_pre,
-               dec_tokens ? dec_tokens / t_dec : 0.0, dec_tokens ? t_dec * 1e3 / (dec_tokens / B) : 0.0,
+               dec_tokens ? dec_tokens / t_dec : 0.0, dec_tokens ? t_dec * 1e3 * B / (double)dec_tokens : 0.0,
                (double)in.weight_bytes / 1073741824.0, in.device);
     }
     rc = 0;

@@ -39,7 +39,8 @@ struct fa_engine_cuda {
     cudaStream_t stream;
     cublasHandle_t blas;
     fa_context_t ctx;
-    fa_paged_plan_t plan;
+    fa_paged_plan_t plan;        /* any step within the engine's bounds */
+    fa_paged_plan_t plan_decode; /* steps of one query row a sequence: the decode kernel */
     uint16_t *weights;   /* one allocation: the layers' matrices, the embedding, the classifier */
     layer_w *lw;         /* [layers] views into weights */
     uint16_t *emb, *cls; /* [vocab, dim]; cls == emb when shared */
@@ -123,6 +124,7 @@ void fa_engine_cuda_free(fa_engine_cuda *g)
     if (g->stream)
         cudaStreamSynchronize(g->stream);
     fa_paged_plan_destroy(g->plan);
+    fa_paged_plan_destroy(g->plan_decode);
     if (g->ctx)
         fa_context_destroy(g->ctx);
     if (g->blas)
@@ -326,7 +328,11 @@ fa_status fa_engine_cuda_create(const fa_model *m, const fa_engine_options *o, f
         b.total_q = b.max_seqlen_q = o->token_budget;
         b.max_seqlen_k = c->seq_len;
         b.max_pages_per_seq = g->max_pages;
-        if (fa_paged_plan_create(g->ctx, &b, &g->plan) != FA_OK)
+        fa_status pc = fa_paged_plan_create(g->ctx, &b, &g->plan);
+        b.total_q = o->max_batch, b.max_seqlen_q = 1;
+        if (pc == FA_OK)
+            pc = fa_paged_plan_create(g->ctx, &b, &g->plan_decode);
+        if (pc != FA_OK)
             st = fa_model_fail(err, FA_ERR_BACKEND, "planning the paged attention: %s",
                                fa_context_last_error(g->ctx));
     }
@@ -397,7 +403,7 @@ fa_status fa_engine_cuda_step(fa_engine_cuda *g, const fa_step *st, int32_t ns, 
         a.positions = d + o_pos;
         a.block_table = d + o_bt;
         a.max_pages_per_seq = st->max_pages_per_seq;
-        if (fa_paged_run(g->plan, &a) != FA_OK)
+        if (fa_paged_run(st->max_seqlen_q == 1 ? g->plan_decode : g->plan, &a) != FA_OK)
             return fa_model_fail(err, FA_ERR_BACKEND, "layer %d paged attention: %s", l,
                                  fa_context_last_error(g->ctx));
         BLAS_TRY(gemm(g, g->x, CUDA_R_32F, dim, g->att, dim, w->o, T, dim, dim, 1.0f), "the attention output");
