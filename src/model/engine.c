@@ -213,15 +213,9 @@ static fa_status check_step(const fa_engine *e, const fa_step *st, const fa_samp
                              "step.page_size (%d) differs from the engine's (%d): make the scheduler with the "
                              "engine's pages",
                              (int)st->page_size, (int)e->o.page_size);
-    const struct {
-        const void *p;
-        const char *name;
-    } ptrs[] = { { st->cu_seqlens_q, "step.cu_seqlens_q" }, { st->cache_seqlens, "step.cache_seqlens" },
-                 { st->block_table, "step.block_table" },   { st->tokens, "step.tokens" },
-                 { st->positions, "step.positions" },       { st->sample, "step.sample" } };
-    for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
-        if (!ptrs[i].p)
-            return fa_model_fail(err, FA_ERR_NULL_POINTER, "%s is NULL", ptrs[i].name);
+    fa_status ck = fa_step_check_arrays(st, c->vocab_size, err);
+    if (ck != FA_OK)
+        return ck;
     const int64_t pages_cap = ((int64_t)c->seq_len + e->o.page_size - 1) / e->o.page_size;
     if (st->max_pages_per_seq < 1 || st->max_pages_per_seq > pages_cap)
         return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "step.max_pages_per_seq (%d) must be in 1..%lld",
@@ -269,10 +263,6 @@ static fa_status check_step(const fa_engine *e, const fa_step *st, const fa_samp
                                      (int)b, (double)p->topp);
         }
     }
-    for (int32_t i = 0; i < st->total_q; i++)
-        if (st->tokens[i] < 0 || st->tokens[i] >= c->vocab_size)
-            return fa_model_fail(err, FA_ERR_INVALID_VALUE, "step.tokens[%d] (%d) is outside 0..vocab_size-1 (%d)",
-                                 (int)i, (int)st->tokens[i], (int)c->vocab_size - 1);
     return FA_OK;
 }
 

@@ -557,19 +557,9 @@ fa_status fa_model_forward_step(const fa_model *m, fa_model_state *s, fa_model_k
                              "step.page_size (%d) differs from the kv cache's (%d): make the scheduler with the "
                              "cache's pages",
                              (int)st->page_size, (int)kv->page_size);
-    const struct {
-        const void *p;
-        const char *name;
-    } ptrs[] = { { st->cu_seqlens_q, "step.cu_seqlens_q" }, { st->cache_seqlens, "step.cache_seqlens" },
-                 { st->block_table, "step.block_table" },   { st->tokens, "step.tokens" },
-                 { st->positions, "step.positions" },       { st->sample, "step.sample" } };
-    for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
-        if (!ptrs[i].p)
-            return fa_model_fail(err, FA_ERR_NULL_POINTER, "%s is NULL", ptrs[i].name);
-    for (int32_t i = 0; i < st->total_q; i++)
-        if (st->tokens[i] < 0 || st->tokens[i] >= c->vocab_size)
-            return fa_model_fail(err, FA_ERR_INVALID_VALUE, "tokens[%d] (%d) is outside 0..vocab_size-1 (%d)", (int)i,
-                                 (int)st->tokens[i], (int)c->vocab_size - 1);
+    fa_status ck = fa_step_check_arrays(st, c->vocab_size, err);
+    if (ck != FA_OK)
+        return ck;
     /* the paged call checks the tables against the cache; the logits read each sampled
      * sequence's last row, so it must have one */
     for (int32_t b = 0; b < st->batch; b++)

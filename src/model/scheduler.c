@@ -409,3 +409,21 @@ fa_sched_stats fa_sched_get_stats(const fa_sched *s)
         t.finished += s->reqs[i].id >= 0 && s->reqs[i].state == FA_REQUEST_FINISHED;
     return t;
 }
+
+fa_status fa_step_check_arrays(const fa_step *st, int32_t vocab_size, char *err)
+{
+    const struct {
+        const void *p;
+        const char *name;
+    } ptrs[] = { { st->cu_seqlens_q, "step.cu_seqlens_q" }, { st->cache_seqlens, "step.cache_seqlens" },
+                 { st->block_table, "step.block_table" },   { st->tokens, "step.tokens" },
+                 { st->positions, "step.positions" },       { st->sample, "step.sample" } };
+    for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
+        if (!ptrs[i].p)
+            return fa_model_fail(err, FA_ERR_NULL_POINTER, "%s is NULL", ptrs[i].name);
+    for (int32_t i = 0; i < st->total_q; i++)
+        if (st->tokens[i] < 0 || st->tokens[i] >= vocab_size)
+            return fa_model_fail(err, FA_ERR_INVALID_VALUE, "step.tokens[%d] (%d) is outside 0..vocab_size-1 (%d)",
+                                 (int)i, (int)st->tokens[i], (int)vocab_size - 1);
+    return FA_OK;
+}

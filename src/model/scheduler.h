@@ -65,6 +65,10 @@ typedef struct fa_step {
     int32_t preempted;            /* requests this step sent back to the queue */
 } fa_step;
 
+/* A step's arrays are present and its tokens within 0..vocab_size-1 (a caller's own step is
+ * checked as the scheduler's): the check fa_model_forward_step and fa_engine_step share. */
+fa_status fa_step_check_arrays(const fa_step *st, int32_t vocab_size, char *err);
+
 typedef struct fa_sched_stats {
     int32_t waiting, running, finished;
     int32_t pages_free, pages_used;
