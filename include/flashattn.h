@@ -547,7 +547,7 @@ FA_API fa_status fa_kv_append(fa_context_t ctx, const fa_paged_desc *desc);
  * kernel, the KV split and the GQA packing; it allocates the plan's
  * workspace. fa_paged_run then takes any call within those bounds: the same
  * num_heads_q, head_dim, cache.num_heads, page_size, dtypes, rope style, kv_split
- * and presence of k_new and lse; batch, total_q, max_seqlen_q and max_seqlen_k
+ * and presence of k_new, lse and sinks; batch, total_q, max_seqlen_q and max_seqlen_k
  * at most the plan's. It allocates nothing, synchronises with nothing and reads
  * no device memory from the host, so on CUDA it may be captured in a graph and
  * replayed. The plan belongs to its context (one thread at a time, errors in the

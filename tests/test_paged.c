@@ -46,11 +46,13 @@ static void test_grid(void **state)
     fa_context_t ctx = make_ctx();
     static fa_paged_case cases[MAX_CASES];
     const int n = fa_paged_grid_build(level, seed, cases, MAX_CASES), every = fa_test_case_every();
-    int ran = 0, failed = 0;
+    int ran = 0, failed = 0, n_kernels = 0, runs[8] = { 0 };
+    char kernels[8][48];
     for (int i = 0; i < n; i++) {
         if (i % every)
             continue;
         fa_paged_result r;
+        r.kernel[0] = 0;
         if (refused(ctx, &cases[i])) { /* the refusal, with the field named, is the result */
             if (fa_paged_case_run(ctx, &cases[i], &r) == 0 || !strstr(r.message, "FA_ERR_UNSUPPORTED") ||
                 !strstr(r.message, "cache.dtype")) {
@@ -69,9 +71,19 @@ static void test_grid(void **state)
             failed++;
         }
         ran++;
+        int k = 0; /* the tally of kernels run, so a route that never runs shows */
+        while (k < n_kernels && strcmp(kernels[k], r.kernel))
+            k++;
+        if (k == n_kernels && n_kernels < 8)
+            snprintf(kernels[n_kernels++], sizeof(kernels[0]), "%s", r.kernel);
+        if (k < n_kernels)
+            runs[k]++;
     }
     fa_context_destroy(ctx);
-    print_message("%d paged cases, %d failed (seed %llu)\n", ran, failed, (unsigned long long)seed);
+    print_message("%d paged cases, %d failed (seed %llu); kernels:", ran, failed, (unsigned long long)seed);
+    for (int k = 0; k < n_kernels; k++)
+        print_message(" %s %d", kernels[k][0] ? kernels[k] : "(none)", runs[k]);
+    print_message("\n");
     assert_true(ran > 0);
     assert_int_equal(failed, 0);
 }
@@ -262,6 +274,12 @@ static void test_plan_bounds(void **state)
     s.d.lse = NULL;
     assert_int_equal(fa_paged_run(plan, &s.d), FA_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(fa_context_last_error(ctx), "lse"));
+    small_make(&s);
+    const float sinks[8] = { 0.5f, -1.0f, 0.0f, 2.0f, 0.5f, -1.0f, 0.0f, 2.0f };
+    assert_true(s.d.num_heads_q <= 8);
+    s.d.sinks = sinks; /* the plan has none: a setting of the plan, like lse */
+    assert_int_equal(fa_paged_run(plan, &s.d), FA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fa_context_last_error(ctx), "sinks"));
     fa_paged_plan_destroy(plan);
     fa_paged_plan_destroy(NULL);
     fa_context_destroy(ctx);

@@ -609,7 +609,8 @@ static fa_status check_against_plan(fa_context_t ctx, const struct fa_paged_plan
                { "rope_dim", pg->rope_dim, pl->rope_dim },
                { "kv_split", d->kv_split, b->kv_split },
                { "k_new.data (set or NULL)", pg->append, pl->append },
-               { "lse (set or NULL)", d->lse != NULL, b->lse != NULL } };
+               { "lse (set or NULL)", d->lse != NULL, b->lse != NULL },
+               { "sinks (set or NULL)", d->sinks != NULL, b->sinks != NULL } };
     for (size_t i = 0; i < sizeof(eq) / sizeof(eq[0]); i++)
         if (eq[i].got != eq[i].want)
             return fa_error(ctx, FA_ERR_INVALID_ARGUMENT, "%s (%lld) differs from the plan's (%lld)",

@@ -46,6 +46,8 @@ cudaError_t fa_cuda_standard_backward(const fa_cuda_params *p, int bf16, int64_t
  * splitting the keys; nq 0 the 64-row tiles sharing their keys; then the merge of the splits in
  * split order. merge: fa_merge_states (rows x heads (row, head) pairs). */
 cudaError_t fa_cuda_paged_append(const fa_cuda_paged *p, int bf16, cudaStream_t stream);
+/* p's query rows rotated (RoPE) into out, [total_q, heads_q, head_dim] of the cache dtype. */
+cudaError_t fa_cuda_paged_rotate_q(const fa_cuda_paged *p, int bf16, void *out, cudaStream_t stream);
 cudaError_t fa_cuda_paged_attention(const fa_cuda_paged *p, int bf16, int dpad, int nq,
                                     cudaStream_t stream);
 cudaError_t fa_cuda_merge_states(const void *o_in, int in_f32, int64_t sb, int64_t ss, int64_t sh,

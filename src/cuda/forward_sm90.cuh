@@ -160,7 +160,7 @@ __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, k
             x = ring.item[qb];
         }
         query_tile_t qt;
-        if (x < 0 || !query_tile<BM, BN>(p, qt, x) || qt.n_lo == qt.n_hi) {
+        if (x < 0 || !query_tile<BM, BN, true>(p, qt, x) || qt.n_lo == qt.n_hi) {
             mbar_arrive(&ring.q_full[qb]); // nothing to load: the consumers see why themselves
             if (x < 0)
                 return;
@@ -176,16 +176,24 @@ __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, k
             const int st = it % STAGES, c = n * BN;
             if (it >= STAGES)
                 mbar_wait(&ring.empty_k[st], (it / STAGES - 1) & 1);
-            load_tile_sw<T, BN, D, 128>(sK + st * KV, gK + c * p.k.ss, p.k.ss, s.sk - c, p.dim,
-                                        p.aligned, tid);
+            if (p.pg.table)
+                load_tile_paged<T, BN, D, 128>(sK + st * KV, p.pg, (const T *)p.k.p, p.pg.k_sp, p.pg.k_st,
+                                               qt.hk * p.k.sh, qt.blk.b, c, s.sk - c, p.dim, tid);
+            else
+                load_tile_sw<T, BN, D, 128>(sK + st * KV, gK + c * p.k.ss, p.k.ss, s.sk - c, p.dim,
+                                            p.aligned, tid);
             cp_async_commit();
             cp_async_wait<1>(); // Q, or V(n-1), has landed
             fence_async_smem();
             mbar_arrive(n == qt.n_lo ? &ring.q_full[qb] : &ring.full_v[(it - 1) % STAGES]);
             if (it >= STAGES)
                 mbar_wait(&ring.empty_v[st], (it / STAGES - 1) & 1);
-            load_tile_sw<T, BN, D, 128>(sV + st * KV, gV + c * p.v.ss, p.v.ss, s.sk - c, p.dim,
-                                        p.aligned, tid);
+            if (p.pg.table)
+                load_tile_paged<T, BN, D, 128>(sV + st * KV, p.pg, (const T *)p.v.p, p.pg.v_sp, p.pg.v_st,
+                                               qt.hk * p.v.sh, qt.blk.b, c, s.sk - c, p.dim, tid);
+            else
+                load_tile_sw<T, BN, D, 128>(sV + st * KV, gV + c * p.v.ss, p.v.ss, s.sk - c, p.dim,
+                                            p.aligned, tid);
             cp_async_commit();
             cp_async_wait<1>(); // K(n) has landed
             fence_async_smem();
@@ -296,7 +304,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1) flash_forward_sm90_ws(cons
         if (x < 0)
             return;
         query_tile_t qt;
-        if (query_tile<BM, BN>(p, qt, x)) {
+        if (query_tile<BM, BN, true>(p, qt, x)) {
             attend_rows<T, D, BN, NWG, STAGES, NQ>(p, qt, ring, sQ + qb * L::q, sK, sV, wg, it);
             it += qt.n_hi - qt.n_lo;
         }

@@ -24,20 +24,10 @@ namespace fa {
 namespace {
 
 // One sequence: its query rows [q0, q0 + qn), tokens cached before the call and keys now.
-struct pseq_t {
-    int q0, qn, cached, keys;
-};
-
+using pseq_t = paged_seq_t;
 __device__ __forceinline__ pseq_t pseq_of(const fa_cuda_paged &p, int b)
 {
-    pseq_t s;
-    s.q0 = min(max(p.cu_q[b], 0), p.total_q);
-    const int q1 = min(max(p.cu_q[b + 1], s.q0), p.total_q);
-    s.qn = min(q1 - s.q0, p.a.max_q);
-    const int64_t cap = min((int64_t)p.max_pages * p.page_size, (int64_t)p.a.max_k);
-    s.cached = (int)min(max((int64_t)p.cache_lens[b], (int64_t)0), cap);
-    s.keys = (int)min((int64_t)s.cached + (p.append ? s.qn : 0), cap);
-    return s;
+    return paged_seq(p.a.pg, p.a.cu_q, p.a.max_q, p.a.max_k, b);
 }
 
 // The sequence of packed query row `row`: the last b with cu_q[b] <= row.
@@ -46,7 +36,7 @@ __device__ __forceinline__ int seq_of_row(const fa_cuda_paged &p, int row)
     int lo = 0, hi = p.a.batch - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
-        if (p.cu_q[mid] <= row)
+        if (p.a.cu_q[mid] <= row)
             lo = mid;
         else
             hi = mid - 1;
@@ -54,24 +44,10 @@ __device__ __forceinline__ int seq_of_row(const fa_cuda_paged &p, int row)
     return lo;
 }
 
-// Token j's page and slot (j < 2^31; a shift where the page size is a power of two).
-struct slot_t {
-    int page, slot;
-};
-__device__ __forceinline__ slot_t slot_of(const fa_cuda_paged &p, int b, int j)
-{
-    const int i = p.page_shift >= 0 ? j >> p.page_shift : j / p.page_size;
-    const int t = p.page_shift >= 0 ? j & (p.page_size - 1) : j - i * p.page_size;
-    return slot_t{ p.block_table[b * p.bt_stride + i], t };
-}
-
 // Element offset of a slot's row of kv head g in a pool, or -1 where the table names no page.
-__device__ __forceinline__ int64_t slot_off(const fa_cuda_paged &p, slot_t s, int g, int64_t sp, int64_t st,
-                                            int64_t sh)
+__device__ __forceinline__ int64_t slot_off(page_slot_t s, int g, int64_t sp, int64_t st, int64_t sh)
 {
-    if (s.page < 0 || s.page >= p.num_pages)
-        return -1;
-    return s.page * sp + s.slot * st + g * sh;
+    return s.page < 0 ? -1 : s.page * sp + s.slot * st + g * sh;
 }
 
 // RoPE position of row i (packed row `row`) of s, clamped into the tables.
@@ -114,18 +90,35 @@ template <typename T> __global__ void __launch_bounds__(128) append_kernel(const
     if (i < 0 || i >= s.qn || s.cached + i >= s.keys)
         return;
     const int pos = p.rope_dim ? rope_pos(p, row, i, s) : 0;
-    const slot_t at = slot_of(p, b, s.cached + i);
+    const page_slot_t at = page_slot(p.a.pg, b, s.cached + i);
     for (int g = 0; g < p.a.heads_kv; g++) {
-        const int64_t ko = slot_off(p, at, g, p.k_sp, p.k_st, p.k_sh);
-        const int64_t vo = slot_off(p, at, g, p.v_sp, p.v_st, p.v_sh);
+        const int64_t ko = slot_off(at, g, p.a.pg.k_sp, p.a.pg.k_st, p.a.k.sh);
+        const int64_t vo = slot_off(at, g, p.a.pg.v_sp, p.a.pg.v_st, p.a.v.sh);
         const T *ks = (const T *)p.kn.p + row * p.kn.ss + g * p.kn.sh;
         const T *vs = (const T *)p.vn.p + row * p.vn.ss + g * p.vn.sh;
         for (int e = threadIdx.x; e < p.a.dim; e += blockDim.x) {
             if (ko >= 0)
-                ((T *)p.kc)[ko + e] = p.rope_dim ? from_float<T>(rope_elem(p, ks, e, pos)) : ks[e];
+                ((T *)p.a.k.p)[ko + e] = p.rope_dim ? from_float<T>(rope_elem(p, ks, e, pos)) : ks[e];
             if (vo >= 0)
-                ((T *)p.vc)[vo + e] = vs[e];
+                ((T *)p.a.v.p)[vo + e] = vs[e];
         }
+    }
+}
+
+// A block per query row: its heads rotated at its position into out [total_q, heads_q, dim]
+// (rounded to T as load_q rounds them), for kernels that copy query rows as they are.
+template <typename T> __global__ void __launch_bounds__(128) rotate_q_kernel(const fa_cuda_paged p, T *out)
+{
+    const int row = blockIdx.x, b = seq_of_row(p, row);
+    const pseq_t s = pseq_of(p, b);
+    const int i = row - s.q0;
+    if (i < 0 || i >= s.qn)
+        return;
+    const int pos = rope_pos(p, row, i, s), dim = p.a.dim;
+    for (int x = threadIdx.x; x < p.a.heads_q * dim; x += blockDim.x) {
+        const int h = x / dim, e = x - h * dim;
+        const T *q = (const T *)p.a.q.p + (int64_t)row * p.a.q.ss + (int64_t)h * p.a.q.sh;
+        out[((int64_t)row * p.a.heads_q + h) * dim + e] = from_float<T>(rope_elem(p, q, e, pos));
     }
 }
 
@@ -157,15 +150,15 @@ __device__ __forceinline__ void load_kv_tile(const fa_cuda_paged &p, T *sK, T *s
     static_assert(NTHREADS % CH == 0 && KT % RPP == 0, "whole rows a pass");
     const int c = tid % CH, col = c * 8;
     const bool in = col < p.a.dim;
-    const T *kc = (const T *)p.kc, *vc = (const T *)p.vc;
+    const T *kc = (const T *)p.a.k.p, *vc = (const T *)p.a.v.p;
 #pragma unroll
     for (int pass = 0; pass < PASSES; pass++) {
         const int r = tid / CH + pass * RPP, j = n * KT + r;
         int64_t ko = -1, vo = -1;
         if (j >= k_lo && j < k_hi) {
-            const slot_t at = slot_of(p, b, j);
-            ko = slot_off(p, at, g, p.k_sp, p.k_st, p.k_sh);
-            vo = slot_off(p, at, g, p.v_sp, p.v_st, p.v_sh);
+            const page_slot_t at = page_slot(p.a.pg, b, j);
+            ko = slot_off(at, g, p.a.pg.k_sp, p.a.pg.k_st, p.a.k.sh);
+            vo = slot_off(at, g, p.a.pg.v_sp, p.a.pg.v_st, p.a.v.sh);
         }
         T *dk = sK + r * LDS + col, *dv = sV + r * LDS + col;
         if (p.kv_aligned) {
@@ -254,7 +247,7 @@ __device__ __forceinline__ void merge_out(const fa_cuda_paged &p, const pseq_t &
             if (p.a.lse && e == 0)
                 p.a.lse[(int64_t)h * p.a.lse_sh + (int64_t)row * p.a.lse_ss] = f.lse;
         } else {
-            float *part = p.part + (((int64_t)split * p.total_q + row) * p.a.heads_q + h) * (p.a.dim + 2);
+            float *part = p.part + (((int64_t)split * p.a.pg.total_q + row) * p.a.heads_q + h) * (p.a.dim + 2);
             if (e == 0) {
                 part[0] = mx;
                 part[1] = lsum;
@@ -563,7 +556,7 @@ template <typename T> __global__ void __launch_bounds__(128) combine_kernel(cons
     const int nsplit = max(1, (s.keys + p.split - 1) / p.split);
     if (row - s.q0 < 0 || row - s.q0 >= s.qn || nsplit == 1)
         return;
-    const int64_t step = (int64_t)p.total_q * p.a.heads_q * (p.a.dim + 2);
+    const int64_t step = (int64_t)p.a.pg.total_q * p.a.heads_q * (p.a.dim + 2);
     const float *part = p.part + ((int64_t)row * p.a.heads_q + h) * (p.a.dim + 2);
     float mx = -INFINITY;
     for (int k = 0; k < nsplit; k++)
@@ -638,9 +631,9 @@ template <typename T> __global__ void __launch_bounds__(128) merge_kernel(const 
 template <typename T> cudaError_t finish_launch(const fa_cuda_paged &p, cudaStream_t stream)
 {
     cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess || p.max_splits == 1 || p.total_q == 0)
+    if (err != cudaSuccess || p.max_splits == 1 || p.a.pg.total_q == 0)
         return err;
-    combine_kernel<T><<<dim3((unsigned)p.total_q, (unsigned)p.a.heads_q), 128, 0, stream>>>(p);
+    combine_kernel<T><<<dim3((unsigned)p.a.pg.total_q, (unsigned)p.a.heads_q), 128, 0, stream>>>(p);
     return cudaGetLastError();
 }
 
@@ -694,12 +687,23 @@ template <typename T> cudaError_t attention_for(const fa_cuda_paged &p, int dpad
 
 extern "C" cudaError_t fa_cuda_paged_append(const fa_cuda_paged *p, int bf16, cudaStream_t stream)
 {
-    if (p->total_q == 0)
+    if (p->a.pg.total_q == 0)
         return cudaSuccess;
     if (bf16)
-        fa::append_kernel<__nv_bfloat16><<<(unsigned)p->total_q, 128, 0, stream>>>(*p);
+        fa::append_kernel<__nv_bfloat16><<<(unsigned)p->a.pg.total_q, 128, 0, stream>>>(*p);
     else
-        fa::append_kernel<__half><<<(unsigned)p->total_q, 128, 0, stream>>>(*p);
+        fa::append_kernel<__half><<<(unsigned)p->a.pg.total_q, 128, 0, stream>>>(*p);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t fa_cuda_paged_rotate_q(const fa_cuda_paged *p, int bf16, void *out, cudaStream_t stream)
+{
+    if (p->a.pg.total_q == 0)
+        return cudaSuccess;
+    if (bf16)
+        fa::rotate_q_kernel<<<(unsigned)p->a.pg.total_q, 128, 0, stream>>>(*p, (__nv_bfloat16 *)out);
+    else
+        fa::rotate_q_kernel<<<(unsigned)p->a.pg.total_q, 128, 0, stream>>>(*p, (__half *)out);
     return cudaGetLastError();
 }
 

@@ -10,16 +10,48 @@
  * 512 on the H200 (docs/perf/h200-decode.md). */
 #define FA_CUDA_DECODE_SPLIT 1024
 
+/* The Hopper forward's tiles (FA_CUDA_SM90_TILES): its loader takes keys from the pages. */
+typedef struct sm90_row {
+    int dim, keys, warpgroups;
+} sm90_row;
+#define FA_SM90_ROW(D, BN, NWG, ST, NQ) { D, BN, NWG },
+static const sm90_row sm90_rows[] = { FA_CUDA_SM90_TILES(FA_SM90_ROW) };
+#undef FA_SM90_ROW
+
 typedef struct cuda_paged_plan {
     int dpad, bf16;
     int nq; /* decode kernel with 8 * nq packed rows (1, 2), or 0: 64-row tiles */
+    const sm90_row *sm90; /* not NULL: query tiles on the Hopper forward instead of 64-row tiles */
     int32_t split, max_splits;
-    void *ws; /* split partials, from the context's pool on the stream current at plan time */
+    /* split partials, or the Hopper forward's rotated queries; from the context's pool on the
+     * stream current at plan time */
+    void *ws;
     size_t ws_bytes;
     cudaStream_t stream;
 } cuda_paged_plan;
 
 static int32_t dpad_of(int32_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
+
+static int aligned16(const void *ptr, int64_t a, int64_t b, int64_t c)
+{
+    return (uintptr_t)ptr % 16 == 0 && a % 8 == 0 && b % 8 == 0 && c % 8 == 0;
+}
+
+/* Steps of many query rows go to the Hopper forward where it has the head_dim and the call
+ * needs nothing it lacks: sinks, chosen splits, cache rows that are not whole 16-byte chunks. */
+static const sm90_row *sm90_for(const cuda_state *s, const fa_problem *p, int nq, int dpad)
+{
+    const fa_paged_desc *d = p->paged->desc;
+    const fa_kv_cache *c = &d->cache;
+    if (!s->hopper || nq || d->sinks || d->kv_split || p->dim % 8 ||
+        !aligned16(NULL, c->k_stride_page, c->k_stride_token, c->k_stride_head) ||
+        !aligned16(NULL, c->v_stride_page, c->v_stride_token, c->v_stride_head))
+        return NULL;
+    for (size_t i = 0; i < sizeof(sm90_rows) / sizeof(sm90_rows[0]); i++)
+        if (sm90_rows[i].dim == dpad)
+            return &sm90_rows[i];
+    return NULL;
+}
 
 fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p, void **plan,
                              fa_run_info *info)
@@ -42,13 +74,16 @@ fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p,
     const int64_t packed = (int64_t)p->max_q * p->group; /* a block's rows of one kv head */
     pl->nq = packed <= 8 ? 1 : packed <= 16 ? 2 : 0;
     const int32_t whole = p->max_k < 16 ? 16 : (p->max_k + 15) / 16 * 16;
+    pl->sm90 = sm90_for(s, p, pl->nq, pl->dpad);
     pl->split = d->kv_split ? d->kv_split : pl->nq ? FA_CUDA_DECODE_SPLIT : whole;
     pl->max_splits = (int32_t)(((int64_t)p->max_k + pl->split - 1) / pl->split);
     if (pl->max_splits < 1)
         pl->max_splits = 1;
     int64_t blocks, bytes = 0;
+    const int rotated = pl->sm90 && p->paged->rope_dim; /* the queries, rotated, in the workspace */
     if (!fa_mul_ok((int64_t)p->batch * p->heads_kv, pl->max_splits, &blocks) || blocks > INT32_MAX ||
-        (pl->max_splits > 1 &&
+        (rotated && !fa_mul_ok((int64_t)d->total_q * p->heads_q, (int64_t)p->dim * 2, &bytes)) ||
+        (!pl->sm90 && pl->max_splits > 1 &&
          (!fa_mul_ok((int64_t)pl->max_splits * p->desc->seqlen_q, (int64_t)p->heads_q * (p->dim + 2), &bytes) ||
           !fa_mul_ok(bytes, 4, &bytes)))) {
         const int32_t splits = pl->max_splits;
@@ -70,10 +105,17 @@ fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p,
                             cudaGetErrorString(err));
         }
     }
-    info->kernel = pl->nq ? "paged-decode" : "paged-rows";
-    info->block_q = pl->nq ? 8 * pl->nq : 64;
-    info->block_k = pl->split;
-    info->threads = 128;
+    if (pl->sm90) {
+        info->kernel = "paged-sm90";
+        info->block_q = 64 * pl->sm90->warpgroups;
+        info->block_k = pl->sm90->keys;
+        info->threads = 128 * (pl->sm90->warpgroups + 1);
+    } else {
+        info->kernel = pl->nq ? "paged-decode" : "paged-rows";
+        info->block_q = pl->nq ? 8 * pl->nq : 64;
+        info->block_k = pl->split;
+        info->threads = 128;
+    }
     info->workspace_bytes = pl->ws_bytes;
     *plan = pl;
     return FA_OK;
@@ -118,11 +160,6 @@ static fa_status check_pointers(fa_context_t ctx, const cuda_state *s, const fa_
     return FA_OK;
 }
 
-static int aligned16(const void *ptr, int64_t a, int64_t b, int64_t c)
-{
-    return (uintptr_t)ptr % 16 == 0 && a % 8 == 0 && b % 8 == 0 && c % 8 == 0;
-}
-
 /* The kernels' parameters for p. */
 static void fill(const fa_problem *p, fa_cuda_paged *k)
 {
@@ -150,34 +187,51 @@ static void fill(const fa_problem *p, fa_cuda_paged *k)
     a->win_left = p->win_left;
     a->win_right = p->win_right;
     const fa_kv_cache *c = &d->cache;
-    k->kc = c->k;
-    k->vc = c->v;
-    k->k_sp = c->k_stride_page, k->k_st = c->k_stride_token, k->k_sh = c->k_stride_head;
-    k->v_sp = c->v_stride_page, k->v_st = c->v_stride_token, k->v_sh = c->v_stride_head;
+    a->k = (fa_cuda_view){ c->k, 0, 0, c->k_stride_head, 0 };
+    a->v = (fa_cuda_view){ c->v, 0, 0, c->v_stride_head, 0 };
+    a->cu_q = d->cu_seqlens_q;
+    fa_cuda_pages *g = &a->pg;
+    g->table = d->block_table;
+    g->lens = d->cache_seqlens;
+    g->bt_stride = pg->bt_stride;
+    g->k_sp = c->k_stride_page, g->k_st = c->k_stride_token;
+    g->v_sp = c->v_stride_page, g->v_st = c->v_stride_token;
+    g->size = pg->page_size;
+    g->shift = -1;
+    for (int sh = 0; sh < 31 && g->shift < 0; sh++)
+        if (pg->page_size == 1 << sh)
+            g->shift = sh;
+    g->num = pg->num_pages;
+    g->max_pages = pg->max_pages;
+    g->total_q = d->total_q;
+    g->append = pg->append;
     k->kn = (fa_cuda_view){ d->k_new.data, 0, d->k_new.stride_seq, d->k_new.stride_head, 0 };
     k->vn = (fa_cuda_view){ d->v_new.data, 0, d->v_new.stride_seq, d->v_new.stride_head, 0 };
-    k->cu_q = d->cu_seqlens_q;
-    k->block_table = d->block_table;
-    k->cache_lens = d->cache_seqlens;
     k->positions = d->positions;
-    k->bt_stride = pg->bt_stride;
-    k->max_pages = pg->max_pages;
-    k->num_pages = pg->num_pages;
-    k->page_size = pg->page_size;
-    k->page_shift = -1;
-    for (int sh = 0; sh < 31 && k->page_shift < 0; sh++)
-        if (pg->page_size == 1 << sh)
-            k->page_shift = sh;
-    k->total_q = d->total_q;
     k->rope_cos = d->rope_cos;
     k->rope_sin = d->rope_sin;
     k->sinks = d->sinks;
     k->rope_dim = pg->rope_dim;
     k->rope_max_pos = d->rope_max_pos;
     k->rope_neox = d->rope == FA_ROPE_NEOX;
-    k->append = pg->append;
     k->kv_aligned = p->dim % 8 == 0 && aligned16(c->k, c->k_stride_page, c->k_stride_token, c->k_stride_head) &&
                     aligned16(c->v, c->v_stride_page, c->v_stride_token, c->v_stride_head);
+}
+
+/* The Hopper forward over the pages: queries (rotated into the workspace where RoPE is on)
+ * in query tiles of one head, keys gathered from the pages by its loader. */
+static cudaError_t run_sm90(fa_cuda_paged *k, const cuda_paged_plan *pl, cudaStream_t stream)
+{
+    fa_cuda_params a = k->a;
+    if (k->rope_dim) {
+        cudaError_t err = fa_cuda_paged_rotate_q(k, pl->bf16, pl->ws, stream);
+        if (err != cudaSuccess)
+            return err;
+        a.q = (fa_cuda_view){ pl->ws, 0, (int64_t)a.heads_q * a.dim, a.dim, 0 };
+    }
+    a.aligned = aligned16(a.q.p, a.q.ss, a.q.sh, a.dim);
+    a.o_vec = !a.o.f32 && aligned16(a.o.p, a.o.ss, a.o.sh, a.dim);
+    return fa_cuda_flash_forward_sm90(&a, pl->bf16, pl->dpad, stream);
 }
 
 fa_status fa_cuda_paged_run(fa_context_t ctx, void *state, void *plan, const fa_problem *p,
@@ -191,13 +245,19 @@ fa_status fa_cuda_paged_run(fa_context_t ctx, void *state, void *plan, const fa_
         return st;
     fa_cuda_paged k;
     fill(p, &k);
+    if (pl->sm90 && !k.kv_aligned)
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                        "cache.k and cache.v must start on 16 bytes for this plan's kernel (paged-sm90), "
+                        "which copies their rows in 16-byte chunks");
     k.split = pl->split;
     k.max_splits = pl->max_splits;
-    k.part = pl->ws;
+    k.part = pl->sm90 ? NULL : pl->ws;
     cudaError_t err = cudaSuccess;
-    if (k.append)
+    if (k.a.pg.append)
         err = fa_cuda_paged_append(&k, pl->bf16, s->stream);
-    if (err == cudaSuccess)
+    if (err == cudaSuccess && pl->sm90)
+        err = run_sm90(&k, pl, s->stream);
+    else if (err == cudaSuccess)
         err = fa_cuda_paged_attention(&k, pl->bf16, pl->dpad, pl->nq, s->stream);
     if (err != cudaSuccess) {
         cudaGetLastError();

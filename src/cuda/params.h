@@ -12,8 +12,22 @@ typedef struct fa_cuda_view {
     int f32; /* stored as float32 rather than the input dtype */
 } fa_cuda_view;
 
+/* Keys in a paged cache (fa_paged_desc) rather than k and v's rows: key j of sequence b is
+ * slot j % size of page table[b * bt_stride + j / size]. Lengths and page ids come from device
+ * memory and are clamped on the device (tile.cuh: paged_seq, page_slot). */
+typedef struct fa_cuda_pages {
+    const int32_t *table;    /* NULL: dense k and v */
+    const int32_t *lens;     /* [batch] tokens cached before the call */
+    int64_t bt_stride;
+    int64_t k_sp, k_st, v_sp, v_st; /* element strides per page and per token (per head: k.sh, v.sh) */
+    int32_t size, shift;     /* tokens a page; log2(size) when a power of two, else -1 */
+    int32_t num, max_pages;  /* pages in the pool; a sequence's table row */
+    int32_t total_q, append; /* packed query rows; the call's new rows are keys too */
+} fa_cuda_pages;
+
 typedef struct fa_cuda_params {
     fa_cuda_view q, k, v, o;
+    fa_cuda_pages pg; /* Hopper forward: pg.table set when the keys are paged */
     fa_cuda_view dout, dq, dk, dv; /* backward only */
     float *lse;                    /* NULL when not asked for (forward) */
     int64_t lse_sb, lse_sh, lse_ss;
@@ -47,19 +61,16 @@ typedef struct fa_cuda_params {
 } fa_cuda_params;
 
 /* A paged call (fa_paged_desc on the device). `a` holds what the dense kernels' helpers read:
- * q and o (ss, sh), lse (lse_sh, lse_ss), the scale, cap and window, heads, dim and bounds.
- * Every length and page id is read on the device and clamped there: no access leaves the pool. */
+ * q and o (ss, sh), the pools as k and v (base and sh; page and token strides in a.pg), the
+ * page table, lengths and cu_q (a.pg, a.cu_q), lse (lse_sh, lse_ss), the scale, cap and window,
+ * heads, dim and bounds. Every length and page id is read on the device and clamped there: no
+ * access leaves the pool. */
 typedef struct fa_cuda_paged {
     fa_cuda_params a;
-    void *kc, *vc; /* the pools */
-    int64_t k_sp, k_st, k_sh, v_sp, v_st, v_sh;
     fa_cuda_view kn, vn; /* appended rows [total_q, heads_kv, dim] */
-    const int32_t *cu_q, *block_table, *cache_lens, *positions;
-    int64_t bt_stride;
-    int32_t max_pages, num_pages, page_size, total_q;
-    int32_t page_shift; /* log2(page_size) when it is a power of two, else -1 */
+    const int32_t *positions;
     const float *rope_cos, *rope_sin, *sinks;
-    int32_t rope_dim, rope_max_pos, rope_neox, append;
+    int32_t rope_dim, rope_max_pos, rope_neox;
     int32_t split;      /* keys per split */
     int32_t max_splits; /* splits of the longest sequence the grid covers */
     int kv_aligned;     /* 16-byte cp.async of cache rows */

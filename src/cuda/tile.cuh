@@ -217,10 +217,50 @@ struct seq_t {
     int sq, sk;
 };
 
-__device__ __forceinline__ seq_t seq_of(const fa_cuda_params &p, int b)
+// A paged sequence b: its query rows [q0, q0 + qn) of the packed rows, the tokens cached
+// before the call and its keys now (cached plus the call's new rows where they are appended),
+// each clamped into the packed rows, the bounds and the sequence's pages.
+struct paged_seq_t {
+    int q0, qn, cached, keys;
+};
+__device__ __forceinline__ paged_seq_t paged_seq(const fa_cuda_pages &g, const int32_t *cu_q, int max_q,
+                                                 int max_k, int b)
+{
+    paged_seq_t s;
+    s.q0 = min(max(cu_q[b], 0), g.total_q);
+    const int q1 = min(max(cu_q[b + 1], s.q0), g.total_q);
+    s.qn = min(q1 - s.q0, max_q);
+    const int64_t cap = min((int64_t)g.max_pages * g.size, (int64_t)max_k);
+    s.cached = (int)min(max((int64_t)g.lens[b], (int64_t)0), cap);
+    s.keys = (int)min((int64_t)s.cached + (g.append ? s.qn : 0), cap);
+    return s;
+}
+
+// Token j (< 2^31) of sequence b: its page, -1 where the table names none of the pool's, and
+// its slot in the page (a shift where the page size is a power of two).
+struct page_slot_t {
+    int page, slot;
+};
+__device__ __forceinline__ page_slot_t page_slot(const fa_cuda_pages &g, int b, int j)
+{
+    const int i = g.shift >= 0 ? j >> g.shift : j / g.size;
+    const int t = g.shift >= 0 ? j & (g.size - 1) : j - i * g.size;
+    const int page = g.table[b * g.bt_stride + i];
+    return page_slot_t{ page >= 0 && page < g.num ? page : -1, t };
+}
+
+// PAGES: the kernel takes keys from pages too (p.pg.table set; the Hopper forward), a branch
+// the others are spared.
+template <bool PAGES = false> __device__ __forceinline__ seq_t seq_of(const fa_cuda_params &p, int b)
 {
     seq_t s;
-    if (p.cu_q) {
+    if (PAGES && p.pg.table) { // keys in pages: the loader finds their rows (load_tile_paged)
+        const paged_seq_t g = paged_seq(p.pg, p.cu_q, p.max_q, p.max_k, b);
+        s.q0 = g.q0;
+        s.sq = g.qn;
+        s.sk = g.keys;
+        s.k0 = s.q_base = s.k_base = 0;
+    } else if (p.cu_q) {
         s.q0 = p.cu_q[b];
         s.k0 = p.cu_k[b];
         s.sq = p.cu_q[b + 1] - p.cu_q[b];
@@ -276,12 +316,12 @@ struct query_tile_t {
     mask_t mk;
     int r0, hk, n_lo, n_hi;
 };
-template <int BM, int BN>
+template <int BM, int BN, bool PAGES = false>
 __device__ __forceinline__ bool query_tile(const fa_cuda_params &p, query_tile_t &q,
                                            int64_t x = blockIdx.x)
 {
     q.blk = block_of((p.max_q + BM - 1) / BM, p.heads_q, p.win_right < p.max_k, x);
-    q.s = seq_of(p, q.blk.b);
+    q.s = seq_of<PAGES>(p, q.blk.b);
     q.r0 = q.blk.tile * BM;
     if (q.r0 >= q.s.sq)
         return false;

@@ -54,6 +54,30 @@ __device__ __forceinline__ void load_tile_sw(unsigned char *s, const T *g, int64
     }
 }
 
+// The same tile from a paged cache (16-byte aligned rows): row r is key key0 + r of sequence
+// b, at pool + page * sp + slot * st + head; rows >= valid_rows, of absent pages or columns
+// >= dim read as zero.
+template <typename T, int ROWS, int D, int NT>
+__device__ __forceinline__ void load_tile_paged(unsigned char *s, const fa_cuda_pages &g, const T *pool, int64_t sp,
+                                                int64_t st, int64_t head, int b, int key0, int valid_rows, int dim,
+                                                int tid)
+{
+    constexpr int CHUNKS = D / 8, RP = NT / CHUNKS;
+    static_assert(NT % CHUNKS == 0, "a thread keeps its column");
+    const int col = (tid % CHUNKS) * 8, r0 = tid / CHUNKS;
+    const bool col_ok = col < dim;
+#pragma unroll 4
+    for (int r = r0; r < ROWS; r += RP) {
+        const T *src = nullptr;
+        if (col_ok && r < valid_rows) {
+            const page_slot_t at = page_slot(g, b, key0 + r);
+            if (at.page >= 0)
+                src = pool + at.page * sp + at.slot * st + head + col;
+        }
+        cp_async16(s + sw_offset(r, col, ROWS), src ? src : pool, src ? 16 : 0);
+    }
+}
+
 // p advanced to the next 1024-byte boundary of the shared window; an offset from p (not an
 // integer round trip through uintptr_t) so that the compiler still knows the result is shared memory (LDS, not
 // generic loads).

@@ -567,6 +567,9 @@ int fa_paged_case_run(fa_context_t ctx, const fa_paged_case *c, fa_paged_result 
         api_fail(ctx, s, label, res);
         goto done;
     }
+    fa_run_info ran = { .size = sizeof(ran) };
+    if (fa_context_last_run(ctx, &ran) == FA_OK && ran.kernel)
+        snprintf(res->kernel, sizeof(res->kernel), "%s", ran.kernel);
     ref = malloc(sizeof(double) * (size_t)(n + 1));
     got = malloc(sizeof(double) * (size_t)(n + 1));
     ostd = malloc(sizeof(double) * (size_t)(n + 1));

@@ -40,6 +40,7 @@ typedef struct fa_paged_result {
     double err, err_standard, tolerance, lse_err, lse_tol;
     double cache_err; /* appended keys against the float64 rotation, in units of their rounding */
     char message[640];
+    char kernel[48]; /* what the call ran (fa_context_last_run) */
 } fa_paged_result;
 
 /* One line that replays the case. */
