@@ -206,7 +206,26 @@ cmp -s "$tmp/out" "$tmp/s1" || { echo "FAIL: the same seed gave different text";
 expect_rc 2 "generate negative steps" "$fa" generate --steps -1
 expect_rc 2 "generate bad temperature" "$fa" generate --temperature -1
 expect_rc 2 "generate bad topp" "$fa" generate --topp 2
-expect_rc 2 "generate on cuda" "$fa" generate --backend cuda
+expect_usage "generate on gles" "$fa" generate --backend gles
+expect_usage "generate bad --graphs" "$fa" generate --graphs maybe
+# the CUDA engine: where a device answers, greedy text with graphs equals the text without them;
+# elsewhere one line saying there is no CUDA, exit 1
+if "$fa" info --backend cuda >/dev/null 2>&1; then
+  expect_rc 0 "generate on cuda" "$fa" generate --backend cuda --prompt "Once upon a time" --steps 64 --temperature 0 --ids
+  cp "$tmp/out" "$tmp/g_on"; grep "^ids:" "$tmp/err" >"$tmp/g_on_ids"
+  grep -q "graphs on ([1-9][0-9]* captured, [1-9][0-9]* steps replayed)" "$tmp/err" ||
+    { echo "FAIL: generate on cuda replayed no graph"; cat "$tmp/err"; fails=$((fails + 1)); }
+  expect_rc 0 "generate on cuda, graphs off" "$fa" generate --backend cuda --prompt "Once upon a time" --steps 64 --temperature 0 --ids --graphs off
+  grep "^ids:" "$tmp/err" | cmp -s - "$tmp/g_on_ids" && cmp -s "$tmp/out" "$tmp/g_on" ||
+    { echo "FAIL: generate on cuda: graphs on and off give different tokens"; fails=$((fails + 1)); }
+  expect_rc 0 "generate on cuda, sampled, chunked" "$fa" generate --backend cuda --prompt "Lily" --steps 40 --temperature 0.8 --seed 7 --chunk 2
+else
+  for args in "generate --backend cuda --steps 8" "bench-serve --backend cuda --requests 2"; do
+    expect_rc 1 "$args without a device" "$fa" $args
+    grep -q "cuda" "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ] ||
+      { echo "FAIL: $args: want one line about cuda"; cat "$tmp/err"; fails=$((fails + 1)); }
+  done
+fi
 expect_rc 2 "generate unknown flag" "$fa" generate --frob
 expect_rc 2 "gen-model without --out" "$fa" gen-model --config 110m
 expect_rc 2 "gen-model bad config" "$fa" gen-model --config 64x3x5x1x8x8x8 --out "$tmp/x.bin"
@@ -254,7 +273,13 @@ expect_usage "bench-serve batch over budget" "$fa" bench-serve --max-batch 20 --
 expect_usage "bench-serve empty range" "$fa" bench-serve --prompt-len 9,3
 expect_usage "bench-serve cache too small" "$fa" bench-serve --pages 2
 expect_usage "bench-serve past the context" "$fa" bench-serve --output-len 600,600
-expect_usage "bench-serve on cuda" "$fa" bench-serve --backend cuda
+expect_usage "bench-serve on gles" "$fa" bench-serve --backend gles
+expect_usage "bench-serve bad --graphs" "$fa" bench-serve --graphs 1
+if "$fa" info --backend cuda >/dev/null 2>&1; then
+  expect_rc 0 "bench-serve on cuda" "$fa" bench-serve --backend cuda --requests 12 --prompt-len 2,40 --output-len 4,30 \
+    --max-batch 4 --token-budget 16 --pages 12 --json "$tmp/serve_cuda.json"
+  grep -q "^engine: cuda on .*, graphs on" "$tmp/out" || { echo "FAIL: bench-serve on cuda report"; cat "$tmp/out"; fails=$((fails + 1)); }
+fi
 
 echo "cli: $pass passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -6,7 +6,8 @@
  *   the same tokens alone and in a batch (the uniform depends on seed and position only).
  * - cuda (where a device answers; skipped otherwise): bf16 greedy ids equal the float32 CPU
  *   engine's up to the first divergence, which is printed, and the logits before it agree
- *   within bf16's tolerance.
+ *   within bf16's tolerance; decode steps replayed from CUDA graphs give the ids and logits of
+ *   direct launches bit for bit.
  * - the sampling formula: argmax at temperature 0, the nucleus's frequencies over a grid of
  *   uniforms, refusals of bad options and steps with the field named.
  */
@@ -63,25 +64,27 @@ static int teardown(void **state)
     return 0;
 }
 
-/* Serve requests `which` (a bit set of prompts) on backend b; params per request (NULL:
- * greedy). Fills out's rows of those requests. */
-static void serve(fa_backend b, unsigned which, const fa_sample_params *params, run_t *out)
+/* Serve requests `which` (a bit set of prompts) on an engine of eo; params per request (NULL:
+ * greedy), max_new tokens each (NULL: MAX_NEW). Fills out's rows of those requests and, where
+ * report is not NULL, *report with the engine's at the end. */
+static void serve_with(const fa_engine_options *eo, unsigned which, const fa_sample_params *params,
+                       const int32_t *max_new, run_t *out, fa_engine_info *report)
 {
     char err[FA_MODEL_ERR_LEN];
     const int32_t V = model->config.vocab_size;
-    const fa_engine_options eo = { b, 48, 16, NREQ, 32, 0, 0 };
     fa_engine *e;
-    if (fa_engine_create(model, &eo, &e, err) != FA_OK)
+    if (fa_engine_create(model, eo, &e, err) != FA_OK)
         fail_msg("engine: %s", err);
-    const fa_sched_options so = { eo.num_pages, eo.page_size, eo.max_batch, eo.token_budget, model->config.seq_len,
-                                  NREQ };
+    const fa_sched_options so = { eo->num_pages, eo->page_size, eo->max_batch, eo->token_budget,
+                                  model->config.seq_len, NREQ };
     fa_sched *sc;
     assert_int_equal(fa_sched_create(&so, &sc, err), FA_OK);
     int64_t ids[NREQ];
     int req_of[NREQ], n = 0;
     for (int r = 0; r < NREQ; r++)
         if (which & (1u << r)) {
-            assert_int_equal(fa_sched_add(sc, tokens[r], n_tok[r], MAX_NEW, &ids[n], err), FA_OK);
+            assert_int_equal(fa_sched_add(sc, tokens[r], n_tok[r], max_new ? max_new[r] : MAX_NEW, &ids[n], err),
+                             FA_OK);
             req_of[n++] = r;
         }
     float *logits = malloc(sizeof(float) * NREQ * (size_t)V);
@@ -109,9 +112,17 @@ static void serve(fa_backend b, unsigned which, const fa_sample_params *params, 
         }
         assert_int_equal(fa_sched_commit(sc, next, NULL, err), FA_OK);
     }
+    if (report)
+        *report = fa_engine_get_info(e);
     free(logits);
     fa_sched_free(sc);
     fa_engine_free(e);
+}
+
+static void serve(fa_backend b, unsigned which, const fa_sample_params *params, run_t *out)
+{
+    const fa_engine_options eo = { b, 48, 16, NREQ, 32, 0, 0, 0 };
+    serve_with(&eo, which, params, NULL, out, NULL);
 }
 
 static run_t *new_run(void)
@@ -184,7 +195,7 @@ static void test_cuda_against_cpu(void **state)
 {
     (void)state;
     char err[FA_MODEL_ERR_LEN];
-    const fa_engine_options eo = { FA_BACKEND_CUDA, 48, 16, NREQ, 32, 0, 0 };
+    const fa_engine_options eo = { FA_BACKEND_CUDA, 48, 16, NREQ, 32, 0, 0, 0 };
     fa_engine *e;
     if (fa_engine_create(model, &eo, &e, err) != FA_OK) {
         print_message("skipped: %s\n", err);
@@ -217,6 +228,48 @@ static void test_cuda_against_cpu(void **state)
         assert_true(g >= 8);
     }
     free_run(cpu), free_run(gpu);
+}
+
+/* Graph replays against direct launches, bit for bit: requests that finish at different steps
+ * (decode batches 4, 3 padded to 4, 2, 1), greedy and sampled, and with max_batch 3 a request
+ * that waits and joins with a prefill step between graph replays. */
+static void test_cuda_graphs_bit_identical(void **state)
+{
+    (void)state;
+    char err[FA_MODEL_ERR_LEN];
+    fa_engine_options eo = { FA_BACKEND_CUDA, 48, 16, NREQ, 32, 0, 0, 0 };
+    fa_engine *e;
+    if (fa_engine_create(model, &eo, &e, err) != FA_OK) {
+        print_message("skipped: %s\n", err);
+        skip();
+    }
+    fa_engine_free(e);
+    const int32_t max_new[NREQ] = { MAX_NEW, MAX_NEW - 8, MAX_NEW - 19, MAX_NEW - 31 };
+    const fa_sample_params p[NREQ] = { { 0.0f, 0.0f, 0 }, { 0.8f, 0.9f, 21 }, { 0.0f, 0.0f, 0 }, { 1.0f, 0.0f, 23 } };
+    const size_t bytes = sizeof(float) * NREQ * MAX_NEW * (size_t)model->config.vocab_size;
+    for (int32_t max_batch = NREQ; max_batch >= NREQ - 1; max_batch--) {
+        run_t *with = new_run(), *without = new_run();
+        fa_engine_info on, off;
+        eo.max_batch = max_batch;
+        eo.no_graphs = 0;
+        serve_with(&eo, (1u << NREQ) - 1, p, max_new, with, &on);
+        eo.no_graphs = 1;
+        serve_with(&eo, (1u << NREQ) - 1, p, max_new, without, &off);
+        print_message("max_batch %d: %d decode batches captured, %lld steps replayed\n", (int)max_batch,
+                      (int)on.graphs_captured, (long long)on.graph_replays);
+        assert_int_equal(on.graphs, 1);
+        assert_true(on.graphs_captured >= 2 && on.graph_replays > 0);
+        assert_int_equal(off.graphs, 0);
+        assert_int_equal(off.graphs_captured, 0);
+        assert_int_equal(off.graph_replays, 0);
+        for (int r = 0; r < NREQ; r++)
+            for (int g = 0; g < MAX_NEW; g++)
+                if (with->ids[r][g] != without->ids[r][g])
+                    fail_msg("max_batch %d request %d token %d: %d replayed, %d launched", (int)max_batch, r, g,
+                             with->ids[r][g], without->ids[r][g]);
+        assert_memory_equal(with->logits, without->logits, bytes);
+        free_run(with), free_run(without);
+    }
 }
 
 static void test_sample_formula(void **state)
@@ -258,7 +311,7 @@ static void test_refusals(void **state)
     (void)state;
     char err[FA_MODEL_ERR_LEN];
     fa_engine *e;
-    fa_engine_options eo = { FA_BACKEND_CPU, 8, 16, 2, 16, 0, 0 };
+    fa_engine_options eo = { FA_BACKEND_CPU, 8, 16, 2, 16, 0, 0, 0 };
     eo.token_budget = 1; /* below max_batch */
     assert_int_equal(fa_engine_create(model, &eo, &e, err), FA_ERR_INVALID_VALUE);
     assert_non_null(strstr(err, "token_budget"));
@@ -307,6 +360,7 @@ int main(void)
     const struct CMUnitTest tests[] = { cmocka_unit_test(test_sample_formula), cmocka_unit_test(test_refusals),
                                         cmocka_unit_test(test_cpu_greedy),
                                         cmocka_unit_test(test_cpu_sampling_batch_invariant),
-                                        cmocka_unit_test(test_cuda_against_cpu) };
+                                        cmocka_unit_test(test_cuda_against_cpu),
+                                        cmocka_unit_test(test_cuda_graphs_bit_identical) };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

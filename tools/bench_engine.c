@@ -3,7 +3,9 @@
  * bench-model's engine rows (--backend cuda, or cpu with --batch): B requests of the same
  * prompt served through the scheduler and fa_engine_step, for each batch size B. Prefill
  * tok/s counts the prompts' tokens over the steps that carried prompt rows; decode tok/s the
- * tokens of the steps of decode rows only.
+ * tokens of the steps of decode rows only, after the first (where the CUDA engine captures its
+ * graph, in both modes so that they compare); `replayed` how many decode steps the CUDA engine
+ * replayed from a graph, of those timed.
  */
 #include "cli.h"
 #include "engine.h"
@@ -11,9 +13,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+int cli_parse_graphs(const char *s, int *no_graphs)
+{
+    if (strcmp(s, "on") && strcmp(s, "off"))
+        return -1;
+    *no_graphs = strcmp(s, "off") == 0;
+    return 0;
+}
+
 /* One batch size: 0 or CLI_EXIT_FAIL. */
-static int one(const fa_model *m, fa_backend backend, const int32_t *ids, int32_t n, int32_t decode, int32_t B,
-               int print)
+static int one(const fa_model *m, fa_backend backend, int no_graphs, const int32_t *ids, int32_t n, int32_t decode,
+               int32_t B, int print)
 {
     const fa_model_config *c = &m->config;
     char err[FA_MODEL_ERR_LEN];
@@ -23,7 +33,7 @@ static int one(const fa_model *m, fa_backend backend, const int32_t *ids, int32_
     want = want < 8192 ? want : 8192;
     want = want < c->seq_len ? want : c->seq_len;
     const int32_t budget = want > B ? (int32_t)want : B;
-    const fa_engine_options eo = { backend, per * B, page, B, budget, 0, 0 };
+    const fa_engine_options eo = { backend, per * B, page, B, budget, 0, 0, no_graphs };
     const fa_sched_options so = { eo.num_pages, page, B, budget, c->seq_len, B };
     fa_engine *e = NULL;
     fa_sched *sc = NULL;
@@ -42,7 +52,8 @@ static int one(const fa_model *m, fa_backend backend, const int32_t *ids, int32_
         }
     }
     double t_pre = 0.0, t_dec = 0.0;
-    long dec_tokens = 0;
+    long dec_tokens = 0, dec_steps = 0;
+    int first_decode = 1;
     for (;;) {
         fa_step s;
         if ((st = fa_sched_step(sc, &s, err)) != FA_OK) {
@@ -57,8 +68,10 @@ static int one(const fa_model *m, fa_backend backend, const int32_t *ids, int32_
             goto done;
         }
         const double dt = cli_now() - t0;
-        if (s.total_q == s.batch) /* decode rows only */
-            t_dec += dt, dec_tokens += s.batch;
+        if (s.total_q == s.batch && first_decode) /* decode rows only */
+            first_decode = 0;
+        else if (s.total_q == s.batch)
+            t_dec += dt, dec_tokens += s.batch, dec_steps++;
         else
             t_pre += dt;
         if ((st = fa_sched_commit(sc, next, NULL, err)) != FA_OK) {
@@ -68,8 +81,9 @@ static int one(const fa_model *m, fa_backend backend, const int32_t *ids, int32_
     }
     if (print) {
         const fa_engine_info in = fa_engine_get_info(e);
-        printf("%-5d %11.1f %13.1f %12.1f %14.1f %10.1f   %s\n", (int)B, t_pre * 1e3, (double)n * B / t_pre,
-               dec_tokens ? dec_tokens / t_dec : 0.0, dec_tokens ? t_dec * 1e3 * B / (double)dec_tokens : 0.0,
+        printf("%-5d %11.1f %13.1f %12.1f %14.1f %5lld/%-5ld %10.1f   %s\n", (int)B, t_pre * 1e3,
+               (double)n * B / t_pre, dec_tokens ? dec_tokens / t_dec : 0.0,
+               dec_tokens ? t_dec * 1e3 * B / (double)dec_tokens : 0.0, (long long)in.graph_replays, dec_steps,
                (double)in.weight_bytes / 1073741824.0, in.device);
     }
     rc = 0;
@@ -80,21 +94,23 @@ done:
     return rc;
 }
 
-int cli_bench_engine(const fa_model *m, fa_backend backend, const int32_t *ids, int32_t n, int32_t decode,
-                     const long *batches, int n_batches)
+int cli_bench_engine(const fa_model *m, fa_backend backend, int no_graphs, const int32_t *ids, int32_t n,
+                     int32_t decode, const long *batches, int n_batches)
 {
     char err[FA_MODEL_ERR_LEN];
     /* a first small run: cuBLAS's heuristics, the kernels' first launches */
-    if (one(m, backend, ids, n < 64 ? n : 64, 2, 1, 0) != 0)
+    if (one(m, backend, no_graphs, ids, n < 64 ? n : 64, 2, 1, 0) != 0)
         return CLI_EXIT_FAIL;
-    printf("engine %s: page 16, prompt %d tokens, %d decode steps a request\n", fa_backend_name(backend), (int)n,
-           (int)decode);
-    printf("%-5s %11s %13s %12s %14s %10s   %s\n", "batch", "prefill_ms", "prefill_tok/s", "decode_tok/s",
-           "decode_step_ms", "weight_GiB", "device");
+    /* each batch's engine captures its decode graph at its first decode step, which is timed */
+    printf("engine %s: page 16, prompt %d tokens, %d decode steps a request, decode graphs %s\n",
+           fa_backend_name(backend), (int)n, (int)decode,
+           backend == FA_BACKEND_CUDA ? (no_graphs ? "off" : "on") : "off (cpu)");
+    printf("%-5s %11s %13s %12s %14s %11s %10s   %s\n", "batch", "prefill_ms", "prefill_tok/s", "decode_tok/s",
+           "decode_step_ms", "replayed", "weight_GiB", "device");
     for (int i = 0; i < n_batches; i++)
-        if (one(m, backend, ids, n, decode, (int32_t)batches[i], 1) != 0)
+        if (one(m, backend, no_graphs, ids, n, decode, (int32_t)batches[i], 1) != 0)
             return CLI_EXIT_FAIL;
-    const fa_engine_options eo = { backend, 1, 16, 1, 1, 0, 0 };
+    const fa_engine_options eo = { backend, 1, 16, 1, 1, 0, 0, no_graphs };
     int32_t pages;
     if (fa_engine_pages_for(m, &eo, 0.9, &pages, err) == FA_OK)
         printf("KV capacity at 90%% of free memory: %d pages of 16 = %lld tokens\n", (int)pages,

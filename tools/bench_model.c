@@ -31,9 +31,11 @@ static const char *help =
     "  --matvec auto|own|blas  one-token projections: own loop or sgemv [auto]\n"
     "  --no-standard         skip the standard-attention run\n"
     "  --backend cpu|cuda    cpu: the float32 runner above; cuda: the engine (bf16, paged KV,\n"
-    "                        cuBLAS), prefill and decode tok/s for each --batch  [cpu]\n"
+    "                        cuBLAS), prefill and decode tok/s for each --batch (decode\n"
+    "                        timed from its second step; the first captures the graph) [cpu]\n"
     "  --batch LIST          engine batch sizes, comma-separated (with --batch the CPU runs\n"
     "                        the engine too)                                [1,8,32]\n"
+    "  --graphs on|off       cuda: decode steps replay a CUDA graph per batch  [on]\n"
     "  --threads N           attention threads, 0 = all cores              [0]\n";
 
 typedef struct result {
@@ -146,17 +148,18 @@ int cmd_bench_model(int argc, char **argv)
 {
     const char *spec = "110m", *path = NULL;
     long prompt_len = 512, decode = 32, seed = 1, threads = 0;
-    int no_standard = 0;
+    int no_standard = 0, no_graphs = 0;
     fa_matvec mv = FA_MATVEC_AUTO;
     fa_backend backend = FA_BACKEND_CPU;
     long batches[16] = { 1, 8, 32 };
     int n_batches = 3, engine = 0;
-    enum { CONFIG, MODEL, PROMPT_LEN, DECODE, SEED, MATVEC, NO_STANDARD, BATCH, N_OPTIONS };
+    enum { CONFIG, MODEL, PROMPT_LEN, DECODE, SEED, MATVEC, NO_STANDARD, BATCH, GRAPHS, N_OPTIONS };
     static const cli_option options[N_OPTIONS] = {
         [CONFIG] = { "--config", 1 }, [MODEL] = { "--model", 1 },
         [PROMPT_LEN] = { "--prompt-len", 1 }, [DECODE] = { "--decode", 1 },
         [SEED] = { "--seed", 1 },     [MATVEC] = { "--matvec", 1 },
         [NO_STANDARD] = { "--no-standard", 0 }, [BATCH] = { "--batch", 1 },
+        [GRAPHS] = { "--graphs", 1 },
     };
     cli_args args = { "bench-model", help, argc, argv, options, N_OPTIONS, &backend, &threads, 0 };
     int opt, rc;
@@ -202,6 +205,10 @@ int cmd_bench_model(int argc, char **argv)
                     return cli_usage_error("bench-model", "--batch needs integers in 1..4096");
                 p += k + (p[k] == ',');
             }
+            break;
+        case GRAPHS:
+            if (cli_parse_graphs(v, &no_graphs) != 0)
+                return cli_usage_error("bench-model", "--graphs needs on or off");
             break;
         }
     }
@@ -288,7 +295,7 @@ int cmd_bench_model(int argc, char **argv)
         ids[i] = i == 0 ? FA_TOKEN_BOS : (int32_t)(x % (uint64_t)c.vocab_size);
     }
     if (engine) {
-        rc = cli_bench_engine(m, backend, ids, n, (int32_t)decode, batches, n_batches);
+        rc = cli_bench_engine(m, backend, no_graphs, ids, n, (int32_t)decode, batches, n_batches);
         goto done;
     }
     double params = (double)(wbytes - FA_MODEL_HEADER_BYTES) / 4.0 - (double)c.seq_len * hs;

@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * `flashattn bench-serve`: the runner serving many requests at once (continuous batching over
- * a paged KV cache: src/model/scheduler.c and fa_model_forward_step), requests with seeded
- * random prompt and output lengths arriving at once or as a Poisson process; throughput,
- * time to first token, inter-token latency and page use.
+ * a paged KV cache: src/model/scheduler.c, steps run by the engine on the CPU or CUDA),
+ * requests with seeded random prompt and output lengths arriving at once or as a Poisson
+ * process; throughput, time to first token, inter-token latency and page use.
  */
 #include "cli.h"
+#include "engine.h"
 #include "scheduler.h"
 
 #include <math.h>
@@ -21,7 +22,9 @@ static const char *help =
     "running requests' decode rows with chunks of waiting prompts under --token-budget, the KV\n"
     "cache is --pages pages of --page-size tokens, and a request whose next token finds no page\n"
     "free takes the pages of the latest admitted one (which is recomputed later). Prompts are\n"
-    "BOS plus seeded random ids; each request samples its own stream (seed + its index).\n"
+    "BOS plus seeded random ids; each request samples with the engine's formula from its own\n"
+    "seed (--seed + its index). Steps run on the engine: cpu (float32, OpenBLAS) or cuda\n"
+    "(bf16 weights and pages, cuBLAS; decode steps replay CUDA graphs unless --graphs off).\n"
     "Reports generated tok/s (and prompt + generated), time to first token (from arrival),\n"
     "inter-token latency and end-to-end latency percentiles, steps, preemptions and the share\n"
     "of pages in use, with a progress line on stderr while it runs.\n"
@@ -42,8 +45,9 @@ static const char *help =
     "  --topp P              nucleus sampling when T > 0                   [0.9]\n"
     "  --seed S              lengths, prompts, arrivals and sampling       [1]\n"
     "  --json FILE|-         the results as one JSON object\n"
-    "  --backend cpu         the runner runs on the CPU backend            [cpu]\n"
-    "  --threads N           threads, 0 = all cores                        [0]\n";
+    "  --backend cpu|cuda    the engine's backend (auto: cuda where a device answers) [cpu]\n"
+    "  --graphs on|off       cuda: decode steps replay a CUDA graph        [on]\n"
+    "  --threads N           cpu: threads, 0 = all cores                   [0]\n";
 
 typedef struct request {
     double arrival, first, last; /* seconds since the start */
@@ -51,7 +55,6 @@ typedef struct request {
     int32_t produced;            /* tokens generated so far */
     int64_t id;
     int added;
-    fa_sampler *smp;
 } request;
 
 static uint64_t next_u64(uint64_t *s)
@@ -82,7 +85,7 @@ static double quantile(const double *v, size_t n, double q)
 typedef struct opts {
     const char *model, *config, *json;
     long requests, p_lo, p_hi, o_lo, o_hi, pages, page_size, max_batch, budget, seed, threads;
-    int poisson;
+    int poisson, no_graphs;
     double rate, temperature, topp;
 } opts;
 
@@ -98,13 +101,14 @@ static int parse_range(const char *v, long lo, long hi, long *a, long *b)
 static int parse(int argc, char **argv, opts *o, fa_backend *backend)
 {
     enum { MODEL, CONFIG, REQUESTS, PROMPT, OUTPUT, ARRIVAL, RATE, PAGES, PAGE_SIZE, BATCH, BUDGET, TEMP, TOPP,
-           SEED, JSON, N_OPTIONS };
+           SEED, JSON, GRAPHS, N_OPTIONS };
     static const cli_option options[N_OPTIONS] = {
         [MODEL] = { "--model", 1 },         [CONFIG] = { "--config", 1 },     [REQUESTS] = { "--requests", 1 },
         [PROMPT] = { "--prompt-len", 1 },   [OUTPUT] = { "--output-len", 1 }, [ARRIVAL] = { "--arrival", 1 },
         [RATE] = { "--rate", 1 },           [PAGES] = { "--pages", 1 },       [PAGE_SIZE] = { "--page-size", 1 },
         [BATCH] = { "--max-batch", 1 },     [BUDGET] = { "--token-budget", 1 }, [TEMP] = { "--temperature", 1 },
         [TOPP] = { "--topp", 1 },           [SEED] = { "--seed", 1 },         [JSON] = { "--json", 1 },
+        [GRAPHS] = { "--graphs", 1 },
     };
     cli_args args = { "bench-serve", help, argc, argv, options, N_OPTIONS, backend, &o->threads, 0 };
     int opt, rc;
@@ -164,12 +168,16 @@ static int parse(int argc, char **argv, opts *o, fa_backend *backend)
                 return cli_usage_error(cmd, "--seed needs an integer in 0..%lld", (long long)INT64_MAX);
             break;
         case JSON: o->json = v; break;
+        case GRAPHS:
+            if (cli_parse_graphs(v, &o->no_graphs) != 0)
+                return cli_usage_error(cmd, "--graphs needs on or off");
+            break;
         }
     }
     if (rc != 0)
         return rc == CLI_HELP ? -1 : rc;
-    if (*backend != FA_BACKEND_CPU && *backend != FA_BACKEND_AUTO)
-        return cli_usage_error(cmd, "--backend: the runner serves on cpu only for now");
+    if (*backend != FA_BACKEND_CPU && *backend != FA_BACKEND_CUDA && *backend != FA_BACKEND_AUTO)
+        return cli_usage_error(cmd, "--backend: the engine serves on cpu or cuda");
     if (o->model && o->config)
         return cli_usage_error(cmd, "give --model or --config, not both");
     if (o->max_batch > o->budget)
@@ -227,29 +235,28 @@ int cmd_bench_serve(int argc, char **argv)
         return cli_usage_error("bench-serve", "--pages (%ld) cannot hold the longest request (%ld pages of %ld)",
                                o.pages, per, o.page_size);
     }
-    cli_blas_note();
-    fa_context_t ctx = cli_context(FA_BACKEND_CPU, (int)o.threads);
+    if (backend != FA_BACKEND_CUDA)
+        cli_blas_note();
     fa_sched *sc = NULL;
-    fa_model_kv *kv = NULL;
-    fa_model_state *s = NULL;
+    fa_engine *e = NULL;
     request *rq = calloc((size_t)o.requests, sizeof(request));
     double *itl = malloc(sizeof(double) * (size_t)(o.requests * o.o_hi + 1));
-    float *logits = malloc(sizeof(float) * (size_t)o.max_batch * (size_t)c->vocab_size);
+    fa_sample_params *params = malloc(sizeof(fa_sample_params) * (size_t)o.max_batch);
     int32_t *next = malloc(sizeof(int32_t) * (size_t)o.max_batch), *prompt = malloc(sizeof(int32_t) * (size_t)o.p_hi);
     rc = CLI_EXIT_FAIL;
-    if (!ctx || !rq || !itl || !logits || !next || !prompt) {
+    if (!rq || !itl || !params || !next || !prompt) {
         fprintf(stderr, "flashattn bench-serve: out of memory for %ld requests\n", o.requests);
         goto done;
     }
     const fa_sched_options so = { (int32_t)o.pages, (int32_t)o.page_size, (int32_t)o.max_batch, (int32_t)o.budget,
                                   c->seq_len, (int32_t)(o.requests < 1 << 20 ? o.requests : 1 << 20) };
-    fa_model_state_options mo = { (int32_t)o.budget, FA_ALGORITHM_FLASH, FA_MATVEC_AUTO, NULL, NULL, 1 };
-    if ((st = fa_sched_create(&so, &sc, err)) != FA_OK || (st = fa_model_kv_create(m, so.num_pages, so.page_size, &kv, err)) != FA_OK ||
-        (st = fa_model_state_create(m, ctx, &mo, &s, err)) != FA_OK) {
+    const fa_engine_options eo = { backend, so.num_pages, so.page_size, so.max_batch, so.token_budget,
+                                   (int32_t)o.threads, 0, o.no_graphs };
+    if ((st = fa_engine_create(m, &eo, &e, err)) != FA_OK || (st = fa_sched_create(&so, &sc, err)) != FA_OK) {
         fprintf(stderr, "flashattn bench-serve: %s (%s)\n", err, fa_status_string(st));
         goto done;
     }
-    /* the workload: lengths, arrivals and each request's sampler from the seed */
+    /* the workload: lengths and arrivals from the seed */
     uint64_t r = (uint64_t)o.seed;
     double t_arrive = 0.0;
     for (long i = 0; i < o.requests; i++) {
@@ -258,11 +265,6 @@ int cmd_bench_serve(int argc, char **argv)
         if (o.poisson)
             t_arrive += -log(1.0 - uniform(&r)) / o.rate;
         rq[i].arrival = t_arrive;
-        if ((st = fa_sampler_create(c->vocab_size, (float)o.temperature, (float)o.topp, (uint64_t)o.seed + (uint64_t)i,
-                                    &rq[i].smp, err)) != FA_OK) {
-            fprintf(stderr, "flashattn bench-serve: %s (%s)\n", err, fa_status_string(st));
-            goto done;
-        }
     }
     long added = 0, finished = 0, tokens_out = 0, tokens_in = 0, steps = 0;
     size_t n_itl = 0;
@@ -295,13 +297,12 @@ int cmd_bench_serve(int argc, char **argv)
             sleep_until(t0, rq[added].arrival);
             continue;
         }
-        if ((st = fa_model_forward_step(m, s, kv, &step, logits, err)) != FA_OK) {
+        for (int32_t b = 0; b < step.batch; b++) /* ids are handed out in order from 0 */
+            params[b] = (fa_sample_params){ (float)o.temperature, (float)o.topp, (uint64_t)o.seed + (uint64_t)step.ids[b] };
+        if ((st = fa_engine_step(e, &step, params, next, NULL, err)) != FA_OK) {
             fprintf(stderr, "\nflashattn bench-serve: %s (%s)\n", err, fa_status_string(st));
             goto done;
         }
-        for (int32_t b = 0; b < step.batch; b++)
-            if (step.sample[b])
-                next[b] = fa_sampler_sample(rq[step.ids[b]].smp, logits + (size_t)b * c->vocab_size);
         const double t = cli_now() - t0;
         const fa_sched_stats before = fa_sched_get_stats(sc);
         if ((st = fa_sched_commit(sc, next, NULL, err)) != FA_OK) {
@@ -311,7 +312,7 @@ int cmd_bench_serve(int argc, char **argv)
         for (int32_t b = 0; b < step.batch; b++) {
             if (!step.sample[b])
                 continue;
-            request *q = &rq[step.ids[b]]; /* ids are handed out in order from 0 */
+            request *q = &rq[step.ids[b]];
             if (q->produced++ == 0)
                 q->first = t;
             else
@@ -366,6 +367,12 @@ int cmd_bench_serve(int argc, char **argv)
     printf("end-to-end latency ms:  p50 %.1f  p90 %.1f  p99 %.1f\n", quantile(e2e, (size_t)o.requests, 0.5),
            quantile(e2e, (size_t)o.requests, 0.9), quantile(e2e, (size_t)o.requests, 0.99));
     printf("pages in use: mean %.0f%%, peak %.0f%%\n", 100.0 * pages_sum / (double)steps, 100.0 * pages_peak);
+    const fa_engine_info ei = fa_engine_get_info(e);
+    if (ei.backend == FA_BACKEND_CUDA)
+        printf("engine: cuda on %s, graphs %s (%d batches captured, %lld decode steps replayed)\n", ei.device,
+               ei.graphs ? "on" : "off", (int)ei.graphs_captured, (long long)ei.graph_replays);
+    else
+        printf("engine: cpu\n");
     rc = 0;
     if (o.json) {
         FILE *f = strcmp(o.json, "-") ? fopen(o.json, "a") : stdout;
@@ -379,7 +386,8 @@ int cmd_bench_serve(int argc, char **argv)
                     "\"token_budget\": %d, \"seconds\": %.6f, \"generated_tok_s\": %.3f, \"total_tok_s\": %.3f, "
                     "\"steps\": %ld, \"preemptions\": %lld, \"ttft_ms\": [%.4f, %.4f, %.4f], "
                     "\"itl_ms\": [%.4f, %.4f, %.4f], \"e2e_ms\": [%.4f, %.4f, %.4f], \"pages_mean\": %.4f, "
-                    "\"pages_peak\": %.4f, \"seed\": %ld}\n",
+                    "\"pages_peak\": %.4f, \"seed\": %ld, \"backend\": \"%s\", \"graphs\": %d, "
+                    "\"graph_replays\": %lld}\n",
                     o.requests, o.poisson ? "poisson" : "all", o.poisson ? o.rate : 0.0, o.p_lo, o.p_hi, o.o_lo,
                     o.o_hi, (int)so.num_pages, (int)so.page_size, (int)so.max_batch, (int)so.token_budget, wall,
                     tokens_out / wall, (tokens_out + tokens_in) / wall, steps, (long long)fin.preemptions,
@@ -387,21 +395,17 @@ int cmd_bench_serve(int argc, char **argv)
                     quantile(ttft, (size_t)o.requests, 0.99), quantile(itl, n_itl, 0.5), quantile(itl, n_itl, 0.9),
                     quantile(itl, n_itl, 0.99), quantile(e2e, (size_t)o.requests, 0.5),
                     quantile(e2e, (size_t)o.requests, 0.9), quantile(e2e, (size_t)o.requests, 0.99),
-                    pages_sum / (double)steps, pages_peak, o.seed);
+                    pages_sum / (double)steps, pages_peak, o.seed, fa_backend_name(ei.backend), (int)ei.graphs,
+                    (long long)ei.graph_replays);
             if (f != stdout)
                 fclose(f);
         }
     }
     free(ttft), free(e2e);
 done:
-    for (long i = 0; rq && i < o.requests; i++)
-        fa_sampler_free(rq[i].smp);
-    free(rq), free(itl), free(logits), free(next), free(prompt);
-    fa_model_state_free(s);
-    fa_model_kv_free(kv);
+    free(rq), free(itl), free(params), free(next), free(prompt);
     fa_sched_free(sc);
-    if (ctx)
-        fa_context_destroy(ctx);
+    fa_engine_free(e);
     fa_model_free(m);
     return rc;
 }

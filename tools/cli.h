@@ -38,6 +38,7 @@ int cli_parse_int_list(const char *s, long lo, long hi, long *out, int cap);
 
 int cli_parse_backend(const char *s, fa_backend *out);
 int cli_parse_matvec(const char *s, fa_matvec *out); /* auto, own, blas */
+int cli_parse_graphs(const char *s, int *no_graphs);  /* on, off: the CUDA engine's decode graphs */
 int cli_parse_dtype(const char *s, fa_dtype *out);
 const char *cli_dtype_name(fa_dtype t);
 
@@ -119,7 +120,7 @@ fa_context_t cli_context(fa_backend backend, int threads);
 
 /* bench-model's engine rows: prefill and decode tok/s for each batch size (bench_engine.c). */
 struct fa_model;
-int cli_bench_engine(const struct fa_model *m, fa_backend backend, const int32_t *ids, int32_t n, int32_t decode,
-                     const long *batches, int n_batches);
+int cli_bench_engine(const struct fa_model *m, fa_backend backend, int no_graphs, const int32_t *ids, int32_t n,
+                     int32_t decode, const long *batches, int n_batches);
 
 #endif

@@ -2,6 +2,7 @@
 /* `flashattn generate` (text from a llama2.c or Hugging Face checkpoint), `flashattn gen-model`
  * and `flashattn export-hf`. */
 #include "cli.h"
+#include "engine.h"
 #include "model.h"
 
 #include <stdlib.h>
@@ -25,8 +26,9 @@ static const char *gen_help =
     "\n"
     "Generates text with a llama2.c checkpoint (legacy format, float32) or a Hugging Face\n"
     "Llama directory (config.json + safetensors, f32/f16/bf16) and a llama2.c tokenizer,\n"
-    "streaming it to stdout as it is produced; attention runs through fa_forward (the whole\n"
-    "prompt in one causal prefill, then one query per step against the KV cache). At the\n"
+    "streaming it to stdout as it is produced. On cpu attention runs through fa_forward (the\n"
+    "whole prompt in one causal prefill, then one query per step against the KV cache); on\n"
+    "cuda the runner's engine serves the prompt as one request of its scheduler. At the\n"
     "end, stderr gets the prompt tokens, prefill ms and tok/s (timed warm, after a short\n"
     "forward of the prompt's start, whose ms is given too), and decode tok/s. Steps count\n"
     "the prompt (BOS included), as llama2.c's run.c does; generation stops at BOS or EOS.\n"
@@ -39,10 +41,13 @@ static const char *gen_help =
     "  --topp P              nucleus sampling, 0 or 1 = off          [0.9]\n"
     "  --seed S              sampler seed                            [time]\n"
     "  --chunk N             prefill at most N tokens per forward    [whole prompt]\n"
-    "  --matvec auto|own|blas  one-token projections: own loop or sgemv [auto]\n"
+    "  --matvec auto|own|blas  cpu: one-token projections, own loop or sgemv [auto]\n"
     "  --ids                 also print every token id (stderr)\n"
-    "  --backend cpu         the runner runs on the CPU backend      [cpu]\n"
-    "  --threads N           attention threads, 0 = all cores        [0]\n";
+    "  --backend cpu|cuda    cpu: the float32 runner above; cuda: the engine (bf16 weights,\n"
+    "                        paged bf16 KV cache, cuBLAS; prefill in steps of --chunk\n"
+    "                        rows, sampling by the engine's formula from --seed) [cpu]\n"
+    "  --graphs on|off       cuda: decode steps replay a CUDA graph  [on]\n"
+    "  --threads N           cpu: attention threads, 0 = all cores   [0]\n";
 
 typedef struct sink {
     int32_t *ids;
@@ -76,22 +81,137 @@ static int on_token(void *user, int32_t token, const char *text, size_t len)
     return 0;
 }
 
+/* A step through the engine: its wall seconds into *dt. */
+static fa_status engine_step(fa_engine *e, fa_sched *sc, const fa_sample_params *p, fa_step *s, int32_t *next,
+                             double *dt, char *err)
+{
+    fa_status st = fa_sched_step(sc, s, err);
+    if (st != FA_OK || s->batch == 0)
+        return st;
+    const double t0 = cli_now();
+    st = fa_engine_step(e, s, p, next, NULL, err);
+    *dt = cli_now() - t0;
+    if (st != FA_OK)
+        fa_sched_abort(sc, NULL);
+    return st;
+}
+
+/* fa_generate's prompt, counts, echo and stops through the engine: one request of the scheduler
+ * in pages of 16, the prompt in steps of at most `chunk` rows (0: the whole prompt), after a
+ * warm-up request of the prompt's first FA_GENERATE_WARMUP tokens and two generated ones (the
+ * first decode step of batch 1, where graphs are captured). */
+static fa_status generate_engine(const fa_model *m, const fa_tokenizer *t, const fa_engine_options *base,
+                                 const char *prompt, int32_t steps, int32_t chunk, const fa_sample_params *sp,
+                                 sink *k, fa_generate_stats *gs, fa_engine_info *info, char *device,
+                                 size_t device_cap, char *err)
+{
+    const fa_model_config *c = &m->config;
+    memset(gs, 0, sizeof(*gs));
+    if (steps <= 0 || steps > c->seq_len)
+        steps = c->seq_len;
+    const size_t cap = strlen(prompt) + 3;
+    int32_t *ids = cap <= (size_t)INT32_MAX ? malloc(cap * sizeof(int32_t)) : NULL;
+    if (!ids) {
+        snprintf(err, FA_MODEL_ERR_LEN, "out of memory for the prompt's tokens");
+        return FA_ERR_OUT_OF_MEMORY;
+    }
+    fa_engine *e = NULL;
+    fa_sched *sc = NULL;
+    int32_t n = 0;
+    fa_status st = fa_tokenizer_encode(t, prompt, 1, 0, ids, (int32_t)cap, &n, err);
+    if (st != FA_OK)
+        goto done;
+    const int32_t np = n < steps ? n : steps, warm = np < FA_GENERATE_WARMUP ? np : FA_GENERATE_WARMUP;
+    gs->prompt_tokens = np;
+    const int32_t warm_new = warm < c->seq_len ? 2 : 1, page = 16;
+    const int32_t need = steps > warm + warm_new - 1 ? steps : warm + warm_new - 1;
+    fa_engine_options eo = *base;
+    eo.page_size = page;
+    eo.num_pages = (need + page - 1) / page;
+    eo.max_batch = 1;
+    eo.token_budget = chunk > 0 && chunk < np ? chunk : np;
+    const fa_sched_options so = { eo.num_pages, page, 1, eo.token_budget, c->seq_len, 1 };
+    if ((st = fa_engine_create(m, &eo, &e, err)) != FA_OK || (st = fa_sched_create(&so, &sc, err)) != FA_OK)
+        goto done;
+    fa_step s;
+    int32_t next[1];
+    int64_t id;
+    double dt = 0.0;
+    const double t0 = cli_now();
+    if ((st = fa_sched_add(sc, ids, warm, warm_new, &id, err)) != FA_OK)
+        goto done;
+    while ((st = engine_step(e, sc, sp, &s, next, &dt, err)) == FA_OK && s.batch > 0)
+        if ((st = fa_sched_commit(sc, next, NULL, err)) != FA_OK)
+            goto done;
+    if (st != FA_OK || (st = fa_sched_release(sc, id, err)) != FA_OK)
+        goto done;
+    gs->warmup_s = cli_now() - t0;
+    /* run.c's counts: positions np-1 .. steps-1 each give a token, the last one never fed */
+    if ((st = fa_sched_add(sc, ids, np, steps - np + 1, &id, err)) != FA_OK)
+        goto done;
+    int32_t prev = ids[np - 1];
+    int started = 0;
+    while ((st = engine_step(e, sc, sp, &s, next, &dt, err)) == FA_OK && s.batch > 0) {
+        uint8_t stop = 0;
+        if (!s.sample[0]) {
+            gs->prefill_s += dt;
+        } else if (!started) { /* the prompt's last chunk: echo the prompt as it was fed */
+            gs->prefill_s += dt;
+            started = 1;
+            const int32_t echo = n - 1 < steps ? n - 1 : steps;
+            for (int32_t i = 1; i <= echo && !stop; i++) {
+                size_t len;
+                const char *txt = fa_tokenizer_decode(t, ids[i - 1], ids[i], &len);
+                stop = (uint8_t)on_token(k, ids[i], txt, len);
+            }
+            stop |= np < n; /* the prompt alone reaches `steps` */
+        } else {
+            gs->decode_s += dt;
+            gs->decode_steps++;
+        }
+        if (s.sample[0] && !stop) {
+            const int32_t token = next[0];
+            gs->generated++;
+            stop = token == FA_TOKEN_BOS || token == FA_TOKEN_EOS;
+            if (!stop) {
+                size_t len;
+                const char *txt = fa_tokenizer_decode(t, prev, token, &len);
+                stop = (uint8_t)on_token(k, token, txt, len);
+            }
+            prev = token;
+        }
+        if ((st = fa_sched_commit(sc, next, &stop, err)) != FA_OK)
+            goto done;
+    }
+done:
+    if (e) { /* the report outlives the engine, its device name too */
+        *info = fa_engine_get_info(e);
+        snprintf(device, device_cap, "%s", info->device);
+        info->device = device;
+    }
+    fa_sched_free(sc);
+    fa_engine_free(e);
+    free(ids);
+    return st;
+}
+
 int cmd_generate(int argc, char **argv)
 {
     const char *model_path = FA_MODELS_DIR "/stories260K.bin",
                *tok_path = FA_MODELS_DIR "/tok512.bin", *prompt = "";
     long steps = 256, seed = -1, chunk = 0, threads = 0;
     double temperature = 1.0, topp = 0.9;
-    int print_ids = 0;
+    int print_ids = 0, no_graphs = 0;
     fa_matvec matvec = FA_MATVEC_AUTO;
     fa_backend backend = FA_BACKEND_CPU;
-    enum { MODEL, TOKENIZER, PROMPT, STEPS, TEMPERATURE, TOPP, SEED, CHUNK, MATVEC, IDS, N_OPTIONS };
+    enum { MODEL, TOKENIZER, PROMPT, STEPS, TEMPERATURE, TOPP, SEED, CHUNK, MATVEC, IDS, GRAPHS, N_OPTIONS };
     static const cli_option options[N_OPTIONS] = {
         [MODEL] = { "--model", 1 },   [TOKENIZER] = { "--tokenizer", 1 },
         [PROMPT] = { "--prompt", 1 }, [STEPS] = { "--steps", 1 },
         [TEMPERATURE] = { "--temperature", 1 }, [TOPP] = { "--topp", 1 },
         [SEED] = { "--seed", 1 },     [CHUNK] = { "--chunk", 1 },
         [MATVEC] = { "--matvec", 1 }, [IDS] = { "--ids", 0 },
+        [GRAPHS] = { "--graphs", 1 },
     };
     cli_args args = { "generate", gen_help, argc, argv, options, N_OPTIONS, &backend, &threads, 0 };
     int opt, rc;
@@ -135,13 +255,16 @@ int cmd_generate(int argc, char **argv)
         case IDS:
             print_ids = 1;
             break;
+        case GRAPHS:
+            if (cli_parse_graphs(v, &no_graphs) != 0)
+                return cli_usage_error("generate", "--graphs needs on or off");
+            break;
         }
     }
     if (rc != 0)
         return rc == CLI_HELP ? 0 : rc;
-    if (backend != FA_BACKEND_CPU)
-        return cli_usage_error("generate", "--backend: the runner keeps its KV cache in host "
-                                           "memory and runs on cpu only");
+    if (backend != FA_BACKEND_CPU && backend != FA_BACKEND_CUDA)
+        return cli_usage_error("generate", "--backend: generate runs on cpu or cuda");
     if (seed < 0)
         seed = (long)time(NULL);
 
@@ -161,15 +284,6 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "flashattn generate: %s (%s)\n", err, fa_status_string(s));
         goto done;
     }
-    cli_blas_note();
-    if (!(ctx = cli_context(FA_BACKEND_CPU, (int)threads)))
-        goto done;
-    fa_model_state_options so = { chunk < m->config.seq_len ? (int32_t)chunk : 0, FA_ALGORITHM_FLASH,
-                                  matvec, NULL, NULL, 0 };
-    if ((s = fa_model_state_create(m, ctx, &so, &st, err)) != FA_OK) {
-        fprintf(stderr, "flashattn generate: %s (%s)\n", err, fa_status_string(s));
-        goto done;
-    }
     k.cap = (int64_t)m->config.seq_len + 1;
     k.ids = malloc(sizeof(int32_t) * (size_t)k.cap);
     if (!k.ids) {
@@ -177,8 +291,24 @@ int cmd_generate(int argc, char **argv)
         goto done;
     }
     fa_generate_stats gs;
-    s = fa_generate(m, tok, st, smp, prompt, (int32_t)(steps > INT32_MAX ? 0 : steps), on_token, &k,
-                    &gs, err);
+    fa_engine_info ei = { 0 };
+    char device[256] = "";
+    if (backend == FA_BACKEND_CUDA) {
+        const fa_engine_options eo = { .backend = FA_BACKEND_CUDA, .no_graphs = no_graphs };
+        const fa_sample_params sp = { (float)temperature, (float)topp, (uint64_t)seed };
+        s = generate_engine(m, tok, &eo, prompt, (int32_t)(steps > INT32_MAX ? 0 : steps),
+                            chunk < m->config.seq_len ? (int32_t)chunk : 0, &sp, &k, &gs, &ei, device,
+                            sizeof(device), err);
+    } else {
+        cli_blas_note();
+        if (!(ctx = cli_context(FA_BACKEND_CPU, (int)threads)))
+            goto done;
+        fa_model_state_options so = { chunk < m->config.seq_len ? (int32_t)chunk : 0, FA_ALGORITHM_FLASH,
+                                      matvec, NULL, NULL, 0 };
+        if ((s = fa_model_state_create(m, ctx, &so, &st, err)) == FA_OK)
+            s = fa_generate(m, tok, st, smp, prompt, (int32_t)(steps > INT32_MAX ? 0 : steps), on_token, &k,
+                            &gs, err);
+    }
     end_text(&k);
     if (s != FA_OK) {
         fprintf(stderr, "flashattn generate: %s (%s)\n", err, fa_status_string(s));
@@ -192,11 +322,15 @@ int cmd_generate(int argc, char **argv)
     }
     fprintf(stderr,
             "prompt tokens %d, prefill %.3f ms (%.0f tok/s) after a %.3f ms warm-up, decode %d "
-            "tokens in %.3f ms (%.1f tok/s), seed %ld\n",
+            "tokens in %.3f ms (%.1f tok/s), seed %ld",
             (int)gs.prompt_tokens, gs.prefill_s * 1e3,
             gs.prefill_s > 0 ? gs.prompt_tokens / gs.prefill_s : 0.0, gs.warmup_s * 1e3,
             (int)gs.decode_steps,
             gs.decode_s * 1e3, gs.decode_s > 0 ? gs.decode_steps / gs.decode_s : 0.0, seed);
+    if (backend == FA_BACKEND_CUDA)
+        fprintf(stderr, "; cuda engine on %s, graphs %s (%d captured, %lld steps replayed)", ei.device,
+                ei.graphs ? "on" : "off", (int)ei.graphs_captured, (long long)ei.graph_replays);
+    fprintf(stderr, "\n");
     rc = 0;
 done:
     free(k.ids);

@@ -58,6 +58,8 @@ static fa_status check_options(const fa_model *m, const fa_engine_options *o, ch
         return fa_model_fail(err, FA_ERR_INVALID_VALUE, "threads (%d) must be >= 0", (int)o->threads);
     if (o->device < 0)
         return fa_model_fail(err, FA_ERR_INVALID_VALUE, "device (%d) must be >= 0", (int)o->device);
+    if (o->no_graphs != 0 && o->no_graphs != 1)
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "no_graphs (%d) must be 0 or 1", (int)o->no_graphs);
     return FA_OK;
 }
 
@@ -104,7 +106,7 @@ static fa_status create_cpu(fa_engine *e, char *err)
     const fa_model_stats ms = fa_model_state_stats(e->s);
     e->info = (fa_engine_info){ FA_BACKEND_CPU, "cpu", e->m->bytes,
                                 cpu_page_bytes(c, e->o.page_size) * (uint64_t)e->o.num_pages, ms.state_bytes,
-                                0 };
+                                0, 0, 0, 0 };
     return FA_OK;
 }
 
@@ -154,7 +156,15 @@ fa_status fa_engine_create(const fa_model *m, const fa_engine_options *o, fa_eng
 fa_engine_info fa_engine_get_info(const fa_engine *e)
 {
     fa_engine_info z = { 0 };
-    return e ? e->info : z;
+    if (!e)
+        return z;
+    fa_engine_info in = e->info;
+    if (e->cuda) {
+        int on;
+        fa_engine_cuda_graph_counts(e->cuda, &on, &in.graphs_captured, &in.graph_replays);
+        in.graphs = on;
+    }
+    return in;
 }
 
 void fa_engine_times(const fa_engine *e, double *step_s, double *attention_s)

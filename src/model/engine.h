@@ -10,7 +10,11 @@
  *         device memory; GEMMs through cuBLAS (bf16 in, float32 accumulation; the residual
  *         stream stays float32), RMSNorm, SwiGLU and sampling kernels of the runner's own
  *         (src/model/cuda), attention one fa_paged_run a layer (append + RoPE + attention).
- *         One host synchronisation a step: the next tokens coming back.
+ *         One host synchronisation a step: the next tokens coming back. Decode steps (one
+ *         query row a sequence) run at the smallest batch of 1, 2, 4, .. max_batch that holds
+ *         them (padding rows that no output reads) and replay a CUDA graph captured at the
+ *         first step of that batch; no_graphs launches the same kernels one by one, with the
+ *         same bits.
  *
  * Sampling is the same formula on both (fa_sample_logits): argmax at temperature 0; else
  * p ~ exp((logit - max) / T) over the nucleus (the fewest most likely tokens whose mass
@@ -34,6 +38,7 @@ typedef struct fa_engine_options {
     int32_t token_budget; /* query rows a step (>= max_batch) */
     int32_t threads;      /* cpu: threads, 0 = all cores */
     int32_t device;       /* cuda: the device ordinal */
+    int32_t no_graphs;    /* cuda: 1 launches decode steps' kernels directly instead of replaying graphs */
 } fa_engine_options;
 
 /* How one sequence samples. */
@@ -50,6 +55,9 @@ typedef struct fa_engine_info {
     uint64_t kv_bytes;        /* the cache: every layer's pages */
     uint64_t activation_bytes;
     int32_t kv_tokens;        /* num_pages * page_size */
+    int32_t graphs;           /* cuda: decode steps replay CUDA graphs (0: direct launches, and cpu) */
+    int32_t graphs_captured;  /* batches whose decode step has been captured so far */
+    int64_t graph_replays;    /* decode steps replayed from a graph so far */
 } fa_engine_info;
 
 typedef struct fa_engine fa_engine;

@@ -12,6 +12,14 @@
  *   h13 = xb [W1; W3]^T,  hg = silu(h1) h3
  *   x  += hg W2^T
  * then the sampled rows' final norm, the classifier (float32 logits) and the sampler.
+ *
+ * Decode steps (one query row a sequence) run at a bucket's batch, the powers of two below
+ * max_batch and max_batch itself: the step's rows first, then padding rows (token 0 at
+ * position 0 of a scratch page no request owns, never sampled). Their tables sit at fixed
+ * places of one device buffer and every length the launches see is the bucket's or a plan's
+ * bound, so a bucket's launches are captured once into a CUDA graph (its first step runs
+ * them directly and captures them) and replayed after the table upload; with graphs off the
+ * same launches run directly, so both give the same bits. Other steps launch as they come.
  */
 #include "engine_cuda.h"
 #include "fail.h"
@@ -41,6 +49,14 @@ struct fa_engine_cuda {
     fa_context_t ctx;
     fa_paged_plan_t plan;        /* any step within the engine's bounds */
     fa_paged_plan_t plan_decode; /* steps of one query row a sequence: the decode kernel */
+    int32_t scratch_page;        /* num_pages: the padding rows' page, beyond the requests' */
+    int nbuckets;
+    int32_t bucket[32];          /* decode batches, ascending; the last is max_batch */
+    cudaGraphExec_t graph[32];   /* each bucket's decode step, once captured */
+    int graphs;                  /* 1: replay graphs for decode steps */
+    int32_t captured;
+    int64_t replays;
+    void *blas_ws;               /* cuBLAS's workspace, the same for direct and captured GEMMs */
     uint16_t *weights;   /* one allocation: the layers' matrices, the embedding, the classifier */
     layer_w *lw;         /* [layers] views into weights */
     uint16_t *emb, *cls; /* [vocab, dim]; cls == emb when shared */
@@ -62,6 +78,10 @@ struct fa_engine_cuda {
     char name[256]; /* the device's */
 };
 
+/* cuBLAS's workspace: set once, so that GEMMs captured in a graph allocate nothing and choose
+ * the kernels they choose outside one (32 MiB: NVIDIA's recommendation for Hopper) */
+#define BLAS_WORKSPACE ((size_t)32 << 20)
+
 #define CUDA_TRY(call, what)                                                                            \
     do {                                                                                                \
         cudaError_t e_ = (call);                                                                        \
@@ -80,6 +100,21 @@ int fa_engine_cuda_available(void)
 {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+/* A device o->device is present, or why not. */
+static fa_status check_device(const fa_engine_options *o, char *err)
+{
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    cudaGetLastError();
+    if (e != cudaSuccess || n == 0)
+        return fa_model_fail(err, FA_ERR_BACKEND_UNAVAILABLE, "backend cuda: no CUDA device is present (%s)",
+                             e != cudaSuccess ? cudaGetErrorString(e) : "the runtime counts none");
+    if (o->device >= n)
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "device (%d) must be below the %d CUDA device%s present",
+                             (int)o->device, n, n == 1 ? "" : "s");
+    return FA_OK;
 }
 
 /* Sizes of the parts, in bytes, from the model and the options. */
@@ -106,13 +141,16 @@ static sizes sizes_of(const fa_model_config *c, const fa_engine_options *o)
 fa_status fa_engine_cuda_memory(const fa_model *m, const fa_engine_options *o, uint64_t *free_bytes,
                                 uint64_t *fixed_bytes, uint64_t *page_bytes, char *err)
 {
+    const fa_status dv = check_device(o, err);
+    if (dv != FA_OK)
+        return dv;
     CUDA_TRY(cudaSetDevice(o->device), "selecting the device");
     size_t fr = 0, total = 0;
     CUDA_TRY(cudaMemGetInfo(&fr, &total), "reading the device's free memory");
     const sizes z = sizes_of(&m->config, o);
     *free_bytes = fr;
-    /* and room for cuBLAS's and the attention plan's workspaces */
-    *fixed_bytes = z.weights + z.norms + z.act + 4 * z.tables_words + (256ull << 20);
+    /* the padding rows' scratch page, and room for cuBLAS's and the attention plan's workspaces */
+    *fixed_bytes = z.weights + z.norms + z.act + 4 * z.tables_words + z.page + (256ull << 20);
     *page_bytes = z.page;
     return FA_OK;
 }
@@ -123,6 +161,9 @@ void fa_engine_cuda_free(fa_engine_cuda *g)
         return;
     if (g->stream)
         cudaStreamSynchronize(g->stream);
+    for (int i = 0; i < g->nbuckets; i++)
+        if (g->graph[i])
+            cudaGraphExecDestroy(g->graph[i]);
     fa_paged_plan_destroy(g->plan);
     fa_paged_plan_destroy(g->plan_decode);
     if (g->ctx)
@@ -130,7 +171,7 @@ void fa_engine_cuda_free(fa_engine_cuda *g)
     if (g->blas)
         cublasDestroy(g->blas);
     void *dev[] = { g->weights, g->norms, g->kc, g->vc, g->rope, g->x, g->xb, g->qkv, g->att,
-                    g->h13, g->hg, g->logits, g->wts, g->d_tab, g->d_next };
+                    g->h13, g->hg, g->logits, g->wts, g->d_tab, g->d_next, g->blas_ws };
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
         cudaFree(dev[i]);
     cudaFreeHost(g->h_tab);
@@ -229,7 +270,8 @@ static fa_status upload_small(fa_engine_cuda *g, char *err)
 static fa_paged_desc attention_desc(const fa_engine_cuda *g, int l)
 {
     const fa_model_config *c = &g->m->config;
-    const size_t layer = (size_t)l * (size_t)g->o.num_pages * (size_t)g->o.page_size * (size_t)g->kvd;
+    const int32_t pages = g->scratch_page + 1;
+    const size_t layer = (size_t)l * (size_t)pages * (size_t)g->o.page_size * (size_t)g->kvd;
     fa_paged_desc d;
     fa_paged_desc_init(&d);
     d.num_heads_q = c->n_heads;
@@ -239,7 +281,7 @@ static fa_paged_desc attention_desc(const fa_engine_cuda *g, int l)
     d.k_new = rows, d.k_new.data = g->qkv + g->dim;
     d.v_new = rows, d.v_new.data = g->qkv + g->dim + g->kvd;
     d.o = fa_tensor_contiguous(g->att, FA_DTYPE_BF16, FA_LAYOUT_BSHD, 1, c->n_heads, g->hs);
-    d.cache = fa_kv_cache_contiguous(g->kc + layer, g->vc + layer, FA_DTYPE_BF16, FA_LAYOUT_BSHD, g->o.num_pages,
+    d.cache = fa_kv_cache_contiguous(g->kc + layer, g->vc + layer, FA_DTYPE_BF16, FA_LAYOUT_BSHD, pages,
                                      g->o.page_size, g->kvh, g->hs);
     d.rope = FA_ROPE_INTERLEAVED; /* llama2.c's adjacent pairs (HF's are un-permuted on load) */
     d.rope_max_pos = c->seq_len;
@@ -254,6 +296,13 @@ fa_status fa_engine_cuda_create(const fa_model *m, const fa_engine_options *o, f
 {
     *out = NULL;
     const fa_model_config *c = &m->config;
+    const fa_status dv = check_device(o, err);
+    if (dv != FA_OK)
+        return dv;
+    if (o->num_pages == INT32_MAX)
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE,
+                             "num_pages (%d) must be below %d: the engine keeps a page of its own", (int)o->num_pages,
+                             INT32_MAX);
     CUDA_TRY(cudaSetDevice(o->device), "selecting the device");
     CUDA_TRY(cudaFree(NULL), "starting the device"); /* the primary context, current for flashattn too */
     fa_engine_cuda *g = calloc(1, sizeof(*g));
@@ -266,8 +315,15 @@ fa_status fa_engine_cuda_create(const fa_model *m, const fa_engine_options *o, f
     g->max_pages = (c->seq_len + o->page_size - 1) / o->page_size;
     const sizes z = sizes_of(c, o);
     const size_t T = (size_t)o->token_budget, B = (size_t)o->max_batch, V = (size_t)g->V;
-    const uint64_t cache_elems = (uint64_t)g->L * (uint64_t)o->num_pages * (uint64_t)o->page_size * (uint64_t)g->kvd;
-    g->weight_bytes = z.weights, g->act_bytes = z.act, g->kv_bytes = 4 * cache_elems;
+    g->scratch_page = o->num_pages;
+    const uint64_t page_elems = (uint64_t)o->page_size * (uint64_t)g->kvd;
+    const uint64_t cache_elems = (uint64_t)g->L * ((uint64_t)o->num_pages + 1) * page_elems;
+    g->weight_bytes = z.weights, g->act_bytes = z.act;
+    g->kv_bytes = 4 * (uint64_t)g->L * (uint64_t)o->num_pages * page_elems; /* the requests' pages */
+    for (int64_t b = 1; b < o->max_batch; b *= 2)
+        g->bucket[g->nbuckets++] = (int32_t)b;
+    g->bucket[g->nbuckets++] = o->max_batch;
+    g->graphs = !o->no_graphs;
     g->tab_words = (size_t)z.tables_words;
     fa_status st = FA_OK;
     char what[96];
@@ -299,16 +355,17 @@ fa_status fa_engine_cuda_create(const fa_model *m, const fa_engine_options *o, f
     ALLOC(g->wts, 4 * B * V, "the sampler's weights");
     ALLOC(g->d_tab, 4 * g->tab_words, "the step tables");
     ALLOC(g->d_next, 4 * B, "the next tokens");
+    ALLOC(g->blas_ws, BLAS_WORKSPACE, "cuBLAS's workspace");
 #undef ALLOC
     if (st == FA_OK && ((e = cudaMallocHost((void **)&g->h_tab, 4 * g->tab_words)) != cudaSuccess ||
                         (e = cudaMallocHost((void **)&g->h_next, 4 * B)) != cudaSuccess))
         st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "pinned host memory for the step tables: %s",
                            cudaGetErrorString(e));
     if (st == FA_OK) {
-        const cublasStatus_t b = cublasCreate(&g->blas);
-        if (b == CUBLAS_STATUS_SUCCESS)
-            cublasSetStream(g->blas, g->stream);
-        else
+        cublasStatus_t b = cublasCreate(&g->blas);
+        if (b == CUBLAS_STATUS_SUCCESS && (b = cublasSetStream(g->blas, g->stream)) == CUBLAS_STATUS_SUCCESS)
+            b = cublasSetWorkspace(g->blas, g->blas_ws, BLAS_WORKSPACE);
+        if (b != CUBLAS_STATUS_SUCCESS)
             st = fa_model_fail(err, FA_ERR_BACKEND, "cuBLAS: %s", cublasGetStatusString(b));
     }
     if (st == FA_OK) {
@@ -322,6 +379,12 @@ fa_status fa_engine_cuda_create(const fa_model *m, const fa_engine_options *o, f
         st = upload_weights(g, err);
     if (st == FA_OK)
         st = upload_small(g, err);
+    for (int l = 0; l < g->L && st == FA_OK; l++) { /* finite keys and values for the padding rows */
+        const size_t at = ((size_t)l * ((size_t)o->num_pages + 1) + (size_t)o->num_pages) * (size_t)page_elems;
+        if ((e = cudaMemsetAsync(g->kc + at, 0, 2 * page_elems, g->stream)) != cudaSuccess ||
+            (e = cudaMemsetAsync(g->vc + at, 0, 2 * page_elems, g->stream)) != cudaSuccess)
+            st = fa_model_fail(err, FA_ERR_BACKEND, "clearing the scratch page: %s", cudaGetErrorString(e));
+    }
     if (st == FA_OK) { /* one plan for every step: the engine's bounds */
         fa_paged_desc b = attention_desc(g, 0);
         b.batch = o->max_batch;
@@ -343,7 +406,7 @@ fa_status fa_engine_cuda_create(const fa_model *m, const fa_engine_options *o, f
     struct cudaDeviceProp prop;
     snprintf(g->name, sizeof(g->name), "%s", cudaGetDeviceProperties(&prop, o->device) == cudaSuccess ? prop.name : "cuda");
     *info = (fa_engine_info){ FA_BACKEND_CUDA, g->name, g->weight_bytes, g->kv_bytes,
-                              g->act_bytes, 0 };
+                              g->act_bytes, 0, 0, 0, 0 };
     *out = g;
     return FA_OK;
 }
@@ -357,53 +420,61 @@ static cublasStatus_t gemm(fa_engine_cuda *g, void *y, cudaDataType yt, int ldy,
                         ldx, &beta, y, yt, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
-fa_status fa_engine_cuda_step(fa_engine_cuda *g, const fa_step *st, int32_t ns, const int32_t *rows,
-                              const float *temperature, const float *topp, const float *u, int32_t *next,
-                              float *logits, char *err)
+/* A step's shape and its tables on the device, as its launches read them. */
+typedef struct launch {
+    int T, B, ns;                /* rows, sequences, sampled rows */
+    int max_q, max_k, max_pages; /* the attention call's bounds and the block table's row length */
+    fa_paged_plan_t plan;
+    const int32_t *tok, *pos, *cu, *len, *rows, *bt; /* [T], [T], [B + 1], [B], [ns], [B, max_pages] */
+    const float *temp, *topp, *u;                    /* [ns] */
+} launch;
+
+/* The packed host tables: tokens, positions, cu_seqlens, cache lengths, sampled rows, their
+ * temperature / topp / uniform (float bits), the block table; their device places in *l.
+ * Returns the words written. */
+static size_t place_tables(const fa_engine_cuda *g, launch *l)
 {
-    const int T = st->total_q, B = st->batch, dim = g->dim, hid = g->hid;
-    /* the tables, packed: tokens, positions, cu_seqlens, cache lengths, sampled rows, their
-     * temperature / topp / uniform (float bits), the block table */
-    int32_t *h = g->h_tab;
+    const int32_t *d = g->d_tab;
     size_t at = 0;
-    const size_t o_tok = at;
-    memcpy(h + at, st->tokens, 4 * (size_t)T), at += (size_t)T;
-    const size_t o_pos = at;
-    memcpy(h + at, st->positions, 4 * (size_t)T), at += (size_t)T;
-    const size_t o_cu = at;
-    memcpy(h + at, st->cu_seqlens_q, 4 * (size_t)(B + 1)), at += (size_t)B + 1;
-    const size_t o_len = at;
-    memcpy(h + at, st->cache_seqlens, 4 * (size_t)B), at += (size_t)B;
-    const size_t o_rows = at;
-    memcpy(h + at, rows, 4 * (size_t)ns), at += (size_t)ns;
-    const size_t o_temp = at;
-    memcpy(h + at, temperature, 4 * (size_t)ns), at += (size_t)ns;
-    const size_t o_topp = at;
-    memcpy(h + at, topp, 4 * (size_t)ns), at += (size_t)ns;
-    const size_t o_u = at;
-    memcpy(h + at, u, 4 * (size_t)ns), at += (size_t)ns;
-    const size_t o_bt = at;
-    memcpy(h + at, st->block_table, 4 * (size_t)B * (size_t)st->max_pages_per_seq);
-    at += (size_t)B * (size_t)st->max_pages_per_seq;
-    CUDA_TRY(cudaMemcpyAsync(g->d_tab, h, 4 * at, cudaMemcpyHostToDevice, g->stream), "uploading the step");
-    int32_t *d = g->d_tab;
-    CUDA_TRY(fa_layers_embed(g->x, g->emb, d + o_tok, T, dim, g->stream), "the embedding");
+    l->tok = d + at, at += (size_t)l->T;
+    l->pos = d + at, at += (size_t)l->T;
+    l->cu = d + at, at += (size_t)l->B + 1;
+    l->len = d + at, at += (size_t)l->B;
+    l->rows = d + at, at += (size_t)l->ns;
+    l->temp = (const float *)(d + at), at += (size_t)l->ns;
+    l->topp = (const float *)(d + at), at += (size_t)l->ns;
+    l->u = (const float *)(d + at), at += (size_t)l->ns;
+    l->bt = d + at, at += (size_t)l->B * (size_t)l->max_pages;
+    return at;
+}
+
+/* The host copy of a device table of l: where the step's values go. */
+static int32_t *host_of(const fa_engine_cuda *g, const void *dev)
+{
+    return g->h_tab + ((const int32_t *)dev - g->d_tab);
+}
+
+/* Every launch of a step, queued on the stream: layers, final norm, classifier, sampler. */
+static fa_status enqueue(fa_engine_cuda *g, const launch *s, char *err)
+{
+    const int T = s->T, dim = g->dim, hid = g->hid;
+    CUDA_TRY(fa_layers_embed(g->x, g->emb, s->tok, T, dim, g->stream), "the embedding");
     for (int l = 0; l < g->L; l++) {
         const layer_w *w = &g->lw[l];
         const float *g_att = g->norms + (size_t)l * dim, *g_ffn = g->norms + ((size_t)g->L + l) * dim;
         CUDA_TRY(fa_layers_rmsnorm(g->xb, g->x, NULL, g_att, T, dim, g->eps, g->stream), "the attention norm");
         BLAS_TRY(gemm(g, g->qkv, CUDA_R_16BF, g->qkv_w, g->xb, dim, w->qkv, T, g->qkv_w, dim, 0.0f), "q, k, v");
         fa_paged_desc a = attention_desc(g, l);
-        a.batch = B;
+        a.batch = s->B;
         a.total_q = T;
-        a.max_seqlen_q = st->max_seqlen_q;
-        a.max_seqlen_k = st->max_seqlen_k;
-        a.cu_seqlens_q = d + o_cu;
-        a.cache_seqlens = d + o_len;
-        a.positions = d + o_pos;
-        a.block_table = d + o_bt;
-        a.max_pages_per_seq = st->max_pages_per_seq;
-        if (fa_paged_run(st->max_seqlen_q == 1 ? g->plan_decode : g->plan, &a) != FA_OK)
+        a.max_seqlen_q = s->max_q;
+        a.max_seqlen_k = s->max_k;
+        a.cu_seqlens_q = s->cu;
+        a.cache_seqlens = s->len;
+        a.positions = s->pos;
+        a.block_table = s->bt;
+        a.max_pages_per_seq = s->max_pages;
+        if (fa_paged_run(s->plan, &a) != FA_OK)
             return fa_model_fail(err, FA_ERR_BACKEND, "layer %d paged attention: %s", l,
                                  fa_context_last_error(g->ctx));
         BLAS_TRY(gemm(g, g->x, CUDA_R_32F, dim, g->att, dim, w->o, T, dim, dim, 1.0f), "the attention output");
@@ -412,13 +483,137 @@ fa_status fa_engine_cuda_step(fa_engine_cuda *g, const fa_step *st, int32_t ns, 
         CUDA_TRY(fa_layers_swiglu(g->hg, g->h13, T, hid, g->stream), "SwiGLU");
         BLAS_TRY(gemm(g, g->x, CUDA_R_32F, dim, g->hg, hid, w->w2, T, dim, hid, 1.0f), "the FFN output");
     }
-    if (ns > 0) {
+    if (s->ns > 0) {
         const float *g_fin = g->norms + 2 * (size_t)g->L * dim;
-        CUDA_TRY(fa_layers_rmsnorm(g->xb, g->x, d + o_rows, g_fin, ns, dim, g->eps, g->stream), "the final norm");
-        BLAS_TRY(gemm(g, g->logits, CUDA_R_32F, g->V, g->xb, dim, g->cls, ns, g->V, dim, 0.0f), "the classifier");
-        CUDA_TRY(fa_layers_sample(g->d_next, g->wts, g->logits, (const float *)(d + o_temp),
-                                  (const float *)(d + o_topp), (const float *)(d + o_u), ns, g->V, g->stream),
+        CUDA_TRY(fa_layers_rmsnorm(g->xb, g->x, s->rows, g_fin, s->ns, dim, g->eps, g->stream), "the final norm");
+        BLAS_TRY(gemm(g, g->logits, CUDA_R_32F, g->V, g->xb, dim, g->cls, s->ns, g->V, dim, 0.0f), "the classifier");
+        CUDA_TRY(fa_layers_sample(g->d_next, g->wts, g->logits, s->temp, s->topp, s->u, s->ns, g->V, g->stream),
                  "sampling");
+    }
+    return FA_OK;
+}
+
+/* The decode launches of bucket i captured into g->graph[i]. Relaxed mode: the libraries'
+ * host-side queries while the launches are recorded (flashattn looks at its pointers'
+ * attributes) are no stream work, and this thread does nothing else until the capture ends. */
+static fa_status capture(fa_engine_cuda *g, int i, const launch *s, char *err)
+{
+    CUDA_TRY(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeRelaxed), "starting a graph capture");
+    const fa_status st = enqueue(g, s, err);
+    cudaGraph_t graph = NULL;
+    const cudaError_t e = cudaStreamEndCapture(g->stream, &graph);
+    if (st != FA_OK || e != cudaSuccess) {
+        if (graph)
+            cudaGraphDestroy(graph);
+        cudaGetLastError();
+        return st != FA_OK ? st
+                           : fa_model_fail(err, FA_ERR_BACKEND,
+                                           "capturing the decode step of batch %d: %s (no_graphs runs without "
+                                           "graphs)",
+                                           (int)g->bucket[i], cudaGetErrorString(e));
+    }
+    const cudaError_t ie = cudaGraphInstantiate(&g->graph[i], graph, 0);
+    cudaGraphDestroy(graph);
+    if (ie != cudaSuccess) {
+        g->graph[i] = NULL;
+        return fa_model_fail(err, FA_ERR_BACKEND,
+                             "instantiating the decode graph of batch %d: %s (no_graphs runs without graphs)",
+                             (int)g->bucket[i], cudaGetErrorString(ie));
+    }
+    g->captured++;
+    return FA_OK;
+}
+
+/* The bucket a step of one query row a sequence runs in, or -1 for other steps. */
+static int bucket_of(const fa_engine_cuda *g, const fa_step *st)
+{
+    if (st->max_seqlen_q != 1 || st->total_q != st->batch)
+        return -1;
+    for (int i = 0; i < g->nbuckets; i++)
+        if (g->bucket[i] >= st->batch)
+            return i;
+    return -1;
+}
+
+/* A decode step at bucket i's batch P: the step's B rows, then P - B padding rows on the
+ * scratch page; rows [ns, P) of the final norm and the sampler are padding too (argmax of row
+ * r, never read). Every table has the bucket's extent and the block table rows of max_pages
+ * entries, so the launches depend on i alone. */
+static size_t pack_decode(const fa_engine_cuda *g, int i, const fa_step *st, int32_t ns, const int32_t *rows,
+                          const float *temperature, const float *topp, const float *u, launch *l)
+{
+    const int P = g->bucket[i], B = st->batch, M = g->max_pages;
+    *l = (launch){ .T = P, .B = P, .ns = P, .max_q = 1, .max_k = g->m->config.seq_len, .max_pages = M,
+                   .plan = g->plan_decode };
+    const size_t words = place_tables(g, l);
+    int32_t *tok = host_of(g, l->tok), *pos = host_of(g, l->pos), *cu = host_of(g, l->cu);
+    int32_t *len = host_of(g, l->len), *rw = host_of(g, l->rows), *bt = host_of(g, l->bt);
+    float *tp = (float *)host_of(g, l->temp), *pp = (float *)host_of(g, l->topp), *up = (float *)host_of(g, l->u);
+    for (int b = 0; b < P; b++) {
+        const int real = b < B;
+        tok[b] = real ? st->tokens[b] : 0;
+        pos[b] = real ? st->positions[b] : 0;
+        cu[b] = b;
+        len[b] = real ? st->cache_seqlens[b] : 0;
+        int32_t *row = bt + (size_t)b * (size_t)M;
+        const int32_t have = real ? st->max_pages_per_seq : 0;
+        for (int32_t j = 0; j < M; j++) {
+            const int32_t page = j < have ? st->block_table[(size_t)b * (size_t)have + (size_t)j] : -1;
+            row[j] = page >= 0 ? page : g->scratch_page;
+        }
+        const int sampled = b < ns;
+        rw[b] = sampled ? rows[b] : b;
+        tp[b] = sampled ? temperature[b] : 0.0f;
+        pp[b] = sampled ? topp[b] : 0.0f;
+        up[b] = sampled ? u[b] : 0.0f;
+    }
+    cu[P] = P;
+    return words;
+}
+
+/* Any other step: its own extents and the step's block table as it is. */
+static size_t pack_step(const fa_engine_cuda *g, const fa_step *st, int32_t ns, const int32_t *rows,
+                        const float *temperature, const float *topp, const float *u, launch *l)
+{
+    const int T = st->total_q, B = st->batch;
+    *l = (launch){ .T = T, .B = B, .ns = ns, .max_q = st->max_seqlen_q, .max_k = st->max_seqlen_k,
+                   .max_pages = st->max_pages_per_seq, .plan = st->max_seqlen_q == 1 ? g->plan_decode : g->plan };
+    const size_t words = place_tables(g, l);
+    memcpy(host_of(g, l->tok), st->tokens, 4 * (size_t)T);
+    memcpy(host_of(g, l->pos), st->positions, 4 * (size_t)T);
+    memcpy(host_of(g, l->cu), st->cu_seqlens_q, 4 * (size_t)(B + 1));
+    memcpy(host_of(g, l->len), st->cache_seqlens, 4 * (size_t)B);
+    memcpy(host_of(g, l->rows), rows, 4 * (size_t)ns);
+    memcpy(host_of(g, l->temp), temperature, 4 * (size_t)ns);
+    memcpy(host_of(g, l->topp), topp, 4 * (size_t)ns);
+    memcpy(host_of(g, l->u), u, 4 * (size_t)ns);
+    memcpy(host_of(g, l->bt), st->block_table, 4 * (size_t)B * (size_t)st->max_pages_per_seq);
+    return words;
+}
+
+fa_status fa_engine_cuda_step(fa_engine_cuda *g, const fa_step *st, int32_t ns, const int32_t *rows,
+                              const float *temperature, const float *topp, const float *u, int32_t *next,
+                              float *logits, char *err)
+{
+    const int i = bucket_of(g, st);
+    launch l;
+    const size_t words = i >= 0 ? pack_decode(g, i, st, ns, rows, temperature, topp, u, &l)
+                                : pack_step(g, st, ns, rows, temperature, topp, u, &l);
+    CUDA_TRY(cudaMemcpyAsync(g->d_tab, g->h_tab, 4 * words, cudaMemcpyHostToDevice, g->stream),
+             "uploading the step");
+    if (i >= 0 && g->graphs && g->graph[i]) {
+        CUDA_TRY(cudaGraphLaunch(g->graph[i], g->stream), "replaying the decode graph");
+        g->replays++;
+    } else {
+        fa_status rc = enqueue(g, &l, err);
+        if (rc == FA_OK && i >= 0 && g->graphs) /* recorded now, replayed from the next step on */
+            rc = capture(g, i, &l, err);
+        if (rc != FA_OK) {
+            cudaStreamSynchronize(g->stream);
+            return rc;
+        }
+    }
+    if (ns > 0) {
         CUDA_TRY(cudaMemcpyAsync(g->h_next, g->d_next, 4 * (size_t)ns, cudaMemcpyDeviceToHost, g->stream),
                  "downloading the tokens");
         if (logits)
@@ -429,4 +624,11 @@ fa_status fa_engine_cuda_step(fa_engine_cuda *g, const fa_step *st, int32_t ns, 
     CUDA_TRY(cudaStreamSynchronize(g->stream), "the step");
     memcpy(next, g->h_next, 4 * (size_t)ns);
     return FA_OK;
+}
+
+void fa_engine_cuda_graph_counts(const fa_engine_cuda *g, int *on, int32_t *captured, int64_t *replays)
+{
+    *on = g->graphs;
+    *captured = g->captured;
+    *replays = g->replays;
 }
