@@ -147,6 +147,7 @@ __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, k
                                            int tid)
 {
     constexpr int BM = 64 * NWG, QB = BM * D * 2, KV = BN * D * 2;
+    __shared__ int pages[2][BN]; // paged keys: the pages of the last two key tiles' rows
     int it = 0;
     for (int k = 0;; k++) {
         const int qb = k % NQ;
@@ -174,11 +175,17 @@ __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, k
         const T *gV = (const T *)p.v.p + row_off(p.v, s, true, qt.hk, 0);
         for (int n = qt.n_lo; n < qt.n_hi; n++, it++) {
             const int st = it % STAGES, c = n * BN;
+            int *ids = pages[it & 1]; // paged keys: each row's page looked up once a tile
+            if (p.pg.table) {
+                for (int r = tid; r < BN; r += 128)
+                    ids[r] = c + r < s.sk ? page_slot(p.pg, qt.blk.b, c + r).page : -1;
+                named_barrier(NWG + 1, 128); // also: every thread is done with tile it - 2's ids
+            }
             if (it >= STAGES)
                 mbar_wait(&ring.empty_k[st], (it / STAGES - 1) & 1);
             if (p.pg.table)
-                load_tile_paged<T, BN, D, 128>(sK + st * KV, p.pg, (const T *)p.k.p, p.pg.k_sp, p.pg.k_st,
-                                               qt.hk * p.k.sh, qt.blk.b, c, s.sk - c, p.dim, tid);
+                load_tile_paged<T, BN, D, 128>(sK + st * KV, p.pg, ids, (const T *)p.k.p, p.pg.k_sp, p.pg.k_st,
+                                               qt.hk * p.k.sh, c, s.sk - c, p.dim, tid);
             else
                 load_tile_sw<T, BN, D, 128>(sK + st * KV, gK + c * p.k.ss, p.k.ss, s.sk - c, p.dim,
                                             p.aligned, tid);
@@ -189,8 +196,8 @@ __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, k
             if (it >= STAGES)
                 mbar_wait(&ring.empty_v[st], (it / STAGES - 1) & 1);
             if (p.pg.table)
-                load_tile_paged<T, BN, D, 128>(sV + st * KV, p.pg, (const T *)p.v.p, p.pg.v_sp, p.pg.v_st,
-                                               qt.hk * p.v.sh, qt.blk.b, c, s.sk - c, p.dim, tid);
+                load_tile_paged<T, BN, D, 128>(sV + st * KV, p.pg, ids, (const T *)p.v.p, p.pg.v_sp, p.pg.v_st,
+                                               qt.hk * p.v.sh, c, s.sk - c, p.dim, tid);
             else
                 load_tile_sw<T, BN, D, 128>(sV + st * KV, gV + c * p.v.ss, p.v.ss, s.sk - c, p.dim,
                                             p.aligned, tid);

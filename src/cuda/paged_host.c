@@ -186,6 +186,7 @@ static void fill(const fa_problem *p, fa_cuda_paged *k)
     a->cap_out = p->softcap * 1.4426950408889634f;
     a->win_left = p->win_left;
     a->win_right = p->win_right;
+    a->dropout_scale = 1.0f; /* no dropout in paged calls */
     const fa_kv_cache *c = &d->cache;
     a->k = (fa_cuda_view){ c->k, 0, 0, c->k_stride_head, 0 };
     a->v = (fa_cuda_view){ c->v, 0, 0, c->v_stride_head, 0 };
