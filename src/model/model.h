@@ -29,6 +29,21 @@
 #define FA_TOKEN_BOS 1
 #define FA_TOKEN_EOS 2
 
+/* RoPE frequency scaling (config.json's rope_scaling), applied by fa_model_rope_angle. */
+typedef enum fa_rope_scaling_type {
+    FA_ROPE_SCALING_NONE = 0,
+    FA_ROPE_SCALING_LINEAR = 1, /* every frequency divided by factor */
+    FA_ROPE_SCALING_LLAMA3 = 2  /* Llama-3.1: low frequencies / factor, high ones kept, a blend between */
+} fa_rope_scaling_type;
+
+typedef struct fa_rope_scaling {
+    int32_t type;              /* fa_rope_scaling_type */
+    float factor;              /* linear, llama3: > 0 */
+    float low_freq_factor;     /* llama3: > 0 */
+    float high_freq_factor;    /* llama3: > low_freq_factor */
+    int32_t original_max_pos;  /* llama3: original_max_position_embeddings, > 0 */
+} fa_rope_scaling;
+
 /* The header, with vocab_size made positive and the classifier's sharing
  * read from its sign (a negative header vocab_size means a separate one). */
 typedef struct fa_model_config {
@@ -42,6 +57,7 @@ typedef struct fa_model_config {
     int32_t shared_classifier; /* 1: the classifier is the embedding table */
     float rope_theta;   /* RoPE base; 0 in a config given to the library = llama2.c's 10000 */
     float norm_eps;     /* RMSNorm epsilon; 0 in a config given to the library = llama2.c's 1e-5 */
+    fa_rope_scaling rope_scaling; /* all zero: none (llama2.c files cannot store one) */
 } fa_model_config;
 
 #define FA_MODEL_ROPE_THETA 10000.0f
@@ -72,7 +88,7 @@ typedef struct fa_model {
 } fa_model;
 
 /* Check a configuration (every header rule; rope_theta and norm_eps 0 or finite
- * and positive) and compute the checkpoint's size
+ * and positive; rope_scaling's fields for its type) and compute the checkpoint's size
  * in bytes. FA_ERR_INVALID_SHAPE names a bad field, FA_ERR_SIZE_OVERFLOW a size
  * that does not fit in 64 bits. bytes may be NULL. */
 fa_status fa_model_config_check(const fa_model_config *c, uint64_t *bytes, char *err);
@@ -98,7 +114,8 @@ void fa_model_free(fa_model *m);
  * same directory. Tensors F32, F16 or BF16, each checked against the config's shapes and the
  * file's bounds; converted to float32 in llama2.c's layout on load (q_proj/k_proj rows
  * un-permuted from HF's rotate-half order to adjacent pairs), so the forward pass is the same.
- * Configs the runner cannot run exactly (rope_scaling, biases, another activation, head_dim
+ * rope_scaling "llama3" and "linear" are read; configs the runner cannot run exactly (other
+ * rope_scaling types, biases, another activation, head_dim
  * other than hidden_size / num_attention_heads, a sliding window) are refused with
  * FA_ERR_UNSUPPORTED naming the field. The model owns its weights; the files are unmapped
  * before return. Little-endian hosts only (as safetensors is). */
@@ -172,7 +189,9 @@ void fa_sampler_free(fa_sampler *s);
 int32_t fa_sampler_sample(fa_sampler *s, float *logits);
 
 /* ---- the forward pass ---- */
-/* RoPE's angle (radians) for pair i of a head at position pos: every backend's tables. */
+/* RoPE's angle (radians) for pair i of a head at position pos: every backend's tables. The
+ * frequency is theta^(-2i/head_size), scaled as config.rope_scaling says (HF's
+ * _compute_llama3_parameters and linear scaling, in float as HF computes inv_freq). */
 float fa_model_rope_angle(const fa_model_config *c, int32_t pos, int32_t i);
 
 
