@@ -153,22 +153,39 @@ fa_status fa_model_config_parse(const char *spec, fa_model_config *c, char *err)
 fa_status fa_model_synth_write(const fa_model_config *c, uint64_t seed, FILE *f, char *err);
 fa_status fa_model_synth(const fa_model_config *c, uint64_t seed, fa_model **out, char *err);
 
-/* ---- tokenizer (llama2.c tokenizer.bin: max_token_length, then per id:
- *      float score, int32 len, len bytes) ---- */
+/* ---- tokenizers: llama2.c tokenizer.bin (max_token_length, then per id: float score,
+ *      int32 len, len bytes) or Hugging Face tokenizer.json (Llama-2-style sentencepiece
+ *      BPE: merges by rank, byte fallback, the "▁" word marker, added tokens) ---- */
 typedef struct fa_tokenizer fa_tokenizer;
 
-/* vocab_size comes from the model (the file does not store it); the file
- * must hold exactly that many records. */
+/* A path ending in ".json" is read as tokenizer.json, anything else as tokenizer.bin.
+ * vocab_size comes from the model: a tokenizer.bin must hold exactly that many records; a
+ * tokenizer.json's ids (model.vocab and added_tokens) must be 0..n-1 with n <= vocab_size
+ * (ids n.. decode to ""), with ids 1 and 2 (BOS, EOS) special added tokens. */
 fa_status fa_tokenizer_open(const char *path, int32_t vocab_size, fa_tokenizer **out, char *err);
 fa_status fa_tokenizer_from_memory(const void *data, size_t bytes, int32_t vocab_size,
                                    fa_tokenizer **out, char *err);
+/* tokenizer.json's text (bytes long; file names it in messages). Llama-3's byte-level BPE and
+ * any other scheme are refused with FA_ERR_UNSUPPORTED naming the field. */
+fa_status fa_tokenizer_from_json(const char *file, const char *json, size_t bytes, int32_t vocab_size,
+                                 fa_tokenizer **out, char *err);
+/* Write t as tokenizer.json at path. A tokenizer.bin becomes a sentencepiece-style BPE: ids 0..2
+ * <unk> <s> </s> as special added tokens, spaces in pieces as "▁", and as merges every split of
+ * a piece into two pieces, ranked by the piece's score (then the ids), as HF's converter
+ * does; a tokenizer read from tokenizer.json is written back as it was read. */
+fa_status fa_tokenizer_write_json(const fa_tokenizer *t, const char *path, char *err);
 void fa_tokenizer_free(fa_tokenizer *t);
 int32_t fa_tokenizer_vocab_size(const fa_tokenizer *t);
 
-/* run.c's encoding: BOS when bos, a dummy-prefix space when text is not
+/* tokenizer.bin: run.c's encoding: BOS when bos, a dummy-prefix space when text is not
  * empty, each UTF-8 character's piece or its byte-fallback ids (byte + 3),
  * then merges of the best-scoring adjacent pair until none is in the
- * vocabulary; EOS when eos. tokens needs strlen(text) + 3 entries. */
+ * vocabulary; EOS when eos. tokens needs strlen(text) + 3 entries.
+ * tokenizer.json: HF's encoding: added tokens matched in the text (leftmost, longest), the
+ * text between them normalized and pre-tokenized as the file says, each character's piece
+ * or its <0xNN> pieces (byte fallback) or unk, then HF's BPE merges (lowest rank first,
+ * leftmost among equals). FA_ERR_INVALID_ARGUMENT when the result exceeds cap (possible only
+ * for a vocabulary without "▁"). */
 fa_status fa_tokenizer_encode(const fa_tokenizer *t, const char *text, int bos, int eos,
                               int32_t *tokens, int32_t cap, int32_t *n, char *err);
 
