@@ -4,7 +4,8 @@
  * the .bin's greedy ids id for id; f16/bf16 exports equal the .bin with its weights rounded the
  * same way (logits bit for bit) and stay within the rounding's error model of f32; a GQA
  * synthetic model with a separate lm_head, rope_theta and rms_norm_eps round-trips exactly; the
- * un-permuted q/k give HF's rotate-half attention scores; and broken directories are refused
+ * un-permuted q/k give HF's rotate-half attention scores; rope_scaling's llama3 and linear
+ * frequencies equal HF's formula in float64; and broken directories are refused
  * with the status and a message naming the file and field. FLASHATTN_TEST_SEED=N replays.
  */
 #include "model.h"

@@ -388,6 +388,7 @@ static void test_refusals(void **state)
         { "pre_tokenizer", "{\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", \"prepend_scheme\": \"sometimes\"}",
           FA_ERR_INVALID_VALUE, "pre_tokenizer.prepend_scheme" },
         { "decoder", "{\"type\": \"ByteLevel\"}", FA_ERR_UNSUPPORTED, "decoder type 'ByteLevel'" },
+        { "decoder", NULL, FA_ERR_UNSUPPORTED, "decoder is missing" },
         { "decoder", "{\"type\": \"Strip\", \"content\": \" \", \"start\": 1, \"stop\": 0}", FA_ERR_UNSUPPORTED,
           "Strip before Replace" },
         { "decoder", "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Replace\", \"pattern\": {\"String\": \"\\u2581\"}, "

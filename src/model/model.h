@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The Llama runner: llama2.c checkpoints (legacy version-0 format), Hugging
- * Face Llama checkpoints (config.json + safetensors), llama2.c tokenizers, a
- * float32 forward pass whose attention is flashattn's
- * fa_forward, and a sampler. Glue around flashattn.h, OpenBLAS and OpenMP.
+ * Face Llama checkpoints (config.json + safetensors), llama2.c and Hugging Face
+ * (tokenizer.json) tokenizers, a float32 forward pass whose attention is
+ * flashattn's fa_forward, and a sampler. Glue around flashattn.h, OpenBLAS and OpenMP.
  *
  * Errors: every call that can fail returns an fa_status and, when err is not
  * NULL, writes a message naming the offending field into err (at most

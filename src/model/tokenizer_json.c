@@ -284,8 +284,11 @@ static fa_status read_decoder(const reader *rd, const cJSON *d, fa_tokenizer *t,
 {
     *replace = *bytes = 0;
     t->strip_after_bos = 0;
-    if (!d)
-        return FA_OK;
+    if (!d) /* HF joins the tokens with spaces then: not a sentencepiece tokenizer's text */
+        return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED,
+                             "'%s': decoder is missing (Replace \"" META "\" by \" \", ByteFallback, Fuse, Strip, or "
+                             "Metaspace are read)",
+                             rd->file);
     fa_status st;
     const char *ty = type_of(rd, d, "decoder", &st);
     if (!ty)
@@ -439,25 +442,20 @@ static fa_status read_added(const reader *rd, const cJSON *list, int32_t vocab_s
     return FA_OK;
 }
 
-static fa_status build_table(fa_tokenizer *t, const parsed *p, int replace)
+/* The pieces into t's table (text bytes in all, checked to fit 32-bit offsets) and their
+ * decoded forms ("▁" as a space when replace); 0 when out of memory. */
+static int build_table(fa_tokenizer *t, const parsed *p, size_t text, int replace)
 {
-    size_t text = 0;
-    for (int32_t id = 0; id < t->vocab_size; id++) {
-        const size_t len = id < p->n ? strlen(p->piece[id]) : 0;
-        text += len + 1;
-        if (len > (size_t)t->max_token_length)
-            t->max_token_length = (int32_t)len;
-    }
-    if (text > UINT32_MAX)
-        return FA_ERR_SIZE_OVERFLOW;
     uint32_t o = 0, so = 0;
     t->shown = malloc(text);
     t->shown_offset = malloc(sizeof(uint32_t) * ((size_t)t->vocab_size + 1));
     if (!t->shown || !t->shown_offset)
-        return FA_ERR_OUT_OF_MEMORY;
+        return 0;
     for (int32_t id = 0; id < t->vocab_size; id++) {
         const char *s = id < p->n ? p->piece[id] : "";
         const size_t len = strlen(s);
+        if (len > (size_t)t->max_token_length)
+            t->max_token_length = (int32_t)len;
         t->offset[id] = o;
         memcpy(t->text + o, s, len + 1);
         o += (uint32_t)len + 1;
@@ -474,7 +472,7 @@ static fa_status build_table(fa_tokenizer *t, const parsed *p, int replace)
     }
     t->offset[t->vocab_size] = o;
     t->shown_offset[t->vocab_size] = so;
-    return FA_OK;
+    return 1;
 }
 
 /* One merges entry: "a b" (one space) or ["a", "b"]. */
@@ -507,7 +505,7 @@ static fa_status read_merges(const reader *rd, const cJSON *merges, fa_tokenizer
     if (!cJSON_IsArray(merges))
         return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT, "'%s': model.merges is missing or not an array", rd->file);
     const int n = cJSON_GetArraySize(merges);
-    if (n > 4 * t->vocab_size + 64)
+    if ((int64_t)n > 4 * (int64_t)t->vocab_size + 64)
         return fa_model_fail(rd->err, FA_ERR_INVALID_VALUE, "'%s': model.merges has %d entries for %d tokens", rd->file,
                              n, (int)t->vocab_size);
     uint64_t cap = 16;
@@ -661,8 +659,8 @@ fa_status fa_tokenizer_from_json(const char *file, const char *json, size_t byte
     t->bpe = b;
     if ((st = read_decoder(&rd, item(j, "decoder"), t, &replace, &dec_bytes)) != FA_OK)
         goto done;
-    if ((st = build_table(t, &p, replace)) != FA_OK) {
-        st = fa_model_fail(err, st, "out of memory reading '%s'", file);
+    if (!build_table(t, &p, text, replace)) {
+        st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory reading '%s'", file);
         goto done;
     }
     if ((st = fa_tok_index(t, dec_bytes, err)) != FA_OK)
