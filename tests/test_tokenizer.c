@@ -4,8 +4,9 @@
  * models README's prompts and random text (unicode, byte fallback) to the tokenizer.bin's ids
  * by HF's rank-ordered BPE, and decodes them back to the same bytes; a hand-written
  * tokenizer.json gives ids derived by hand (merge ranks, byte fallback, unk, added tokens,
- * lstrip/rstrip, Prepend/Replace against Metaspace, Metaspace's split); and broken files are
- * refused with the status and a message naming the field. FLASHATTN_TEST_SEED=N replays.
+ * lstrip/rstrip, Prepend/Replace against Metaspace, Metaspace's split), and ids recorded from
+ * HF's tokenizers on it and seven variants; and broken files are refused with the status and a
+ * message naming the field. FLASHATTN_TEST_SEED=N replays.
  */
 #include "model.h"
 
@@ -164,13 +165,15 @@ static void test_stories_random(void **state)
 
 /* ---- a tokenizer.json written by hand ---- */
 
+#define PLAIN "\"single_word\": false, \"lstrip\": false, \"rstrip\": false"
 static const char hand_base[] =
     "{\"version\": \"1.0\", \"added_tokens\": ["
-    " {\"id\": 0, \"content\": \"<unk>\", \"special\": true, \"normalized\": false},"
-    " {\"id\": 1, \"content\": \"<s>\", \"special\": true, \"normalized\": false},"
-    " {\"id\": 2, \"content\": \"</s>\", \"special\": true, \"normalized\": false},"
-    " {\"id\": 14, \"content\": \"ab!\", \"special\": false, \"normalized\": false},"
-    " {\"id\": 15, \"content\": \"<sep>\", \"special\": true, \"normalized\": false, \"lstrip\": true, \"rstrip\": true}],"
+    " {\"id\": 0, \"content\": \"<unk>\", \"special\": true, \"normalized\": false, " PLAIN "},"
+    " {\"id\": 1, \"content\": \"<s>\", \"special\": true, \"normalized\": false, " PLAIN "},"
+    " {\"id\": 2, \"content\": \"</s>\", \"special\": true, \"normalized\": false, " PLAIN "},"
+    " {\"id\": 15, \"content\": \"ab!\", \"special\": false, \"normalized\": false, " PLAIN "},"
+    " {\"id\": 16, \"content\": \"<sep>\", \"special\": true, \"normalized\": false, \"single_word\": false,"
+    "  \"lstrip\": true, \"rstrip\": true}],"
     " \"normalizer\": {\"type\": \"Sequence\", \"normalizers\": ["
     "   {\"type\": \"Prepend\", \"prepend\": \"\\u2581\"},"
     "   {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\\u2581\"}]},"
@@ -180,8 +183,12 @@ static const char hand_base[] =
     "   {\"type\": \"ByteFallback\"}, {\"type\": \"Fuse\"}, {\"type\": \"Strip\", \"content\": \" \", \"start\": 1, \"stop\": 0}]},"
     " \"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": \"<unk>\", \"fuse_unk\": true, \"byte_fallback\": true,"
     "   \"vocab\": {\"<unk>\": 0, \"<s>\": 1, \"</s>\": 2, \"<0xC3>\": 3, \"<0xA9>\": 4, \"\\u2581\": 5, \"a\": 6, \"b\": 7,"
-    "     \"c\": 8, \"\\u2581a\": 9, \"ab\": 10, \"\\u2581ab\": 11, \"bc\": 12, \"abc\": 13, \"b\\u2581\": 16},"
-    "   \"merges\": [\"a b\", [\"\\u2581\", \"a\"], \"b c\", \"\\u2581a b\", [\"ab\", \"c\"], \"b \\u2581\"]}}";
+    "     \"c\": 8, \"\\u2581a\": 9, \"ab\": 10, \"\\u2581ab\": 11, \"bc\": 12, \"abc\": 13, \"b\\u2581\": 14},"
+    "   \"merges\": [\"a b\", \"\\u2581 a\", \"b c\", \"\\u2581a b\", \"ab c\", \"b \\u2581\"]}}";
+
+/* the merges as HF writes them today: pairs */
+static const char hand_pairs[] = "\"merges\": [[\"a\", \"b\"], [\"\\u2581\", \"a\"], [\"b\", \"c\"], [\"\\u2581a\", \"b\"], "
+                                 "[\"ab\", \"c\"], [\"b\", \"\\u2581\"]]";
 
 /* hand_base with the text from `from` replaced by `to` (once). */
 static char *edited(const char *base, const char *from, const char *to)
@@ -225,10 +232,10 @@ static void expect_ids(const fa_tokenizer *t, const char *text, const int32_t *w
 
 #define IDS(...) (const int32_t[]){ __VA_ARGS__ }, (int)(sizeof((const int32_t[]){ __VA_ARGS__ }) / sizeof(int32_t))
 
-static void test_hand(void **state)
+/* The hand-written file's ids, each derived by hand. */
+static void hand_cases(const char *base)
 {
-    (void)state;
-    fa_tokenizer *t = from_text(hand_base, 20);
+    fa_tokenizer *t = from_text(base, 20);
     /* "▁abc": (a b) has rank 0, before (▁ a) at rank 1: [▁ ab c]; (▁ ab) is no merge, (ab c)
      * rank 4: [▁ abc] */
     expect_ids(t, "abc", IDS(1, 5, 13));
@@ -239,7 +246,7 @@ static void test_hand(void **state)
     /* "▁ab▁": (a b) first, so (b ▁) never forms */
     expect_ids(t, "ab ", IDS(1, 5, 10, 5));
     /* "▁cb▁": (b ▁) rank 5 is the only merge */
-    expect_ids(t, "cb ", IDS(1, 5, 8, 16));
+    expect_ids(t, "cb ", IDS(1, 5, 8, 14));
     /* é is no piece: its bytes C3 A9 are */
     expect_ids(t, "\xC3\xA9", IDS(1, 5, 3, 4));
     /* d has neither a piece nor a byte piece: unk, and a run of them one unk (fuse_unk) */
@@ -248,10 +255,10 @@ static void test_hand(void **state)
     /* added tokens split the text first; each side is normalized on its own (▁ prepended) */
     expect_ids(t, "a<s>b", IDS(1, 9, 1, 5, 7));
     expect_ids(t, "</s>a", IDS(1, 2, 9));
-    expect_ids(t, "cab!", IDS(1, 5, 8, 14));
+    expect_ids(t, "cab!", IDS(1, 5, 8, 15));
     /* <sep> takes the spaces on both sides (lstrip, rstrip) */
-    expect_ids(t, "a <sep> b", IDS(1, 9, 15, 5, 7));
-    expect_ids(t, "a<sep>  b", IDS(1, 9, 15, 5, 7));
+    expect_ids(t, "a <sep> b", IDS(1, 9, 16, 5, 7));
+    expect_ids(t, "a<sep>  b", IDS(1, 9, 16, 5, 7));
     expect_ids(t, "", IDS(1));
     /* decoding: ▁ as a space, the first piece after BOS without it, byte pieces as bytes */
     size_t len;
@@ -261,7 +268,7 @@ static void test_hand(void **state)
     assert_true(len == 3 && memcmp(p, " ab", 3) == 0);
     p = fa_tokenizer_decode(t, 5, 3, &len);
     assert_true(len == 1 && (unsigned char)p[0] == 0xC3);
-    p = fa_tokenizer_decode(t, 9, 15, &len);
+    p = fa_tokenizer_decode(t, 9, 16, &len);
     assert_true(len == 5 && memcmp(p, "<sep>", 5) == 0);
     p = fa_tokenizer_decode(t, 9, 17, &len); /* ids past the file's (vocab 20) decode to "" */
     assert_true(len == 0);
@@ -271,7 +278,7 @@ static void test_hand(void **state)
      * prepend_scheme "first" none after an added token; split: no merge crosses a ▁ */
     const char *meta = "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", "
                        "\"prepend_scheme\": \"first\", \"split\": true},";
-    char *a = edited(hand_base, "\"pre_tokenizer\": null,", meta);
+    char *a = edited(base, "\"pre_tokenizer\": null,", meta);
     char *b = edited(a, "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": ["
                         "   {\"type\": \"Prepend\", \"prepend\": \"\\u2581\"},"
                         "   {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\\u2581\"}]},",
@@ -286,14 +293,211 @@ static void test_hand(void **state)
     /* the same without split: (b ▁) forms again */
     a = edited(b, "\"split\": true", "\"split\": false");
     t = from_text(a, 20);
-    expect_ids(t, "cb ", IDS(1, 5, 8, 16));
+    expect_ids(t, "cb ", IDS(1, 5, 8, 14));
     fa_tokenizer_free(t);
     free(a), free(b);
     /* with the Prepend normalizer, " a" keeps both: "▁▁a"; a "▁" in the text is a space */
-    t = from_text(hand_base, 20);
+    t = from_text(base, 20);
     expect_ids(t, " a", IDS(1, 5, 9));
     expect_ids(t, "a\xE2\x96\x81" "b", IDS(1, 9, 5, 7));
     fa_tokenizer_free(t);
+}
+
+/* hand_base with its merges as pairs */
+static char *with_pairs(void)
+{
+    const char *m = strstr(hand_base, "\"merges\"");
+    const size_t head = (size_t)(m - hand_base);
+    char *s = malloc(head + strlen(hand_pairs) + 3);
+    memcpy(s, hand_base, head);
+    strcpy(s + head, hand_pairs);
+    strcat(s, "}}");
+    return s;
+}
+
+/* Both spellings of the merges give the same ids. */
+static void test_hand(void **state)
+{
+    (void)state;
+    hand_cases(hand_base);
+    char *p = with_pairs();
+    hand_cases(p);
+    free(p);
+}
+
+/* ---- against HF's tokenizers ---- */
+
+/* Texts and their ids from HF's tokenizers (0.23.3, encode(text, add_special_tokens=False)) on
+ * the hand-written file and variants of it; each row ends at -1. */
+static const char *const hf_texts[] = {
+    "dd\xC3\xA9" "d",
+    " a<s> b",
+    "ab!ab!",
+    "<s>  </s>",
+    "\xE3\x80\x80" "<sep>\xC2\xA0" "c",
+    "abc abcab\xE2\x96\x81" "a",
+    "x\xC3\xA9" "x",
+    " <sep>  ab ",
+    " \tbcxd<sep>\nb",
+    "\xC3\xA9" "bc\xE3\x80\x80" "\xE3\x80\x80" "c\xE2\x96\x81" "cx\xE3\x80\x80" "b\n",
+    "\xE2\x96\x81" "\nb\n\n",
+    "b\xE2\x96\x81" "bx </s>\xE3\x80\x80" " xd",
+};
+static const struct {
+    const char *name;
+    const char *edit[2][2]; /* from, to; NULL: none */
+    int32_t ids[sizeof(hf_texts) / sizeof(hf_texts[0])][16];
+} hf_variants[] = {
+    { "as written", { { NULL, NULL } },
+      {
+          { 5, 3, 4, 0, -1 },
+          { 5, 9, 1, 5, 5, 7, -1 },
+          { 15, 15, -1 },
+          { 1, 5, 5, 5, 2, -1 },
+          { 16, 5, 8, -1 },
+          { 5, 13, 5, 13, 10, 9, -1 },
+          { 5, 3, 4, 0, -1 },
+          { 16, 5, 10, 5, -1 },
+          { 5, 5, 0, 12, 0, 16, 5, 7, -1 },
+          { 5, 3, 4, 12, 0, 8, 5, 8, 0, 7, 0, -1 },
+          { 5, 5, 0, 7, 0, -1 },
+          { 5, 14, 7, 0, 5, 2, 5, 0, 5, 0, -1 },
+      } },
+    { "Metaspace first, split", { { "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [   {\"type\": \"Prepend\", \"prepend\": \"\\u2581\"},   {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\\u2581\"}]}, ", "\"normalizer\": null, " }, { "\"pre_tokenizer\": null,", "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", \"prepend_scheme\": \"first\", \"split\": true}," } },
+      {
+          { 5, 3, 4, 0, -1 },
+          { 9, 1, 5, 7, -1 },
+          { 15, 15, -1 },
+          { 1, 5, 5, 2, -1 },
+          { 16, 8, -1 },
+          { 5, 13, 5, 13, 10, 9, -1 },
+          { 5, 3, 4, 0, -1 },
+          { 16, 10, 5, -1 },
+          { 5, 0, 12, 0, 16, 7, -1 },
+          { 5, 3, 4, 12, 0, 8, 5, 8, 0, 7, 0, -1 },
+          { 5, 0, 7, 0, -1 },
+          { 5, 7, 5, 7, 0, 5, 2, 0, 5, 0, -1 },
+      } },
+    { "Metaspace always, no split", { { "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [   {\"type\": \"Prepend\", \"prepend\": \"\\u2581\"},   {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\\u2581\"}]}, ", "\"normalizer\": null, " }, { "\"pre_tokenizer\": null,", "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", \"prepend_scheme\": \"always\", \"split\": false}," } },
+      {
+          { 5, 3, 4, 0, -1 },
+          { 9, 1, 5, 7, -1 },
+          { 15, 15, -1 },
+          { 1, 5, 5, 2, -1 },
+          { 16, 5, 8, -1 },
+          { 5, 13, 5, 13, 10, 9, -1 },
+          { 5, 3, 4, 0, -1 },
+          { 16, 5, 10, 5, -1 },
+          { 5, 0, 12, 0, 16, 5, 7, -1 },
+          { 5, 3, 4, 12, 0, 8, 5, 8, 0, 7, 0, -1 },
+          { 5, 0, 7, 0, -1 },
+          { 5, 14, 7, 0, 5, 2, 5, 0, 5, 0, -1 },
+      } },
+    { "Metaspace never", { { "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [   {\"type\": \"Prepend\", \"prepend\": \"\\u2581\"},   {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\\u2581\"}]}, ", "\"normalizer\": null, " }, { "\"pre_tokenizer\": null,", "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", \"prepend_scheme\": \"never\", \"split\": true}," } },
+      {
+          { 3, 4, 0, -1 },
+          { 9, 1, 5, 7, -1 },
+          { 15, 15, -1 },
+          { 1, 5, 5, 2, -1 },
+          { 16, 8, -1 },
+          { 13, 5, 13, 10, 9, -1 },
+          { 3, 4, 0, -1 },
+          { 16, 10, 5, -1 },
+          { 5, 0, 12, 0, 16, 7, -1 },
+          { 3, 4, 12, 0, 8, 5, 8, 0, 7, 0, -1 },
+          { 5, 0, 7, 0, -1 },
+          { 7, 5, 7, 0, 5, 2, 0, 5, 0, -1 },
+      } },
+    { "unk not fused", { { "\"fuse_unk\": true", "\"fuse_unk\": false" } },
+      {
+          { 5, 0, 3, 4, 0, 0, -1 },
+          { 5, 9, 1, 5, 5, 7, -1 },
+          { 15, 15, -1 },
+          { 1, 5, 5, 5, 2, -1 },
+          { 16, 5, 8, -1 },
+          { 5, 13, 5, 13, 10, 9, -1 },
+          { 5, 3, 4, 0, 0, -1 },
+          { 16, 5, 10, 5, -1 },
+          { 5, 5, 0, 12, 0, 0, 16, 5, 7, -1 },
+          { 5, 3, 4, 12, 0, 0, 8, 5, 8, 0, 0, 7, 0, -1 },
+          { 5, 5, 0, 7, 0, 0, -1 },
+          { 5, 14, 7, 0, 5, 2, 5, 0, 5, 0, 0, -1 },
+      } },
+    { "no byte fallback", { { "\"byte_fallback\": true", "\"byte_fallback\": false" } },
+      {
+          { 5, 0, -1 },
+          { 5, 9, 1, 5, 5, 7, -1 },
+          { 15, 15, -1 },
+          { 1, 5, 5, 5, 2, -1 },
+          { 16, 5, 8, -1 },
+          { 5, 13, 5, 13, 10, 9, -1 },
+          { 5, 0, -1 },
+          { 16, 5, 10, 5, -1 },
+          { 5, 5, 0, 12, 0, 16, 5, 7, -1 },
+          { 5, 0, 12, 0, 8, 5, 8, 0, 7, 0, -1 },
+          { 5, 5, 0, 7, 0, -1 },
+          { 5, 14, 7, 0, 5, 2, 5, 0, 5, 0, -1 },
+      } },
+    { "no unk_token", { { "\"unk_token\": \"<unk>\", ", "\"unk_token\": null, " } },
+      {
+          { 5, 3, 4, -1 },
+          { 5, 9, 1, 5, 5, 7, -1 },
+          { 15, 15, -1 },
+          { 1, 5, 5, 5, 2, -1 },
+          { 16, 5, 8, -1 },
+          { 5, 13, 5, 13, 10, 9, -1 },
+          { 5, 3, 4, -1 },
+          { 16, 5, 10, 5, -1 },
+          { 5, 5, 12, 16, 5, 7, -1 },
+          { 5, 3, 4, 12, 8, 5, 8, 7, -1 },
+          { 5, 5, 7, -1 },
+          { 5, 14, 14, 2, 5, 5, -1 },
+      } },
+    { "ignore_merges", { { "\"byte_fallback\": true", "\"byte_fallback\": true, \"ignore_merges\": true" } },
+      {
+          { 5, 3, 4, 0, -1 },
+          { 5, 9, 1, 5, 5, 7, -1 },
+          { 15, 15, -1 },
+          { 1, 5, 5, 5, 2, -1 },
+          { 16, 5, 8, -1 },
+          { 5, 13, 5, 13, 10, 9, -1 },
+          { 5, 3, 4, 0, -1 },
+          { 16, 5, 10, 5, -1 },
+          { 5, 5, 0, 12, 0, 16, 5, 7, -1 },
+          { 5, 3, 4, 12, 0, 8, 5, 8, 0, 7, 0, -1 },
+          { 5, 5, 0, 7, 0, -1 },
+          { 5, 14, 7, 0, 5, 2, 5, 0, 5, 0, -1 },
+      } },
+};
+
+static void test_hf_reference(void **state)
+{
+    (void)state;
+    const size_t nt = sizeof(hf_texts) / sizeof(hf_texts[0]);
+    for (size_t v = 0; v < sizeof(hf_variants) / sizeof(hf_variants[0]); v++) {
+        char *text = edited(hand_base, "", "");
+        for (int e = 0; e < 2 && hf_variants[v].edit[e][0]; e++) {
+            char *next = edited(text, hf_variants[v].edit[e][0], hf_variants[v].edit[e][1]);
+            free(text);
+            text = next;
+        }
+        fa_tokenizer *t = from_text(text, 20);
+        for (size_t i = 0; i < nt; i++) {
+            const int32_t *want = hf_variants[v].ids[i];
+            int n = 0;
+            while (want[n] >= 0)
+                n++;
+            int32_t ids[64], k = 0;
+            char err[FA_MODEL_ERR_LEN];
+            assert_int_equal(fa_tokenizer_encode(t, hf_texts[i], 0, 0, ids, 64, &k, err), FA_OK);
+            if (k != n || memcmp(ids, want, sizeof(int32_t) * (size_t)n) != 0) {
+                fprintf(stderr, "%s, text %zu: %d ids, HF's %d\n", hf_variants[v].name, i, (int)k, n);
+                fail();
+            }
+        }
+        fa_tokenizer_free(t);
+        free(text);
+    }
 }
 
 /* ---- refusals ---- */
@@ -357,10 +561,11 @@ static void test_refusals(void **state)
         { "model.merges", NULL, FA_ERR_INVALID_ARGUMENT, "model.merges" },
         { "model.merges", "[\"a b c\"]", FA_ERR_INVALID_ARGUMENT, "model.merges[0]" },
         { "model.merges", "[[\"a\"]]", FA_ERR_INVALID_ARGUMENT, "model.merges[0]" },
-        { "model.merges", "[\"a b\", [\"c\", 5]]", FA_ERR_INVALID_ARGUMENT, "model.merges[1]" },
+        { "model.merges", "[[\"a\", \"b\"], [\"c\", 5]]", FA_ERR_INVALID_ARGUMENT, "model.merges[1]" },
         { "model.merges", "[\"a b\", \"x b\"]", FA_ERR_INVALID_VALUE, "model.merges[1] ('x' 'b'): the left part" },
         { "model.merges", "[\"a c\"]", FA_ERR_INVALID_VALUE, "model.merges[0] ('a' 'c'): their concatenation" },
-        { "model.merges", "[\"a b\", \"b c\", [\"a\", \"b\"]]", FA_ERR_INVALID_VALUE, "model.merges[2] ('a' 'b') is there twice" },
+        { "model.merges", "[\"a b\", \"b c\", \"a b\"]", FA_ERR_INVALID_VALUE, "model.merges[2] ('a' 'b') is there twice" },
+        { "model.merges", "[\"a b\", [\"b\", \"c\"]]", FA_ERR_INVALID_ARGUMENT, "model.merges[1] is an array where" },
         { "model.dropout", "0.1", FA_ERR_UNSUPPORTED, "model.dropout" },
         { "model.continuing_subword_prefix", "\"##\"", FA_ERR_UNSUPPORTED, "model.continuing_subword_prefix" },
         { "model.unk_token", "\"<nope>\"", FA_ERR_INVALID_VALUE, "model.unk_token '<nope>'" },
@@ -423,17 +628,25 @@ static void test_refusals(void **state)
     } edits[] = {
         { "\"content\": \"</s>\", \"special\": true", "\"content\": \"</s>\", \"special\": false", FA_ERR_INVALID_VALUE,
           "stops at id 2" },
-        { "\"id\": 14, \"content\": \"ab!\"", "\"id\": 14, \"content\": \"abc\"", FA_ERR_INVALID_VALUE,
+        { "\"id\": 15, \"content\": \"ab!\"", "\"id\": 15, \"content\": \"abc\"", FA_ERR_INVALID_VALUE,
           "token 'abc' is there twice" },
+        { "\"b\\u2581\": 14", "\"b\\u2581\": 16", FA_ERR_INVALID_VALUE, "gives id 16 to '<sep>'" },
+        { "\"id\": 15, \"content\": \"ab!\"", "\"id\": 17, \"content\": \"ab!\"", FA_ERR_INVALID_VALUE,
+          "id 15 is in neither" },
         { "\"lstrip\": true", "\"lstrip\": 1", FA_ERR_INVALID_VALUE, "added_tokens[4].lstrip" },
-        { "\"id\": 15, \"content\": \"<sep>\", \"special\": true", "\"id\": 15, \"content\": \"<sep>\", \"single_word\": true",
-          FA_ERR_UNSUPPORTED, "added_tokens[4] ('<sep>'): single_word" },
+        { "\"single_word\": false,  \"lstrip\": true", "\"single_word\": true,  \"lstrip\": true", FA_ERR_UNSUPPORTED,
+          "added_tokens[4] ('<sep>'): single_word" },
     };
     for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++) {
         char *e = edited(hand_base, edits[i].from, edits[i].to);
         expect_refused(e, 20, edits[i].st, edits[i].field, "bad.json");
         free(e);
     }
+    /* added tokens outside model.vocab numbered otherwise than HF numbers them (in order) */
+    char *x = edited(hand_base, "\"id\": 15, \"content\": \"ab!\"", "\"id\": 16, \"content\": \"ab!\"");
+    char *y = edited(x, "\"id\": 16, \"content\": \"<sep>\"", "\"id\": 15, \"content\": \"<sep>\"");
+    expect_refused(y, 20, FA_ERR_INVALID_VALUE, "added_tokens[3] ('ab!') has id 16", "numbers");
+    free(x), free(y);
     /* a key twice in model.vocab (cJSON keeps both) */
     char *twice = edited(hand_base, "\"c\": 8,", "\"c\": 8, \"c\": 17,");
     expect_refused(twice, 20, FA_ERR_INVALID_VALUE, "token 'c' is there twice", NULL);
@@ -507,6 +720,7 @@ int main(void)
         cmocka_unit_test(test_stories_prompts),
         cmocka_unit_test(test_stories_random),
         cmocka_unit_test(test_hand),
+        cmocka_unit_test(test_hf_reference),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_write),
     };

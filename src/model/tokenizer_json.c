@@ -531,6 +531,12 @@ static fa_status read_merges(const reader *rd, const cJSON *merges, fa_tokenizer
                                "'%s': model.merges[%d] must be \"a b\" (one space) or [\"a\", \"b\"]", rd->file, r);
             break;
         }
+        if (cJSON_IsString(e) != cJSON_IsString(merges->child)) { /* as HF: one form a file */
+            st = fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT,
+                               "'%s': model.merges[%d] is %s where merges[0] is %s: one form a file", rd->file, r,
+                               cJSON_IsString(e) ? "a string" : "an array", cJSON_IsString(e) ? "an array" : "a string");
+            break;
+        }
         const int32_t a = model_lookup(t, x, lx), c = model_lookup(t, y, ly);
         int32_t m = -1;
         if (a >= 0 && c >= 0 && lx + ly <= 2 * (size_t)t->max_token_length) {
@@ -672,6 +678,25 @@ fa_status fa_tokenizer_from_json(const char *file, const char *json, size_t byte
                                t->text + t->offset[x], (int)x, (int)y);
             goto done;
         }
+    }
+    /* HF numbers the added tokens outside model.vocab itself, in the file's order, from the
+     * size of model.vocab on (the ids written beside them only draw a warning): ids that
+     * differ would make its encoding and this one disagree */
+    int32_t next_id = 0;
+    for (int32_t id = 0; id < vocab_size; id++)
+        next_id += b->in_model[id];
+    for (int32_t k = 0; k < b->n_added; k++) {
+        const int32_t id = b->added[k].id;
+        if (b->in_model[id])
+            continue;
+        if (id != next_id) {
+            st = fa_model_fail(err, FA_ERR_INVALID_VALUE,
+                               "'%s': added_tokens[%d] ('%.40s') has id %d, but HF numbers the added tokens outside "
+                               "model.vocab from its size on: %d",
+                               file, (int)k, t->text + t->offset[id], (int)id, (int)next_id);
+            goto done;
+        }
+        next_id++;
     }
     if ((st = read_merges(&rd, item(model, "merges"), t)) != FA_OK)
         goto done;

@@ -64,6 +64,15 @@ static cJSON *typed(const char *type)
     return o;
 }
 
+/* One element of a TemplateProcessing template: {kind: {"id": id, "type_id": type_id}}. */
+static void template_item(cJSON *list, const char *kind, const char *id, int type_id)
+{
+    cJSON *e = cJSON_CreateObject(), *in = cJSON_AddObjectToObject(e, kind);
+    cJSON_AddStringToObject(in, "id", id);
+    cJSON_AddNumberToObject(in, "type_id", type_id);
+    cJSON_AddItemToArray(list, e);
+}
+
 /* A tokenizer.bin's pieces (tokenizer.c's table) as a tokenizer.json tree; *err set on refusal. */
 static cJSON *bin_to_json(const fa_tokenizer *t, char *err, fa_status *st)
 {
@@ -142,15 +151,17 @@ static cJSON *bin_to_json(const fa_tokenizer *t, char *err, fa_status *st)
     cJSON_AddItemToArray(nl, meta_replace(" ", META));
     cJSON_AddItemToObject(j, "normalizer", norm);
     cJSON_AddNullToObject(j, "pre_tokenizer");
+    /* BOS before each sequence, as Llama-2's files have it (the runner adds BOS itself) */
     cJSON *post = typed("TemplateProcessing"), *single = cJSON_AddArrayToObject(post, "single");
-    cJSON *bos = cJSON_CreateObject(), *seq = cJSON_CreateObject();
-    cJSON_AddNumberToObject(cJSON_AddObjectToObject(bos, "SpecialToken"), "type_id", 0);
-    cJSON_AddStringToObject(cJSON_GetObjectItem(bos, "SpecialToken"), "id", name[FA_TOKEN_BOS]);
-    cJSON_AddStringToObject(cJSON_AddObjectToObject(seq, "Sequence"), "id", "A");
-    cJSON_AddNumberToObject(cJSON_GetObjectItem(seq, "Sequence"), "type_id", 0);
-    cJSON_AddItemToArray(single, bos);
-    cJSON_AddItemToArray(single, seq);
-    cJSON *specials = cJSON_AddObjectToObject(post, "special_tokens"), *bt = cJSON_AddObjectToObject(specials, name[1]);
+    cJSON *two = cJSON_AddArrayToObject(post, "pair");
+    template_item(single, "SpecialToken", name[FA_TOKEN_BOS], 0);
+    template_item(single, "Sequence", "A", 0);
+    template_item(two, "SpecialToken", name[FA_TOKEN_BOS], 0);
+    template_item(two, "Sequence", "A", 0);
+    template_item(two, "SpecialToken", name[FA_TOKEN_BOS], 1);
+    template_item(two, "Sequence", "B", 1);
+    cJSON *specials = cJSON_AddObjectToObject(post, "special_tokens");
+    cJSON *bt = cJSON_AddObjectToObject(specials, name[FA_TOKEN_BOS]);
     cJSON_AddStringToObject(bt, "id", name[FA_TOKEN_BOS]);
     cJSON_AddItemToArray(cJSON_AddArrayToObject(bt, "ids"), cJSON_CreateNumber(FA_TOKEN_BOS));
     cJSON_AddItemToArray(cJSON_AddArrayToObject(bt, "tokens"), cJSON_CreateString(name[FA_TOKEN_BOS]));
