@@ -2,10 +2,10 @@
 /*
  * libFuzzer harness for the checkpoint and tokenizer loaders (src/model): any bytes must
  * give FA_OK or a refusal, never a crash or an out-of-bounds read. The same bytes go to
- * each loader: as a llama2.c checkpoint, as a tokenizer, as a safetensors file of a tiny
- * fixed config, and as config.json. A model a loader accepts has every weight array read
- * end to end (AddressSanitizer checks the bounds); an accepted tokenizer encodes and
- * decodes text made from the same bytes.
+ * each loader: as a llama2.c checkpoint, as a tokenizer.bin and a tokenizer.json, as a
+ * safetensors file of a tiny fixed config, and as config.json. A model a loader accepts has
+ * every weight array read end to end (AddressSanitizer checks the bounds); an accepted
+ * tokenizer encodes and decodes text made from the same bytes.
  *
  *   fuzz_loader -max_total_time=25 CORPUS_DIR
  */
@@ -70,6 +70,30 @@ static void hf(const uint8_t *data, size_t size)
     }
 }
 
+/* An accepted tokenizer encodes text made of the input's last bytes and decodes every id. */
+static void exercise(fa_tokenizer *t, const uint8_t *data, size_t size, int32_t vocab)
+{
+    char text[64], err[FA_MODEL_ERR_LEN];
+    size_t n = size < sizeof(text) - 1 ? size : sizeof(text) - 1;
+    memcpy(text, data + size - n, n);
+    text[n] = 0;
+    int32_t ids[sizeof(text) + 3], k = 0;
+    if (fa_tokenizer_encode(t, text, 1, 1, ids, (int32_t)(sizeof(ids) / sizeof(ids[0])), &k, err) == FA_OK)
+        for (int32_t i = 1; i < k; i++) {
+            size_t len;
+            const char *p = fa_tokenizer_decode(t, ids[i - 1], ids[i], &len);
+            volatile char sink = len ? p[len - 1] : 0;
+            (void)sink;
+        }
+    for (int32_t id = -1; id <= vocab; id++) {
+        size_t len;
+        const char *p = fa_tokenizer_decode(t, FA_TOKEN_BOS, id, &len);
+        volatile char sink = len ? p[0] : 0;
+        (void)sink;
+    }
+    fa_tokenizer_free(t);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     hf(data, size);
@@ -85,30 +109,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fa_model_free(m);
     }
     free(img);
-    /* the same bytes as a tokenizer of a vocabulary size taken from the first two */
+    /* the same bytes as a tokenizer.bin and a tokenizer.json of a vocabulary size taken from the
+     * first two */
     int32_t vocab = size >= 2 ? 3 + (int32_t)((data[0] | data[1] << 8) % 600) : 512;
     fa_tokenizer *t = NULL;
-    if (fa_tokenizer_from_memory(data, size, vocab, &t, err) == FA_OK) {
-        char text[64];
-        size_t n = size < sizeof(text) - 1 ? size : sizeof(text) - 1;
-        memcpy(text, data + size - n, n);
-        text[n] = 0;
-        int32_t ids[sizeof(text) + 3], k = 0;
-        if (fa_tokenizer_encode(t, text, 1, 1, ids, (int32_t)(sizeof(ids) / sizeof(ids[0])), &k,
-                                err) == FA_OK)
-            for (int32_t i = 1; i < k; i++) {
-                size_t len;
-                const char *p = fa_tokenizer_decode(t, ids[i - 1], ids[i], &len);
-                volatile char sink = len ? p[len - 1] : 0;
-                (void)sink;
-            }
-        for (int32_t id = -1; id <= vocab; id++) {
-            size_t len;
-            const char *p = fa_tokenizer_decode(t, FA_TOKEN_BOS, id, &len);
-            volatile char sink = len ? p[0] : 0;
-            (void)sink;
-        }
-        fa_tokenizer_free(t);
-    }
+    if (fa_tokenizer_from_memory(data, size, vocab, &t, err) == FA_OK)
+        exercise(t, data, size, vocab);
+    if (fa_tokenizer_from_json("tokenizer.json", (const char *)data, size, vocab, &t, err) == FA_OK)
+        exercise(t, data, size, vocab);
     return 0;
 }

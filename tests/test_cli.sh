@@ -250,11 +250,21 @@ grep -q "truncated" "$tmp/err" || { echo "FAIL: truncation not reported"; cat "$
 expect_rc 0 "bench-model" "$fa" bench-model --config 64x2x4x2x96x512x64 --prompt-len 40 --decode 4
 grep -q "^flash " "$tmp/out" && grep -q "^standard " "$tmp/out" || { echo "FAIL: bench-model rows"; cat "$tmp/out"; fails=$((fails + 1)); }
 # a Hugging Face export of stories260K generates the .bin's text; bad exports are refused
-expect_rc 0 "export-hf" "$fa" export-hf --model "$(dirname "$0")/../models/stories260K.bin" --out "$tmp/hf" --shards 2
-expect_rc 0 "generate from an HF directory" "$fa" generate --model "$tmp/hf" --prompt "Once upon a time" --steps 40 --temperature 0
+# (with tokenizer.json, which generate takes from the directory)
+expect_rc 0 "export-hf" "$fa" export-hf --model "$(dirname "$0")/../models/stories260K.bin" --out "$tmp/hf" --shards 2 \
+  --tokenizer "$(dirname "$0")/../models/tok512.bin"
+expect_rc 0 "generate from an HF directory" "$fa" generate --model "$tmp/hf" --prompt "Once upon a time" --steps 40 --temperature 0 --ids
 head -1 "$tmp/out" >"$tmp/hf.txt"
-expect_rc 0 "generate from the .bin" "$fa" generate --prompt "Once upon a time" --steps 40 --temperature 0
+grep "^ids:" "$tmp/err" >"$tmp/hf.ids"
+expect_rc 0 "generate from the .bin" "$fa" generate --prompt "Once upon a time" --steps 40 --temperature 0 --ids
 head -1 "$tmp/out" | cmp -s - "$tmp/hf.txt" || { echo "FAIL: the HF export generates other text"; fails=$((fails + 1)); }
+grep "^ids:" "$tmp/err" | cmp -s - "$tmp/hf.ids" || { echo "FAIL: the HF export generates other ids"; fails=$((fails + 1)); }
+expect_rc 0 "export-hf of an HF directory" "$fa" export-hf --model "$tmp/hf" --out "$tmp/hf2"
+cmp -s "$tmp/hf/tokenizer.json" "$tmp/hf2/tokenizer.json" || { echo "FAIL: tokenizer.json not carried over"; fails=$((fails + 1)); }
+sed -i 's/"BPE"/"Unigram"/' "$tmp/hf2/tokenizer.json"
+expect_rc 1 "generate with a tokenizer.json it cannot read" "$fa" generate --model "$tmp/hf2"
+grep -q "tokenizer.json': model.type" "$tmp/err" || { echo "FAIL: the refused tokenizer.json names no field"; cat "$tmp/err"; fails=$((fails + 1)); }
+expect_rc 0 "generate with --tokenizer over the directory's" "$fa" generate --model "$tmp/hf2" --tokenizer "$(dirname "$0")/../models/tok512.bin" --steps 5
 expect_usage "export-hf without --out" "$fa" export-hf --model x.bin
 expect_usage "export-hf bad dtype" "$fa" export-hf --model x.bin --out "$tmp/y" --dtype f8
 expect_rc 1 "export-hf of a missing model" "$fa" export-hf --model "$tmp/none.bin" --out "$tmp/y"

@@ -4,7 +4,8 @@
  * the .bin's greedy ids id for id; f16/bf16 exports equal the .bin with its weights rounded the
  * same way (logits bit for bit) and stay within the rounding's error model of f32; a GQA
  * synthetic model with a separate lm_head, rope_theta and rms_norm_eps round-trips exactly; the
- * un-permuted q/k give HF's rotate-half attention scores; and broken directories are refused
+ * un-permuted q/k give HF's rotate-half attention scores; rope_scaling's llama3 and linear
+ * frequencies equal HF's formula in float64; and broken directories are refused
  * with the status and a message naming the file and field. FLASHATTN_TEST_SEED=N replays.
  */
 #include "model.h"
@@ -373,6 +374,84 @@ static void test_rope_layout(void **state)
     rm_dir(dir);
 }
 
+/* HF's llama3 frequencies (_compute_llama3_parameters) and linear scaling, in float64. */
+static double hf_inv_freq(double theta, int hs, int i, const fa_rope_scaling *r)
+{
+    double inv = pow(theta, -2.0 * i / hs);
+    if (r->type == FA_ROPE_SCALING_LINEAR)
+        return inv / r->factor;
+    if (r->type != FA_ROPE_SCALING_LLAMA3)
+        return inv;
+    double old = r->original_max_pos, wavelen = 2 * M_PI / inv;
+    if (wavelen < old / r->high_freq_factor)
+        return inv;
+    if (wavelen > old / r->low_freq_factor)
+        return inv / r->factor;
+    double smooth = (old / wavelen - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+    return (1 - smooth) * inv / r->factor + smooth * inv;
+}
+
+/* rope_scaling: Llama-3.1-8B's llama3 parameters (theta 5e5, head_size 128) give HF's
+ * frequencies within float rounding, with three bands checked by hand; linear divides them; a
+ * config.json with either loads, and an export writes it back. */
+static void test_rope_scaling(void **state)
+{
+    (void)state;
+    char err[FA_MODEL_ERR_LEN], dir[64];
+    fa_model_config c;
+    assert_int_equal(fa_model_config_parse("llama3-8b", &c, err), FA_OK);
+    c.rope_scaling = (fa_rope_scaling){ FA_ROPE_SCALING_LLAMA3, 8.0f, 1.0f, 4.0f, 8192 };
+    assert_int_equal(fa_model_config_check(&c, NULL, err), FA_OK);
+    /* by hand: pair 0 (wavelength 2 pi) is kept; pair 30 has wavelength 2948 between 8192 / 4
+     * and 8192, so smooth = (8192 / 2948.30 - 1) / 3 = 0.592844 and the frequency is
+     * 0.00213112 (0.592844 + 0.407156 / 8) = 0.00137189; pair 63 (wavelength 2.56e6) is
+     * 5e5^(-126/128) / 8 = 2.45514e-6 / 8 */
+    const struct { int i; double f; } hand[] = { { 0, 1.0 }, { 20, 0.016560440080994446 },
+                                                  { 30, 0.0013718935677611381 }, { 63, 3.068925988914511e-07 } };
+    for (size_t k = 0; k < sizeof(hand) / sizeof(hand[0]); k++)
+        assert_true(fabs(fa_model_rope_angle(&c, 1, hand[k].i) / hand[k].f - 1) < 2e-6);
+    const fa_rope_scaling kinds[] = { { FA_ROPE_SCALING_LLAMA3, 8.0f, 1.0f, 4.0f, 8192 },
+                                      { FA_ROPE_SCALING_LLAMA3, 32.0f, 1.0f, 32.0f, 4096 },
+                                      { FA_ROPE_SCALING_LINEAR, 4.0f, 0, 0, 0 },
+                                      { FA_ROPE_SCALING_NONE, 0, 0, 0, 0 } };
+    int medium = 0;
+    for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+        c.rope_scaling = kinds[k];
+        for (int i = 0; i < 64; i++) {
+            double want = hf_inv_freq(5e5, 128, i, &kinds[k]);
+            double wavelen = 2 * M_PI / pow(5e5, -i / 64.0);
+            medium += kinds[k].type == FA_ROPE_SCALING_LLAMA3 && wavelen < kinds[k].original_max_pos / kinds[k].low_freq_factor &&
+                      wavelen > kinds[k].original_max_pos / kinds[k].high_freq_factor;
+            for (int pos = 1; pos < 100000; pos *= 7) {
+                double got = fa_model_rope_angle(&c, pos, i);
+                if (fabs(got / (pos * want) - 1) > 2e-6) {
+                    fprintf(stderr, "scaling %zu pair %d pos %d: %.9g, HF %.9g\n", k, i, pos, got, pos * want);
+                    fail();
+                }
+            }
+        }
+    }
+    assert_true(medium >= 8); /* the blend is exercised, not only the two outer bands */
+    /* through config.json and back */
+    fa_model_config t;
+    assert_int_equal(fa_model_config_parse("32x2x4x2x48x40x16", &t, err), FA_OK);
+    t.rope_theta = 500000.0f;
+    for (int k = 0; k < 3; k++) {
+        t.rope_scaling = kinds[k];
+        fa_model *m;
+        assert_int_equal(fa_model_synth(&t, 3, &m, err), FA_OK);
+        mktemp_dir(dir);
+        assert_int_equal(fa_model_write_hf(m, dir, FA_HF_F32, 1, err), FA_OK);
+        fa_model *h = open_hf(dir);
+        assert_memory_equal(&h->config.rope_scaling, &kinds[k], sizeof(fa_rope_scaling));
+        for (int i = 0; i < 4; i++)
+            assert_true(fa_model_rope_angle(&h->config, 15, i) == fa_model_rope_angle(&m->config, 15, i));
+        fa_model_free(h);
+        fa_model_free(m);
+        rm_dir(dir);
+    }
+}
+
 /* ---- refusals ---- */
 
 /* A tiny valid checkpoint (GQA, head_size 8) written in dir, f32, in `shards` files. */
@@ -491,8 +570,18 @@ static void test_config_refusals(void **state)
         const char *field;
     } bad[] = {
         { "hidden_act", "\"gelu\"", FA_ERR_UNSUPPORTED, "hidden_act" },
-        { "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}", FA_ERR_UNSUPPORTED, "rope_scaling" },
-        { "rope_scaling", "{\"type\": \"linear\", \"factor\": 2.0}", FA_ERR_UNSUPPORTED, "linear" },
+        { "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}", FA_ERR_INVALID_ARGUMENT,
+          "rope_scaling.low_freq_factor is missing" },
+        { "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4, \"high_freq_factor\": 1, "
+                          "\"original_max_position_embeddings\": 64}", FA_ERR_INVALID_VALUE, "rope_scaling.high_freq_factor" },
+        { "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4, "
+                          "\"original_max_position_embeddings\": 6.5}", FA_ERR_INVALID_VALUE, "original_max_position_embeddings" },
+        { "rope_scaling", "{\"type\": \"linear\", \"factor\": -2.0}", FA_ERR_INVALID_VALUE, "rope_scaling.factor" },
+        { "rope_scaling", "{\"type\": \"linear\"}", FA_ERR_INVALID_ARGUMENT, "rope_scaling.factor is missing" },
+        { "rope_scaling", "{\"type\": \"dynamic\", \"factor\": 2.0}", FA_ERR_UNSUPPORTED, "rope_scaling type 'dynamic'" },
+        { "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", FA_ERR_UNSUPPORTED, "yarn" },
+        { "rope_scaling", "{\"factor\": 4.0}", FA_ERR_INVALID_ARGUMENT, "rope_scaling.rope_type" },
+        { "rope_scaling", "[1]", FA_ERR_INVALID_ARGUMENT, "rope_scaling must be an object" },
         { "model_type", "\"gpt2\"", FA_ERR_UNSUPPORTED, "model_type" },
         { "model_type", NULL, FA_ERR_INVALID_ARGUMENT, "model_type" },
         { "attention_bias", "true", FA_ERR_UNSUPPORTED, "attention_bias" },
@@ -714,6 +803,7 @@ int main(void)
         cmocka_unit_test(test_stories_16bit),
         cmocka_unit_test(test_gqa_roundtrip),
         cmocka_unit_test(test_rope_layout),
+        cmocka_unit_test(test_rope_scaling),
         cmocka_unit_test(test_config_refusals),
         cmocka_unit_test(test_safetensors_refusals),
         cmocka_unit_test(test_index_refusals),

@@ -5,9 +5,19 @@
 #include "engine.h"
 #include "model.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+
+/* dir/tokenizer.json into path when dir is a directory holding one. */
+static int dir_tokenizer(const char *dir, char *path, size_t cap)
+{
+    struct stat sb;
+    return stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode) &&
+           (size_t)snprintf(path, cap, "%s/tokenizer.json", dir) < cap && stat(path, &sb) == 0;
+}
 
 int cli_parse_matvec(const char *s, fa_matvec *out)
 {
@@ -25,7 +35,8 @@ static const char *gen_help =
     "usage: flashattn generate [options]\n"
     "\n"
     "Generates text with a llama2.c checkpoint (legacy format, float32) or a Hugging Face\n"
-    "Llama directory (config.json + safetensors, f32/f16/bf16) and a llama2.c tokenizer,\n"
+    "Llama directory (config.json + safetensors, f32/f16/bf16) and a llama2.c tokenizer.bin\n"
+    "or an HF tokenizer.json (Llama-2-style sentencepiece BPE; the directory's own is used),\n"
     "streaming it to stdout as it is produced. On cpu attention runs through fa_forward (the\n"
     "whole prompt in one causal prefill, then one query per step against the KV cache); on\n"
     "cuda the runner's engine serves the prompt as one request of its scheduler. At the\n"
@@ -34,7 +45,9 @@ static const char *gen_help =
     "the prompt (BOS included), as llama2.c's run.c does; generation stops at BOS or EOS.\n"
     "\n"
     "  --model PATH          checkpoint file or HF directory [" FA_MODELS_DIR "/stories260K.bin]\n"
-    "  --tokenizer PATH      tokenizer                   [" FA_MODELS_DIR "/tok512.bin]\n"
+    "  --tokenizer PATH      tokenizer.bin, or *.json as tokenizer.json\n"
+    "                        [DIR/tokenizer.json when --model DIR has one, else\n"
+    "                        " FA_MODELS_DIR "/tok512.bin]\n"
     "  --prompt TEXT                                                 [\"\"]\n"
     "  --steps N             0 = the model's seq_len                 [256]\n"
     "  --temperature T       0 = greedy (argmax)                     [1.0]\n"
@@ -201,7 +214,8 @@ int cmd_generate(int argc, char **argv)
                *tok_path = FA_MODELS_DIR "/tok512.bin", *prompt = "";
     long steps = 256, seed = -1, chunk = 0, threads = 0;
     double temperature = 1.0, topp = 0.9;
-    int print_ids = 0, no_graphs = 0;
+    int print_ids = 0, no_graphs = 0, tok_given = 0;
+    char dir_tok[4096];
     fa_matvec matvec = FA_MATVEC_AUTO;
     fa_backend backend = FA_BACKEND_CPU;
     enum { MODEL, TOKENIZER, PROMPT, STEPS, TEMPERATURE, TOPP, SEED, CHUNK, MATVEC, IDS, GRAPHS, N_OPTIONS };
@@ -223,6 +237,7 @@ int cmd_generate(int argc, char **argv)
             break;
         case TOKENIZER:
             tok_path = v;
+            tok_given = 1;
             break;
         case PROMPT:
             prompt = v;
@@ -267,6 +282,8 @@ int cmd_generate(int argc, char **argv)
         return cli_usage_error("generate", "--backend: generate runs on cpu or cuda");
     if (seed < 0)
         seed = (long)time(NULL);
+    if (!tok_given && dir_tokenizer(model_path, dir_tok, sizeof(dir_tok)))
+        tok_path = dir_tok;
 
     char err[FA_MODEL_ERR_LEN];
     fa_model *m = NULL;
@@ -412,27 +429,33 @@ int cmd_gen_model(int argc, char **argv)
 }
 
 static const char *ex_help =
-    "usage: flashattn export-hf --model FILE.bin --out DIR [--dtype f32|f16|bf16] [--shards N]\n"
+    "usage: flashattn export-hf --model FILE.bin --out DIR [--tokenizer PATH] [--dtype f32|f16|bf16]\n"
+    "                           [--shards N]\n"
     "\n"
     "Writes a llama2.c checkpoint as a Hugging Face Llama directory: config.json and\n"
     "model.safetensors, or N shard files and model.safetensors.index.json. q_proj and k_proj\n"
     "rows are permuted into HF's rotate-half order; f16 and bf16 round to nearest even.\n"
+    "With a tokenizer, tokenizer.json too: a tokenizer.bin becomes a sentencepiece-style BPE\n"
+    "(merges ranked by the pieces' scores), a tokenizer.json is copied as it was read.\n"
     "`flashattn generate --model DIR` reads it back.\n"
     "\n"
     "  --model PATH          the llama2.c checkpoint (or an HF directory) to convert\n"
     "  --out DIR             the directory to write (created if missing)\n"
+    "  --tokenizer PATH      tokenizer.bin or *.json to write as tokenizer.json\n"
+    "                        [--model DIR's tokenizer.json if it has one, else none]\n"
     "  --dtype f32|f16|bf16  tensor type                              [f32]\n"
     "  --shards N            safetensors files                        [1]\n";
 
 int cmd_export_hf(int argc, char **argv)
 {
-    const char *model_path = NULL, *out = NULL;
+    const char *model_path = NULL, *out = NULL, *tok_path = NULL;
+    char dir_tok[4096];
     fa_hf_dtype dtype = FA_HF_F32;
     long shards = 1;
-    enum { MODEL, OUT, DTYPE, SHARDS, N_OPTIONS };
+    enum { MODEL, OUT, TOKENIZER, DTYPE, SHARDS, N_OPTIONS };
     static const cli_option options[N_OPTIONS] = {
-        [MODEL] = { "--model", 1 }, [OUT] = { "--out", 1 }, [DTYPE] = { "--dtype", 1 },
-        [SHARDS] = { "--shards", 1 },
+        [MODEL] = { "--model", 1 }, [OUT] = { "--out", 1 }, [TOKENIZER] = { "--tokenizer", 1 },
+        [DTYPE] = { "--dtype", 1 }, [SHARDS] = { "--shards", 1 },
     };
     cli_args args = { "export-hf", ex_help, argc, argv, options, N_OPTIONS, NULL, NULL, 0 };
     int opt, rc;
@@ -442,6 +465,8 @@ int cmd_export_hf(int argc, char **argv)
             model_path = v;
         } else if (opt == OUT) {
             out = v;
+        } else if (opt == TOKENIZER) {
+            tok_path = v;
         } else if (opt == DTYPE) {
             if (strcmp(v, "f32") == 0)
                 dtype = FA_HF_F32;
@@ -459,18 +484,33 @@ int cmd_export_hf(int argc, char **argv)
         return rc == CLI_HELP ? 0 : rc;
     if (!model_path || !out)
         return cli_usage_error("export-hf", "--model and --out are required");
-    char err[FA_MODEL_ERR_LEN];
+    if (!tok_path && dir_tokenizer(model_path, dir_tok, sizeof(dir_tok)))
+        tok_path = dir_tok;
+    char err[FA_MODEL_ERR_LEN], tok_out[4096];
     fa_model *m;
+    fa_tokenizer *t = NULL;
     fa_status s = fa_model_load(model_path, &m, err);
+    /* the tokenizer is read before anything is written, so that a bad one leaves no files */
+    if (s == FA_OK && tok_path && (s = fa_tokenizer_open(tok_path, m->config.vocab_size, &t, err)) != FA_OK)
+        fa_model_free(m);
     if (s == FA_OK) {
         s = fa_model_write_hf(m, out, dtype, (int32_t)shards, err);
         fa_model_free(m);
     }
+    if (s == FA_OK && t) {
+        if ((size_t)snprintf(tok_out, sizeof(tok_out), "%s/tokenizer.json", out) >= sizeof(tok_out)) {
+            s = FA_ERR_INVALID_ARGUMENT;
+            snprintf(err, sizeof(err), "path '%s/tokenizer.json' is too long", out);
+        } else {
+            s = fa_tokenizer_write_json(t, tok_out, err);
+        }
+    }
+    fa_tokenizer_free(t);
     if (s != FA_OK) {
         fprintf(stderr, "flashattn export-hf: %s (%s)\n", err, fa_status_string(s));
         return CLI_EXIT_FAIL;
     }
-    printf("wrote %s: %s, %ld file%s\n", out, dtype == FA_HF_F32 ? "f32" : dtype == FA_HF_F16 ? "f16" : "bf16",
-           shards, shards == 1 ? "" : "s and an index");
+    printf("wrote %s: %s, %ld file%s%s\n", out, dtype == FA_HF_F32 ? "f32" : dtype == FA_HF_F16 ? "f16" : "bf16",
+           shards, shards == 1 ? "" : "s and an index", tok_path ? ", tokenizer.json" : "");
     return 0;
 }

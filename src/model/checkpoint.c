@@ -141,6 +141,20 @@ fa_status fa_model_config_check(const fa_model_config *c, uint64_t *bytes, char 
     if (!(c->norm_eps == 0.0f || (c->norm_eps > 0.0f && c->norm_eps <= FLT_MAX)))
         return fa_model_fail(err, FA_ERR_INVALID_VALUE, "norm_eps (%g) must be positive and finite",
                     (double)c->norm_eps);
+    const fa_rope_scaling *rs = &c->rope_scaling;
+    if (rs->type < FA_ROPE_SCALING_NONE || rs->type > FA_ROPE_SCALING_LLAMA3)
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "rope_scaling.type (%d) must be 0 (none), 1 (linear) or "
+                             "2 (llama3)", (int)rs->type);
+    if (rs->type != FA_ROPE_SCALING_NONE && !(rs->factor > 0.0f && rs->factor <= FLT_MAX))
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "rope_scaling.factor (%g) must be positive and finite",
+                             (double)rs->factor);
+    if (rs->type == FA_ROPE_SCALING_LLAMA3 &&
+        !(rs->low_freq_factor > 0.0f && rs->high_freq_factor > rs->low_freq_factor &&
+          rs->high_freq_factor <= FLT_MAX && rs->original_max_pos > 0))
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE,
+                             "rope_scaling: llama3 needs 0 < low_freq_factor (%g) < high_freq_factor (%g) and "
+                             "original_max_position_embeddings (%d) > 0",
+                             (double)rs->low_freq_factor, (double)rs->high_freq_factor, (int)rs->original_max_pos);
     if (c->shared_classifier != 0 && c->shared_classifier != 1)
         return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "shared_classifier (%d) must be 0 or 1",
                     (int)c->shared_classifier);
@@ -195,7 +209,7 @@ fa_status fa_model_adopt(const void *data, size_t bytes, int owner, fa_model **o
     }
     *out = NULL;
     fa_status st = FA_OK;
-    fa_model_config c;
+    fa_model_config c = { 0 };
     uint64_t need = 0;
     if (!data) {
         st = fa_model_fail(err, FA_ERR_NULL_POINTER, "checkpoint data is NULL");

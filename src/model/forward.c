@@ -161,7 +161,23 @@ float fa_model_rope_angle(const fa_model_config *c, int32_t pos, int32_t i)
      * float32 formula), so the rotations agree */
     const float theta = c->rope_theta > 0.0f ? c->rope_theta : FA_MODEL_ROPE_THETA;
     const int32_t hs = c->dim / c->n_heads;
-    return (float)pos * (1.0f / powf(theta, (float)(2 * i) / (float)hs));
+    float f = 1.0f / powf(theta, (float)(2 * i) / (float)hs);
+    const fa_rope_scaling *rs = &c->rope_scaling;
+    if (rs->type == FA_ROPE_SCALING_LINEAR) {
+        f /= rs->factor;
+    } else if (rs->type == FA_ROPE_SCALING_LLAMA3) {
+        /* HF's _compute_llama3_parameters: wavelengths above original / low_freq_factor are
+         * divided by factor, those below original / high_freq_factor kept, and between the two
+         * the frequency blends linearly in original / wavelength */
+        const float old = (float)rs->original_max_pos, wavelen = (float)6.283185307179586 / f; /* 2 pi */
+        if (wavelen > old / rs->low_freq_factor) {
+            f /= rs->factor;
+        } else if (!(wavelen < old / rs->high_freq_factor)) {
+            const float smooth = (old / wavelen - rs->low_freq_factor) / (rs->high_freq_factor - rs->low_freq_factor);
+            f = (1.0f - smooth) * f / rs->factor + smooth * f;
+        }
+    }
+    return (float)pos * f;
 }
 
 fa_model_stats fa_model_state_stats(const fa_model_state *s)

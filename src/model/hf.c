@@ -97,6 +97,62 @@ static cJSON *parse_json(const char *text, size_t n, const char *file, const cha
     return j;
 }
 
+/* A required positive number of rope_scaling: integral when integer is set. */
+static fa_status scaling_number(const cJSON *rs, const char *file, const char *key, int integer, double *out,
+                                char *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(rs, key);
+    if (!v || cJSON_IsNull(v))
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': rope_scaling.%s is missing", file, key);
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d > 0.0 && d <= (integer ? (double)INT32_MAX : FLT_MAX) && (float)d > 0.0f && (!integer || d == floor(d))))
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "'%s': rope_scaling.%s must be a positive %s", file, key,
+                             integer ? "integer below 2^31" : "number");
+    *out = d;
+    return FA_OK;
+}
+
+/* rope_scaling: "llama3" (factor, low_freq_factor, high_freq_factor,
+ * original_max_position_embeddings) or "linear" (factor); the type under "rope_type", or
+ * "type" as older configs write it. Others (dynamic, yarn, longrope, ...) are refused. */
+static fa_status parse_rope_scaling(const cJSON *rs, const char *file, fa_rope_scaling *out, char *err)
+{
+    if (!cJSON_IsObject(rs))
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': rope_scaling must be an object or null", file);
+    const char *rt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rs, "rope_type"));
+    if (!rt)
+        rt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rs, "type"));
+    if (!rt)
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': rope_scaling.rope_type is missing or not a string",
+                             file);
+    fa_rope_scaling r = { 0 };
+    if (strcmp(rt, "linear") == 0)
+        r.type = FA_ROPE_SCALING_LINEAR;
+    else if (strcmp(rt, "llama3") == 0)
+        r.type = FA_ROPE_SCALING_LLAMA3;
+    else if (strcmp(rt, "default") != 0)
+        return fa_model_fail(err, FA_ERR_UNSUPPORTED,
+                             "'%s': rope_scaling type '%.40s' is not supported (llama3, linear, default)", file, rt);
+    double f = 0, lo = 0, hi = 0, old = 0;
+    fa_status st = FA_OK;
+    if (r.type != FA_ROPE_SCALING_NONE && (st = scaling_number(rs, file, "factor", 0, &f, err)) != FA_OK)
+        return st;
+    if (r.type == FA_ROPE_SCALING_LLAMA3 &&
+        ((st = scaling_number(rs, file, "low_freq_factor", 0, &lo, err)) ||
+         (st = scaling_number(rs, file, "high_freq_factor", 0, &hi, err)) ||
+         (st = scaling_number(rs, file, "original_max_position_embeddings", 1, &old, err))))
+        return st;
+    if (r.type == FA_ROPE_SCALING_LLAMA3 && !((float)hi > (float)lo))
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE,
+                             "'%s': rope_scaling.high_freq_factor (%g) must exceed low_freq_factor (%g)", file, hi, lo);
+    r.factor = (float)f;
+    r.low_freq_factor = (float)lo;
+    r.high_freq_factor = (float)hi;
+    r.original_max_pos = (int32_t)old;
+    *out = r;
+    return FA_OK;
+}
+
 fa_status fa_hf_parse_config(const char *text, size_t n, const char *file, fa_model_config *out,
                              char *err)
 {
@@ -140,15 +196,8 @@ fa_status fa_hf_parse_config(const char *text, size_t n, const char *file, fa_mo
                            file, cJSON_IsString(act) ? act->valuestring : "(not a string)");
         goto done;
     }
-    if (rs && !cJSON_IsNull(rs)) {
-        const char *rt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rs, "rope_type"));
-        if (!rt)
-            rt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rs, "type"));
-        st = fa_model_fail(err, FA_ERR_UNSUPPORTED,
-                           "'%s': rope_scaling (type '%.40s') is not supported: only null", file,
-                           rt ? rt : "?");
+    if (rs && !cJSON_IsNull(rs) && (st = parse_rope_scaling(rs, file, &c.rope_scaling, err)) != FA_OK)
         goto done;
-    }
     if (bias || mlp_bias) {
         st = fa_model_fail(err, FA_ERR_UNSUPPORTED, "'%s': %s true is not supported (no biases)", file,
                            bias ? "attention_bias" : "mlp_bias");
@@ -515,6 +564,7 @@ static fa_status finish(const fa_model_config *c, unsigned char *img, uint64_t b
     if (st == FA_OK) {
         (*out)->config.rope_theta = c->rope_theta;
         (*out)->config.norm_eps = c->norm_eps;
+        (*out)->config.rope_scaling = c->rope_scaling;
     }
     return st;
 }

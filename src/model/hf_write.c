@@ -111,7 +111,19 @@ static cJSON *config_json(const fa_model_config *c, fa_hf_dtype d)
     cJSON_AddNumberToObject(j, "max_position_embeddings", c->seq_len);
     cJSON_AddNumberToObject(j, "rms_norm_eps", shortest(c->norm_eps > 0.0f ? c->norm_eps : FA_MODEL_NORM_EPS));
     cJSON_AddNumberToObject(j, "rope_theta", shortest(c->rope_theta > 0.0f ? c->rope_theta : FA_MODEL_ROPE_THETA));
-    cJSON_AddNullToObject(j, "rope_scaling");
+    const fa_rope_scaling *rs = &c->rope_scaling;
+    if (rs->type == FA_ROPE_SCALING_NONE) {
+        cJSON_AddNullToObject(j, "rope_scaling");
+    } else {
+        cJSON *o = cJSON_AddObjectToObject(j, "rope_scaling");
+        cJSON_AddStringToObject(o, "rope_type", rs->type == FA_ROPE_SCALING_LINEAR ? "linear" : "llama3");
+        cJSON_AddNumberToObject(o, "factor", shortest(rs->factor));
+        if (rs->type == FA_ROPE_SCALING_LLAMA3) {
+            cJSON_AddNumberToObject(o, "low_freq_factor", shortest(rs->low_freq_factor));
+            cJSON_AddNumberToObject(o, "high_freq_factor", shortest(rs->high_freq_factor));
+            cJSON_AddNumberToObject(o, "original_max_position_embeddings", rs->original_max_pos);
+        }
+    }
     cJSON_AddStringToObject(j, "hidden_act", "silu");
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->shared_classifier);
     cJSON_AddBoolToObject(j, "attention_bias", 0);

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The Llama runner: llama2.c checkpoints (legacy version-0 format), Hugging
- * Face Llama checkpoints (config.json + safetensors), llama2.c tokenizers, a
- * float32 forward pass whose attention is flashattn's
- * fa_forward, and a sampler. Glue around flashattn.h, OpenBLAS and OpenMP.
+ * Face Llama checkpoints (config.json + safetensors), llama2.c and Hugging Face
+ * (tokenizer.json) tokenizers, a float32 forward pass whose attention is
+ * flashattn's fa_forward, and a sampler. Glue around flashattn.h, OpenBLAS and OpenMP.
  *
  * Errors: every call that can fail returns an fa_status and, when err is not
  * NULL, writes a message naming the offending field into err (at most
@@ -29,6 +29,21 @@
 #define FA_TOKEN_BOS 1
 #define FA_TOKEN_EOS 2
 
+/* RoPE frequency scaling (config.json's rope_scaling), applied by fa_model_rope_angle. */
+typedef enum fa_rope_scaling_type {
+    FA_ROPE_SCALING_NONE = 0,
+    FA_ROPE_SCALING_LINEAR = 1, /* every frequency divided by factor */
+    FA_ROPE_SCALING_LLAMA3 = 2  /* Llama-3.1: low frequencies / factor, high ones kept, a blend between */
+} fa_rope_scaling_type;
+
+typedef struct fa_rope_scaling {
+    int32_t type;              /* fa_rope_scaling_type */
+    float factor;              /* linear, llama3: > 0 */
+    float low_freq_factor;     /* llama3: > 0 */
+    float high_freq_factor;    /* llama3: > low_freq_factor */
+    int32_t original_max_pos;  /* llama3: original_max_position_embeddings, > 0 */
+} fa_rope_scaling;
+
 /* The header, with vocab_size made positive and the classifier's sharing
  * read from its sign (a negative header vocab_size means a separate one). */
 typedef struct fa_model_config {
@@ -42,6 +57,7 @@ typedef struct fa_model_config {
     int32_t shared_classifier; /* 1: the classifier is the embedding table */
     float rope_theta;   /* RoPE base; 0 in a config given to the library = llama2.c's 10000 */
     float norm_eps;     /* RMSNorm epsilon; 0 in a config given to the library = llama2.c's 1e-5 */
+    fa_rope_scaling rope_scaling; /* all zero: none (llama2.c files cannot store one) */
 } fa_model_config;
 
 #define FA_MODEL_ROPE_THETA 10000.0f
@@ -72,7 +88,7 @@ typedef struct fa_model {
 } fa_model;
 
 /* Check a configuration (every header rule; rope_theta and norm_eps 0 or finite
- * and positive) and compute the checkpoint's size
+ * and positive; rope_scaling's fields for its type) and compute the checkpoint's size
  * in bytes. FA_ERR_INVALID_SHAPE names a bad field, FA_ERR_SIZE_OVERFLOW a size
  * that does not fit in 64 bits. bytes may be NULL. */
 fa_status fa_model_config_check(const fa_model_config *c, uint64_t *bytes, char *err);
@@ -98,7 +114,8 @@ void fa_model_free(fa_model *m);
  * same directory. Tensors F32, F16 or BF16, each checked against the config's shapes and the
  * file's bounds; converted to float32 in llama2.c's layout on load (q_proj/k_proj rows
  * un-permuted from HF's rotate-half order to adjacent pairs), so the forward pass is the same.
- * Configs the runner cannot run exactly (rope_scaling, biases, another activation, head_dim
+ * rope_scaling "llama3" and "linear" are read; configs the runner cannot run exactly (other
+ * rope_scaling types, biases, another activation, head_dim
  * other than hidden_size / num_attention_heads, a sliding window) are refused with
  * FA_ERR_UNSUPPORTED naming the field. The model owns its weights; the files are unmapped
  * before return. Little-endian hosts only (as safetensors is). */
@@ -136,22 +153,39 @@ fa_status fa_model_config_parse(const char *spec, fa_model_config *c, char *err)
 fa_status fa_model_synth_write(const fa_model_config *c, uint64_t seed, FILE *f, char *err);
 fa_status fa_model_synth(const fa_model_config *c, uint64_t seed, fa_model **out, char *err);
 
-/* ---- tokenizer (llama2.c tokenizer.bin: max_token_length, then per id:
- *      float score, int32 len, len bytes) ---- */
+/* ---- tokenizers: llama2.c tokenizer.bin (max_token_length, then per id: float score,
+ *      int32 len, len bytes) or Hugging Face tokenizer.json (Llama-2-style sentencepiece
+ *      BPE: merges by rank, byte fallback, the "▁" word marker, added tokens) ---- */
 typedef struct fa_tokenizer fa_tokenizer;
 
-/* vocab_size comes from the model (the file does not store it); the file
- * must hold exactly that many records. */
+/* A path ending in ".json" is read as tokenizer.json, anything else as tokenizer.bin.
+ * vocab_size comes from the model: a tokenizer.bin must hold exactly that many records; a
+ * tokenizer.json's ids (model.vocab and added_tokens) must be 0..n-1 with n <= vocab_size
+ * (ids n.. decode to ""), with ids 1 and 2 (BOS, EOS) special added tokens. */
 fa_status fa_tokenizer_open(const char *path, int32_t vocab_size, fa_tokenizer **out, char *err);
 fa_status fa_tokenizer_from_memory(const void *data, size_t bytes, int32_t vocab_size,
                                    fa_tokenizer **out, char *err);
+/* tokenizer.json's text (bytes long; file names it in messages). Llama-3's byte-level BPE and
+ * any other scheme are refused with FA_ERR_UNSUPPORTED naming the field. */
+fa_status fa_tokenizer_from_json(const char *file, const char *json, size_t bytes, int32_t vocab_size,
+                                 fa_tokenizer **out, char *err);
+/* Write t as tokenizer.json at path. A tokenizer.bin becomes a sentencepiece-style BPE: ids 0..2
+ * <unk> <s> </s> as special added tokens, spaces in pieces as "▁", and as merges every split of
+ * a piece into two pieces, ranked by the piece's score (then the ids), as HF's converter
+ * does; a tokenizer read from tokenizer.json is written back as it was read. */
+fa_status fa_tokenizer_write_json(const fa_tokenizer *t, const char *path, char *err);
 void fa_tokenizer_free(fa_tokenizer *t);
 int32_t fa_tokenizer_vocab_size(const fa_tokenizer *t);
 
-/* run.c's encoding: BOS when bos, a dummy-prefix space when text is not
+/* tokenizer.bin: run.c's encoding: BOS when bos, a dummy-prefix space when text is not
  * empty, each UTF-8 character's piece or its byte-fallback ids (byte + 3),
  * then merges of the best-scoring adjacent pair until none is in the
- * vocabulary; EOS when eos. tokens needs strlen(text) + 3 entries. */
+ * vocabulary; EOS when eos. tokens needs strlen(text) + 3 entries.
+ * tokenizer.json: HF's encoding: added tokens matched in the text (leftmost, longest), the
+ * text between them normalized and pre-tokenized as the file says, each character's piece
+ * or its <0xNN> pieces (byte fallback) or unk, then HF's BPE merges (lowest rank first,
+ * leftmost among equals). FA_ERR_INVALID_ARGUMENT when the result exceeds cap (possible only
+ * for a vocabulary without "▁"). */
 fa_status fa_tokenizer_encode(const fa_tokenizer *t, const char *text, int bos, int eos,
                               int32_t *tokens, int32_t cap, int32_t *n, char *err);
 
@@ -172,7 +206,9 @@ void fa_sampler_free(fa_sampler *s);
 int32_t fa_sampler_sample(fa_sampler *s, float *logits);
 
 /* ---- the forward pass ---- */
-/* RoPE's angle (radians) for pair i of a head at position pos: every backend's tables. */
+/* RoPE's angle (radians) for pair i of a head at position pos: every backend's tables. The
+ * frequency is theta^(-2i/head_size), scaled as config.rope_scaling says (HF's
+ * _compute_llama3_parameters and linear scaling, in float as HF computes inv_freq). */
 float fa_model_rope_angle(const fa_model_config *c, int32_t pos, int32_t i);
 
 

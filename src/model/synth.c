@@ -146,5 +146,6 @@ fa_status fa_model_synth(const fa_model_config *c, uint64_t seed, fa_model **out
         (*out)->config.rope_theta = c->rope_theta;
     if (c->norm_eps > 0.0f)
         (*out)->config.norm_eps = c->norm_eps;
+    (*out)->config.rope_scaling = c->rope_scaling;
     return FA_OK;
 }

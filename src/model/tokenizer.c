@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
-/* llama2.c's tokenizer: byte-level BPE with byte fallback, encoded as run.c does. */
+/* llama2.c's tokenizer: byte-level BPE with byte fallback, encoded as run.c does; the
+ * vocabulary table and decoding that tokenizer.json's reader (tokenizer_json.c) shares. */
 #include "fail.h"
+#include "tokenizer.h"
 
 #include <errno.h>
 #include <math.h>
@@ -10,17 +12,6 @@
 
 /* Longest piece we accept: llama2.c's vocabularies stay under 32 bytes. */
 #define MAX_PIECE 65536
-
-struct fa_tokenizer {
-    int32_t vocab_size;
-    int32_t max_token_length;
-    float *scores;     /* [vocab] merge priority: higher merges first */
-    uint32_t *offset;  /* [vocab + 1] start of each piece in text */
-    char *text;        /* every piece back to back, each followed by a NUL */
-    int32_t *sorted;   /* [vocab] ids ordered by piece bytes, then id */
-    int16_t *byte_of;  /* [vocab] the byte a "<0xNN>" piece stands for, or -1 */
-    char bytes[512];   /* byte b as a NUL-terminated string at bytes[2b] */
-};
 
 static int32_t rd_i32(const unsigned char *p)
 {
@@ -32,7 +23,7 @@ static int32_t rd_i32(const unsigned char *p)
 
 static int cmp_piece(const fa_tokenizer *t, const char *s, size_t n, int32_t id)
 {
-    size_t m = t->offset[id + 1] - t->offset[id] - 1;
+    size_t m = fa_tok_len(t, id);
     int c = memcmp(s, t->text + t->offset[id], n < m ? n : m);
     return c ? c : (n > m) - (n < m);
 }
@@ -42,12 +33,11 @@ static int cmp_ids(const void *a, const void *b)
 {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     const fa_tokenizer *t = sort_ctx;
-    int c = cmp_piece(t, t->text + t->offset[x], t->offset[x + 1] - t->offset[x] - 1, y);
+    int c = cmp_piece(t, t->text + t->offset[x], fa_tok_len(t, x), y);
     return c ? c : (x > y) - (x < y);
 }
 
-/* The lowest id whose piece is exactly s[0..n), or -1. */
-static int32_t lookup(const fa_tokenizer *t, const char *s, size_t n)
+int32_t fa_tok_lookup(const fa_tokenizer *t, const char *s, size_t n)
 {
     int32_t lo = 0, hi = t->vocab_size;
     while (lo < hi) {
@@ -70,17 +60,67 @@ void fa_tokenizer_free(fa_tokenizer *t)
 {
     if (!t)
         return;
+    if (t->shown != t->text)
+        free(t->shown);
+    if (t->shown_offset != t->offset)
+        free(t->shown_offset);
     free(t->scores);
     free(t->offset);
     free(t->text);
     free(t->sorted);
     free(t->byte_of);
+    fa_tok_bpe_free(t->bpe);
     free(t);
 }
 
 int32_t fa_tokenizer_vocab_size(const fa_tokenizer *t)
 {
     return t ? t->vocab_size : 0;
+}
+
+fa_tokenizer *fa_tok_alloc(int32_t vocab_size, size_t text_bytes)
+{
+    fa_tokenizer *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    t->vocab_size = vocab_size;
+    t->offset = malloc(((size_t)vocab_size + 1) * sizeof(uint32_t));
+    t->text = malloc(text_bytes ? text_bytes : 1);
+    if (!t->offset || !t->text) {
+        fa_tokenizer_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+fa_status fa_tok_index(fa_tokenizer *t, int byte_pieces, char *err)
+{
+    size_t nv = (size_t)t->vocab_size;
+    t->sorted = malloc(nv * sizeof(int32_t));
+    t->byte_of = malloc(nv * sizeof(int16_t));
+    if (!t->sorted || !t->byte_of)
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the tokenizer");
+    for (int32_t id = 0; id < t->vocab_size; id++) {
+        const char *s = t->text + t->offset[id];
+        int hi, lo;
+        t->byte_of[id] = byte_pieces && fa_tok_len(t, id) == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>' &&
+                                 (hi = hexval(s[3])) >= 0 && (lo = hexval(s[4])) >= 0
+                             ? (int16_t)(hi * 16 + lo)
+                             : -1;
+        t->sorted[id] = id;
+    }
+    for (int b = 0; b < 256; b++) {
+        t->bytes[2 * b] = (char)b;
+        t->bytes[2 * b + 1] = 0;
+    }
+    if (!t->shown) {
+        t->shown = t->text;
+        t->shown_offset = t->offset;
+    }
+    sort_ctx = t;
+    qsort(t->sorted, nv, sizeof(int32_t), cmp_ids);
+    sort_ctx = NULL;
+    return FA_OK;
 }
 
 fa_status fa_tokenizer_from_memory(const void *data, size_t bytes, int32_t vocab_size,
@@ -135,21 +175,13 @@ fa_status fa_tokenizer_from_memory(const void *data, size_t bytes, int32_t vocab
                     "tokenizer has %zu bytes after its last record: it does not match the model's "
                     "vocab_size (%d)",
                     bytes - at, (int)vocab_size);
-    fa_tokenizer *t = calloc(1, sizeof(*t));
-    if (!t)
-        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the tokenizer");
-    size_t nv = (size_t)vocab_size;
-    t->vocab_size = vocab_size;
-    t->max_token_length = maxlen;
-    t->scores = malloc(nv * sizeof(float));
-    t->offset = malloc((nv + 1) * sizeof(uint32_t));
-    t->text = malloc(text);
-    t->sorted = malloc(nv * sizeof(int32_t));
-    t->byte_of = malloc(nv * sizeof(int16_t));
-    if (!t->scores || !t->offset || !t->text || !t->sorted || !t->byte_of) {
+    fa_tokenizer *t = fa_tok_alloc(vocab_size, text);
+    if (!t || !(t->scores = malloc((size_t)vocab_size * sizeof(float)))) {
         fa_tokenizer_free(t);
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the tokenizer");
     }
+    t->max_token_length = maxlen;
+    t->strip_after_bos = 1;
     at = 4;
     uint32_t o = 0;
     for (int32_t id = 0; id < vocab_size; id++) {
@@ -159,24 +191,15 @@ fa_status fa_tokenizer_from_memory(const void *data, size_t bytes, int32_t vocab
         t->offset[id] = o;
         memcpy(t->text + o, p + at, len);
         t->text[o + len] = 0;
-        const char *s = t->text + o;
-        int hi, lo;
-        t->byte_of[id] = len == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>' &&
-                                 (hi = hexval(s[3])) >= 0 && (lo = hexval(s[4])) >= 0
-                             ? (int16_t)(hi * 16 + lo)
-                             : -1;
         o += (uint32_t)(len + 1);
         at += len;
-        t->sorted[id] = id;
     }
-    t->offset[nv] = o;
-    for (int b = 0; b < 256; b++) {
-        t->bytes[2 * b] = (char)b;
-        t->bytes[2 * b + 1] = 0;
+    t->offset[vocab_size] = o;
+    fa_status st = fa_tok_index(t, 1, err);
+    if (st != FA_OK) {
+        fa_tokenizer_free(t);
+        return st;
     }
-    sort_ctx = t;
-    qsort(t->sorted, nv, sizeof(int32_t), cmp_ids);
-    sort_ctx = NULL;
     *out = t;
     return FA_OK;
 }
@@ -193,7 +216,11 @@ fa_status fa_tokenizer_open(const char *path, int32_t vocab_size, fa_tokenizer *
     fa_status st = fa_model_read_file(path, "tokenizer", 1u << 30, FA_ERR_SIZE_OVERFLOW, &buf, &n, err);
     if (st != FA_OK)
         return st;
-    st = fa_tokenizer_from_memory(buf, n, vocab_size, out, err);
+    size_t pl = strlen(path);
+    if (pl >= 5 && strcmp(path + pl - 5, ".json") == 0)
+        st = fa_tokenizer_from_json(path, (const char *)buf, n, vocab_size, out, err);
+    else
+        st = fa_tokenizer_from_memory(buf, n, vocab_size, out, err);
     free(buf);
     return st;
 }
@@ -210,9 +237,9 @@ const char *fa_tokenizer_decode(const fa_tokenizer *t, int32_t prev, int32_t tok
         *len = 1;
         return &t->bytes[2 * t->byte_of[token]];
     }
-    const char *s = t->text + t->offset[token];
-    size_t n = t->offset[token + 1] - t->offset[token] - 1;
-    if (prev == FA_TOKEN_BOS && n > 0 && s[0] == ' ')
+    const char *s = t->shown + t->shown_offset[token];
+    size_t n = t->shown_offset[token + 1] - t->shown_offset[token] - 1;
+    for (int32_t k = 0; prev == FA_TOKEN_BOS && k < t->strip_after_bos && n > 0 && s[0] == ' '; k++)
         s++, n--;
     *len = n;
     return s;
@@ -228,6 +255,8 @@ fa_status fa_tokenizer_encode(const fa_tokenizer *t, const char *text, int bos, 
     if (tl > (size_t)INT32_MAX - 3 || cap < (int32_t)tl + 3)
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
                     "cap (%d) must be at least strlen(text) + 3 (%zu)", (int)cap, tl + 3);
+    if (t->bpe)
+        return fa_tok_bpe_encode(t, text, bos, eos, tokens, cap, n, err);
     size_t pair_cap = 2 * (size_t)t->max_token_length;
     char *buf = malloc(pair_cap > 4 ? pair_cap : 4);
     if (!buf)
@@ -237,7 +266,7 @@ fa_status fa_tokenizer_encode(const fa_tokenizer *t, const char *text, int bos, 
         tokens[k++] = FA_TOKEN_BOS;
     /* SentencePiece's dummy prefix: the text is encoded as if it began with a space */
     if (tl > 0) {
-        int32_t sp = lookup(t, " ", 1);
+        int32_t sp = fa_tok_lookup(t, " ", 1);
         tokens[k++] = sp >= 0 ? sp : (' ' + 3 < t->vocab_size ? ' ' + 3 : FA_TOKEN_UNK);
     }
     /* one UTF-8 character (a lead byte and at most three continuation bytes) at a time */
@@ -245,7 +274,7 @@ fa_status fa_tokenizer_encode(const fa_tokenizer *t, const char *text, int bos, 
         size_t len = 1;
         while (i + len < tl && len < 4 && ((unsigned char)text[i + len] & 0xC0) == 0x80)
             len++;
-        int32_t id = lookup(t, text + i, len);
+        int32_t id = fa_tok_lookup(t, text + i, len);
         if (id >= 0) {
             tokens[k++] = id;
         } else {
@@ -266,7 +295,7 @@ fa_status fa_tokenizer_encode(const fa_tokenizer *t, const char *text, int bos, 
             lb = t->offset[tokens[i + 1] + 1] - t->offset[tokens[i + 1]] - 1;
             memcpy(buf, a, la);
             memcpy(buf + la, b, lb);
-            int32_t id = lookup(t, buf, la + lb);
+            int32_t id = fa_tok_lookup(t, buf, la + lb);
             if (id >= 0 && t->scores[id] > best) {
                 best = t->scores[id];
                 best_id = id;

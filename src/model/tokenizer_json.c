@@ -1,0 +1,965 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Hugging Face tokenizer.json for Llama-2-style sentencepiece BPE: read with cJSON and checked
+ * field by field, encoded as HF's tokenizers library encodes (added tokens split out first,
+ * the Prepend / Replace normalizers or the Metaspace pre-tokenizer, byte fallback, merges by
+ * rank), decoded through the file's Replace / ByteFallback / Strip decoders.
+ */
+#include "fail.h"
+#include "tokenizer.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define META "\xE2\x96\x81" /* U+2581, sentencepiece's word marker */
+#define META_LEN 3
+#define EMPTY_KEY UINT64_MAX
+
+typedef struct added_token {
+    int32_t id;
+    uint8_t lstrip, rstrip;
+} added_token;
+
+struct fa_tok_bpe {
+    uint64_t *keys;          /* [mask + 1] merge table: left << 32 | right, EMPTY_KEY when free */
+    int32_t *rank, *merged;  /* [mask + 1] the merge's rank and the id it makes */
+    uint32_t mask;
+    uint8_t *in_model;       /* [vocab] 1: the id is model.vocab's (BPE sees only those) */
+    int32_t byte_id[256];    /* the <0xNN> piece of each byte, -1 if none */
+    int32_t unk;             /* model.unk_token's id, -1 if none */
+    int fuse_unk, byte_fallback, ignore_merges;
+    int prepend, replace;    /* normalizers Prepend("▁") and Replace(" " -> "▁") */
+    int metaspace;           /* 0 none, else the pre-tokenizer's prepend scheme: 1 never, 2 first, 3 always */
+    int meta_split;
+    added_token *added;      /* [n_added] */
+    int32_t n_added;
+    char *source;            /* the file's text, for writing it back */
+    size_t source_len;
+};
+
+const char *fa_tok_bpe_source(const fa_tok_bpe *b, size_t *n)
+{
+    *n = b->source_len;
+    return b->source;
+}
+
+void fa_tok_bpe_free(fa_tok_bpe *b)
+{
+    if (!b)
+        return;
+    free(b->keys);
+    free(b->rank);
+    free(b->merged);
+    free(b->in_model);
+    free(b->added);
+    free(b->source);
+    free(b);
+}
+
+/* ---- helpers ---- */
+
+size_t fa_tok_utf8_len(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (!len || len > n)
+        return 0;
+    uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+        cp = cp << 6 | (s[i] & 0x3F);
+    }
+    static const uint32_t least[5] = { 0, 0, 0x80, 0x800, 0x10000 };
+    if (cp < least[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0; /* overlong, past Unicode, or a surrogate */
+    return len;
+}
+
+int fa_tok_valid_utf8(const char *s, size_t n)
+{
+    for (size_t i = 0, k; i < n; i += k)
+        if (!(k = fa_tok_utf8_len((const unsigned char *)s + i, n - i)))
+            return 0;
+    return 1;
+}
+
+/* Length of the Unicode White_Space character at s, 0 if none (HF's char::is_whitespace). */
+static size_t space_len(const unsigned char *s, size_t n)
+{
+    if (n >= 1 && (s[0] == ' ' || (s[0] >= '\t' && s[0] <= '\r')))
+        return 1;
+    if (n >= 2 && s[0] == 0xC2 && (s[1] == 0x85 || s[1] == 0xA0))
+        return 2;
+    if (n >= 3 && s[0] == 0xE1 && s[1] == 0x9A && s[2] == 0x80)
+        return 3; /* U+1680 */
+    if (n >= 3 && s[0] == 0xE2 && s[1] == 0x80 && (s[2] <= 0x8A || s[2] == 0xA8 || s[2] == 0xA9 || s[2] == 0xAF))
+        return 3; /* U+2000..200A, 2028, 2029, 202F */
+    if (n >= 3 && s[0] == 0xE2 && s[1] == 0x81 && s[2] == 0x9F)
+        return 3; /* U+205F */
+    if (n >= 3 && s[0] == 0xE3 && s[1] == 0x80 && s[2] == 0x80)
+        return 3; /* U+3000 */
+    return 0;
+}
+
+/* A whitespace character ending at s + n (n bytes before it available), 0 if none. */
+static size_t space_before(const unsigned char *s, size_t n)
+{
+    for (size_t k = 1; k <= 3 && k <= n; k++)
+        if (space_len(s - k, k) == k)
+            return k;
+    return 0;
+}
+
+static uint64_t hash64(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xFF51AFD7ED558CCDull;
+    k ^= k >> 33;
+    return k;
+}
+
+/* The merge of (l, r): its slot, or -1. */
+static int64_t merge_find(const fa_tok_bpe *b, int32_t l, int32_t r)
+{
+    const uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
+    for (uint64_t i = hash64(key) & b->mask;; i = (i + 1) & b->mask) {
+        if (b->keys[i] == key)
+            return (int64_t)i;
+        if (b->keys[i] == EMPTY_KEY)
+            return -1;
+    }
+}
+
+/* ---- reading ---- */
+
+typedef struct reader {
+    const char *file;
+    char *err;
+} reader;
+
+static const cJSON *item(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+/* A boolean field (dflt when absent or null) of the object named where. */
+static fa_status get_bool(const reader *rd, const cJSON *o, const char *where, const char *key, int dflt, int *out)
+{
+    const cJSON *v = item(o, key);
+    if (!v) {
+        *out = dflt;
+        return FA_OK;
+    }
+    if (!cJSON_IsBool(v))
+        return fa_model_fail(rd->err, FA_ERR_INVALID_VALUE, "'%s': %s%s must be true or false", rd->file, where, key);
+    *out = cJSON_IsTrue(v);
+    return FA_OK;
+}
+
+/* A string field that must equal want exactly (absent: missing_ok decides). */
+static fa_status want_string(const reader *rd, const cJSON *o, const char *where, const char *key, const char *want,
+                             int missing_ok)
+{
+    const cJSON *v = item(o, key);
+    if (!v && missing_ok)
+        return FA_OK;
+    const char *s = cJSON_GetStringValue(v);
+    if (!s)
+        return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT, "'%s': %s%s is missing or not a string", rd->file,
+                             where, key);
+    if (strcmp(s, want) != 0)
+        return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED, "'%s': %s%s '%.40s' is not supported (only '%s')", rd->file,
+                             where, key, s, want);
+    return FA_OK;
+}
+
+/* The type of a normalizer, pre-tokenizer or decoder object. */
+static const char *type_of(const reader *rd, const cJSON *o, const char *where, fa_status *st)
+{
+    const char *t = cJSON_GetStringValue(item(o, "type"));
+    *st = t ? FA_OK
+            : fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT, "'%s': %s is not an object with a string type",
+                            rd->file, where);
+    return t;
+}
+
+/* Replace's pattern {"String": from} and content to. */
+static fa_status replace_of(const reader *rd, const cJSON *o, const char *where, const char *from, const char *to)
+{
+    const char *p = cJSON_GetStringValue(item(item(o, "pattern"), "String"));
+    const char *c = cJSON_GetStringValue(item(o, "content"));
+    if (!p || !c || strcmp(p, from) != 0 || strcmp(c, to) != 0)
+        return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED,
+                             "'%s': %s Replace must have pattern {\"String\": \"%s\"} and content \"%s\"", rd->file,
+                             where, from, to);
+    return FA_OK;
+}
+
+static fa_status read_normalizer(const reader *rd, const cJSON *n, fa_tok_bpe *b)
+{
+    if (!n)
+        return FA_OK;
+    fa_status st;
+    const char *t = type_of(rd, n, "normalizer", &st);
+    if (!t)
+        return st;
+    const cJSON *list = n, *one = n;
+    if (strcmp(t, "Sequence") == 0) {
+        list = item(n, "normalizers");
+        if (!cJSON_IsArray(list))
+            return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT, "'%s': normalizer.normalizers is missing or not an array",
+                                 rd->file);
+        one = list->child;
+    }
+    for (; one; one = list == n ? NULL : one->next) {
+        if (!(t = type_of(rd, one, "a normalizer", &st)))
+            return st;
+        if (strcmp(t, "Prepend") == 0) {
+            if ((st = want_string(rd, one, "normalizer Prepend's ", "prepend", META, 0)) != FA_OK)
+                return st;
+            if (b->prepend++)
+                return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED, "'%s': normalizer: Prepend twice is not supported",
+                                     rd->file);
+        } else if (strcmp(t, "Replace") == 0) {
+            if ((st = replace_of(rd, one, "normalizer", " ", META)) != FA_OK)
+                return st;
+            b->replace = 1;
+        } else {
+            return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED,
+                                 "'%s': normalizer type '%.40s' is not supported (Prepend \"" META
+                                 "\", Replace \" \" by \"" META "\", a Sequence of them)",
+                                 rd->file, t);
+        }
+    }
+    return FA_OK;
+}
+
+/* Metaspace's prepend scheme: 1 never, 2 first, 3 always (add_prefix_space in older files). */
+static fa_status metaspace_scheme(const reader *rd, const cJSON *o, const char *where, int *scheme)
+{
+    fa_status st = want_string(rd, o, where, "replacement", META, 0);
+    if (st != FA_OK)
+        return st;
+    const cJSON *ps = item(o, "prepend_scheme");
+    if (ps) {
+        const char *s = cJSON_GetStringValue(ps);
+        *scheme = !s ? 0 : strcmp(s, "never") == 0 ? 1 : strcmp(s, "first") == 0 ? 2 : strcmp(s, "always") == 0 ? 3 : 0;
+        if (!*scheme)
+            return fa_model_fail(rd->err, FA_ERR_INVALID_VALUE,
+                                 "'%s': %sprepend_scheme must be \"always\", \"first\" or \"never\"", rd->file, where);
+        return FA_OK;
+    }
+    int add = 1;
+    if ((st = get_bool(rd, o, where, "add_prefix_space", 1, &add)) != FA_OK)
+        return st;
+    *scheme = add ? 3 : 1;
+    return FA_OK;
+}
+
+static fa_status read_pre_tokenizer(const reader *rd, const cJSON *p, fa_tok_bpe *b)
+{
+    if (!p)
+        return FA_OK;
+    fa_status st;
+    const char *t = type_of(rd, p, "pre_tokenizer", &st);
+    if (!t)
+        return st;
+    if (strcmp(t, "Metaspace") != 0)
+        return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED,
+                             "'%s': pre_tokenizer type '%.40s' is not supported: only Llama-2-style sentencepiece "
+                             "BPE is read (no pre_tokenizer, or Metaspace); Llama-3's byte-level BPE (ByteLevel "
+                             "with a regex Split) is not",
+                             rd->file, t);
+    if ((st = metaspace_scheme(rd, p, "pre_tokenizer.", &b->metaspace)) != FA_OK)
+        return st;
+    return get_bool(rd, p, "pre_tokenizer.", "split", 1, &b->meta_split);
+}
+
+static fa_status read_decoder(const reader *rd, const cJSON *d, fa_tokenizer *t, int *replace, int *bytes)
+{
+    *replace = *bytes = 0;
+    t->strip_after_bos = 0;
+    if (!d) /* HF joins the tokens with spaces then: not a sentencepiece tokenizer's text */
+        return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED,
+                             "'%s': decoder is missing (Replace \"" META "\" by \" \", ByteFallback, Fuse, Strip, or "
+                             "Metaspace are read)",
+                             rd->file);
+    fa_status st;
+    const char *ty = type_of(rd, d, "decoder", &st);
+    if (!ty)
+        return st;
+    const cJSON *list = d, *one = d;
+    if (strcmp(ty, "Sequence") == 0) {
+        list = item(d, "decoders");
+        if (!cJSON_IsArray(list))
+            return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT, "'%s': decoder.decoders is missing or not an array",
+                                 rd->file);
+        one = list->child;
+    }
+    for (; one; one = list == d ? NULL : one->next) {
+        if (!(ty = type_of(rd, one, "a decoder", &st)))
+            return st;
+        if (strcmp(ty, "Replace") == 0) {
+            if ((st = replace_of(rd, one, "decoder", META, " ")) != FA_OK)
+                return st;
+            *replace = 1;
+        } else if (strcmp(ty, "ByteFallback") == 0) {
+            *bytes = 1;
+        } else if (strcmp(ty, "Fuse") == 0) {
+            continue; /* the runner's text is the pieces back to back already */
+        } else if (strcmp(ty, "Strip") == 0) {
+            const cJSON *start = item(one, "start"), *stop = item(one, "stop");
+            const double s = cJSON_IsNumber(start) ? start->valuedouble : -1;
+            if ((st = want_string(rd, one, "decoder Strip's ", "content", " ", 0)) != FA_OK)
+                return st;
+            if (!(s >= 0 && s <= 64 && s == floor(s)) || !cJSON_IsNumber(stop) || stop->valuedouble != 0)
+                return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED,
+                                     "'%s': decoder Strip must have an integer start in 0..64 and stop 0", rd->file);
+            if (!*replace)
+                return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED,
+                                     "'%s': decoder Strip before Replace (\"" META "\" by \" \") is not supported",
+                                     rd->file);
+            t->strip_after_bos = (int32_t)s;
+        } else if (strcmp(ty, "Metaspace") == 0) {
+            int scheme;
+            if ((st = metaspace_scheme(rd, one, "decoder.", &scheme)) != FA_OK)
+                return st;
+            *replace = 1;
+            t->strip_after_bos = scheme != 1;
+        } else {
+            return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED,
+                                 "'%s': decoder type '%.40s' is not supported (Replace, ByteFallback, Fuse, Strip, "
+                                 "Metaspace; Llama-3's ByteLevel is not read)",
+                                 rd->file, ty);
+        }
+    }
+    return FA_OK;
+}
+
+/* An id field: an integer in 0..vocab_size-1. */
+static fa_status get_id(const reader *rd, const cJSON *v, int32_t vocab_size, const char *what, int32_t *id)
+{
+    const double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    if (!(d >= 0 && d < vocab_size && d == floor(d)))
+        return fa_model_fail(rd->err, FA_ERR_INVALID_VALUE,
+                             "'%s': %s: the id must be an integer in 0..%d (the model's vocab_size is %d)", rd->file,
+                             what, (int)vocab_size - 1, (int)vocab_size);
+    *id = (int32_t)d;
+    return FA_OK;
+}
+
+typedef struct parsed {
+    const char **piece;  /* [vocab] each id's string inside the cJSON tree, NULL where unassigned */
+    int32_t n;           /* 1 + the largest id */
+} parsed;
+
+/* Assign id its piece s (where names it in messages), refusing a second string for one id. */
+static fa_status assign(const reader *rd, parsed *p, int32_t id, const char *s, const char *where)
+{
+    if (p->piece[id] && strcmp(p->piece[id], s) != 0)
+        return fa_model_fail(rd->err, FA_ERR_INVALID_VALUE, "'%s': %s gives id %d to '%.40s', which is '%.40s'",
+                             rd->file, where, (int)id, s, p->piece[id]);
+    p->piece[id] = s;
+    if (id >= p->n)
+        p->n = id + 1;
+    return FA_OK;
+}
+
+static fa_status read_vocab(const reader *rd, const cJSON *vocab, int32_t vocab_size, parsed *p, uint8_t *in_model)
+{
+    if (!cJSON_IsObject(vocab))
+        return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT, "'%s': model.vocab is missing or not an object", rd->file);
+    for (const cJSON *e = vocab->child; e; e = e->next) {
+        int32_t id = 0;
+        char what[96];
+        snprintf(what, sizeof(what), "model.vocab['%.40s']", e->string);
+        fa_status st = get_id(rd, e, vocab_size, what, &id);
+        if (st != FA_OK)
+            return st;
+        if (!*e->string || !fa_tok_valid_utf8(e->string, strlen(e->string)))
+            return fa_model_fail(rd->err, FA_ERR_INVALID_VALUE, "'%s': model.vocab's token of id %d is %s", rd->file,
+                                 (int)id, *e->string ? "not valid UTF-8" : "empty");
+        if (p->piece[id])
+            return fa_model_fail(rd->err, FA_ERR_INVALID_VALUE, "'%s': model.vocab gives id %d to both '%.40s' and '%.40s'",
+                                 rd->file, (int)id, p->piece[id], e->string);
+        if ((st = assign(rd, p, id, e->string, "model.vocab")) != FA_OK)
+            return st;
+        in_model[id] = 1;
+    }
+    return FA_OK;
+}
+
+static fa_status read_added(const reader *rd, const cJSON *list, int32_t vocab_size, parsed *p, fa_tok_bpe *b,
+                            uint8_t *special)
+{
+    if (!list)
+        return FA_OK;
+    if (!cJSON_IsArray(list))
+        return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT, "'%s': added_tokens is not an array", rd->file);
+    int count = cJSON_GetArraySize(list);
+    if (count > vocab_size)
+        return fa_model_fail(rd->err, FA_ERR_INVALID_VALUE, "'%s': added_tokens has %d entries, more than vocab_size (%d)",
+                             rd->file, count, (int)vocab_size);
+    b->added = malloc(sizeof(added_token) * (size_t)(count > 0 ? count : 1));
+    if (!b->added)
+        return fa_model_fail(rd->err, FA_ERR_OUT_OF_MEMORY, "out of memory reading '%s'", rd->file);
+    int k = 0;
+    for (const cJSON *e = list->child; e; e = e->next, k++) {
+        char what[48];
+        snprintf(what, sizeof(what), "added_tokens[%d]", k);
+        const char *content = cJSON_GetStringValue(item(e, "content"));
+        int32_t id = 0;
+        int sw = 0, ls = 0, rs = 0, sp = 0, norm = 0;
+        fa_status st;
+        if (!content || !*content || !fa_tok_valid_utf8(content, strlen(content)))
+            return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT,
+                                 "'%s': %s.content is missing, empty or not a valid UTF-8 string", rd->file, what);
+        if (!item(e, "id"))
+            return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT, "'%s': %s.id is missing", rd->file, what);
+        char field[56];
+        snprintf(field, sizeof(field), "%s.", what);
+        if ((st = get_id(rd, item(e, "id"), vocab_size, what, &id)) ||
+            (st = get_bool(rd, e, field, "special", 0, &sp)) || (st = get_bool(rd, e, field, "single_word", 0, &sw)) ||
+            (st = get_bool(rd, e, field, "lstrip", 0, &ls)) || (st = get_bool(rd, e, field, "rstrip", 0, &rs)) ||
+            (st = get_bool(rd, e, field, "normalized", !sp, &norm)))
+            return st;
+        if (sw || norm)
+            return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED, "'%s': %s ('%.40s'): %s true is not supported", rd->file,
+                                 what, content, sw ? "single_word" : "normalized");
+        for (int j = 0; j < b->n_added; j++)
+            if (b->added[j].id == id)
+                return fa_model_fail(rd->err, FA_ERR_INVALID_VALUE, "'%s': %s repeats id %d", rd->file, what, (int)id);
+        if ((st = assign(rd, p, id, content, what)) != FA_OK)
+            return st;
+        special[id] = (uint8_t)sp;
+        b->added[b->n_added++] = (added_token){ id, (uint8_t)ls, (uint8_t)rs };
+    }
+    return FA_OK;
+}
+
+/* The pieces into t's table (text bytes in all, checked to fit 32-bit offsets) and their
+ * decoded forms ("▁" as a space when replace); 0 when out of memory. */
+static int build_table(fa_tokenizer *t, const parsed *p, size_t text, int replace)
+{
+    uint32_t o = 0, so = 0;
+    t->shown = malloc(text);
+    t->shown_offset = malloc(sizeof(uint32_t) * ((size_t)t->vocab_size + 1));
+    if (!t->shown || !t->shown_offset)
+        return 0;
+    for (int32_t id = 0; id < t->vocab_size; id++) {
+        const char *s = id < p->n ? p->piece[id] : "";
+        const size_t len = strlen(s);
+        if (len > (size_t)t->max_token_length)
+            t->max_token_length = (int32_t)len;
+        t->offset[id] = o;
+        memcpy(t->text + o, s, len + 1);
+        o += (uint32_t)len + 1;
+        t->shown_offset[id] = so;
+        for (size_t i = 0; i < len;) {
+            if (replace && strncmp(s + i, META, META_LEN) == 0) {
+                t->shown[so++] = ' ';
+                i += META_LEN;
+            } else {
+                t->shown[so++] = s[i++];
+            }
+        }
+        t->shown[so++] = 0;
+    }
+    t->offset[t->vocab_size] = o;
+    t->shown_offset[t->vocab_size] = so;
+    return 1;
+}
+
+/* One merges entry: "a b" (one space) or ["a", "b"]. */
+static int merge_pair(const cJSON *e, const char **a, size_t *la, const char **b, size_t *lb)
+{
+    if (cJSON_IsString(e)) {
+        const char *s = e->valuestring, *sp = strchr(s, ' ');
+        if (!sp || strchr(sp + 1, ' '))
+            return 0;
+        *a = s, *la = (size_t)(sp - s), *b = sp + 1, *lb = strlen(sp + 1);
+        return 1;
+    }
+    if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(e->child) && cJSON_IsString(e->child->next)) {
+        *a = e->child->valuestring, *la = strlen(*a), *b = e->child->next->valuestring, *lb = strlen(*b);
+        return 1;
+    }
+    return 0;
+}
+
+/* A model.vocab id of s[0..n), or -1 (added tokens outside model.vocab are not BPE's). */
+static int32_t model_lookup(const fa_tokenizer *t, const char *s, size_t n)
+{
+    int32_t id = n ? fa_tok_lookup(t, s, n) : -1;
+    return id >= 0 && t->bpe->in_model[id] ? id : -1;
+}
+
+static fa_status read_merges(const reader *rd, const cJSON *merges, fa_tokenizer *t)
+{
+    fa_tok_bpe *b = t->bpe;
+    if (!cJSON_IsArray(merges))
+        return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT, "'%s': model.merges is missing or not an array", rd->file);
+    const int n = cJSON_GetArraySize(merges);
+    if ((int64_t)n > 4 * (int64_t)t->vocab_size + 64)
+        return fa_model_fail(rd->err, FA_ERR_INVALID_VALUE, "'%s': model.merges has %d entries for %d tokens", rd->file,
+                             n, (int)t->vocab_size);
+    uint64_t cap = 16;
+    while (cap < 2 * (uint64_t)n)
+        cap *= 2;
+    b->mask = (uint32_t)(cap - 1);
+    b->keys = malloc(sizeof(uint64_t) * cap);
+    b->rank = malloc(sizeof(int32_t) * cap);
+    b->merged = malloc(sizeof(int32_t) * cap);
+    char *both = malloc(2 * (size_t)t->max_token_length + 1);
+    if (!b->keys || !b->rank || !b->merged || !both) {
+        free(both);
+        return fa_model_fail(rd->err, FA_ERR_OUT_OF_MEMORY, "out of memory reading '%s'", rd->file);
+    }
+    memset(b->keys, 0xFF, sizeof(uint64_t) * cap);
+    fa_status st = FA_OK;
+    int r = 0;
+    for (const cJSON *e = merges->child; e && st == FA_OK; e = e->next, r++) {
+        const char *x, *y;
+        size_t lx, ly;
+        if (!merge_pair(e, &x, &lx, &y, &ly)) {
+            st = fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT,
+                               "'%s': model.merges[%d] must be \"a b\" (one space) or [\"a\", \"b\"]", rd->file, r);
+            break;
+        }
+        if (cJSON_IsString(e) != cJSON_IsString(merges->child)) { /* as HF: one form a file */
+            st = fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT,
+                               "'%s': model.merges[%d] is %s where merges[0] is %s: one form a file", rd->file, r,
+                               cJSON_IsString(e) ? "a string" : "an array", cJSON_IsString(e) ? "an array" : "a string");
+            break;
+        }
+        const int32_t a = model_lookup(t, x, lx), c = model_lookup(t, y, ly);
+        int32_t m = -1;
+        if (a >= 0 && c >= 0 && lx + ly <= 2 * (size_t)t->max_token_length) {
+            memcpy(both, x, lx);
+            memcpy(both + lx, y, ly);
+            m = model_lookup(t, both, lx + ly);
+        }
+        if (m < 0) {
+            st = fa_model_fail(rd->err, FA_ERR_INVALID_VALUE, "'%s': model.merges[%d] ('%.*s' '%.*s'): %s is not in model.vocab",
+                               rd->file, r, (int)(lx < 40 ? lx : 40), x, (int)(ly < 40 ? ly : 40), y,
+                               a < 0 ? "the left part" : c < 0 ? "the right part" : "their concatenation");
+            break;
+        }
+        if (merge_find(b, a, c) >= 0) {
+            st = fa_model_fail(rd->err, FA_ERR_INVALID_VALUE, "'%s': model.merges[%d] ('%.40s' '%.40s') is there twice",
+                               rd->file, r, t->text + t->offset[a], t->text + t->offset[c]);
+            break;
+        }
+        const uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)c;
+        uint64_t i = hash64(key) & b->mask;
+        while (b->keys[i] != EMPTY_KEY)
+            i = (i + 1) & b->mask;
+        b->keys[i] = key, b->rank[i] = r, b->merged[i] = m;
+    }
+    free(both);
+    return st;
+}
+
+static fa_status read_model(const reader *rd, const cJSON *model, fa_tok_bpe *b)
+{
+    if (!cJSON_IsObject(model))
+        return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT, "'%s': model is missing or not an object", rd->file);
+    const char *type = cJSON_GetStringValue(item(model, "type"));
+    if (!type)
+        return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT, "'%s': model.type is missing or not a string", rd->file);
+    if (strcmp(type, "BPE") != 0)
+        return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED, "'%s': model.type '%.40s' is not supported (BPE)", rd->file, type);
+    const cJSON *drop = item(model, "dropout");
+    if (drop && !(cJSON_IsNumber(drop) && drop->valuedouble == 0))
+        return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED, "'%s': model.dropout is not supported (it makes encoding random)",
+                             rd->file);
+    const char *affix[] = { "continuing_subword_prefix", "end_of_word_suffix" };
+    for (int k = 0; k < 2; k++) {
+        const cJSON *v = item(model, affix[k]);
+        if (v && !(cJSON_IsString(v) && !*v->valuestring))
+            return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED, "'%s': model.%s is not supported (null only)", rd->file,
+                                 affix[k]);
+    }
+    fa_status st;
+    if ((st = get_bool(rd, model, "model.", "byte_fallback", 0, &b->byte_fallback)) ||
+        (st = get_bool(rd, model, "model.", "fuse_unk", 0, &b->fuse_unk)) ||
+        (st = get_bool(rd, model, "model.", "ignore_merges", 0, &b->ignore_merges)))
+        return st;
+    return FA_OK;
+}
+
+fa_status fa_tokenizer_from_json(const char *file, const char *json, size_t bytes, int32_t vocab_size,
+                                 fa_tokenizer **out, char *err)
+{
+    if (!out)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "out is NULL");
+    *out = NULL;
+    if (!json)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "tokenizer.json text is NULL");
+    if (!file)
+        file = "tokenizer.json";
+    if (vocab_size < 3)
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
+                             "vocab_size (%d) must be at least 3: ids 0..2 are <unk>, BOS and EOS", (int)vocab_size);
+    reader rd = { file, err };
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(json, bytes, &end, 0);
+    if (!j)
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s' is not valid JSON (error near byte %ld)", file,
+                             end ? (long)(end - json) : 0l);
+    for (; end < json + bytes; end++)
+        if (*end != ' ' && *end != '\t' && *end != '\n' && *end != '\r' && *end != 0) {
+            cJSON_Delete(j);
+            return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s' has data after its JSON value (byte %ld)", file,
+                                 (long)(end - json));
+        }
+    fa_tokenizer *t = NULL;
+    parsed p = { calloc((size_t)vocab_size, sizeof(char *)), 0 };
+    uint8_t *special = calloc((size_t)vocab_size, 1);
+    fa_tok_bpe *b = calloc(1, sizeof(*b));
+    fa_status st = FA_OK;
+    int replace = 0, dec_bytes = 0;
+    if (!p.piece || !special || !b || !(b->in_model = calloc((size_t)vocab_size, 1))) {
+        st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory reading '%s'", file);
+        goto done;
+    }
+    if (!cJSON_IsObject(j)) {
+        st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s' is not a JSON object", file);
+        goto done;
+    }
+    const cJSON *model = item(j, "model");
+    if ((st = read_model(&rd, model, b)) || (st = read_normalizer(&rd, item(j, "normalizer"), b)) ||
+        (st = read_pre_tokenizer(&rd, item(j, "pre_tokenizer"), b)) ||
+        (st = read_vocab(&rd, item(model, "vocab"), vocab_size, &p, b->in_model)) ||
+        (st = read_added(&rd, item(j, "added_tokens"), vocab_size, &p, b, special)))
+        goto done;
+    if (!special[FA_TOKEN_BOS] || !special[FA_TOKEN_EOS]) {
+        st = fa_model_fail(err, FA_ERR_INVALID_VALUE,
+                           "'%s': the runner starts sequences with id 1 and stops at id 2: added_tokens must hold "
+                           "both as special tokens",
+                           file);
+        goto done;
+    }
+    for (int32_t id = 0; id < p.n; id++)
+        if (!p.piece[id]) {
+            st = fa_model_fail(err, FA_ERR_INVALID_VALUE, "'%s': id %d is in neither model.vocab nor added_tokens (ids "
+                               "must run 0..%d without gaps)", file, (int)id, (int)p.n - 1);
+            goto done;
+        }
+    size_t text = 0;
+    for (int32_t id = 0; id < vocab_size; id++)
+        text += (id < p.n ? strlen(p.piece[id]) : 0) + 1;
+    if (text > UINT32_MAX) {
+        st = fa_model_fail(err, FA_ERR_SIZE_OVERFLOW, "'%s': the tokens exceed 4 GiB", file);
+        goto done;
+    }
+    if (!(t = fa_tok_alloc(vocab_size, text))) {
+        st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory reading '%s'", file);
+        goto done;
+    }
+    t->bpe = b;
+    if ((st = read_decoder(&rd, item(j, "decoder"), t, &replace, &dec_bytes)) != FA_OK)
+        goto done;
+    if (!build_table(t, &p, text, replace)) {
+        st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory reading '%s'", file);
+        goto done;
+    }
+    if ((st = fa_tok_index(t, dec_bytes, err)) != FA_OK)
+        goto done;
+    for (int32_t i = 1; i < vocab_size; i++) {
+        const int32_t x = t->sorted[i - 1], y = t->sorted[i];
+        if (x < p.n && y < p.n && strcmp(t->text + t->offset[x], t->text + t->offset[y]) == 0) {
+            st = fa_model_fail(err, FA_ERR_INVALID_VALUE, "'%s': token '%.40s' is there twice (ids %d and %d)", file,
+                               t->text + t->offset[x], (int)x, (int)y);
+            goto done;
+        }
+    }
+    /* HF numbers the added tokens outside model.vocab itself, in the file's order, from the
+     * size of model.vocab on (the ids written beside them only draw a warning): ids that
+     * differ would make its encoding and this one disagree */
+    int32_t next_id = 0;
+    for (int32_t id = 0; id < vocab_size; id++)
+        next_id += b->in_model[id];
+    for (int32_t k = 0; k < b->n_added; k++) {
+        const int32_t id = b->added[k].id;
+        if (b->in_model[id])
+            continue;
+        if (id != next_id) {
+            st = fa_model_fail(err, FA_ERR_INVALID_VALUE,
+                               "'%s': added_tokens[%d] ('%.40s') has id %d, but HF numbers the added tokens outside "
+                               "model.vocab from its size on: %d",
+                               file, (int)k, t->text + t->offset[id], (int)id, (int)next_id);
+            goto done;
+        }
+        next_id++;
+    }
+    if ((st = read_merges(&rd, item(model, "merges"), t)) != FA_OK)
+        goto done;
+    const char *unk = cJSON_GetStringValue(item(model, "unk_token"));
+    b->unk = unk ? model_lookup(t, unk, strlen(unk)) : -1;
+    if (item(model, "unk_token") && b->unk < 0) {
+        st = fa_model_fail(err, FA_ERR_INVALID_VALUE, "'%s': model.unk_token %s%.40s%s is not in model.vocab", file,
+                           unk ? "'" : "", unk ? unk : "(not a string)", unk ? "'" : "");
+        goto done;
+    }
+    for (int v = 0; v < 256; v++) {
+        char name[8];
+        snprintf(name, sizeof(name), "<0x%02X>", v);
+        b->byte_id[v] = model_lookup(t, name, 6);
+    }
+    if (!(b->source = malloc(bytes + 1))) {
+        st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory reading '%s'", file);
+        goto done;
+    }
+    memcpy(b->source, json, bytes);
+    b->source_len = bytes;
+done:
+    cJSON_Delete(j);
+    free(p.piece);
+    free(special);
+    if (st != FA_OK) {
+        if (t)
+            fa_tokenizer_free(t);
+        else
+            fa_tok_bpe_free(b);
+        return st;
+    }
+    *out = t;
+    return FA_OK;
+}
+
+/* ---- encoding ---- */
+
+typedef struct sink {
+    int32_t *tokens;
+    int32_t cap, k;
+    int over;
+} sink;
+
+static void put(sink *o, int32_t id)
+{
+    if (o->k < o->cap)
+        o->tokens[o->k++] = id;
+    else
+        o->over = 1;
+}
+
+/* One symbol of a word during the merges. */
+typedef struct sym {
+    int32_t id, prev, next, alive;
+} sym;
+
+typedef struct cand {
+    int32_t rank, pos, id;
+} cand;
+
+/* The heap orders candidates by rank, then position: HF's BPE takes the lowest rank first,
+ * the leftmost among equal ranks. */
+static int before(const cand *a, const cand *b)
+{
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static void heap_push(cand *h, int32_t *n, cand c)
+{
+    int32_t i = (*n)++;
+    while (i > 0 && before(&c, &h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = c;
+}
+
+static cand heap_pop(cand *h, int32_t *n)
+{
+    cand top = h[0], last = h[--*n];
+    int32_t i = 0;
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && before(&h[c + 1], &h[c]))
+            c++;
+        if (!before(&h[c], &last))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n > 0)
+        h[i] = last;
+    return top;
+}
+
+typedef struct work {
+    sym *s;     /* [bytes of the longest word] */
+    cand *heap; /* [3 x that] */
+} work;
+
+static void push_pair(const fa_tok_bpe *b, const sym *s, int32_t pos, cand *h, int32_t *n)
+{
+    int64_t m = merge_find(b, s[pos].id, s[s[pos].next].id);
+    if (m >= 0)
+        heap_push(h, n, (cand){ b->rank[m], pos, b->merged[m] });
+}
+
+/* HF's BPE of one word (w[0..n), n > 0): its characters as pieces, byte-fallback pieces or
+ * unk, then the merges (tokenizers' Word::merge_all). */
+static void bpe_word(const fa_tokenizer *t, const char *w, size_t n, work *wk, sink *o)
+{
+    const fa_tok_bpe *b = t->bpe;
+    int32_t id;
+    if (b->ignore_merges && (id = model_lookup(t, w, n)) >= 0) {
+        put(o, id);
+        return;
+    }
+    sym *s = wk->s;
+    int32_t ns = 0, unk_pending = 0;
+    for (size_t i = 0; i < n;) {
+        size_t len = fa_tok_utf8_len((const unsigned char *)w + i, n - i);
+        len = len ? len : 1; /* a byte that starts no UTF-8 character stands alone */
+        if ((id = model_lookup(t, w + i, len)) >= 0) {
+            if (unk_pending)
+                s[ns++].id = b->unk, unk_pending = 0;
+            s[ns++].id = id;
+        } else {
+            int all = b->byte_fallback;
+            for (size_t j = 0; j < len && all; j++)
+                all = b->byte_id[(unsigned char)w[i + j]] >= 0;
+            if (all) {
+                /* as HF: a pending unk is not flushed before byte-fallback pieces */
+                for (size_t j = 0; j < len; j++)
+                    s[ns++].id = b->byte_id[(unsigned char)w[i + j]];
+            } else if (b->unk >= 0) {
+                if (unk_pending && !b->fuse_unk)
+                    s[ns++].id = b->unk;
+                unk_pending = 1;
+            } /* no unk_token: HF drops the character */
+        }
+        i += len;
+    }
+    if (unk_pending)
+        s[ns++].id = b->unk;
+    for (int32_t i = 0; i < ns; i++)
+        s[i].prev = i - 1, s[i].next = i + 1 < ns ? i + 1 : -1, s[i].alive = 1;
+    int32_t nh = 0;
+    for (int32_t i = 0; i + 1 < ns; i++)
+        push_pair(b, s, i, wk->heap, &nh);
+    while (nh > 0) {
+        const cand c = heap_pop(wk->heap, &nh);
+        if (!s[c.pos].alive || s[c.pos].next < 0)
+            continue;
+        const int32_t r = s[c.pos].next;
+        const int64_t m = merge_find(b, s[c.pos].id, s[r].id);
+        if (m < 0 || b->merged[m] != c.id)
+            continue; /* stale: a neighbour changed since it was queued */
+        s[c.pos].id = c.id;
+        s[c.pos].next = s[r].next;
+        s[r].alive = 0;
+        if (s[r].next >= 0)
+            s[s[r].next].prev = c.pos;
+        if (s[c.pos].prev >= 0)
+            push_pair(b, s, s[c.pos].prev, wk->heap, &nh);
+        if (s[c.pos].next >= 0)
+            push_pair(b, s, c.pos, wk->heap, &nh);
+    }
+    for (int32_t i = 0; i < ns; i++)
+        if (s[i].alive)
+            put(o, s[i].id);
+}
+
+/* Text between added tokens: normalized (Prepend, Replace), pre-tokenized (Metaspace), each
+ * word through BPE. at_start: the segment begins the text (Metaspace's "first" scheme). */
+static void encode_segment(const fa_tokenizer *t, const char *s, size_t n, int at_start, char *buf, work *wk,
+                           sink *o)
+{
+    const fa_tok_bpe *b = t->bpe;
+    if (!n)
+        return;
+    size_t m = 0;
+    if (b->prepend)
+        memcpy(buf, META, META_LEN), m = META_LEN;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == ' ' && (b->replace || b->metaspace))
+            memcpy(buf + m, META, META_LEN), m += META_LEN;
+        else
+            buf[m++] = s[i];
+    if ((b->metaspace == 3 || (b->metaspace == 2 && at_start)) && strncmp(buf, META, META_LEN) != 0) {
+        memmove(buf + META_LEN, buf, m);
+        memcpy(buf, META, META_LEN);
+        m += META_LEN;
+    }
+    if (!b->metaspace || !b->meta_split) {
+        bpe_word(t, buf, m, wk, o);
+        return;
+    }
+    /* Metaspace's split: each "▁" begins a word (MergedWithNext) */
+    size_t w = 0;
+    for (size_t i = 1; i + META_LEN <= m; i++)
+        if (memcmp(buf + i, META, META_LEN) == 0) {
+            bpe_word(t, buf + w, i - w, wk, o);
+            w = i;
+        }
+    bpe_word(t, buf + w, m - w, wk, o);
+}
+
+/* The added token matched at s[0..n) (leftmost-longest is the caller's scan), -1 if none. */
+static int32_t added_at(const fa_tokenizer *t, const char *s, size_t n, size_t *len)
+{
+    int32_t best = -1;
+    *len = 0;
+    for (int32_t k = 0; k < t->bpe->n_added; k++) {
+        const int32_t id = t->bpe->added[k].id;
+        const size_t l = fa_tok_len(t, id);
+        if (l <= n && l > *len && memcmp(s, t->text + t->offset[id], l) == 0)
+            best = k, *len = l;
+    }
+    return best;
+}
+
+fa_status fa_tok_bpe_encode(const fa_tokenizer *t, const char *text, int bos, int eos, int32_t *tokens,
+                            int32_t cap, int32_t *n, char *err)
+{
+    const size_t tl = strlen(text);
+    /* a segment grows by at most "▁" for each space and two prefixes */
+    char *buf = malloc(3 * tl + 2 * META_LEN + 1);
+    work wk = { malloc(sizeof(sym) * (3 * tl + 2 * META_LEN + 1)), malloc(sizeof(cand) * 3 * (3 * tl + 2 * META_LEN + 1)) };
+    if (!buf || !wk.s || !wk.heap) {
+        free(buf), free(wk.s), free(wk.heap);
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for encoding");
+    }
+    sink o = { tokens, cap, 0, 0 };
+    if (bos)
+        put(&o, FA_TOKEN_BOS);
+    size_t seg = 0;
+    for (size_t i = 0; i < tl;) {
+        size_t len;
+        const int32_t k = added_at(t, text + i, tl - i, &len);
+        if (k < 0) {
+            i++;
+            continue;
+        }
+        size_t from = i, to = i + len, w;
+        if (t->bpe->added[k].lstrip)
+            while (from > seg && (w = space_before((const unsigned char *)text + from, from - seg)))
+                from -= w;
+        if (t->bpe->added[k].rstrip)
+            while ((w = space_len((const unsigned char *)text + to, tl - to)))
+                to += w;
+        encode_segment(t, text + seg, from - seg, seg == 0, buf, &wk, &o);
+        put(&o, t->bpe->added[k].id);
+        i = seg = to;
+    }
+    encode_segment(t, text + seg, tl - seg, seg == 0, buf, &wk, &o);
+    if (eos)
+        put(&o, FA_TOKEN_EOS);
+    free(buf), free(wk.s), free(wk.heap);
+    if (o.over)
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "the text encodes to more than cap (%d) tokens", (int)cap);
+    *n = o.k;
+    return FA_OK;
+}
