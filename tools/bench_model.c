@@ -225,7 +225,6 @@ int cmd_bench_model(int argc, char **argv)
         if (c.seq_len < prompt_len + decode)
             c.seq_len = (int32_t)(prompt_len + decode);
     }
-    cli_blas_note();
     fa_context_t ctx = cli_context(FA_BACKEND_CPU, (int)threads);
     if (!ctx)
         return CLI_EXIT_FAIL;
@@ -251,6 +250,8 @@ int cmd_bench_model(int argc, char **argv)
         fprintf(stderr, "flashattn bench-model: %s (%s)\n", err, fa_status_string(st));
         goto done;
     }
+    if (backend == FA_BACKEND_CPU)
+        cli_blas_note(); /* once the model is known good: a refusal stays one line */
     int32_t hs = c.dim / c.n_heads, n = (int32_t)prompt_len;
     double state = 4.0 * ((double)c.n_layers * c.seq_len * hs * c.n_kv_heads * 2 +
                           (double)n * (4.0 * c.dim + 2.0 * c.hidden_dim) + c.vocab_size +
