@@ -22,6 +22,7 @@ import flashattn
 import flashattn.torch_ops  # noqa: F401
 
 DEV = "cuda"
+SHAPES = [(4, 4096, 16, 16, 128), (2, 8192, 32, 8, 128), (16, 1024, 32, 32, 64)]  # b, s, hq, hk, d
 
 
 def per_call_us(fn, calls, reps):
@@ -112,7 +113,7 @@ def overhead(calls, reps):
 def throughput():
     print("\n| shape (bf16, causal) | pass | flashattn ms | TFLOP/s | SDPA ms | TFLOP/s | flashattn / SDPA |")
     print("|---|---|---|---|---|---|---|")
-    for b, s, hq, hk, d in [(4, 4096, 16, 16, 128), (2, 8192, 32, 8, 128), (16, 1024, 32, 32, 64)]:
+    for b, s, hq, hk, d in SHAPES:
         q = torch.randn(b, s, hq, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
         k = torch.randn(b, s, hk, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
         v = torch.randn(b, s, hk, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
