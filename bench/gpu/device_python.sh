@@ -5,10 +5,12 @@
 # then what it reports (version, backends, the CUDA device), every Python test (the CPU ones
 # and python/tests/test_cuda.py) and bench/gpu/torch_calls.py. Logs go to $OUT (or
 # build-python/). About 2 minutes of build with 16 cores, 2-3 of tests, under 1 of benchmark.
-#   bash bench/gpu/device_python.sh          (carry .whl with the device call)
+#   bash bench/gpu/device_python.sh [all|cuda]   (cuda: test_cuda.py alone; carry .whl with the call)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 repo=$(pwd)
+tests=$repo/python/tests
+[ "${1:-all}" = cuda ] && tests=$repo/python/tests/test_cuda.py
 out=${OUT:-build-python}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -38,8 +40,8 @@ print("flashattn", flashattn.version(), "backends:", flashattn.backends())
 print(flashattn.info("cuda"), end="")
 print(subprocess.run(["ldd", flashattn._C.__file__], capture_output=True, text=True).stdout, end="")
 PY
-timeout 240 python3 -m pytest -q -rs --durations=12 -p no:cacheprovider "$repo/python/tests" > "$out/pytest.log" 2>&1
+timeout 240 python3 -m pytest -q -rs --durations=12 -p no:cacheprovider "$tests" > "$out/pytest.log" 2>&1
 echo "pytest rc=$?"
 grep -E "^(FAILED|ERROR)" "$out/pytest.log" | head -20
-grep -E "[0-9]+ (passed|failed)" "$out/pytest.log" | tail -1
+grep -E "[0-9]+ (passed|failed|skipped)" "$out/pytest.log" | tail -1
 timeout 90 python3 "$repo/bench/gpu/torch_calls.py" 2>&1 | tee "$out/torch_calls.md"
