@@ -17,6 +17,7 @@ out=$(cd "$out" && pwd)
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+echo "the image's own build packages (the build uses .whl's): $(python3 -m pip list 2>/dev/null | grep -iE '^(scikit.build.core|nanobind|packaging|pathspec) ' | tr -s ' ' | paste -sd,)"
 
 # the build requirements, seen by the build alone (the tests run on the image's own packages)
 ls .whl/*.whl >/dev/null 2>&1 || { echo "no wheels in .whl: run bench/gpu/fetch_wheels.sh here first"; exit 1; }
