@@ -3,10 +3,10 @@
 cache (pages of 16, GQA, appended rows with RoPE) in bfloat16 and float16 against float64
 and against torch's SDPA, bitwise-deterministic gradients, torch's current stream (a side
 stream's order kept, a busy default stream not waited for), torch.compile(fullgraph=True) of
-an attention block, a decode loop captured in a CUDA graph and replayed against eager, and
-bad input refused with the library's message. Skipped without torch, a CUDA device and the
-CUDA backend; a CUDA build is also checked to import and run on the CPU with no device
-visible (one wheel for machines with and without a GPU)."""
+an attention block and of a decode step, a decode loop captured in a CUDA graph and
+replayed against eager, and bad input refused with the library's message. Skipped without
+torch, a CUDA device and the CUDA backend; a CUDA build is also checked to import and run
+on the CPU with no device visible (one wheel for machines with and without a GPU)."""
 import os
 import subprocess
 import sys
@@ -406,6 +406,25 @@ def test_compile():
     assert err(got, want) <= 4 * eps(torch.bfloat16) * max(1.0, want.abs().max().item())
     for p, w in zip(m.parameters(), want_g):
         assert err(p.grad, w) <= 4 * eps(torch.bfloat16) * max(1.0, w.abs().max().item())
+
+
+@cuda
+def test_compile_kvcache():
+    """A decode step compiled with fullgraph=True on the device writes the cache in place and
+    returns the bits eager does."""
+    g = gen(45)
+    kc, vc, table = paged_cache(g, 2, 8, 2, 128, torch.bfloat16)
+    q, kn, vn = rand(g, 2, 1, 8, 128), rand(g, 2, 1, 2, 128), rand(g, 2, 1, 2, 128)
+    lens = torch.tensor([7, 64], dtype=torch.int32, device=DEV)
+    cos, sin = rope_tables(256, 128)
+
+    def step(q, kc, vc, kn, vn, lens):
+        return flashattn.flash_attn_with_kvcache(q, kc, vc, kn, vn, rotary_cos=cos, rotary_sin=sin,
+                                                 cache_seqlens=lens, block_table=table, causal=True)
+    kc_e, vc_e = kc.clone(), vc.clone()
+    want = step(q, kc_e, vc_e, kn, vn, lens)
+    got = torch.compile(step, fullgraph=True)(q, kc, vc, kn, vn, lens)
+    assert torch.equal(got, want) and torch.equal(kc, kc_e) and torch.equal(vc, vc_e)
 
 
 @cuda
