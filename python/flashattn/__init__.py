@@ -25,7 +25,7 @@ except ImportError:  # torch-only environments
     _np_empty, _np_ndarray = None, type(None)
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "merge_states", "PagedPlan",
-           "version"]
+           "backends", "info", "version"]
 __version__ = _C.version()
 
 _torch_ops = None
@@ -48,6 +48,33 @@ def _torch():
 def version():
     """The C library's version string."""
     return _C.version()
+
+
+def backends():
+    """The backends compiled into this build: "cpu", and "cuda" and "gles" where they were
+    built. A built backend may still find no device here: info() says."""
+    return [name for name in ("cpu", "cuda", "gles") if _C.backend_is_built(name)]
+
+
+def _device(device):
+    """(DLPack device type, index) of "cpu", "cuda", "cuda:N" or a torch.device."""
+    text = str(device) if type(device).__name__ == "device" else device
+    if text == "cpu":
+        return 1, 0
+    if isinstance(text, str) and (text == "cuda" or text.startswith("cuda:")):
+        index = text[5:] or "0"
+        if not index.isdigit():
+            raise ValueError(f"flashattn: device ({device!r}) must be 'cpu', 'cuda' or 'cuda:N'")
+        return 2, int(index)
+    raise ValueError(f"flashattn: device ({device!r}) must be 'cpu', 'cuda' or 'cuda:N'")
+
+
+def info(device="cpu"):
+    """What the backend serving device ("cpu", "cuda", "cuda:N" or a torch.device) is, as
+    `flashattn info` prints it: "key: value" lines (the device, its kernels and tiles).
+    RuntimeError with the library's reason where that backend is not built or finds no
+    device."""
+    return _C.info(*_device(device))
 
 
 def _is_torch(x):

@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: MIT
 """PagedPlan: the paged call planned once for a serving loop and run per step (and per
 layer) on tensors alone, over fa_paged_plan_create / fa_paged_run."""
-from . import _C, _bf16_numpy, _common, _empty, _int, _is_torch, _stream, _torch, _zeros
+import sys
+
+from . import _C, _bf16_numpy, _common, _device, _empty, _int, _is_torch, _stream, _torch, _zeros
 
 _DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
 _ROPES = {None: 0, "neox": 1, "interleaved": 2}
@@ -16,17 +18,13 @@ def _dtype_code(dtype):
     return _DTYPES[name]
 
 
-def _device(device):
-    """(DLPack device type, index) of "cpu", "cuda", "cuda:N" or a torch.device."""
-    text = str(device) if type(device).__name__ == "device" else device
-    if text == "cpu":
-        return 1, 0
-    if isinstance(text, str) and (text == "cuda" or text.startswith("cuda:")):
-        index = text[5:] or "0"
-        if not index.isdigit():
-            raise ValueError(f"flashattn: device ({device!r}) must be 'cpu', 'cuda' or 'cuda:N'")
-        return 2, int(index)
-    raise ValueError(f"flashattn: device ({device!r}) must be 'cpu', 'cuda' or 'cuda:N'")
+def _torch_stream(device):
+    """torch's current stream on a CUDA device, where torch is loaded (None otherwise: the
+    library's default stream)."""
+    torch = sys.modules.get("torch")
+    if device[0] != 2 or torch is None or not torch.cuda.is_available() or device[1] >= torch.cuda.device_count():
+        return None
+    return torch.cuda.current_stream(device[1])
 
 
 class PagedPlan:
@@ -65,11 +63,14 @@ class PagedPlan:
             ("page_size", page_size), ("rotary_dim", rotary_dim), ("kv_split", kv_split))}
         self._device = _device(device)
         self._append, self._lse, self._rope = append, return_lse, _ROPES[rotary]
+        # CUDA: the workspace is taken on the current stream and given back on it at close()
+        self._made_on = _torch_stream(self._device)
         self._plan = _C.PagedPlan(self._device[0], self._device[1], dims["batch"], dims["total_q"],
                                   dims["max_seqlen_q"], dims["max_seqlen_k"], dims["num_heads_q"],
                                   dims["num_heads_kv"], dims["head_dim"], dims["page_size"], _dtype_code(dtype),
                                   append, self._rope, dims["rotary_dim"], return_lse, scale, causal, wl, wr,
-                                  float(softcap), dims["kv_split"])
+                                  float(softcap), dims["kv_split"],
+                                  0 if self._made_on is None else self._made_on.cuda_stream)
 
     def run(self, q, k_cache, v_cache, block_table, cache_seqlens, cu_seqlens_q, k=None, v=None, rotary_cos=None,
             rotary_sin=None):
@@ -110,7 +111,10 @@ class PagedPlan:
         return self._plan.info()
 
     def close(self):
-        """Free the plan now (a closed plan refuses run())."""
+        """Free the plan now (a closed plan refuses run()). On CUDA its workspace goes back
+        once the work queued on torch's current stream is done."""
+        if self._made_on is not None:  # the release, queued on the plan's stream, waits for the runs
+            self._made_on.wait_stream(_torch_stream(self._device))
         self._plan.close()
 
     def __enter__(self):

@@ -440,7 +440,7 @@ struct paged_plan {
     paged_plan(int device_type_, int device_id_, int batch, int total_q, int max_q, int max_k, int heads_q,
                int heads_kv, int head_dim, int page_size, int dtype, bool append, int rope_, int rope_dim,
                bool with_lse, float scale, bool causal, int window_left, int window_right, float softcap,
-               int kv_split)
+               int kv_split, uintptr_t stream)
         : device_type(device_type_), device_id(device_id_), rope(rope_)
     {
         if (dtype < FA_DTYPE_F32 || dtype > FA_DTYPE_BF16 || rope < 0 || rope > 2)
@@ -465,7 +465,10 @@ struct paged_plan {
         b.lse = with_lse ? (float *)&present : nullptr;
         b.scale = scale, b.causal = causal ? 1 : 0, b.window_left = window_left, b.window_right = window_right;
         b.softcap = softcap, b.kv_split = kv_split;
-        run_in(*dc, false, 0, [&](fa_context_t ctx) { return fa_paged_plan_create(ctx, &b, &plan); });
+        /* CUDA: the workspace comes from the context's pool on `stream` (the caller's), which
+         * orders it before the runs queued there and its release after them */
+        run_in(*dc, device_type == nb::device::cuda::value, stream,
+               [&](fa_context_t ctx) { return fa_paged_plan_create(ctx, &b, &plan); });
     }
     paged_plan(const paged_plan &) = delete;
     paged_plan &operator=(const paged_plan &) = delete;
@@ -557,6 +560,20 @@ void merge(in_array o_in, in_array lse_in, array o, std::optional<array> lse, ui
     run_on(o_in, stream, [&](fa_context_t ctx) { return fa_merge_states(ctx, &d); });
 }
 
+// fa_context_info of the context serving a device (made on first use, as a call makes it).
+std::string context_info(int device_type, int device_id)
+{
+    device_ctx &dc = context_for(device_type, device_id);
+    std::lock_guard<std::mutex> turn(dc.lock);
+    size_t need = 0;
+    fa_context_info(dc.ctx, nullptr, 0, &need);
+    std::string text(need, '\0');
+    if (need && fa_context_info(dc.ctx, &text[0], need, nullptr) != FA_OK)
+        throw std::runtime_error(std::string("flashattn: ") + fa_context_last_error(dc.ctx));
+    text.resize(need ? need - 1 : 0);
+    return text;
+}
+
 } // namespace
 
 NB_MODULE(_C, m)
@@ -580,12 +597,12 @@ NB_MODULE(_C, m)
           nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"), nb::arg("stream"), nb::arg("bf16_bits"));
     nb::class_<paged_plan>(m, "PagedPlan")
         .def(nb::init<int, int, int, int, int, int, int, int, int, int, int, bool, int, int, bool, float, bool, int,
-                      int, float, int>(),
+                      int, float, int, uintptr_t>(),
              nb::arg("device_type"), nb::arg("device_id"), nb::arg("batch"), nb::arg("total_q"),
              nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("num_heads_q"), nb::arg("num_heads_kv"),
              nb::arg("head_dim"), nb::arg("page_size"), nb::arg("dtype"), nb::arg("append"), nb::arg("rope"),
              nb::arg("rope_dim"), nb::arg("lse"), nb::arg("scale"), nb::arg("causal"), nb::arg("window_left"),
-             nb::arg("window_right"), nb::arg("softcap"), nb::arg("kv_split"))
+             nb::arg("window_right"), nb::arg("softcap"), nb::arg("kv_split"), nb::arg("stream"))
         .def("run", &paged_plan::run, nb::arg("q"), nb::arg("out"), nb::arg("k_cache"), nb::arg("v_cache"),
              nb::arg("block_table"), nb::arg("cu_seqlens_q"), nb::arg("cache_seqlens"), nb::arg("k").none(),
              nb::arg("v").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("lse").none(),
@@ -595,6 +612,7 @@ NB_MODULE(_C, m)
     m.def("merge", &merge, nb::arg("o"), nb::arg("lse"), nb::arg("out"), nb::arg("lse_out").none(),
           nb::arg("stream"), nb::arg("bf16_bits"));
     m.def("version", []() { return std::string(fa_version_string()); });
+    m.def("info", &context_info, nb::arg("device_type"), nb::arg("device_id"));
     m.def("backend_is_built", [](const std::string &name) {
         if (name == "cpu")
             return fa_backend_is_built(FA_BACKEND_CPU) != 0;

@@ -278,3 +278,17 @@ def test_merge_states():
     assert np.max(np.abs(o - ro[0])) < 2e-5 and np.max(np.abs(lse - rl[0])) < 2e-5
     with pytest.raises(ValueError, match="lse"):
         flashattn.merge_states(np.stack([oa[0], ob[0]]), np.stack([la[0], lb[0]])[:, :3])
+
+
+def test_backends_and_info():
+    """The built backends, and the library's description of the CPU one; a backend left out
+    of the build is refused with the library's reason."""
+    built = flashattn.backends()
+    assert built[0] == "cpu" and set(built) <= {"cpu", "cuda", "gles"}
+    text = flashattn.info()
+    assert text.startswith("backend: cpu\n") and "cpu.kernels" in text and text == flashattn.info("cpu")
+    with pytest.raises(ValueError, match="device"):
+        flashattn.info("tpu")
+    if "cuda" not in built:
+        with pytest.raises(RuntimeError, match="not built"):
+            flashattn.info("cuda")
