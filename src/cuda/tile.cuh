@@ -236,17 +236,25 @@ __device__ __forceinline__ paged_seq_t paged_seq(const fa_cuda_pages &g, const i
     return s;
 }
 
-// Token j (< 2^31) of sequence b: its page, -1 where the table names none of the pool's, and
-// its slot in the page (a shift where the page size is a power of two).
+// Token j (< 2^31) of sequence b: the table's entry for its page (page_ok says whether it
+// names one of the pool's) and its slot in the page (shifts where the page size is a power of
+// two); page_slot both, the page -1 where the entry names none.
+__device__ __forceinline__ int page_entry(const fa_cuda_pages &g, int b, int j)
+{
+    return g.table[b * g.bt_stride + (g.shift >= 0 ? j >> g.shift : j / g.size)];
+}
+__device__ __forceinline__ bool page_ok(const fa_cuda_pages &g, int page) { return page >= 0 && page < g.num; }
+__device__ __forceinline__ int slot_in_page(const fa_cuda_pages &g, int j)
+{
+    return g.shift >= 0 ? j & (g.size - 1) : j % g.size;
+}
 struct page_slot_t {
     int page, slot;
 };
 __device__ __forceinline__ page_slot_t page_slot(const fa_cuda_pages &g, int b, int j)
 {
-    const int i = g.shift >= 0 ? j >> g.shift : j / g.size;
-    const int t = g.shift >= 0 ? j & (g.size - 1) : j - i * g.size;
-    const int page = g.table[b * g.bt_stride + i];
-    return page_slot_t{ page >= 0 && page < g.num ? page : -1, t };
+    const int page = page_entry(g, b, j);
+    return page_slot_t{ page_ok(g, page) ? page : -1, slot_in_page(g, j) };
 }
 
 // PAGES: the kernel takes keys from pages too (p.pg.table set; the Hopper forward), a branch

@@ -54,9 +54,9 @@ __device__ __forceinline__ void load_tile_sw(unsigned char *s, const T *g, int64
     }
 }
 
-// The same tile from a paged cache (16-byte aligned rows): row r is key key0 + r, in page
-// pages[r] (shared memory; -1: none) at pool + page * sp + slot * st + head; rows >=
-// valid_rows, of absent pages or columns >= dim read as zero.
+// The same tile from a paged cache (16-byte aligned rows): row r is key key0 + r, in the page
+// the table names in pages[r] (shared memory) at pool + page * sp + slot * st + head; rows >=
+// valid_rows, of pages not in the pool or columns >= dim read as zero.
 template <typename T, int ROWS, int D, int NT>
 __device__ __forceinline__ void load_tile_paged(unsigned char *s, const fa_cuda_pages &g, const int *pages,
                                                 const T *pool, int64_t sp, int64_t st, int64_t head, int key0,
@@ -68,10 +68,10 @@ __device__ __forceinline__ void load_tile_paged(unsigned char *s, const fa_cuda_
     const bool col_ok = col < dim;
 #pragma unroll 4
     for (int r = r0; r < ROWS; r += RP) {
-        const int page = pages[r], j = key0 + r;
-        const bool ok = col_ok && r < valid_rows && page >= 0;
-        const int slot = g.shift >= 0 ? j & (g.size - 1) : j % g.size;
-        cp_async16(s + sw_offset(r, col, ROWS), ok ? pool + page * sp + slot * st + head + col : pool, ok ? 16 : 0);
+        const int page = pages[r];
+        const bool ok = col_ok && r < valid_rows && page_ok(g, page);
+        cp_async16(s + sw_offset(r, col, ROWS), ok ? pool + page * sp + slot_in_page(g, key0 + r) * st + head + col : pool,
+                   ok ? 16 : 0);
     }
 }
 
