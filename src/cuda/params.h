@@ -48,7 +48,11 @@ typedef struct fa_cuda_params {
 
 /* A paged call (fa_paged_desc on the device). `a` holds what the dense kernels' helpers read:
  * q and o (ss, sh), lse (lse_sh, lse_ss), the scale, cap and window, heads, dim and bounds.
- * Every length and page id is read on the device and clamped there: no access leaves the pool. */
+ * Every length and page id is read on the device and clamped there: no access leaves the pool.
+ * block_table NULL: a dense call (fa_forward) on the decode kernel, `a` filled as for the dense
+ * kernels (views with batch strides, a.cu_q and a.cu_k for varlen) and cu_q = a.cu_q; the pools
+ * are k and v with their batch, row and head strides as the page, token and head strides,
+ * num_pages = batch, and every key of a sequence is cached (no append, rope or sinks). */
 typedef struct fa_cuda_paged {
     fa_cuda_params a;
     void *kc, *vc; /* the pools */
