@@ -5,11 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Keys per split of a decode by default: a 4k sequence gives 4 blocks per kv head, b1 at 128k
- * 128 of them, and the partials stay under 1% of the keys' bytes. 1024 ran 10-20% faster than
- * 512 on the H200 (docs/perf/h200-decode.md). */
-#define FA_CUDA_DECODE_SPLIT 1024
-
 typedef struct cuda_paged_plan {
     int dpad, bf16;
     int nq; /* decode kernel with 8 * nq packed rows (1, 2), or 0: 64-row tiles */
@@ -19,7 +14,22 @@ typedef struct cuda_paged_plan {
     cudaStream_t stream;
 } cuda_paged_plan;
 
-static int32_t dpad_of(int32_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
+int32_t fa_cuda_paged_dpad(int32_t dim) { return dim <= 64 ? 64 : dim <= 128 ? 128 : 256; }
+
+int fa_cuda_decode_nq(int64_t packed) { return packed <= 8 ? 1 : packed <= 16 ? 2 : 0; }
+
+int fa_cuda_split_layout(const fa_problem *p, int64_t rows, int32_t split, int32_t *splits, size_t *bytes)
+{
+    const int32_t n = (int32_t)(((int64_t)p->max_k + split - 1) / split);
+    int64_t blocks, b = 0;
+    *splits = n < 1 ? 1 : n;
+    if (!fa_mul_ok((int64_t)p->batch * p->heads_kv, *splits, &blocks) || blocks > INT32_MAX ||
+        (*splits > 1 && (!fa_mul_ok((int64_t)*splits * rows, (int64_t)p->heads_q * (p->dim + 2), &b) ||
+                         !fa_mul_ok(b, 4, &b))))
+        return 0;
+    *bytes = (size_t)b;
+    return 1;
+}
 
 fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p, void **plan,
                              fa_run_info *info)
@@ -37,20 +47,12 @@ fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p,
     cuda_paged_plan *pl = calloc(1, sizeof(*pl));
     if (!pl)
         return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the plan");
-    pl->dpad = dpad_of(p->dim);
+    pl->dpad = fa_cuda_paged_dpad(p->dim);
     pl->bf16 = p->in_dtype == FA_DTYPE_BF16;
-    const int64_t packed = (int64_t)p->max_q * p->group; /* a block's rows of one kv head */
-    pl->nq = packed <= 8 ? 1 : packed <= 16 ? 2 : 0;
+    pl->nq = fa_cuda_decode_nq((int64_t)p->max_q * p->group); /* a block's rows of one kv head */
     const int32_t whole = p->max_k < 16 ? 16 : (p->max_k + 15) / 16 * 16;
     pl->split = d->kv_split ? d->kv_split : pl->nq ? FA_CUDA_DECODE_SPLIT : whole;
-    pl->max_splits = (int32_t)(((int64_t)p->max_k + pl->split - 1) / pl->split);
-    if (pl->max_splits < 1)
-        pl->max_splits = 1;
-    int64_t blocks, bytes = 0;
-    if (!fa_mul_ok((int64_t)p->batch * p->heads_kv, pl->max_splits, &blocks) || blocks > INT32_MAX ||
-        (pl->max_splits > 1 &&
-         (!fa_mul_ok((int64_t)pl->max_splits * p->desc->seqlen_q, (int64_t)p->heads_q * (p->dim + 2), &bytes) ||
-          !fa_mul_ok(bytes, 4, &bytes)))) {
+    if (!fa_cuda_split_layout(p, p->desc->seqlen_q, pl->split, &pl->max_splits, &pl->ws_bytes)) {
         const int32_t splits = pl->max_splits;
         free(pl);
         return fa_error(ctx, FA_ERR_SIZE_OVERFLOW,
@@ -58,16 +60,15 @@ fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p,
                         "raise kv_split",
                         (int)p->batch, (int)p->heads_kv, (int)splits);
     }
-    pl->ws_bytes = (size_t)bytes;
     pl->stream = s->stream;
     if (pl->ws_bytes) {
         cudaError_t err = cudaMallocFromPoolAsync(&pl->ws, pl->ws_bytes, s->pool, s->stream);
         if (err != cudaSuccess) {
+            const size_t bytes = pl->ws_bytes;
             cudaGetLastError();
             free(pl);
             return fa_error(ctx, err == cudaErrorMemoryAllocation ? FA_ERR_OUT_OF_MEMORY : FA_ERR_BACKEND,
-                            "allocating %zu bytes of device workspace: %s", (size_t)bytes,
-                            cudaGetErrorString(err));
+                            "allocating %zu bytes of device workspace: %s", bytes, cudaGetErrorString(err));
         }
     }
     info->kernel = pl->nq ? "paged-decode" : "paged-rows";
@@ -178,6 +179,28 @@ static void fill(const fa_problem *p, fa_cuda_paged *k)
     k->append = pg->append;
     k->kv_aligned = p->dim % 8 == 0 && aligned16(c->k, c->k_stride_page, c->k_stride_token, c->k_stride_head) &&
                     aligned16(c->v, c->v_stride_page, c->v_stride_token, c->v_stride_head);
+}
+
+cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int32_t split, int32_t splits, float *part,
+                                 int bf16, cudaStream_t stream)
+{
+    fa_cuda_paged k;
+    memset(&k, 0, sizeof(k));
+    k.a = *a;
+    k.kc = (void *)a->k.p; /* read only: a dense call appends nothing */
+    k.vc = (void *)a->v.p;
+    k.k_sp = a->k.sb, k.k_st = a->k.ss, k.k_sh = a->k.sh;
+    k.v_sp = a->v.sb, k.v_st = a->v.ss, k.v_sh = a->v.sh;
+    k.cu_q = a->cu_q;
+    k.num_pages = a->batch;
+    k.page_shift = -1;
+    k.total_q = (int32_t)a->rows;
+    k.split = split;
+    k.max_splits = splits;
+    k.part = part;
+    k.kv_aligned = a->dim % 8 == 0 && aligned16(a->k.p, a->k.sb, a->k.ss, a->k.sh) &&
+                   aligned16(a->v.p, a->v.sb, a->v.ss, a->v.sh);
+    return fa_cuda_paged_attention(&k, bf16, fa_cuda_paged_dpad(a->dim), nq, stream);
 }
 
 fa_status fa_cuda_paged_run(fa_context_t ctx, void *state, void *plan, const fa_problem *p,
