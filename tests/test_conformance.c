@@ -6,6 +6,7 @@
  * FLASHATTN_TEST_MAX_DIM=N keeps the cases of head_dim <= N (`make test` on GLES, where each
  * head_dim compiles shaders for seconds on CPU renderers).
  * FLASHATTN_TEST_SEED=N replays a run.
+ * On CUDA every decode-shaped case must run the decode kernel (the plan's kernel name says so).
  */
 #include "ref.h"
 
@@ -15,6 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include <cmocka.h>
@@ -24,6 +26,14 @@
 static uint64_t seed;
 static int level;
 
+/* The CUDA backend's decode route: a sequence's query rows times the GQA group within the decode
+ * kernel's 16 packed rows, no dropout (f32 is refused). */
+static int cuda_decode_shaped(const fa_case *c)
+{
+    return c->dtype != FA_DTYPE_F32 && c->dropout_p == 0.0f &&
+           (int64_t)c->seqlen_q * (c->heads_q / c->heads_kv) <= 16;
+}
+
 static void run_dtype(fa_dtype dt)
 {
     fa_context_t ctx;
@@ -32,7 +42,8 @@ static void run_dtype(fa_dtype dt)
     if (st != FA_OK)
         fail_msg("context: %s", fa_last_create_error());
     static fa_case cases[MAX_CASES];
-    int n = fa_grid_build(level, seed, cases, MAX_CASES), ran = 0, failed = 0;
+    int n = fa_grid_build(level, seed, cases, MAX_CASES), ran = 0, failed = 0, decode = 0;
+    const int cuda = fa_context_backend(ctx) == FA_BACKEND_CUDA;
     const int every = fa_test_case_every();
     const char *md = getenv("FLASHATTN_TEST_MAX_DIM");
     const int max_dim = md && atoi(md) > 0 ? atoi(md) : 256;
@@ -48,13 +59,103 @@ static void run_dtype(fa_dtype dt)
         } else if (!r.passed) {
             print_error("case %d FAILED: %s\n", i, r.message);
             failed++;
+        } else if (cuda && cuda_decode_shaped(&cases[i])) {
+            char desc[256];
+            fa_case_format(&cases[i], desc, sizeof(desc));
+            if (!r.kernel || strncmp(r.kernel, "cuda-decode-", 12) != 0) {
+                print_error("case %d ran %s, not the decode kernel (%s)\n", i, r.kernel ? r.kernel : "nothing",
+                            desc);
+                failed++;
+            } else if (decode++ == 0) {
+                print_message("case %d ran %s (%s)\n", i, r.kernel, desc);
+            }
         }
         ran++;
     }
     fa_context_destroy(ctx);
+    if (cuda)
+        print_message("%d decode-shaped cases ran the decode kernel\n", decode);
     print_message("%d cases, %d failed (seed %llu)\n", ran, failed, (unsigned long long)seed);
     assert_true(ran > 0);
+    assert_true(!cuda || dt == FA_DTYPE_F32 || decode > 0);
     assert_int_equal(failed, 0);
+}
+
+/* CUDA's decode route splits each sequence's keys at multiples of 1024 from key 0, whatever the
+ * rest of the batch: a short sequence of a varlen batch whose longest has 5000 keys gets the same
+ * bits run alone. */
+static void test_decode_batch_invariance(void **state)
+{
+    (void)state;
+    if (fa_test_backend() != FA_BACKEND_CUDA) {
+        print_message("CUDA only\n");
+        return;
+    }
+    fa_context_t ctx;
+    fa_context_options opts = { sizeof(opts), FA_BACKEND_CUDA, 0 };
+    if (fa_context_create(&opts, &ctx) != FA_OK)
+        fail_msg("context: %s", fa_last_create_error());
+    const fa_case c = { .dtype = FA_DTYPE_BF16, .batch = 6, .seqlen_q = 2, .seqlen_k = 5000, .heads_q = 16,
+                        .heads_kv = 4, .head_dim = 128, .causal = 1, .window_left = -1, .window_right = -1,
+                        .layout = FA_CASE_BSHD, .varlen = 1, .with_lse = 1, .logit_scale = 1.0f, .seed = seed };
+    fa_case_inputs in;
+    fa_case_staged st;
+    char msg[256];
+    assert_int_equal(fa_case_inputs_make(&c, 1, &in), 0);
+    if (fa_case_stage(ctx, &in, &st, msg, sizeof(msg)) != 0)
+        fail_msg("%s", msg);
+    int b = c.batch - 1; /* the last sequence with rows and keys, else the first */
+    while (b > 0 && (in.cu_q[b + 1] == in.cu_q[b] || in.cu_k[b + 1] == in.cu_k[b]))
+        b--;
+    const int32_t q0 = in.cu_q[b], nq = in.cu_q[b + 1] - q0, k0 = in.cu_k[b], nk = in.cu_k[b + 1] - k0;
+    const int32_t total = st.d.seqlen_q, hq = c.heads_q, row = hq * c.head_dim;
+    fa_run_info info = { .size = sizeof(info) };
+    assert_int_equal(fa_forward_plan(ctx, &st.d, &info), FA_OK);
+    print_message("batch of %d (%d keys at most): %s, %d keys a split; sequence %d alone: %d rows, %d keys\n",
+                  c.batch, c.seqlen_k, info.kernel, (int)info.block_k, b, nq, nk);
+    assert_string_equal(info.kernel, "cuda-decode-d128");
+    assert_int_equal(info.block_k, 1024);
+    assert_int_equal(fa_forward(ctx, &st.d), FA_OK);
+    assert_int_equal(fa_memory_download(ctx, in.o, st.o, (size_t)in.o_bytes), FA_OK);
+    assert_int_equal(fa_memory_download(ctx, in.lse, st.lse, (size_t)in.lse_bytes), FA_OK);
+
+    const int32_t cu_q[2] = { 0, nq }, cu_k[2] = { 0, nk };
+    fa_attention_desc a = st.d;
+    a.batch = 1;
+    a.seqlen_q = nq;
+    a.seqlen_k = nk;
+    a.cu_seqlens_q = cu_q;
+    a.cu_seqlens_k = cu_k;
+    a.q.data = (uint16_t *)st.d.q.data + (int64_t)q0 * st.d.q.stride_seq;
+    a.k.data = (uint16_t *)st.d.k.data + (int64_t)k0 * st.d.k.stride_seq;
+    a.v.data = (uint16_t *)st.d.v.data + (int64_t)k0 * st.d.v.stride_seq;
+    a.o.data = (uint16_t *)st.d.o.data + (int64_t)q0 * st.d.o.stride_seq;
+    a.lse = st.d.lse + q0; /* [heads, total] as the batch's */
+    a.lse_stride_head = total;
+    a.lse_stride_seq = 1;
+    uint16_t *o = malloc((size_t)in.o_bytes);
+    float *lse = malloc((size_t)in.lse_bytes);
+    assert_non_null(o);
+    assert_non_null(lse);
+    memset(o, 0xff, (size_t)in.o_bytes);
+    memset(lse, 0xff, (size_t)in.lse_bytes);
+    assert_int_equal(fa_memory_upload(ctx, st.o, o, (size_t)in.o_bytes), FA_OK);
+    assert_int_equal(fa_memory_upload(ctx, st.lse, lse, (size_t)in.lse_bytes), FA_OK);
+    assert_int_equal(fa_forward_plan(ctx, &a, &info), FA_OK);
+    assert_string_equal(info.kernel, "cuda-decode-d128");
+    assert_int_equal(fa_forward(ctx, &a), FA_OK);
+    assert_int_equal(fa_memory_download(ctx, o, st.o, (size_t)in.o_bytes), FA_OK);
+    assert_int_equal(fa_memory_download(ctx, lse, st.lse, (size_t)in.lse_bytes), FA_OK);
+    const uint16_t *o_all = in.o;
+    assert_memory_equal(o + (int64_t)q0 * row, o_all + (int64_t)q0 * row, (size_t)nq * row * sizeof(uint16_t));
+    for (int32_t h = 0; h < hq; h++)
+        assert_memory_equal(lse + (int64_t)h * total + q0, in.lse + (int64_t)h * total + q0,
+                            (size_t)nq * sizeof(float));
+    free(o);
+    free(lse);
+    fa_case_unstage(ctx, &st);
+    fa_case_inputs_free(&in);
+    fa_context_destroy(ctx);
 }
 
 static void test_f32(void **state) { (void)state; run_dtype(FA_DTYPE_F32); }
@@ -86,6 +187,7 @@ int main(void)
         cmocka_unit_test(test_f32),
         cmocka_unit_test(test_f16),
         cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_decode_batch_invariance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -137,6 +137,11 @@ static void cuda_info(void *state, char *buf, size_t cap, size_t *len)
                            "warpgroup (sm_90a)"
                : p->major == 9 ? "off (FLASHATTN_CUDA_PORTABLE=1)"
                                : "no (needs compute capability 9.0)");
+    fa_appendf(buf, cap, len,
+               "cuda.decode: forwards whose sequences' query rows times the group are at most 16, "
+               "without dropout, run the paged decode kernel over K and V in place (splits of %d "
+               "keys)\n",
+               FA_CUDA_DECODE_SPLIT);
     for (size_t i = 0; s->hopper && i < N_SM90_BWD; i++) {
         const sm90_bwd_tiles *t = &sm90_bwd_table[i];
         fa_appendf(buf, cap, len,
@@ -209,10 +214,25 @@ typedef struct call {
     const tiles *tl;
     const sm90_tiles *h; /* the Hopper forward's tiles, NULL when the mma.sync kernels run */
     const sm90_bwd_tiles *hb; /* the same for the backward */
+    int nq;                /* the decode route: the paged decode kernel with 8 * nq packed rows, or 0 */
+    int32_t split, splits; /* its keys per split and the splits of the longest sequence */
     int bf16;
     int64_t krows;
-    size_t acc_bytes, sem_bytes, cu_bytes, dsum_bytes, std_bytes, sched_bytes; /* workspace parts */
+    size_t acc_bytes, sem_bytes, cu_bytes, dsum_bytes, std_bytes, sched_bytes, part_bytes; /* workspace parts */
 } call;
+
+/* fa_forward's decode route: where the query rows of a sequence's kv group fit the decode
+ * kernel's 16 packed rows (one token a sequence, or a few for speculative decoding), the 128-row
+ * tiles would sit mostly empty; the paged decode kernel reads K and V in place as a cache without
+ * a block table, split every FA_CUDA_DECODE_SPLIT keys from key 0 (so a sequence's bits depend on
+ * its own length only). Dropout and the standard algorithm keep the tiles. 0, or nq for it. */
+static int decode_route(const fa_problem *p, int64_t rows)
+{
+    if (p->desc->algorithm != FA_ALGORITHM_FLASH || p->dropout_p > 0.0f || p->heads_q > 65535 ||
+        rows > INT32_MAX)
+        return 0;
+    return fa_cuda_decode_nq((int64_t)p->max_q * p->group);
+}
 
 static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem *p, int backward,
                          call *c)
@@ -228,7 +248,17 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
         return fa_error(ctx, FA_ERR_UNSUPPORTED, "head_dim (%d) exceeds the largest CUDA tile (%d)",
                         (int)p->dim, tile_table[N_TILES - 1].dim);
     c->bf16 = p->in_dtype == FA_DTYPE_BF16;
-    for (size_t i = 0; s->hopper && !backward && i < N_SM90; i++)
+    const int64_t rows = p->varlen ? d->cu_seqlens_q[p->batch] : (int64_t)p->batch * d->seqlen_q;
+    c->nq = backward ? 0 : decode_route(p, rows);
+    if (c->nq) {
+        c->split = FA_CUDA_DECODE_SPLIT;
+        if (!fa_cuda_split_layout(p, rows, c->split, &c->splits, &c->part_bytes))
+            return fa_error(ctx, FA_ERR_SIZE_OVERFLOW,
+                            "batch (%d) x num_heads_kv (%d) x key splits (%d) is too large a grid or "
+                            "workspace for the decode kernel; split the call",
+                            (int)p->batch, (int)p->heads_kv, (int)c->splits);
+    }
+    for (size_t i = 0; s->hopper && !backward && !c->nq && i < N_SM90; i++)
         if (sm90_table[i].dim == c->tl->dim)
             c->h = &sm90_table[i];
     for (size_t i = 0; s->hopper && backward && i < N_SM90_BWD; i++)
@@ -276,18 +306,17 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
     k->dropout_threshold = p->dropout_threshold;
     k->dropout_seed = p->dropout_seed;
     k->dropout_offset = p->dropout_offset;
+    k->rows = rows;
     if (p->varlen) {
-        k->rows = d->cu_seqlens_q[p->batch];
         c->krows = d->cu_seqlens_k[p->batch];
         c->cu_bytes = 2 * sizeof(int32_t) * ((size_t)p->batch + 1);
     } else {
-        k->rows = (int64_t)p->batch * d->seqlen_q;
         c->krows = (int64_t)p->batch * d->seqlen_k;
     }
 
     /* grids: one block per (tile, head, sequence) in a 31-bit x dimension */
     int64_t fwd_blocks = ((int64_t)p->max_q + c->tl->fwd_m - 1) / c->tl->fwd_m * p->heads_q * p->batch;
-    if (fwd_blocks > INT32_MAX)
+    if (!c->nq && fwd_blocks > INT32_MAX)
         return fa_error(ctx, FA_ERR_UNSUPPORTED,
                         "batch * heads * query tiles (%lld) exceeds CUDA's grid limit; split the call",
                         (long long)fwd_blocks);
@@ -339,6 +368,7 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
     static const char *const bwd_names[] = { FA_CUDA_TILES(FA_BWD_NAME) };
     static const char *const sm90_names[] = { FA_CUDA_SM90_TILES(FA_SM90_NAME) };
     static const char *const sm90_bwd_names[] = { FA_CUDA_SM90_BWD_TILES(FA_SM90_BWD_NAME) };
+    static const char *const decode_names[] = { "cuda-decode-d64", "cuda-decode-d128", "cuda-decode-d256" };
 #undef FA_FWD_NAME
 #undef FA_BWD_NAME
 #undef FA_SM90_NAME
@@ -349,6 +379,12 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
         info->kernel = backward ? "cuda-standard-bwd" : "cuda-standard";
         info->block_q = 1;
         info->block_k = p->max_k;
+        info->threads = 128;
+    } else if (c->nq) {
+        const int32_t dpad = fa_cuda_paged_dpad(p->dim);
+        info->kernel = decode_names[dpad == 64 ? 0 : dpad == 128 ? 1 : 2];
+        info->block_q = 8 * c->nq; /* packed (query row, head) pairs of one kv head */
+        info->block_k = c->split;
         info->threads = 128;
     } else if (c->hb) {
         info->kernel = sm90_bwd_names[c->hb - sm90_bwd_table];
@@ -371,8 +407,8 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
         info->block_k = c->tl->fwd_n;
         info->threads = 32 * c->tl->fwd_warps;
     }
-    info->workspace_bytes =
-        c->acc_bytes + c->sem_bytes + c->cu_bytes + c->dsum_bytes + c->std_bytes + c->sched_bytes;
+    info->workspace_bytes = c->acc_bytes + c->sem_bytes + c->cu_bytes + c->dsum_bytes + c->std_bytes +
+                            c->sched_bytes + c->part_bytes;
 }
 
 static fa_status cuda_plan(fa_context_t ctx, void *state, const fa_problem *p, fa_run_info *info)
@@ -429,7 +465,8 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
     if (st != FA_OK || (st = check_pointers(ctx, s, p, backward)) != FA_OK)
         return st;
     report(&c, p, backward, info);
-    const size_t total = c.acc_bytes + c.sem_bytes + c.cu_bytes + c.dsum_bytes + c.std_bytes + c.sched_bytes;
+    const size_t total =
+        c.acc_bytes + c.sem_bytes + c.cu_bytes + c.dsum_bytes + c.std_bytes + c.sched_bytes + c.part_bytes;
     char *ws = NULL;
     cudaError_t err;
     if (total && (err = cudaMallocFromPoolAsync((void **)&ws, total, s->pool, s->stream)) != cudaSuccess) {
@@ -443,6 +480,11 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
         k->dq_acc = (float *)at;
         k->dq_sem = (int *)(at + c.acc_bytes);
         at += c.acc_bytes + c.sem_bytes;
+    }
+    float *part = NULL;
+    if (c.part_bytes) {
+        part = (float *)at;
+        at += c.part_bytes;
     }
     if (c.sched_bytes) {
         k->sched = (int *)at;
@@ -473,7 +515,9 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
         k->p_ws = at + 4 * n;
         k->ds_ws = backward ? at + 6 * n : NULL;
     }
-    if (p->desc->algorithm == FA_ALGORITHM_STANDARD)
+    if (c.nq)
+        err = fa_cuda_dense_decode(k, c.nq, c.split, c.splits, part, c.bf16, s->stream);
+    else if (p->desc->algorithm == FA_ALGORITHM_STANDARD)
         err = backward ? fa_cuda_standard_backward(k, c.bf16, c.krows, s->stream)
                        : fa_cuda_standard_forward(k, c.bf16, s->stream);
     else

@@ -16,23 +16,49 @@
 //           three stages and 1.1 with four on the H200, docs/perf/h200-decode.md);
 //   rows:   four warps of 16 rows sharing 64-key tiles (chunked prefill, long speculation).
 // Split boundaries are multiples of p.split from key 0, set by the plan from nothing but the
-// bounds, so a sequence's bits do not depend on the rest of the batch.
+// bounds, so a sequence's bits do not depend on the rest of the batch. Dense calls with few
+// query rows (fa_forward's decode route) run the decode kernel too, their K and V read in
+// place as a cache without a block table (kv_slot).
 #include "cuda.h"
 #include "tile.cuh"
 
 namespace fa {
 namespace {
 
-// One sequence: its query rows [q0, q0 + qn), tokens cached before the call and keys now.
-using pseq_t = paged_seq_t;
+// One sequence (b): its query rows [q0, q0 + qn) of the packed rows (which the partials and
+// the merge count in), tokens cached before the call and keys now, and `at`, where its rows
+// sit in the tensors (q, o and lse through row_off and lse_index; a dense call's keys through
+// kv_slot).
+struct pseq_t {
+    int b, q0, qn, cached, keys;
+    seq_t at;
+};
+
+// A dense call (no block table) has the dense kernels' sequences, every key cached; its packed
+// rows are b * seqlen_q + i for a fixed length.
 __device__ __forceinline__ pseq_t pseq_of(const fa_cuda_paged &p, int b)
 {
-    return paged_seq(p.a.pg, p.a.cu_q, p.a.max_q, p.a.max_k, b);
+    pseq_t s;
+    s.b = b;
+    if (!p.a.pg.table) {
+        s.at = seq_of(p.a, b);
+        s.q0 = p.a.cu_q ? (int)s.at.q0 : b * p.a.seqlen_q;
+        s.qn = s.at.sq;
+        s.cached = s.keys = s.at.sk;
+        return s;
+    }
+    const paged_seq_t g = paged_seq(p.a.pg, p.a.cu_q, p.a.max_q, p.a.max_k, b);
+    s.q0 = g.q0, s.qn = g.qn, s.cached = g.cached, s.keys = g.keys;
+    s.at = seq_t{ g.q0, 0, 0, 0, g.qn, g.keys };
+    return s;
 }
 
-// The sequence of packed query row `row`: the last b with cu_q[b] <= row.
+// The sequence of packed query row `row`: the last b with cu_q[b] <= row (seqlen_q rows each
+// in a dense call of fixed length).
 __device__ __forceinline__ int seq_of_row(const fa_cuda_paged &p, int row)
 {
+    if (!p.a.cu_q)
+        return row / p.a.seqlen_q;
     int lo = 0, hi = p.a.batch - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
@@ -42,6 +68,16 @@ __device__ __forceinline__ int seq_of_row(const fa_cuda_paged &p, int row)
             hi = mid - 1;
     }
     return lo;
+}
+
+// Key j of s: its page and slot. A dense call's K and V are a cache without a table: page
+// k_base (the sequence, or 0 when varlen) from row k0, the host having set the batch, row and
+// head strides as the page, token and head strides.
+__device__ __forceinline__ page_slot_t kv_slot(const fa_cuda_paged &p, const pseq_t &s, int j)
+{
+    if (!p.a.pg.table)
+        return page_slot_t{ (int)s.at.k_base, (int)s.at.k0 + j };
+    return page_slot(p.a.pg, s.b, j);
 }
 
 // Element offset of a slot's row of kv head g in a pool, or -1 where the table names no page.
@@ -90,7 +126,7 @@ template <typename T> __global__ void __launch_bounds__(128) append_kernel(const
     if (i < 0 || i >= s.qn || s.cached + i >= s.keys)
         return;
     const int pos = p.rope_dim ? rope_pos(p, row, i, s) : 0;
-    const page_slot_t at = page_slot(p.a.pg, b, s.cached + i);
+    const page_slot_t at = kv_slot(p, s, s.cached + i);
     for (int g = 0; g < p.a.heads_kv; g++) {
         const int64_t ko = slot_off(at, g, p.a.pg.k_sp, p.a.pg.k_st, p.a.k.sh);
         const int64_t vo = slot_off(at, g, p.a.pg.v_sp, p.a.pg.v_st, p.a.v.sh);
@@ -143,8 +179,8 @@ template <typename T, int D, int WM, int KT, int STAGES> constexpr int smem_byte
 // of a row, so each warp instruction reads whole 32-byte sectors (giving a thread a run of
 // chunks instead leaves every sector half read per instruction: twice the L2 requests).
 template <typename T, int D, int KT, int NTHREADS>
-__device__ __forceinline__ void load_kv_tile(const fa_cuda_paged &p, T *sK, T *sV, int b, int g, int n, int k_lo,
-                                             int k_hi, int tid)
+__device__ __forceinline__ void load_kv_tile(const fa_cuda_paged &p, T *sK, T *sV, const pseq_t &s, int g, int n,
+                                             int k_lo, int k_hi, int tid)
 {
     constexpr int CH = D / 8, LDS = lds<D>(), RPP = NTHREADS / CH, PASSES = KT / RPP;
     static_assert(NTHREADS % CH == 0 && KT % RPP == 0, "whole rows a pass");
@@ -156,7 +192,7 @@ __device__ __forceinline__ void load_kv_tile(const fa_cuda_paged &p, T *sK, T *s
         const int r = tid / CH + pass * RPP, j = n * KT + r;
         int64_t ko = -1, vo = -1;
         if (j >= k_lo && j < k_hi) {
-            const page_slot_t at = page_slot(p.a.pg, b, j);
+            const page_slot_t at = kv_slot(p, s, j);
             ko = slot_off(at, g, p.a.pg.k_sp, p.a.pg.k_st, p.a.k.sh);
             vo = slot_off(at, g, p.a.pg.v_sp, p.a.pg.v_st, p.a.v.sh);
         }
@@ -205,7 +241,7 @@ __device__ __forceinline__ void load_q(const fa_cuda_paged &p, const pseq_t &s, 
         float v = 0.0f;
         if (pr < rows && e < p.a.dim) {
             const int i = pr / G, row = s.q0 + i;
-            const T *x = (const T *)p.a.q.p + (int64_t)row * p.a.q.ss + (int64_t)(g * G + pr % G) * p.a.q.sh;
+            const T *x = (const T *)p.a.q.p + row_off(p.a.q, s.at, false, g * G + pr % G, i);
             v = p.rope_dim ? rope_elem(p, x, e, rope_pos(p, row, i, s)) : to_float(x[e]);
         }
         sQ[r * lds<D>() + e] = from_float<T>(v);
@@ -239,13 +275,13 @@ __device__ __forceinline__ void merge_out(const fa_cuda_paged &p, const pseq_t &
         const int i = pr / G, h = g * G + pr % G, row = s.q0 + i;
         if (nsplit == 1) {
             const final_t f = finish(p, h, mx, lsum);
-            const int64_t oo = (int64_t)row * p.a.o.ss + (int64_t)h * p.a.o.sh + e;
+            const int64_t oo = row_off(p.a.o, s.at, false, h, i) + e;
             if (p.a.o.f32)
                 ((float *)p.a.o.p)[oo] = acc * f.inv;
             else
                 ((T *)p.a.o.p)[oo] = from_float<T>(acc * f.inv);
             if (p.a.lse && e == 0)
-                p.a.lse[(int64_t)h * p.a.lse_sh + (int64_t)row * p.a.lse_ss] = f.lse;
+                p.a.lse[lse_index(p.a, s.at, h, i)] = f.lse;
         } else {
             float *part = p.part + (((int64_t)split * p.a.pg.total_q + row) * p.a.heads_q + h) * (p.a.dim + 2);
             if (e == 0) {
@@ -291,7 +327,7 @@ __global__ void __launch_bounds__(128) paged_kernel(const fa_cuda_paged p)
 #pragma unroll
     for (int st = 0; st < STAGES - 1; st++) {
         if (st < ntiles)
-            load_kv_tile<T, D, KT, 32 * WM>(p, sK + st * KT * S::LDS, sV + st * KT * S::LDS, b, g,
+            load_kv_tile<T, D, KT, 32 * WM>(p, sK + st * KT * S::LDS, sV + st * KT * S::LDS, s, g,
                                             t_lo + kg + st * S::WK, k_lo, k_hi, gtid);
         cp_async_commit();
     }
@@ -306,7 +342,7 @@ __global__ void __launch_bounds__(128) paged_kernel(const fa_cuda_paged p)
         const int nxt = it + STAGES - 1;
         if (nxt < ntiles)
             load_kv_tile<T, D, KT, 32 * WM>(p, sK + (nxt % STAGES) * KT * S::LDS,
-                                            sV + (nxt % STAGES) * KT * S::LDS, b, g, t_lo + kg + nxt * S::WK,
+                                            sV + (nxt % STAGES) * KT * S::LDS, s, g, t_lo + kg + nxt * S::WK,
                                             k_lo, k_hi, gtid);
         cp_async_commit();
         const int stage = it % STAGES;
@@ -408,7 +444,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const fa_cuda_paged p)
 #pragma unroll
     for (int st = 0; st < STAGES - 1; st++) {
         if (st < ntiles)
-            load_kv_tile<T, D, S::KT, 32>(p, sK + st * S::KT * S::LDS, sV + st * S::KT * S::LDS, b, g,
+            load_kv_tile<T, D, S::KT, 32>(p, sK + st * S::KT * S::LDS, sV + st * S::KT * S::LDS, s, g,
                                           t_lo + warp + st * 4, k_lo, k_hi, lane);
         cp_async_commit();
     }
@@ -444,7 +480,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const fa_cuda_paged p)
         const int nxt = it + STAGES - 1;
         if (nxt < ntiles)
             load_kv_tile<T, D, S::KT, 32>(p, sK + (nxt % STAGES) * S::KT * S::LDS,
-                                          sV + (nxt % STAGES) * S::KT * S::LDS, b, g, t_lo + warp + nxt * 4, k_lo,
+                                          sV + (nxt % STAGES) * S::KT * S::LDS, s, g, t_lo + warp + nxt * 4, k_lo,
                                           k_hi, lane);
         cp_async_commit();
         const T *tK = sK + (it % STAGES) * S::KT * S::LDS, *tV = sV + (it % STAGES) * S::KT * S::LDS;
@@ -553,8 +589,8 @@ template <typename T> __global__ void __launch_bounds__(128) combine_kernel(cons
 {
     const int row = blockIdx.x, h = blockIdx.y, b = seq_of_row(p, row);
     const pseq_t s = pseq_of(p, b);
-    const int nsplit = max(1, (s.keys + p.split - 1) / p.split);
-    if (row - s.q0 < 0 || row - s.q0 >= s.qn || nsplit == 1)
+    const int nsplit = max(1, (s.keys + p.split - 1) / p.split), i = row - s.q0;
+    if (i < 0 || i >= s.qn || nsplit == 1)
         return;
     const int64_t step = (int64_t)p.a.pg.total_q * p.a.heads_q * (p.a.dim + 2);
     const float *part = p.part + ((int64_t)row * p.a.heads_q + h) * (p.a.dim + 2);
@@ -570,14 +606,14 @@ template <typename T> __global__ void __launch_bounds__(128) combine_kernel(cons
         for (int k = 0; k < nsplit; k++)
             if (part[k * step] != -INFINITY)
                 acc += exp2f(part[k * step] - mx) * part[k * step + 2 + e];
-        const int64_t oo = (int64_t)row * p.a.o.ss + (int64_t)h * p.a.o.sh + e;
+        const int64_t oo = row_off(p.a.o, s.at, false, h, i) + e;
         if (p.a.o.f32)
             ((float *)p.a.o.p)[oo] = acc * f.inv;
         else
             ((T *)p.a.o.p)[oo] = from_float<T>(acc * f.inv);
     }
     if (p.a.lse && threadIdx.x == 0)
-        p.a.lse[(int64_t)h * p.a.lse_sh + (int64_t)row * p.a.lse_ss] = f.lse;
+        p.a.lse[lse_index(p.a, s.at, h, i)] = f.lse;
 }
 
 struct merge_args {

@@ -5,11 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Keys per split of a decode by default: a 4k sequence gives 4 blocks per kv head, b1 at 128k
- * 128 of them, and the partials stay under 1% of the keys' bytes. 1024 ran 10-20% faster than
- * 512 on the H200 (docs/perf/h200-decode.md). */
-#define FA_CUDA_DECODE_SPLIT 1024
-
 /* The Hopper forward's tiles (FA_CUDA_SM90_TILES): its loader takes keys from the pages. */
 typedef struct sm90_row {
     int dim, keys, warpgroups;
@@ -30,7 +25,22 @@ typedef struct cuda_paged_plan {
     cudaStream_t stream;
 } cuda_paged_plan;
 
-static int32_t dpad_of(int32_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
+int32_t fa_cuda_paged_dpad(int32_t dim) { return dim <= 64 ? 64 : dim <= 128 ? 128 : 256; }
+
+int fa_cuda_decode_nq(int64_t packed) { return packed <= 8 ? 1 : packed <= 16 ? 2 : 0; }
+
+int fa_cuda_split_layout(const fa_problem *p, int64_t rows, int32_t split, int32_t *splits, size_t *bytes)
+{
+    const int32_t n = (int32_t)(((int64_t)p->max_k + split - 1) / split);
+    int64_t blocks, b = 0;
+    *splits = n < 1 ? 1 : n;
+    if (!fa_mul_ok((int64_t)p->batch * p->heads_kv, *splits, &blocks) || blocks > INT32_MAX ||
+        (*splits > 1 && (!fa_mul_ok((int64_t)*splits * rows, (int64_t)p->heads_q * (p->dim + 2), &b) ||
+                         !fa_mul_ok(b, 4, &b))))
+        return 0;
+    *bytes = (size_t)b;
+    return 1;
+}
 
 static int aligned16(const void *ptr, int64_t a, int64_t b, int64_t c)
 {
@@ -69,23 +79,16 @@ fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p,
     cuda_paged_plan *pl = calloc(1, sizeof(*pl));
     if (!pl)
         return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the plan");
-    pl->dpad = dpad_of(p->dim);
+    pl->dpad = fa_cuda_paged_dpad(p->dim);
     pl->bf16 = p->in_dtype == FA_DTYPE_BF16;
-    const int64_t packed = (int64_t)p->max_q * p->group; /* a block's rows of one kv head */
-    pl->nq = packed <= 8 ? 1 : packed <= 16 ? 2 : 0;
+    pl->nq = fa_cuda_decode_nq((int64_t)p->max_q * p->group); /* a block's rows of one kv head */
     const int32_t whole = p->max_k < 16 ? 16 : (p->max_k + 15) / 16 * 16;
     pl->sm90 = sm90_for(s, p, pl->nq, pl->dpad);
     pl->split = d->kv_split ? d->kv_split : pl->nq ? FA_CUDA_DECODE_SPLIT : whole;
-    pl->max_splits = (int32_t)(((int64_t)p->max_k + pl->split - 1) / pl->split);
-    if (pl->max_splits < 1)
-        pl->max_splits = 1;
-    int64_t blocks, bytes = 0;
+    int64_t bytes = 0;
     const int rotated = pl->sm90 && p->paged->rope_dim; /* the queries, rotated, in the workspace */
-    if (!fa_mul_ok((int64_t)p->batch * p->heads_kv, pl->max_splits, &blocks) || blocks > INT32_MAX ||
-        (rotated && !fa_mul_ok((int64_t)d->total_q * p->heads_q, (int64_t)p->dim * 2, &bytes)) ||
-        (!pl->sm90 && pl->max_splits > 1 &&
-         (!fa_mul_ok((int64_t)pl->max_splits * p->desc->seqlen_q, (int64_t)p->heads_q * (p->dim + 2), &bytes) ||
-          !fa_mul_ok(bytes, 4, &bytes)))) {
+    if (!fa_cuda_split_layout(p, p->desc->seqlen_q, pl->split, &pl->max_splits, &pl->ws_bytes) ||
+        (rotated && !fa_mul_ok((int64_t)d->total_q * p->heads_q, (int64_t)p->dim * 2, &bytes))) {
         const int32_t splits = pl->max_splits;
         free(pl);
         return fa_error(ctx, FA_ERR_SIZE_OVERFLOW,
@@ -93,16 +96,17 @@ fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p,
                         "raise kv_split",
                         (int)p->batch, (int)p->heads_kv, (int)splits);
     }
-    pl->ws_bytes = (size_t)bytes;
+    if (pl->sm90) /* no splits: the workspace holds the rotated queries, if any */
+        pl->ws_bytes = (size_t)bytes;
     pl->stream = s->stream;
     if (pl->ws_bytes) {
         cudaError_t err = cudaMallocFromPoolAsync(&pl->ws, pl->ws_bytes, s->pool, s->stream);
         if (err != cudaSuccess) {
+            const size_t n = pl->ws_bytes;
             cudaGetLastError();
             free(pl);
             return fa_error(ctx, err == cudaErrorMemoryAllocation ? FA_ERR_OUT_OF_MEMORY : FA_ERR_BACKEND,
-                            "allocating %zu bytes of device workspace: %s", (size_t)bytes,
-                            cudaGetErrorString(err));
+                            "allocating %zu bytes of device workspace: %s", n, cudaGetErrorString(err));
         }
     }
     if (pl->sm90) {
@@ -233,6 +237,27 @@ static cudaError_t run_sm90(fa_cuda_paged *k, const cuda_paged_plan *pl, cudaStr
     a.aligned = aligned16(a.q.p, a.q.ss, a.q.sh, a.dim);
     a.o_vec = !a.o.f32 && aligned16(a.o.p, a.o.ss, a.o.sh, a.dim);
     return fa_cuda_flash_forward_sm90(&a, pl->bf16, pl->dpad, stream);
+}
+
+cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int32_t split, int32_t splits, float *part,
+                                 int bf16, cudaStream_t stream)
+{
+    fa_cuda_paged k;
+    memset(&k, 0, sizeof(k));
+    k.a = *a;
+    fa_cuda_pages *g = &k.a.pg; /* no table: page b (0 when varlen) from row k0 */
+    g->table = NULL;
+    g->k_sp = a->k.sb, g->k_st = a->k.ss;
+    g->v_sp = a->v.sb, g->v_st = a->v.ss;
+    g->num = a->batch;
+    g->shift = -1;
+    g->total_q = (int32_t)a->rows;
+    k.split = split;
+    k.max_splits = splits;
+    k.part = part;
+    k.kv_aligned = a->dim % 8 == 0 && aligned16(a->k.p, a->k.sb, a->k.ss, a->k.sh) &&
+                   aligned16(a->v.p, a->v.sb, a->v.ss, a->v.sh);
+    return fa_cuda_paged_attention(&k, bf16, fa_cuda_paged_dpad(a->dim), nq, stream);
 }
 
 fa_status fa_cuda_paged_run(fa_context_t ctx, void *state, void *plan, const fa_problem *p,

@@ -64,7 +64,10 @@ typedef struct fa_cuda_params {
  * q and o (ss, sh), the pools as k and v (base and sh; page and token strides in a.pg), the
  * page table, lengths and cu_q (a.pg, a.cu_q), lse (lse_sh, lse_ss), the scale, cap and window,
  * heads, dim and bounds. Every length and page id is read on the device and clamped there: no
- * access leaves the pool. */
+ * access leaves the pool. a.pg.table NULL: a dense call (fa_forward) on the decode kernel, `a`
+ * filled as for the dense kernels (views with batch strides, a.cu_q and a.cu_k for varlen); the
+ * pools are k and v with their batch and row strides as the page and token strides (a.pg),
+ * a.pg.num = batch, and every key of a sequence is cached (no append, rope or sinks). */
 typedef struct fa_cuda_paged {
     fa_cuda_params a;
     fa_cuda_view kn, vn; /* appended rows [total_q, heads_kv, dim] */

@@ -21,6 +21,28 @@ fa_status fa_cuda_fail(fa_context_t ctx, cudaError_t err, const char *what);
 /* ptr is device (or managed) memory of the context's device; else a message naming `name`. */
 fa_status fa_cuda_check_ptr(fa_context_t ctx, const cuda_state *s, const void *ptr, const char *name);
 
+/* Keys per split of a decode by default: a 4k sequence gives 4 blocks per kv head, b1 at 128k
+ * 128 of them, and the partials stay under 1% of the keys' bytes. 1024 ran 10-20% faster than
+ * 512 on the H200 (docs/perf/h200-decode.md). */
+#define FA_CUDA_DECODE_SPLIT 1024
+
+/* The paged kernels' head_dim instantiation (64, 128, 256) that holds dim. */
+int32_t fa_cuda_paged_dpad(int32_t dim);
+
+/* The decode kernel for `packed` rows of one kv head (a sequence's query rows times the group):
+ * nq = 1 or 2 for its 8 * nq rows a block, 0 where they need the 64-row tiles. */
+int fa_cuda_decode_nq(int64_t packed);
+
+/* Splits of `split` keys from key 0 covering p's longest sequence (*splits, at least 1) and the
+ * bytes of their partials for `rows` packed query rows (*bytes, 0 for one split); 0 when the grid
+ * (batch x heads_kv x splits blocks) or the bytes overflow. */
+int fa_cuda_split_layout(const fa_problem *p, int64_t rows, int32_t split, int32_t *splits, size_t *bytes);
+
+/* A dense call on the paged decode kernel (fa_forward's decode route): a's K and V read in place
+ * as a cache without a block table, split keys a split, partials in part (splits > 1). */
+cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int32_t split, int32_t splits, float *part,
+                                 int bf16, cudaStream_t stream);
+
 /* Paged calls (paged_host.c). */
 fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p, void **plan,
                              fa_run_info *info);

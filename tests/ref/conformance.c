@@ -197,6 +197,8 @@ static int run_algo(fa_context_t ctx, fa_case_inputs *in, fa_case_staged *st, fa
                  (int)ran.threads, (unsigned long long)ran.workspace_bytes);
         return -1;
     }
+    if (s == FA_OK && a == FA_ALGORITHM_FLASH)
+        res->kernel = ran.kernel;
     if (s == FA_OK)
         s = fa_context_synchronize(ctx);
     if (s == FA_OK)
@@ -478,6 +480,21 @@ typedef struct feature {
     float softcap;
 } feature;
 
+/* Keep a case's float64 reference under ~1e9 multiply-adds: one sequence, then one kv head. */
+static void bound_work(fa_case *c)
+{
+    const int32_t g = c->heads_q / c->heads_kv;
+    double work = (double)c->batch * c->heads_q * c->seqlen_q * c->seqlen_k * c->head_dim;
+    while (work > 1e9 && (c->batch > 1 || c->heads_kv > 1)) {
+        if (c->batch > 1)
+            c->batch = 1;
+        else
+            c->heads_kv = 1;
+        c->heads_q = c->heads_kv * g;
+        work = (double)c->batch * c->heads_q * c->seqlen_q * c->seqlen_k * c->head_dim;
+    }
+}
+
 int fa_grid_build(int level, uint64_t seed, fa_case *out, int cap)
 {
     static const fa_dtype dtypes[] = { FA_DTYPE_F32, FA_DTYPE_F16, FA_DTYPE_BF16 };
@@ -520,18 +537,48 @@ int fa_grid_build(int level, uint64_t seed, fa_case *out, int cap)
                 c.scale = k % 11 == 5 ? 0.5f : 0.0f;
                 c.logit_scale = k % 13 == 4 ? 300.0f : 1.0f; /* logits of several thousand */
                 c.dropout_p = k % 6 == 1 ? 0.17f : k % 17 == 3 ? 0.6f : 0.0f;
-                /* keep each case's float64 reference under ~1e9 multiply-adds */
-                double work = (double)c.batch * c.heads_q * c.seqlen_q * c.seqlen_k * c.head_dim;
-                while (work > 1e9 && (c.batch > 1 || c.heads_kv > 1)) {
-                    if (c.batch > 1)
-                        c.batch = 1;
-                    else
-                        c.heads_kv = 1;
-                    c.heads_q = c.heads_kv * g;
-                    work = (double)c.batch * c.heads_q * c.seqlen_q * c.seqlen_k * c.head_dim;
-                }
+                bound_work(&c);
                 c.seed = fa_rng_next(&rng);
                 out[n++] = c;
             }
+
+    /* Decode: 1 to 4 query rows a sequence (speculative decoding verifies a few) with GQA groups
+     * of 1, 4 and 8, so that a kv head's packed rows fill 8, 16 or more than 16 (CUDA's decode
+     * kernel holds 16), against keys from one to several of CUDA's 1024-key splits. */
+    static const int32_t dec_dims[] = { 64, 128, 256, 80, 1, 96 };
+    static const int32_t dec_groups[] = { 1, 4, 8 };
+    static const int32_t dec_keys_full[] = { 1, 17, 1025, 2048, 4100 };
+    static const int32_t dec_keys_quick[] = { 1, 17, 200, 1025, 1100 };
+    const int32_t *dec_keys = level ? dec_keys_full : dec_keys_quick;
+    for (int ti = 0; ti < 3; ti++)
+        for (int i = 0; i < 16; i++) {
+            if (n >= cap)
+                return n;
+            fa_case c;
+            memset(&c, 0, sizeof(c));
+            c.dtype = dtypes[ti];
+            c.head_dim = dec_dims[(i + ti) % 6];
+            c.seqlen_q = 1 + i % 4;
+            c.seqlen_k = dec_keys[(i + 2 * ti) % 5];
+            const feature *f = &feats[(i + 3 * ti) % 8];
+            c.causal = f->causal;
+            c.window_left = f->wl;
+            c.window_right = f->wr;
+            c.softcap = f->softcap;
+            const int32_t g = dec_groups[(i / 4) % 3];
+            c.heads_kv = 1 + (int32_t)(fa_rng_next(&rng) % 3);
+            c.heads_q = c.heads_kv * g;
+            c.batch = 1 + (int32_t)(fa_rng_next(&rng) % 3);
+            c.layout = (fa_case_layout)((i + ti) % 3);
+            c.varlen = i % 3 == 1;
+            c.with_lse = i % 4 != 3;
+            c.o_f32 = c.dtype != FA_DTYPE_F32 && i % 5 == 2;
+            c.scale = i % 7 == 5 ? 0.5f : 0.0f;
+            c.logit_scale = i % 9 == 4 ? 300.0f : 1.0f;
+            c.dropout_p = i == 6 ? 0.17f : 0.0f;
+            bound_work(&c);
+            c.seed = fa_rng_next(&rng);
+            out[n++] = c;
+        }
     return n;
 }

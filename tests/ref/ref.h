@@ -73,6 +73,7 @@ typedef struct fa_case_result {
     double err_standard; /* same for the standard algorithm in the same precision */
     double tolerance;
     double lse_err_flash, lse_err_standard;
+    const char *kernel; /* what the flash run ran (fa_run_info.kernel), NULL when it did not run */
     char message[512];
 } fa_case_result;
 
@@ -152,8 +153,10 @@ int fa_case_check_refused(fa_context_t ctx, const fa_case *c, const char *field,
 /* FLASHATTN_TEST_EVERY=N runs every Nth grid case only (slow tools: sanitizers). */
 int fa_test_case_every(void);
 
-/* The conformance grid. level 0 = quick (short sequences), 1 = full.
- * Returns the number of cases written (at most cap), derived from seed. */
+/* The conformance grid. level 0 = quick (short sequences), 1 = full: every dtype x head_dim x
+ * sequence length with the features in turn, then decode shapes (1 to 4 query rows, GQA groups
+ * 1, 4 and 8, short and long keys). Returns the number of cases written (at most cap, 240 in
+ * all), derived from seed. */
 int fa_grid_build(int level, uint64_t seed, fa_case *out, int cap);
 
 #endif
