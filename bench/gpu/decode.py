@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
-"""Decode over a paged KV cache on the GPU: flashattn's paged call (page 16, shuffled pages) and
-its contiguous cache (one page per sequence) beside cuDNN's dense decode through torch SDPA, one
-process, the same data. Each row: time (median of --reps timed runs after warm-up, each run a
+"""Decode over a paged KV cache on the GPU: flashattn's paged call (page 16, shuffled pages), its
+contiguous cache (one page per sequence) and its dense fa_forward (one query a sequence, K/V
+[b, s, h, d]; nhd only) beside cuDNN's dense decode through torch SDPA, one process, the same
+data. Each row: time (median of --reps timed runs after warm-up, each run a
 CUDA graph of --inner calls), K+V bytes read / time, and that as a share of the HBM copy rate
 measured in the same run (the better of a 4 GiB copy, read + write, and a 4 GiB read).
 
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
+import flashattn_ctypes as fc  # noqa: E402
 from flashattn_ctypes import FA_BACKEND_CUDA, FA_DTYPE_BF16, ContextOptions, RunInfo, Tensor  # noqa: E402
 
 
@@ -67,7 +69,7 @@ def timed(fn, reps, inner):
             fn()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, capture_error_mode="thread_local"):
         for _ in range(inner):
             fn()
     g.replay()
@@ -153,6 +155,7 @@ def main():
     if lib.fa_context_create(C.byref(opts), C.byref(ctx)) != 0:
         sys.exit("no CUDA context")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dense = fc.Context(fc.load(args.lib), torch.cuda.current_stream().cuda_stream)
     hbm, copy, read = hbm_rate()
     print(f"HBM: copy {copy:.2f} TB/s, read {read:.2f} TB/s; {torch.cuda.get_device_name()}; commit {commit}; "
           f"layout {args.layout}")
@@ -165,8 +168,8 @@ def main():
         b_, kv_, hkv_ = (int(x) for x in args.case.split("x"))
         cases, kv_heads = [(b_, kv_)], (hkv_,)
     d, page, hq = 128, 16, 32
-    print(f"{'case':<22} {'paged ms':>9} {'TB/s':>6} {'%HBM':>5} {'contig':>7} {'cuDNN ms':>9} {'TB/s':>6} "
-          f"{'ratio':>6} {'paged/contig':>12}  kernel")
+    print(f"{'case':<22} {'paged ms':>9} {'TB/s':>6} {'%HBM':>5} {'contig':>7} {'dense':>7} {'TB/s':>6} "
+          f"{'cuDNN ms':>9} {'TB/s':>6} {'ratio':>6} {'dense ratio':>11} {'paged/contig':>12}  kernel")
     torch.manual_seed(0)
     for hkv in kv_heads:
         for b, kv in cases:
@@ -219,17 +222,33 @@ def main():
 
             t_paged = timed(lambda: run_ours(paged), args.reps, args.inner)
             t_contig = timed(lambda: run_ours(contig), args.reps, args.inner)
+            t_dense, err3, dense_kernel = float("nan"), float("nan"), "-"
+            if not hnd:  # fa_forward on [b, 1, hq, d] over [b, kv, hkv, d]: its decode route
+                q4, o4 = q.view(b, 1, hq, d), torch.empty(b, 1, hq, d, dtype=torch.bfloat16, device="cuda")
+                ddesc = dense.desc(q4, kd, vd, o4)
+
+                def run_dense():
+                    stream = C.c_void_p(torch.cuda.current_stream().cuda_stream)
+                    dense.check(dense.lib.fa_context_set_stream(dense.ctx, stream))
+                    dense.forward(ddesc)
+
+                run_dense()
+                torch.cuda.synchronize()
+                dense_kernel = dense.last_run().kernel.decode()
+                err3 = (o4.view(b, hq, d).float() - ref.view(b, hq, d).float()).abs().max().item()
+                t_dense = timed(run_dense, args.reps, args.inner)
             nbytes = 2 * b * kv * hkv * d * 2
             tb = lambda ms: nbytes / (ms * 1e-3) / 1e12  # noqa: E731
             name = f"b{b} kv{kv} h{hq}/kv{hkv}"
             print(f"{name:<22} {t_paged:9.4f} {tb(t_paged):6.2f} {100 * tb(t_paged) / hbm:5.1f} {t_contig:7.4f} "
-                  f"{t_peer:9.4f} {tb(t_peer):6.2f} {t_peer / t_paged:6.2f} {t_paged / t_contig:12.3f}  "
-                  f"{paged.kernel} split {paged.split}; max err {err:.2e}/{err2:.2e} vs cuDNN ({gqa_mode})")
+                  f"{t_dense:7.4f} {tb(t_dense):6.2f} {t_peer:9.4f} {tb(t_peer):6.2f} {t_peer / t_paged:6.2f} "
+                  f"{t_peer / t_dense:11.2f} {t_paged / t_contig:12.3f}  {paged.kernel} split {paged.split}, dense "
+                  f"{dense_kernel}; max err {err:.2e}/{err2:.2e}/{err3:.2e} vs cuDNN ({gqa_mode})")
             if args.json:
                 with open(args.json, "a") as f:
                     f.write(json.dumps({"commit": commit, "case": name, "batch": b, "kv": kv, "heads_q": hq,
                                         "heads_kv": hkv, "page": page, "layout": args.layout, "paged_ms": t_paged, "contig_ms": t_contig,
-                                        "cudnn_ms": t_peer, "kv_bytes": nbytes, "hbm_tbs": hbm,
+                                        "cudnn_ms": t_peer, "dense_ms": t_dense, "dense_kernel": dense_kernel, "kv_bytes": nbytes, "hbm_tbs": hbm,
                                         "cudnn_gqa": gqa_mode, "kernel": paged.kernel, "split": paged.split,
                                         "max_err": err}) + "\n")
             lib.fa_paged_plan_destroy(paged.plan)

@@ -2,10 +2,10 @@
 # SPDX-License-Identifier: MIT
 # On a CUDA machine, in one go: the runner's CUDA engine end to end. Build the tool and the
 # engine test, then test_engine (CUDA against the float32 CPU run, graph replay against plain
-# launches), generate and bench-serve on cuda, bench-model with graphs on and off; with
-# `serve`, bench-serve's 512-request workload and transformers beside it (hf_peer.py).
-# Logs and JSON lines go to $OUT (or build/). Carry .devdeps (bench/gpu/fetch_debs.sh).
-#   bench/gpu/device_runner.sh [quick|serve]
+# launches), generate and bench-serve on cuda, bench-model with graphs on and off (quick);
+# bench-serve's 512-request workload and transformers beside it, hf_peer.py (serve); or both
+# (all). Logs and JSON lines go to $OUT (or build/). Carry .devdeps (bench/gpu/fetch_debs.sh).
+#   bench/gpu/device_runner.sh [quick|serve|all]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-build}
@@ -24,6 +24,7 @@ cmake --build build -j "$(nproc)" --target flashattn_cli test_engine > "$out/bui
   { grep -E "error" "$out/build_runner.log" | head -20; exit 1; }
 echo "build ok"
 F=./build/flashattn
+if [ "$level" != serve ]; then
 timeout 300 ./build/tests/test_engine > "$out/engine_cuda.log" 2>&1; echo "test_engine rc=$?"
 grep -E "OK|FAILED|SKIP|PASSED|captured|ids|logits" "$out/engine_cuda.log" | head -30
 for g in on off; do
@@ -42,7 +43,8 @@ for P in 2048 8192; do
 done
 timeout 300 $F bench-model --backend cuda --config llama3-8b --prompt-len 512 --decode 64 --batch 1,32 2>/dev/null |
   tee "$out/bench_model_l3.txt"
-[ "$level" = serve ] || exit 0
+fi
+[ "$level" = quick ] && exit 0
 # the serving comparison: bench-serve's workload, then transformers' static batching on the same lengths
 timeout 400 $F bench-serve --backend cuda --config 7b --requests 512 --prompt-len 128,2048 --output-len 64,512 \
   --max-batch 64 --token-budget 8192 --json "$out/serve_7b.json" 2>"$out/serve_7b.progress" | tail -12
