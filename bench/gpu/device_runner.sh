@@ -47,6 +47,6 @@ fi
 [ "$level" = quick ] && exit 0
 # the serving comparison: bench-serve's workload, then transformers' static batching on the same lengths
 timeout 400 $F bench-serve --backend cuda --config 7b --requests 512 --prompt-len 128,2048 --output-len 64,512 \
-  --max-batch 64 --token-budget 8192 --json "$out/serve_7b.json" 2>"$out/serve_7b.progress" | tail -12
+  --max-batch 64 --token-budget 4096 --json "$out/serve_7b.json" 2>"$out/serve_7b.progress" | tail -12
 PYTHONUNBUFFERED=1 timeout 400 python3 bench/gpu/hf_peer.py --config 7b --serve-batches 2 \
   --json "$out/hf_peer_7b.jsonl" 2>&1 | tail -12

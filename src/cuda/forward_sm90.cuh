@@ -136,20 +136,6 @@ __device__ __forceinline__ int next_item(const fa_cuda_params &p, int items)
 }
 __device__ __forceinline__ int own_item(int k) { return k == 0 ? (int)blockIdx.x : -1; }
 
-// Paged keys: the table's entries for key tile n's rows tid + 128 r (-1 past the keys),
-// unchecked, so that nothing waits on the reads until the entries are handed on.
-template <int BN>
-__device__ __forceinline__ void page_rows(const fa_cuda_params &p, const query_tile_t &qt, int n, int tid,
-                                          int (&pages)[BN / 128])
-{
-    static_assert(BN % 128 == 0, "whole rows for the loading warpgroup");
-#pragma unroll
-    for (int r = 0; r < BN / 128; r++) {
-        const int j = n * BN + tid + 128 * r;
-        pages[r] = j < qt.s.sk ? page_entry(p.pg, qt.blk.b, j) : -1;
-    }
-}
-
 // The producer warpgroup: for each query tile it takes, Q into buffer k % NQ once the consumers
 // have given it back, then K(n) and V(n) into ring stage it % STAGES (it: tiles loaded so far,
 // across query tiles) once the consumers have let go of what was there, each handed over when
@@ -187,22 +173,13 @@ __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, k
         cp_async_commit();
         const T *gK = (const T *)p.k.p + row_off(p.k, s, true, qt.hk, 0);
         const T *gV = (const T *)p.v.p + row_off(p.v, s, true, qt.hk, 0);
-        // paged keys: thread i looks up the page of row i + 128 r of each key tile one tile
-        // ahead (the table read's latency then hides behind this tile's copies), and hands the
-        // tile's pages to the others through shared memory
-        int next[BN / 128];
-        if (p.pg.table)
-            page_rows<BN>(p, qt, qt.n_lo, tid, next);
         for (int n = qt.n_lo; n < qt.n_hi; n++, it++) {
             const int st = it % STAGES, c = n * BN;
-            int *ids = pages[it & 1];
+            int *ids = pages[it & 1]; // paged keys: each row's page looked up once a tile
             if (p.pg.table) {
-#pragma unroll
-                for (int r = 0; r < BN / 128; r++)
-                    ids[tid + 128 * r] = next[r];
+                for (int r = tid; r < BN; r += 128)
+                    ids[r] = c + r < s.sk ? page_slot(p.pg, qt.blk.b, c + r).page : -1;
                 named_barrier(NWG + 1, 128); // also: every thread is done with tile it - 2's ids
-                if (n + 1 < qt.n_hi)
-                    page_rows<BN>(p, qt, n + 1, tid, next);
             }
             if (it >= STAGES)
                 mbar_wait(&ring.empty_k[st], (it / STAGES - 1) & 1);
