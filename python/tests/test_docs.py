@@ -5,6 +5,8 @@ installed)."""
 import importlib.util
 import pathlib
 import re
+import sys
+import types
 
 import pytest
 
@@ -37,4 +39,11 @@ def test_example(page, index, code):
         pytest.skip("torch is not installed")
     if re.search(r"^import numpy", code, re.M) and importlib.util.find_spec("numpy") is None:
         pytest.skip("numpy is not installed")
-    exec(compile(code, f"{page} example {index}", "exec"), {"__name__": f"example_{index}"})
+    # a module of its own in sys.modules: torch.compile looks a function's module up by name
+    name = f"flashattn_example_{re.sub(r'[^A-Za-z0-9]', '_', page)}_{index}"
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    try:
+        exec(compile(code, f"{page} example {index}", "exec"), module.__dict__)
+    finally:
+        del sys.modules[name]
