@@ -148,6 +148,8 @@ __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, k
 {
     constexpr int BM = 64 * NWG, QB = BM * D * 2, KV = BN * D * 2;
     __shared__ int pages[2][BN]; // paged keys: the pages of the last two key tiles' rows
+    static_assert(sm90_smem<BM, BN, D, STAGES, NQ>::bytes + sizeof(kv_ring<STAGES, NQ>) + sizeof(pages) <= 232448,
+                  "dynamic and static shared memory within Hopper's 227 KiB a block");
     int it = 0;
     for (int k = 0;; k++) {
         const int qb = k % NQ;

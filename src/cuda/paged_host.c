@@ -48,18 +48,23 @@ static int aligned16(const void *ptr, int64_t a, int64_t b, int64_t c)
 }
 
 /* Steps of many query rows go to the Hopper forward where it has the head_dim and the call
- * needs nothing it lacks: sinks, chosen splits, cache rows that are not whole 16-byte chunks. */
+ * needs nothing it lacks: sinks, chosen splits, cache rows that are not whole 16-byte chunks
+ * (the pools' starts checked here where the bounds give them, else at each run), a grid of
+ * more than 2^31 - 1 query tiles. */
 static const sm90_row *sm90_for(const cuda_state *s, const fa_problem *p, int nq, int dpad)
 {
     const fa_paged_desc *d = p->paged->desc;
     const fa_kv_cache *c = &d->cache;
     if (!s->hopper || nq || d->sinks || d->kv_split || p->dim % 8 ||
-        !aligned16(NULL, c->k_stride_page, c->k_stride_token, c->k_stride_head) ||
-        !aligned16(NULL, c->v_stride_page, c->v_stride_token, c->v_stride_head))
+        !aligned16(c->k, c->k_stride_page, c->k_stride_token, c->k_stride_head) ||
+        !aligned16(c->v, c->v_stride_page, c->v_stride_token, c->v_stride_head))
         return NULL;
-    for (size_t i = 0; i < sizeof(sm90_rows) / sizeof(sm90_rows[0]); i++)
+    for (size_t i = 0; i < sizeof(sm90_rows) / sizeof(sm90_rows[0]); i++) {
+        const int64_t rows = 64 * sm90_rows[i].warpgroups, tiles = ((int64_t)p->max_q + rows - 1) / rows;
+        int64_t blocks;
         if (sm90_rows[i].dim == dpad)
-            return &sm90_rows[i];
+            return fa_mul_ok(tiles * p->heads_q, p->batch, &blocks) && blocks <= INT32_MAX ? &sm90_rows[i] : NULL;
+    }
     return NULL;
 }
 
@@ -87,8 +92,14 @@ fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p,
     pl->split = d->kv_split ? d->kv_split : pl->nq ? FA_CUDA_DECODE_SPLIT : whole;
     int64_t bytes = 0;
     const int rotated = pl->sm90 && p->paged->rope_dim; /* the queries, rotated, in the workspace */
-    if (!fa_cuda_split_layout(p, p->desc->seqlen_q, pl->split, &pl->max_splits, &pl->ws_bytes) ||
-        (rotated && !fa_mul_ok((int64_t)d->total_q * p->heads_q, (int64_t)p->dim * 2, &bytes))) {
+    if (rotated && !fa_mul_ok((int64_t)d->total_q * p->heads_q, (int64_t)p->dim * 2, &bytes)) {
+        free(pl);
+        return fa_error(ctx, FA_ERR_SIZE_OVERFLOW,
+                        "total_q (%d) x num_heads_q (%d) x head_dim (%d): the rotated queries' workspace "
+                        "overflows 64 bits",
+                        (int)d->total_q, (int)p->heads_q, (int)p->dim);
+    }
+    if (!fa_cuda_split_layout(p, p->desc->seqlen_q, pl->split, &pl->max_splits, &pl->ws_bytes)) {
         const int32_t splits = pl->max_splits;
         free(pl);
         return fa_error(ctx, FA_ERR_SIZE_OVERFLOW,
@@ -271,10 +282,11 @@ fa_status fa_cuda_paged_run(fa_context_t ctx, void *state, void *plan, const fa_
         return st;
     fa_cuda_paged k;
     fill(p, &k);
-    if (pl->sm90 && !k.kv_aligned)
+    if (pl->sm90 && !k.kv_aligned) /* a plan made from bounds without the pools' pointers */
         return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
                         "cache.k and cache.v must start on 16 bytes for this plan's kernel (paged-sm90), "
-                        "which copies their rows in 16-byte chunks");
+                        "which copies their rows in 16-byte chunks; give the pools in the plan's bounds "
+                        "to have it choose a kernel for them");
     k.split = pl->split;
     k.max_splits = pl->max_splits;
     k.part = pl->sm90 ? NULL : pl->ws;
