@@ -138,10 +138,10 @@ static void cuda_info(void *state, char *buf, size_t cap, size_t *len)
                : p->major == 9 ? "off (FLASHATTN_CUDA_PORTABLE=1)"
                                : "no (needs compute capability 9.0)");
     fa_appendf(buf, cap, len,
-               "cuda.decode: forwards whose sequences' query rows times the group are at most 16, "
-               "without dropout, run the paged decode kernel over K and V in place (splits of %d "
-               "keys)\n",
-               FA_CUDA_DECODE_SPLIT);
+               "cuda.decode: flash forwards whose sequences' query rows times the group are at most "
+               "16, without dropout, run the paged decode kernel over K and V in place (splits of %d "
+               "keys; where their partials would pass %zu MiB, the tiles)\n",
+               FA_CUDA_DECODE_SPLIT, FA_CUDA_DECODE_PARTS_MAX >> 20);
     for (size_t i = 0; s->hopper && i < N_SM90_BWD; i++) {
         const sm90_bwd_tiles *t = &sm90_bwd_table[i];
         fa_appendf(buf, cap, len,
@@ -251,12 +251,13 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
     const int64_t rows = p->varlen ? d->cu_seqlens_q[p->batch] : (int64_t)p->batch * d->seqlen_q;
     c->nq = backward ? 0 : decode_route(p, rows);
     if (c->nq) {
+        /* partials for every row times the longest sequence's splits: where that passes
+         * FA_CUDA_DECODE_PARTS_MAX (one very long sequence among many short ones), or the grid
+         * overflows, the tiles run the call instead (they need no partials) */
         c->split = FA_CUDA_DECODE_SPLIT;
-        if (!fa_cuda_split_layout(p, rows, c->split, &c->splits, &c->part_bytes))
-            return fa_error(ctx, FA_ERR_SIZE_OVERFLOW,
-                            "batch (%d) x num_heads_kv (%d) x key splits (%d) is too large a grid or "
-                            "workspace for the decode kernel; split the call",
-                            (int)p->batch, (int)p->heads_kv, (int)c->splits);
+        if (!fa_cuda_split_layout(p, rows, c->split, &c->splits, &c->part_bytes) ||
+            c->part_bytes > FA_CUDA_DECODE_PARTS_MAX)
+            c->nq = 0, c->split = c->splits = 0, c->part_bytes = 0;
     }
     for (size_t i = 0; s->hopper && !backward && !c->nq && i < N_SM90; i++)
         if (sm90_table[i].dim == c->tl->dim)

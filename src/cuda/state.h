@@ -26,6 +26,10 @@ fa_status fa_cuda_check_ptr(fa_context_t ctx, const cuda_state *s, const void *p
  * 512 on the H200 (docs/perf/h200-decode.md). */
 #define FA_CUDA_DECODE_SPLIT 1024
 
+/* The most workspace fa_forward's decode route takes for split partials (256 MiB: b32 at 32k
+ * keys and 32 heads takes 17 MiB); a call that would need more runs the tiles. */
+#define FA_CUDA_DECODE_PARTS_MAX ((size_t)256 << 20)
+
 /* The paged kernels' head_dim instantiation (64, 128, 256) that holds dim. */
 int32_t fa_cuda_paged_dpad(int32_t dim);
 
