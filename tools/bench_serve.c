@@ -369,8 +369,9 @@ int cmd_bench_serve(int argc, char **argv)
     printf("pages in use: mean %.0f%%, peak %.0f%%\n", 100.0 * pages_sum / (double)steps, 100.0 * pages_peak);
     const fa_engine_info ei = fa_engine_get_info(e);
     if (ei.backend == FA_BACKEND_CUDA)
-        printf("engine: cuda on %s, graphs %s (%d batches captured, %lld decode steps replayed)\n", ei.device,
-               ei.graphs ? "on" : "off", (int)ei.graphs_captured, (long long)ei.graph_replays);
+        printf("engine: cuda on %s, graphs %s (%d batches captured, %lld decode steps replayed)%s%s\n", ei.device,
+               ei.graphs ? "on" : "off", (int)ei.graphs_captured, (long long)ei.graph_replays,
+               ei.graphs_off ? "; turned off: " : "", ei.graphs_off ? ei.graphs_off : "");
     else
         printf("engine: cpu\n");
     rc = 0;

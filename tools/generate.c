@@ -345,8 +345,9 @@ int cmd_generate(int argc, char **argv)
             (int)gs.decode_steps,
             gs.decode_s * 1e3, gs.decode_s > 0 ? gs.decode_steps / gs.decode_s : 0.0, seed);
     if (backend == FA_BACKEND_CUDA)
-        fprintf(stderr, "; cuda engine on %s, graphs %s (%d captured, %lld steps replayed)", ei.device,
-                ei.graphs ? "on" : "off", (int)ei.graphs_captured, (long long)ei.graph_replays);
+        fprintf(stderr, "; cuda engine on %s, graphs %s (%d captured, %lld steps replayed)%s%s", ei.device,
+                ei.graphs ? "on" : "off", (int)ei.graphs_captured, (long long)ei.graph_replays,
+                ei.graphs_off ? "; turned off: " : "", ei.graphs_off ? ei.graphs_off : "");
     fprintf(stderr, "\n");
     rc = 0;
 done:

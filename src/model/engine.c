@@ -161,7 +161,7 @@ fa_engine_info fa_engine_get_info(const fa_engine *e)
     fa_engine_info in = e->info;
     if (e->cuda) {
         int on;
-        fa_engine_cuda_graph_counts(e->cuda, &on, &in.graphs_captured, &in.graph_replays);
+        fa_engine_cuda_graph_counts(e->cuda, &on, &in.graphs_captured, &in.graph_replays, &in.graphs_off);
         in.graphs = on;
     }
     return in;

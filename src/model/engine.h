@@ -58,6 +58,7 @@ typedef struct fa_engine_info {
     int32_t graphs;           /* cuda: decode steps replay CUDA graphs (0: direct launches, and cpu) */
     int32_t graphs_captured;  /* batches whose decode step has been captured so far */
     int64_t graph_replays;    /* decode steps replayed from a graph so far */
+    const char *graphs_off;   /* why graphs were turned off after a capture failed, else NULL */
 } fa_engine_info;
 
 typedef struct fa_engine fa_engine;

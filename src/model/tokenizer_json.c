@@ -888,7 +888,7 @@ static void encode_segment(const fa_tokenizer *t, const char *s, size_t n, int a
             memcpy(buf + m, META, META_LEN), m += META_LEN;
         else
             buf[m++] = s[i];
-    if ((b->metaspace == 3 || (b->metaspace == 2 && at_start)) && strncmp(buf, META, META_LEN) != 0) {
+    if ((b->metaspace == 3 || (b->metaspace == 2 && at_start)) && (m < META_LEN || memcmp(buf, META, META_LEN) != 0)) {
         memmove(buf + META_LEN, buf, m);
         memcpy(buf, META, META_LEN);
         m += META_LEN;

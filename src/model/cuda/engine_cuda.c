@@ -54,6 +54,7 @@ struct fa_engine_cuda {
     int32_t bucket[32];          /* decode batches, ascending; the last is max_batch */
     cudaGraphExec_t graph[32];   /* each bucket's decode step, once captured */
     int graphs;                  /* 1: replay graphs for decode steps */
+    char graphs_off[FA_MODEL_ERR_LEN]; /* why a failed capture turned them off, or "" */
     int32_t captured;
     int64_t replays;
     void *blas_ws;               /* cuBLAS's workspace, the same for direct and captured GEMMs */
@@ -606,8 +607,10 @@ fa_status fa_engine_cuda_step(fa_engine_cuda *g, const fa_step *st, int32_t ns, 
         g->replays++;
     } else {
         fa_status rc = enqueue(g, &l, err);
-        if (rc == FA_OK && i >= 0 && g->graphs) /* recorded now, replayed from the next step on */
-            rc = capture(g, i, &l, err);
+        /* recorded now, replayed from the next step on; a capture that fails turns graphs off
+         * for good (the step has run: it still counts), its reason kept for fa_engine_get_info */
+        if (rc == FA_OK && i >= 0 && g->graphs && capture(g, i, &l, g->graphs_off) != FA_OK)
+            g->graphs = 0;
         if (rc != FA_OK) {
             cudaStreamSynchronize(g->stream);
             return rc;
@@ -626,9 +629,11 @@ fa_status fa_engine_cuda_step(fa_engine_cuda *g, const fa_step *st, int32_t ns, 
     return FA_OK;
 }
 
-void fa_engine_cuda_graph_counts(const fa_engine_cuda *g, int *on, int32_t *captured, int64_t *replays)
+void fa_engine_cuda_graph_counts(const fa_engine_cuda *g, int *on, int32_t *captured, int64_t *replays,
+                                 const char **off)
 {
     *on = g->graphs;
     *captured = g->captured;
     *replays = g->replays;
+    *off = g->graphs_off[0] ? g->graphs_off : NULL;
 }

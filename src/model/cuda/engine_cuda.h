@@ -26,8 +26,10 @@ fa_status fa_engine_cuda_memory(const fa_model *m, const fa_engine_options *o, u
 fa_status fa_engine_cuda_step(fa_engine_cuda *g, const fa_step *st, int32_t ns, const int32_t *rows,
                               const float *temperature, const float *topp, const float *u, int32_t *next,
                               float *logits, char *err);
-/* Whether decode steps replay graphs, the graphs captured and the steps replayed so far. */
-void fa_engine_cuda_graph_counts(const fa_engine_cuda *g, int *on, int32_t *captured, int64_t *replays);
+/* Whether decode steps replay graphs, the graphs captured and the steps replayed so far, and why
+ * graphs were turned off (a capture that failed; the step itself had run), else NULL. */
+void fa_engine_cuda_graph_counts(const fa_engine_cuda *g, int *on, int32_t *captured, int64_t *replays,
+                                 const char **off);
 #else
 #include "fail.h"
 static inline int fa_engine_cuda_available(void) { return 0; }
@@ -53,10 +55,11 @@ static inline fa_status fa_engine_cuda_step(fa_engine_cuda *g, const fa_step *st
     (void)g, (void)st, (void)ns, (void)rows, (void)temperature, (void)topp, (void)u, (void)next, (void)logits;
     return fa_model_fail(err, FA_ERR_UNSUPPORTED, "backend cuda: this build has no CUDA");
 }
-static inline void fa_engine_cuda_graph_counts(const fa_engine_cuda *g, int *on, int32_t *captured, int64_t *replays)
+static inline void fa_engine_cuda_graph_counts(const fa_engine_cuda *g, int *on, int32_t *captured, int64_t *replays,
+                                               const char **off)
 {
     (void)g;
-    *on = 0, *captured = 0, *replays = 0;
+    *on = 0, *captured = 0, *replays = 0, *off = NULL;
 }
 #endif
 
