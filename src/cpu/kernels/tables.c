@@ -31,6 +31,10 @@ static int avx512_usable(const fa_cpu_features *f) { return f->avx512f && f->fma
 extern const fa_cpu_kernels fa_cpu_kernels_avx2;
 static int avx2_usable(const fa_cpu_features *f) { return f->avx2 && f->fma && f->f16c; }
 #endif
+#ifdef FA_KERNELS_NEON
+extern const fa_cpu_kernels fa_cpu_kernels_neon;
+static int neon_usable(const fa_cpu_features *f) { return f->asimd; }
+#endif
 extern const fa_cpu_kernels fa_cpu_kernels_ref;
 static int ref_usable(const fa_cpu_features *f) { (void)f; return 1; }
 
@@ -40,6 +44,9 @@ const fa_cpu_kernel_entry fa_cpu_kernel_tables[] = {
 #endif
 #ifdef FA_KERNELS_AVX2
     FA_TABLE(avx2, avx2_usable),
+#endif
+#ifdef FA_KERNELS_NEON
+    FA_TABLE(neon, neon_usable),
 #endif
     FA_TABLE(ref, ref_usable),
 };
