@@ -3,6 +3,8 @@
 # `make test`: build, then run the first tier of tests through CTest (minutes);
 # `make test-full`: the second tier (label "full": every GLES head_dim on each fused forward).
 # Both install the Debian packages the build needs when they are missing.
+# `make test-arm`: cross-build for aarch64 into build-arm and run the NEON table's tests under
+# qemu-aarch64 (installs the cross compiler, qemu-user and Debian's arm64 libraries).
 
 BUILD ?= build
 JOBS ?= $(shell nproc)
@@ -10,7 +12,7 @@ DEPS := cmake gcc make pkg-config python3-venv python3-pip libopenblas-dev libcm
         clang libclang-rt-dev libomp-dev
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run test test-full test-python test-torch sanitize fuzz clean
+.PHONY: all deps deps-arm test-arm build run test test-full test-python test-torch sanitize fuzz clean
 
 all: build
 
@@ -71,5 +73,36 @@ fuzz: build
 	./$(BUILD)/flashattn gen-model --config 8x1x2x1x8x16x4 --out $(BUILD)-fuzz/corpus/tiny.bin
 	./$(BUILD)-fuzz/tests/fuzz_loader -max_total_time=$(FUZZ_SECONDS) -max_len=8192 $(BUILD)-fuzz/corpus
 
+# Cross-building for 64-bit Arm Linux: gcc-aarch64-linux-gnu, qemu-user, and the runner's and
+# tests' libraries as Debian arm64 packages (multiarch, beside the amd64 ones).
+ARM_BUILD ?= build-arm
+ARM_SYSROOT := /usr/aarch64-linux-gnu
+ARM_DEPS := cmake make gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libopenblas-dev:arm64 \
+            libcmocka-dev:arm64 libcjson-dev:arm64
+# Debian 12's qemu-user (7.2) hangs here once a guest program runs a second thread (a plain
+# two-thread OpenMP loop does, and so does OpenBLAS's pool), so the emulated tests run on one
+ARM_ENV := OMP_THREAD_LIMIT=1 OPENBLAS_NUM_THREADS=1
+ARM_RUN := $(ARM_ENV) qemu-aarch64 -L $(ARM_SYSROOT)
+
+deps-arm:
+	@missing=""; for p in $(ARM_DEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  if [ "$$(id -u)" -ne 0 ]; then echo "need root to install:$$missing (or install them yourself)"; exit 1; fi; \
+	  dpkg --print-foreign-architectures | grep -qx arm64 || dpkg --add-architecture arm64; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+# The kernel contract, the short conformance grid on the NEON table (f32, f16, bf16), the
+# numerics and API tests and the runner's (stories260K greedy against the models README)
+test-arm: deps-arm
+	cmake -S . -B $(ARM_BUILD) -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
+	  -DCMAKE_BUILD_TYPE=Release -DFA_WITH_CUDA=OFF -DFA_WITH_GLES=OFF
+	cmake --build $(ARM_BUILD) -j $(JOBS)
+	$(ARM_RUN) $(ARM_BUILD)/flashattn info | tee $(ARM_BUILD)/info.txt
+	grep -q "^cpu.kernels: neon " $(ARM_BUILD)/info.txt || { echo "the NEON table was not chosen"; exit 1; }
+	cd $(ARM_BUILD) && $(ARM_ENV) ctest --output-on-failure -j $(JOBS) \
+	  -R "^(kernels|conformance_neon|numerics|api|model)$$"
+
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(BUILD)-python $(BUILD)-torch
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(BUILD)-python $(BUILD)-torch $(ARM_BUILD)

@@ -22,31 +22,13 @@
 
 static uint64_t seed;
 
-static int usable(const fa_cpu_kernels *k)
-{
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (strcmp(k->name, "avx512") == 0)
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
-    if (strcmp(k->name, "avx2") == 0)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
-#endif
-    return 1;
-}
+static fa_cpu_features features;
 
-static const fa_cpu_kernels *const tables[] = {
-#ifdef FA_HAVE_X86_KERNELS
-    &fa_cpu_kernels_avx512,
-    &fa_cpu_kernels_avx2,
-#endif
-    &fa_cpu_kernels_ref,
-};
-
+/* Every table this build has that this CPU can run (the registry the backend chooses from). */
 #define FOR_EACH_TABLE(k)                                                                      \
-    for (size_t ti_ = 0; ti_ < sizeof(tables) / sizeof(tables[0]); ti_++)                       \
-        for (const fa_cpu_kernels *k = tables[ti_]; k && usable(k); k = NULL)
+    for (int ti_ = 0; ti_ < fa_cpu_kernel_table_count; ti_++)                                   \
+        for (const fa_cpu_kernels *k = fa_cpu_kernel_tables[ti_].kern;                          \
+             k && fa_cpu_kernel_tables[ti_].usable(&features); k = NULL)
 
 static void test_gemm(void **state)
 {
@@ -412,13 +394,35 @@ static void test_dropout_apply(void **state)
     }
 }
 
+/* The registry: report names follow each table's own name, "ref" is last and always usable. */
+static void test_tables(void **state)
+{
+    (void)state;
+    assert_true(fa_cpu_kernel_table_count >= 1);
+    for (int i = 0; i < fa_cpu_kernel_table_count; i++) {
+        const fa_cpu_kernel_entry *e = &fa_cpu_kernel_tables[i];
+        char want[64];
+        snprintf(want, sizeof(want), "flash-%s", e->kern->name);
+        assert_string_equal(e->report[FA_CPU_REPORT_FLASH], want);
+        snprintf(want, sizeof(want), "backward-standard-%s", e->kern->name);
+        assert_string_equal(e->report[FA_CPU_REPORT_BACKWARD_STANDARD], want);
+        assert_true(e->kern->mr >= 1 && e->kern->nr % 2 == 0);
+        printf("table %s: %s\n", e->kern->name, e->usable(&features) ? "runs here" : "unsupported here");
+    }
+    const fa_cpu_kernel_entry *last = &fa_cpu_kernel_tables[fa_cpu_kernel_table_count - 1];
+    assert_string_equal(last->kern->name, "ref");
+    assert_true(last->usable(&features));
+}
+
 int main(void)
 {
+    fa_cpu_features_probe(&features);
     const char *s = getenv("FLASHATTN_TEST_SEED");
     seed = s && *s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
     printf("kernels: seed %llu (replay: FLASHATTN_TEST_SEED=%llu)\n", (unsigned long long)seed,
            (unsigned long long)seed);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tables),
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_softmax_update),
         cmocka_unit_test(test_softcap),

@@ -8,23 +8,6 @@
 #include <omp.h>
 #endif
 
-static const fa_cpu_kernels *const all_kernels[] = {
-#ifdef FA_HAVE_X86_KERNELS
-    &fa_cpu_kernels_avx512,
-    &fa_cpu_kernels_avx2,
-#endif
-    &fa_cpu_kernels_ref,
-};
-
-static int kernels_usable(const fa_cpu_machine *m, const fa_cpu_kernels *k)
-{
-    if (strcmp(k->name, "avx512") == 0)
-        return m->has_avx512f && m->has_fma && m->has_f16c;
-    if (strcmp(k->name, "avx2") == 0)
-        return m->has_avx2 && m->has_fma && m->has_f16c;
-    return 1;
-}
-
 static fa_status cpu_init(fa_context_t ctx, int32_t num_threads, const void *native, void **state)
 {
     (void)native;
@@ -42,11 +25,11 @@ static fa_status cpu_init(fa_context_t ctx, int32_t num_threads, const void *nat
         s->threads = 1;
 
     const char *want = getenv("FLASHATTN_CPU_KERNELS");
-    for (size_t i = 0; i < sizeof(all_kernels) / sizeof(all_kernels[0]); i++) {
-        const fa_cpu_kernels *k = all_kernels[i];
-        if (want && *want && strcmp(want, k->name) != 0)
+    for (int i = 0; i < fa_cpu_kernel_table_count; i++) {
+        const fa_cpu_kernel_entry *e = &fa_cpu_kernel_tables[i];
+        if (want && *want && strcmp(want, e->kern->name) != 0)
             continue;
-        if (!kernels_usable(&s->mach, k)) {
+        if (!e->usable(&s->mach.feat)) {
             if (want && *want) {
                 free(s);
                 return fa_error(ctx, FA_ERR_BACKEND_UNAVAILABLE,
@@ -56,16 +39,23 @@ static fa_status cpu_init(fa_context_t ctx, int32_t num_threads, const void *nat
             }
             continue;
         }
-        s->kern = k;
+        s->kern = e->kern;
+        s->table = e;
         s->kern_reason = (want && *want) ? "forced by FLASHATTN_CPU_KERNELS"
                                          : "widest instruction set this CPU supports";
         break;
     }
     if (!s->kern) {
+        char names[128];
+        size_t n = 0;
+        for (int i = 0; i < fa_cpu_kernel_table_count; i++)
+            fa_appendf(names, sizeof(names), &n, "%s%s", i == 0 ? ""
+                       : i + 1 == fa_cpu_kernel_table_count ? " or " : ", ",
+                       fa_cpu_kernel_tables[i].kern->name);
         free(s);
         return fa_error(ctx, FA_ERR_BACKEND_UNAVAILABLE,
-                        "FLASHATTN_CPU_KERNELS=%s names no kernel table; use avx512, avx2 or ref",
-                        want ? want : "");
+                        "FLASHATTN_CPU_KERNELS=%s names no kernel table; use %s",
+                        want ? want : "", names);
     }
     *state = s;
     return FA_OK;
@@ -83,36 +73,32 @@ static void cpu_info(void *state, char *buf, size_t cap, size_t *len)
 {
     const fa_cpu_state *s = state;
     const fa_cpu_machine *m = &s->mach;
+    const fa_cpu_features *f = &m->feat;
+#if defined(__aarch64__)
+    fa_appendf(buf, cap, len, "cpu.features: asimd=%s fphp=%s asimdhp=%s asimddp=%s (HWCAP)\n",
+               f->asimd ? "yes" : "no", f->fphp ? "yes" : "no", f->asimdhp ? "yes" : "no",
+               f->asimddp ? "yes" : "no");
+#else
     fa_appendf(buf, cap, len, "cpu.features: avx2=%s fma=%s f16c=%s avx512f=%s\n",
-               m->has_avx2 ? "yes" : "no", m->has_fma ? "yes" : "no", m->has_f16c ? "yes" : "no",
-               m->has_avx512f ? "yes" : "no");
+               f->avx2 ? "yes" : "no", f->fma ? "yes" : "no", f->f16c ? "yes" : "no",
+               f->avx512f ? "yes" : "no");
+#endif
     fa_appendf(buf, cap, len, "cpu.cache: L1d %lld KiB, L2 %lld KiB, L3 %lld KiB (per core for L1/L2)\n",
                (long long)m->l1d_bytes / 1024, (long long)m->l2_bytes / 1024,
                (long long)m->l3_bytes / 1024);
     fa_appendf(buf, cap, len, "cpu.threads: %d\n", s->threads);
     fa_appendf(buf, cap, len, "cpu.kernels: %s (%s)\n", s->kern->name, s->kern_reason);
     fa_appendf(buf, cap, len, "cpu.kernels.available:");
-    for (size_t i = 0; i < sizeof(all_kernels) / sizeof(all_kernels[0]); i++)
-        fa_appendf(buf, cap, len, " %s%s", all_kernels[i]->name,
-                   kernels_usable(m, all_kernels[i]) ? "" : "(unsupported here)");
+    for (int i = 0; i < fa_cpu_kernel_table_count; i++)
+        fa_appendf(buf, cap, len, " %s%s", fa_cpu_kernel_tables[i].kern->name,
+                   fa_cpu_kernel_tables[i].usable(f) ? "" : "(unsupported here)");
     fa_appendf(buf, cap, len, "\ncpu.register_block: %d x %d floats\n", s->kern->mr, s->kern->nr);
 }
 
 const char *fa_cpu_kernel_name(const fa_cpu_state *s, int standard, int dot, int paged)
 {
-    static const char *const names[3][3][2] = {
-        { { "flash-avx512", "flash-avx512-decode" },
-          { "standard-avx512", "standard-avx512-decode" },
-          { "paged-avx512", "paged-avx512-decode" } },
-        { { "flash-avx2", "flash-avx2-decode" },
-          { "standard-avx2", "standard-avx2-decode" },
-          { "paged-avx2", "paged-avx2-decode" } },
-        { { "flash-ref", "flash-ref-decode" },
-          { "standard-ref", "standard-ref-decode" },
-          { "paged-ref", "paged-ref-decode" } },
-    };
-    int k = strcmp(s->kern->name, "avx512") == 0 ? 0 : strcmp(s->kern->name, "avx2") == 0 ? 1 : 2;
-    return names[k][paged ? 2 : standard][dot];
+    return s->table->report[(paged ? FA_CPU_REPORT_PAGED : standard ? FA_CPU_REPORT_STANDARD
+                                                            : FA_CPU_REPORT_FLASH) + (dot ? 1 : 0)];
 }
 
 static fa_status plan_call(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
@@ -153,17 +139,13 @@ static fa_status cpu_forward(fa_context_t ctx, void *state, const fa_problem *p,
 static fa_status backward_plan(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p,
                                fa_cpu_plan *pl, fa_run_info *info)
 {
-    static const char *const names[3][2] = {
-        { "backward-avx512", "backward-standard-avx512" },
-        { "backward-avx2", "backward-standard-avx2" },
-        { "backward-ref", "backward-standard-ref" },
-    };
     memset(pl, 0, sizeof(*pl));
     fa_status st = fa_cpu_plan_backward(ctx, s, p, pl);
     if (st != FA_OK)
         return st;
-    int k = strcmp(s->kern->name, "avx512") == 0 ? 0 : strcmp(s->kern->name, "avx2") == 0 ? 1 : 2;
-    info->kernel = names[k][p->desc->algorithm == FA_ALGORITHM_STANDARD];
+    info->kernel = s->table->report[p->desc->algorithm == FA_ALGORITHM_STANDARD
+                                        ? FA_CPU_REPORT_BACKWARD_STANDARD
+                                        : FA_CPU_REPORT_BACKWARD];
     info->block_q = pl->cols;
     info->block_k = pl->block_k;
     info->threads = pl->threads;

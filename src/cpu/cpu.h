@@ -11,7 +11,7 @@
 #include <string.h>
 
 typedef struct fa_cpu_machine {
-    int has_avx2, has_fma, has_f16c, has_avx512f;
+    fa_cpu_features feat;
     int64_t l1d_bytes, l2_bytes, l3_bytes; /* per core for L1/L2 */
     int max_threads;
 } fa_cpu_machine;
@@ -19,6 +19,7 @@ typedef struct fa_cpu_machine {
 typedef struct fa_cpu_state {
     fa_cpu_machine mach;
     const fa_cpu_kernels *kern;
+    const fa_cpu_kernel_entry *table; /* kern's entry: its report names */
     const char *kern_reason; /* why this table was chosen */
     int threads;
     /* decode's workspace, kept between calls (one-token calls are microseconds of work:

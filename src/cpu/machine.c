@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* What this CPU offers: instruction sets (cpuid) and cache sizes, read at run time. */
+/* What this CPU offers: instruction sets (kernels/tables.c) and cache sizes, read at run time. */
 #include "cpu.h"
 
 #include <stdio.h>
@@ -56,13 +56,7 @@ static int64_t cache_size(int level, int sc_name, int64_t fallback)
 void fa_cpu_machine_probe(fa_cpu_machine *m)
 {
     memset(m, 0, sizeof(*m));
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    m->has_avx2 = __builtin_cpu_supports("avx2") != 0;
-    m->has_fma = __builtin_cpu_supports("fma") != 0;
-    m->has_f16c = __builtin_cpu_supports("f16c") != 0;
-    m->has_avx512f = __builtin_cpu_supports("avx512f") != 0;
-#endif
+    fa_cpu_features_probe(&m->feat);
     m->l1d_bytes = cache_size(1, _SC_LEVEL1_DCACHE_SIZE, 32 * 1024);
     m->l2_bytes = cache_size(2, _SC_LEVEL2_CACHE_SIZE, 256 * 1024);
     m->l3_bytes = cache_size(3, _SC_LEVEL3_CACHE_SIZE, 0);

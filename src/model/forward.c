@@ -194,8 +194,11 @@ void fa_model_state_reset_stats(fa_model_state *s)
     s->stats.attention_workspace = 0;
 }
 
-/* r . x, vectorised per ISA (the clone is picked once, at load time) */
+/* r . x, vectorised per ISA (on x86 the clone is picked once, at load time; AArch64's
+ * baseline has NEON) */
+#if defined(__x86_64__)
 __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+#endif
 static float dot(const float *r, const float *x, int n)
 {
     float acc = 0.0f;

@@ -26,7 +26,7 @@ typedef struct fa_cpu_heads {
 } fa_cpu_heads;
 
 typedef struct fa_cpu_kernels {
-    const char *name; /* "avx512", "avx2", "ref" */
+    const char *name; /* the table's name in tables.c, e.g. "avx2" */
     int mr;           /* most rows of C one gemm call computes */
     int nr;           /* columns of C per gemm call; score tiles are padded to a multiple */
 
@@ -92,11 +92,31 @@ typedef struct fa_cpu_kernels {
     void (*store)(fa_dtype t, const float *src, void *dst, int n, float mul);
 } fa_cpu_kernels;
 
-extern const fa_cpu_kernels fa_cpu_kernels_ref;
-#ifdef FA_HAVE_X86_KERNELS
-extern const fa_cpu_kernels fa_cpu_kernels_avx2;
-extern const fa_cpu_kernels fa_cpu_kernels_avx512;
-#endif
+/* What the CPU offers, read at run time: cpuid on x86, HWCAP (getauxval) on Arm Linux. */
+typedef struct fa_cpu_features {
+    int avx2, fma, f16c, avx512f;        /* x86 */
+    int asimd, fphp, asimdhp, asimddp;   /* AArch64: HWCAP_ASIMD, _FPHP, _ASIMDHP, _ASIMDDP */
+} fa_cpu_features;
+
+void fa_cpu_features_probe(fa_cpu_features *f);
+
+/* Kernel names in reports (fa_run_info.kernel), indexed by fa_cpu_report_name. */
+enum {
+    FA_CPU_REPORT_FLASH, FA_CPU_REPORT_FLASH_DECODE, FA_CPU_REPORT_STANDARD,
+    FA_CPU_REPORT_STANDARD_DECODE, FA_CPU_REPORT_PAGED, FA_CPU_REPORT_PAGED_DECODE,
+    FA_CPU_REPORT_BACKWARD, FA_CPU_REPORT_BACKWARD_STANDARD, FA_CPU_REPORT_COUNT
+};
+
+/* One compiled kernel table: whether this CPU can run it and what reports call it. */
+typedef struct fa_cpu_kernel_entry {
+    const fa_cpu_kernels *kern;
+    int (*usable)(const fa_cpu_features *f);
+    const char *report[FA_CPU_REPORT_COUNT]; /* "flash-avx2", "flash-avx2-decode", ... */
+} fa_cpu_kernel_entry;
+
+/* Every table this build has (tables.c), preferred first; the last is "ref". */
+extern const fa_cpu_kernel_entry fa_cpu_kernel_tables[];
+extern const int fa_cpu_kernel_table_count;
 
 /* Portable scalar conversions, shared by every kernel table for tails. */
 float fa_f16_to_f32(uint16_t h);
