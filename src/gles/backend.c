@@ -56,8 +56,8 @@ static void gles_info(void *state, char *buf, size_t cap, size_t *len)
     if (s->llvmpipe)
         fa_appendf(buf, cap, len,
                    "gles.loop_limit: llvmpipe stops a shader's loops after %d iterations; fused "
-                   "forwards past it run in key chunks (a dispatch each), the standard algorithm "
-                   "past it is refused\n",
+                   "forwards and the standard's score and P V passes past it run in key chunks (a "
+                   "dispatch each); a standard call whose softmax pass is past it is refused\n",
                    GLES_LLVMPIPE_LOOPS);
     fa_appendf(buf, cap, len, "gles.forward.why: %s\n",
                s->forward == 1   ? "rows, forced by FLASHATTN_GLES_FORWARD"

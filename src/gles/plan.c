@@ -148,36 +148,42 @@ static int64_t llvmpipe_loops(const tiles *t, gles_algo algo, int64_t keys, int 
     return keys * (d4 > 32 ? 2 * d4 + t->rows * d4 / 4 : 0) + keys / 4 + tiles_k * (1 + d4) + 4 * t->rows * d4;
 }
 
-/* pl->chunk: the fused forward in key chunks, one dispatch each, where FLASHATTN_GLES_KEY_CHUNK
- * asks for it or llvmpipe's loop limit needs it (the most whole key tiles a dispatch may walk
- * inside 90% of it, half of that where rows may walk their keys twice); calls past the limit
- * that cannot be cut are refused there. */
+/* pl->chunk: the fused forward, or the standard's score and P V passes, in key chunks, one
+ * dispatch each, where FLASHATTN_GLES_KEY_CHUNK asks for it or llvmpipe's loop limit needs it
+ * (the most whole key tiles a dispatch may walk inside 90% of it, half of that where the fused
+ * forward's rows may walk their keys twice). Calls past the limit that cannot be cut (the
+ * standard's softmax pass walks a row's every key three times in one invocation) are refused. */
 static fa_status key_chunks(fa_context_t ctx, const gles_state *s, const fa_problem *p, gles_plan *pl)
 {
     const tiles *t = &pl->t;
-    const int fused = pl->algo == GLES_FUSED;
-    const int state_fits = (int64_t)p->heads_q * pl->qrows * 3 <= INT32_MAX / 2;
+    const int standard = pl->algo == GLES_STANDARD;
+    /* the fused forward carries each row's (max, sum) after lse: 3 floats a row */
+    const int cuttable = standard || (pl->algo == GLES_FUSED && (int64_t)p->heads_q * pl->qrows * 3 <= INT32_MAX / 2);
     pl->chunk = 0;
-    if (s->key_chunk && fused && state_fits && p->max_k > s->key_chunk)
+    if (s->key_chunk && cuttable && p->max_k > s->key_chunk)
         pl->chunk = s->key_chunk > t->bc ? s->key_chunk / t->bc * t->bc : t->bc;
     if (!s->llvmpipe || pl->chunk)
         return FA_OK;
     int pass;
     /* the fused and decode shaders walk a row's keys a second time where its sum overflowed
      * float32 (common.glsl): their budget is half */
-    const int64_t limit = GLES_LLVMPIPE_LOOPS * 9 / 10 / (pl->algo == GLES_STANDARD ? 1 : 2);
+    const int64_t limit = GLES_LLVMPIPE_LOOPS * 9 / 10 / (standard ? 1 : 2);
     int64_t loops = llvmpipe_loops(t, pl->algo, p->max_k, &pass);
-    if (loops > limit && fused && state_fits) {
+    if (loops <= limit)
+        return FA_OK;
+    if (standard && 3 * (int64_t)p->max_k > limit) { /* the softmax pass, which is not cut */
+        pass = 2;
+        loops = 3 * (int64_t)p->max_k;
+    } else if (cuttable) {
         int64_t chunk = 0;
-        for (int64_t c = t->bc; c < p->max_k && llvmpipe_loops(t, pl->algo, c, &pass) <= limit; c += t->bc)
+        int unused;
+        for (int64_t c = t->bc; c < p->max_k && llvmpipe_loops(t, pl->algo, c, &unused) <= limit; c += t->bc)
             chunk = c;
         if (chunk) {
             pl->chunk = (int)chunk;
             return FA_OK;
         }
     }
-    if (loops <= limit)
-        return FA_OK;
     static const char *const what[4] = { "fused forward", "standard score pass", "standard softmax pass",
                                          "standard P V pass" };
     return fa_error(ctx, FA_ERR_UNSUPPORTED,
@@ -271,7 +277,7 @@ static void buffer_bytes(const fa_problem *p, gles_plan *pl)
     pl->bytes[BUF_K] = pl->in_place[1] ? 0 : kv_rows * row * esz;
     pl->bytes[BUF_V] = pl->in_place[2] ? 0 : kv_rows * row * esz;
     pl->bytes[BUF_O] = pl->in_place[3] ? 0 : q_rows * row * 4;
-    pl->bytes[BUF_LSE] = q_rows * 4 * (pl->chunk ? 3 : 1);
+    pl->bytes[BUF_LSE] = q_rows * 4 * (pl->chunk && pl->algo == GLES_FUSED ? 3 : 1);
     pl->bytes[BUF_CU] = sizeof(int32_t) * (size_t)(2 * p->batch + 2);
     if (pl->algo == GLES_STANDARD) {
         pl->bytes[BUF_AUX] = q_rows * (size_t)p->max_k * 4;

@@ -172,6 +172,15 @@ static double timer_ms(const gles_state *s, GLuint timer)
     return disjoint ? 0.0 : (double)ns * 1e-6;
 }
 
+/* Key chunk k of chunks for the next dispatch of prog: keys [u_key_lo, u_key_hi) and whether it
+ * is the first and the last (common.glsl). */
+static void key_range(GLuint prog, const gles_plan *pl, int64_t k, int64_t chunks)
+{
+    glUniform1i(glGetUniformLocation(prog, "u_key_lo"), (GLint)(k * pl->chunk));
+    glUniform1i(glGetUniformLocation(prog, "u_key_hi"), k + 1 < chunks ? (GLint)((k + 1) * pl->chunk) : (GLint)1 << 30);
+    glUniform1i(glGetUniformLocation(prog, "u_chunk"), (k == 0) | (k + 1 == chunks) << 1);
+}
+
 /* The attention dispatches of the plan's algorithm, with q, k, v, the offsets, o and lse bound
  * (bufs: the plan's buffers, caller's or working). */
 static fa_status dispatch(fa_context_t ctx, gles_state *s, const fa_problem *p, const gles_plan *pl, GLuint *bufs)
@@ -201,17 +210,23 @@ static fa_status dispatch(fa_context_t ctx, gles_state *s, const fa_problem *p, 
             return st;
         const GLuint groups = (GLuint)((p->max_q + GLES_STD_GROUP - 1) / GLES_STD_GROUP);
         for (int pass = SH_SCORES; pass <= SH_PV; pass++) {
-            if ((st = use_pass(ctx, s, pass, p, pl, NULL)) != FA_OK)
+            if ((st = use_pass(ctx, s, pass, p, pl, &prog)) != FA_OK)
                 return st;
             glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 3, bufs[BUF_AUX]);
             glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 4, pass == SH_PV ? bufs[BUF_O] : bufs[BUF_LSE]);
             const int kv_tex = t->tex && pass != SH_SOFTMAX; /* the softmax reads S alone */
             if (kv_tex)
                 bind_kv_textures(s, pl, bufs);
-            glDispatchCompute(groups, (GLuint)p->heads_q, (GLuint)p->batch);
+            /* the score and P V passes in key chunks (a P V chunk adds to the o before it) */
+            const int64_t chunks = pl->chunk && pass != SH_SOFTMAX ? (p->max_k + pl->chunk - 1) / pl->chunk : 1;
+            for (int64_t k = 0; k < chunks; k++) {
+                if (chunks > 1)
+                    key_range(prog, pl, k, chunks);
+                glDispatchCompute(groups, (GLuint)p->heads_q, (GLuint)p->batch);
+                glMemoryBarrier(GL_SHADER_STORAGE_BARRIER_BIT);
+            }
             if (kv_tex)
                 bind_kv_textures(s, pl, NULL);
-            glMemoryBarrier(GL_SHADER_STORAGE_BARRIER_BIT);
         }
         return FA_OK;
     }
@@ -226,10 +241,7 @@ static fa_status dispatch(fa_context_t ctx, gles_state *s, const fa_problem *p, 
     glUniform1i(glGetUniformLocation(prog, "u_ml"), (GLint)(p->heads_q * pl->qrows));
     for (int64_t k = 0; k < chunks; k++) { /* key chunks: the state carried in o and lse */
         if (chunks > 1) {
-            glUniform1i(glGetUniformLocation(prog, "u_key_lo"), (GLint)(k * pl->chunk));
-            glUniform1i(glGetUniformLocation(prog, "u_key_hi"),
-                        k + 1 < chunks ? (GLint)((k + 1) * pl->chunk) : (GLint)1 << 30);
-            glUniform1i(glGetUniformLocation(prog, "u_chunk"), (k == 0) | (k + 1 == chunks) << 1);
+            key_range(prog, pl, k, chunks);
             if (k)
                 glMemoryBarrier(GL_SHADER_STORAGE_BARRIER_BIT);
         }

@@ -54,8 +54,8 @@ uniform float u_softcap, u_cap_in, u_cap_out; // cap, scale / cap, cap * log2(e)
 // Key chunks (llvmpipe's loop limit): a fused forward may run as several dispatches over
 // consecutive key ranges [u_key_lo, u_key_hi) (multiples of the key tile), the running
 // output (unnormalised, in o) and each row's maximum and sum (in lse from float u_ml on, a
-// pair per row) carried from one to the next. u_chunk: bit 0 the first chunk, bit 1 the last
-// (3: the whole call in one dispatch).
+// pair per row) carried from one to the next; the standard's score and P V passes too (std_*).
+// u_chunk: bit 0 the first chunk, bit 1 the last (3: the whole call in one dispatch).
 uniform int u_key_lo, u_key_hi, u_chunk, u_ml;
 
 #define NEG_INF uintBitsToFloat(0xff800000u)

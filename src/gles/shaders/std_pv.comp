@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: MIT
 // Standard attention, pass 3 of 3: O = P V for one (query row, head) over every key; V
 // through a buffer texture with KV_TEX, as the fused forward chosen for the device reads it.
+// Keys [u_key_lo, u_key_hi) alone: past llvmpipe's loop limit the pass runs as one dispatch per
+// key chunk, each after the first adding its part to the o the one before wrote (P is already
+// normalised, so the parts simply add; o is then float32: plan.c).
 layout(local_size_x = 64) in;
 
 layout(std430, binding = 3) readonly buffer SBuf { float s_data[]; };
-layout(std430, binding = 4) writeonly buffer OBuf { O_T o_data[]; };
+layout(std430, binding = 4) buffer OBuf { O_T o_data[]; };
 
 uniform int u_max_k;
 #if KV_TEX
@@ -25,9 +28,10 @@ void main()
     // shader's loops after 65535 iterations in all, which a head_dim loop around the key loop
     // reached at 4096 keys and d64)
     vec4 acc[D4];
+    bool first = (u_chunk & 1) != 0;
     for (int c = 0; c < D4; c++)
-        acc[c] = vec4(0.0);
-    for (int j = 0; j < s.sk; j++) { // every key, masked ones (p = 0) too, as a GEMM does
+        acc[c] = first ? vec4(0.0) : O_LOAD(o_data, orow + c);
+    for (int j = max(u_key_lo, 0), hi = min(s.sk, u_key_hi); j < hi; j++) { // every key, masked ones (p = 0) too, as a GEMM does
         float p = s_data[srow + j];
         int vrow = V_ROW(s, b, j, hk);
         for (int c = 0; c < D4; c++)

@@ -28,7 +28,7 @@ void main()
     for (int c = 0; c < D4; c++)
         qv[c] = LOAD_Q(q_data, qrow + c);
 #endif
-    for (int j = 0; j < s.sk; j++) {
+    for (int j = max(u_key_lo, 0), hi = min(s.sk, u_key_hi); j < hi; j++) {
         int krow = K_ROW(s, b, j, hk);
         float acc = 0.0;
         for (int c = 0; c < D4; c++)
