@@ -81,6 +81,12 @@ static void run_dtype(fa_dtype dt)
     assert_int_equal(failed, 0);
 }
 
+/* The decode route's kernel at head_dim 128: the portable one or, on Hopper, its own. */
+static int is_decode_d128(const char *kernel)
+{
+    return kernel && (strcmp(kernel, "cuda-decode-d128") == 0 || strcmp(kernel, "cuda-decode-sm90-d128") == 0);
+}
+
 /* CUDA's decode route splits each sequence's keys at multiples of 1024 from key 0, whatever the
  * rest of the batch: a short sequence of a varlen batch whose longest has 5000 keys gets the same
  * bits run alone. */
@@ -113,7 +119,7 @@ static void test_decode_batch_invariance(void **state)
     assert_int_equal(fa_forward_plan(ctx, &st.d, &info), FA_OK);
     print_message("batch of %d (%d keys at most): %s, %d keys a split; sequence %d alone: %d rows, %d keys\n",
                   c.batch, c.seqlen_k, info.kernel, (int)info.block_k, b, nq, nk);
-    assert_string_equal(info.kernel, "cuda-decode-d128");
+    assert_true(is_decode_d128(info.kernel));
     assert_int_equal(info.block_k, 1024);
     assert_int_equal(fa_forward(ctx, &st.d), FA_OK);
     assert_int_equal(fa_memory_download(ctx, in.o, st.o, (size_t)in.o_bytes), FA_OK);
@@ -142,7 +148,7 @@ static void test_decode_batch_invariance(void **state)
     assert_int_equal(fa_memory_upload(ctx, st.o, o, (size_t)in.o_bytes), FA_OK);
     assert_int_equal(fa_memory_upload(ctx, st.lse, lse, (size_t)in.lse_bytes), FA_OK);
     assert_int_equal(fa_forward_plan(ctx, &a, &info), FA_OK);
-    assert_string_equal(info.kernel, "cuda-decode-d128");
+    assert_true(is_decode_d128(info.kernel));
     assert_int_equal(fa_forward(ctx, &a), FA_OK);
     assert_int_equal(fa_memory_download(ctx, o, st.o, (size_t)in.o_bytes), FA_OK);
     assert_int_equal(fa_memory_download(ctx, lse, st.lse, (size_t)in.lse_bytes), FA_OK);

@@ -311,7 +311,7 @@ def test_plan():
                              num_heads_kv=hk, head_dim=d, page_size=16, dtype=torch.bfloat16,
                              device=torch.device(DEV), rotary="neox", causal=True) as plan:
         info = plan.info()
-        assert info["backend"] == "cuda" and info["kernel"] == "paged-decode", info
+        assert info["backend"] == "cuda" and info["kernel"].startswith("paged-decode"), info
         cu = torch.arange(b + 1, dtype=torch.int32, device=DEV)
         got = plan.run(q.view(b, hq, d), kc2, vc2, table, lens, cu, kn.view(b, hk, d), vn.view(b, hk, d), cos, sin)
         assert torch.equal(got.view(b, 1, hq, d), want) and torch.equal(kc2, kc) and torch.equal(vc2, vc)

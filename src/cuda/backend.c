@@ -218,6 +218,7 @@ typedef struct call {
     int32_t split, splits; /* its keys per split and the splits of the longest sequence */
     int bf16;
     int64_t krows;
+    int decode_sm90; /* the decode route on the Hopper decode kernel */
     size_t acc_bytes, sem_bytes, cu_bytes, dsum_bytes, std_bytes, sched_bytes, part_bytes; /* workspace parts */
 } call;
 
@@ -258,6 +259,8 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
         if (!fa_cuda_split_layout(p, rows, c->split, &c->splits, &c->part_bytes) ||
             c->part_bytes > FA_CUDA_DECODE_PARTS_MAX)
             c->nq = 0, c->split = c->splits = 0, c->part_bytes = 0;
+        c->decode_sm90 = c->nq && s->hopper && fa_cuda_decode_sm90_fits(p->dim) &&
+                         view_aligned(&d->k, p->varlen) && view_aligned(&d->v, p->varlen);
     }
     for (size_t i = 0; s->hopper && !backward && !c->nq && i < N_SM90; i++)
         if (sm90_table[i].dim == c->tl->dim)
@@ -370,6 +373,7 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
     static const char *const sm90_names[] = { FA_CUDA_SM90_TILES(FA_SM90_NAME) };
     static const char *const sm90_bwd_names[] = { FA_CUDA_SM90_BWD_TILES(FA_SM90_BWD_NAME) };
     static const char *const decode_names[] = { "cuda-decode-d64", "cuda-decode-d128", "cuda-decode-d256" };
+    static const char *const decode_sm90_names[] = { "cuda-decode-sm90-d64", "cuda-decode-sm90-d128" };
 #undef FA_FWD_NAME
 #undef FA_BWD_NAME
 #undef FA_SM90_NAME
@@ -383,10 +387,11 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
         info->threads = 128;
     } else if (c->nq) {
         const int32_t dpad = fa_cuda_paged_dpad(p->dim);
-        info->kernel = decode_names[dpad == 64 ? 0 : dpad == 128 ? 1 : 2];
+        info->kernel = c->decode_sm90 ? decode_sm90_names[dpad == 64 ? 0 : 1]
+                                      : decode_names[dpad == 64 ? 0 : dpad == 128 ? 1 : 2];
         info->block_q = 8 * c->nq; /* packed (query row, head) pairs of one kv head */
         info->block_k = c->split;
-        info->threads = 128;
+        info->threads = c->decode_sm90 ? 160 : 128;
     } else if (c->hb) {
         info->kernel = sm90_bwd_names[c->hb - sm90_bwd_table];
         info->block_q = c->hb->q_step;
@@ -517,7 +522,7 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
         k->ds_ws = backward ? at + 6 * n : NULL;
     }
     if (c.nq)
-        err = fa_cuda_dense_decode(k, c.nq, c.split, c.splits, part, c.bf16, s->stream);
+        err = fa_cuda_dense_decode(k, c.nq, c.decode_sm90, c.split, c.splits, part, c.bf16, s->stream);
     else if (p->desc->algorithm == FA_ALGORITHM_STANDARD)
         err = backward ? fa_cuda_standard_backward(k, c.bf16, c.krows, s->stream)
                        : fa_cuda_standard_forward(k, c.bf16, s->stream);

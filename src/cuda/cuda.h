@@ -50,6 +50,10 @@ cudaError_t fa_cuda_paged_append(const fa_cuda_paged *p, int bf16, cudaStream_t 
 cudaError_t fa_cuda_paged_rotate_q(const fa_cuda_paged *p, int bf16, void *out, cudaStream_t stream);
 cudaError_t fa_cuda_paged_attention(const fa_cuda_paged *p, int bf16, int dpad, int nq,
                                     cudaStream_t stream);
+/* The decode kernel alone on Hopper (decode_sm90.cu; sm_90a image, kv_aligned, dpad 64 or
+ * 128, nq 1 or 2), without the merge of the splits: fa_cuda_paged_attention calls it where
+ * p->decode_sm90 is set. */
+cudaError_t fa_cuda_decode_sm90(const fa_cuda_paged *p, int bf16, int dpad, int nq, cudaStream_t stream);
 cudaError_t fa_cuda_merge_states(const void *o_in, int in_f32, int64_t sb, int64_t ss, int64_t sh,
                                  const float *lse_in, int64_t ls, int64_t lh, int64_t lr, void *o,
                                  int out_f32, int64_t oss, int64_t osh, float *lse, int64_t olh,

@@ -20,102 +20,12 @@
 // query rows (fa_forward's decode route) run the decode kernel too, their K and V read in
 // place as a cache without a block table (kv_slot).
 #include "cuda.h"
-#include "tile.cuh"
+#include "paged.cuh"
+
+#include <type_traits>
 
 namespace fa {
 namespace {
-
-// One sequence (b): its query rows [q0, q0 + qn) of the packed rows (which the partials and
-// the merge count in), tokens cached before the call and keys now, and `at`, where its rows
-// sit in the tensors (q, o and lse through row_off and lse_index; a dense call's keys through
-// kv_slot).
-struct pseq_t {
-    int b, q0, qn, cached, keys;
-    seq_t at;
-};
-
-// A dense call (no block table) has the dense kernels' sequences, every key cached; its packed
-// rows are b * seqlen_q + i for a fixed length.
-__device__ __forceinline__ pseq_t pseq_of(const fa_cuda_paged &p, int b)
-{
-    pseq_t s;
-    s.b = b;
-    if (!p.a.pg.table) {
-        s.at = seq_of(p.a, b);
-        s.q0 = p.a.cu_q ? (int)s.at.q0 : b * p.a.seqlen_q;
-        s.qn = s.at.sq;
-        s.cached = s.keys = s.at.sk;
-        return s;
-    }
-    const paged_seq_t g = paged_seq(p.a.pg, p.a.cu_q, p.a.max_q, p.a.max_k, b);
-    s.q0 = g.q0, s.qn = g.qn, s.cached = g.cached, s.keys = g.keys;
-    s.at = seq_t{ g.q0, 0, 0, 0, g.qn, g.keys };
-    return s;
-}
-
-// The sequence of packed query row `row`: the last b with cu_q[b] <= row (seqlen_q rows each
-// in a dense call of fixed length).
-__device__ __forceinline__ int seq_of_row(const fa_cuda_paged &p, int row)
-{
-    if (!p.a.cu_q)
-        return row / p.a.seqlen_q;
-    int lo = 0, hi = p.a.batch - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (p.a.cu_q[mid] <= row)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
-}
-
-// Key j of s: its page and slot. A dense call's K and V are a cache without a table: page
-// k_base (the sequence, or 0 when varlen) from row k0, the host having set the batch, row and
-// head strides as the page, token and head strides.
-__device__ __forceinline__ page_slot_t kv_slot(const fa_cuda_paged &p, const pseq_t &s, int j)
-{
-    if (!p.a.pg.table)
-        return page_slot_t{ (int)s.at.k_base, (int)s.at.k0 + j };
-    return page_slot(p.a.pg, s.b, j);
-}
-
-// Element offset of a slot's row of kv head g in a pool, or -1 where the table names no page.
-__device__ __forceinline__ int64_t slot_off(page_slot_t s, int g, int64_t sp, int64_t st, int64_t sh)
-{
-    return s.page < 0 ? -1 : s.page * sp + s.slot * st + g * sh;
-}
-
-// RoPE position of row i (packed row `row`) of s, clamped into the tables.
-__device__ __forceinline__ int rope_pos(const fa_cuda_paged &p, int row, int i, const pseq_t &s)
-{
-    const int pos = p.positions ? p.positions[row] : s.keys - s.qn + i;
-    return min(max(pos, 0), p.rope_max_pos - 1);
-}
-
-// Element e of row x after the rotation at pos (fa_paged_desc's definition; its pair partner
-// read from x too).
-template <typename T>
-__device__ __forceinline__ float rope_elem(const fa_cuda_paged &p, const T *x, int e, int pos)
-{
-    const float v = to_float(x[e]);
-    if (e >= p.rope_dim)
-        return v;
-    const int half = p.rope_dim / 2;
-    int i, partner;
-    float sign;
-    if (p.rope_neox) {
-        i = e < half ? e : e - half;
-        partner = e < half ? e + half : e - half;
-        sign = e < half ? -1.0f : 1.0f;
-    } else {
-        i = e / 2;
-        partner = e ^ 1;
-        sign = (e & 1) ? 1.0f : -1.0f;
-    }
-    const int64_t at = (int64_t)pos * half + i;
-    return v * p.rope_cos[at] + sign * to_float(x[partner]) * p.rope_sin[at];
-}
 
 // A block per new row: its keys (rotated) and values into the page slot after the cache.
 template <typename T> __global__ void __launch_bounds__(128) append_kernel(const fa_cuda_paged p)
@@ -210,88 +120,6 @@ __device__ __forceinline__ void load_kv_tile(const fa_cuda_paged &p, T *sK, T *s
     }
 }
 
-// The sink's share and the natural-log lse of a row with statistics (m, l) in log2 units.
-struct final_t {
-    float inv, lse;
-};
-__device__ __forceinline__ final_t finish(const fa_cuda_paged &p, int h, float m, float l)
-{
-    float lse = l > 0.0f ? (m + __log2f(l)) * kLn2 : -INFINITY, sum = l;
-    if (p.sinks) {
-        const float sk = p.sinks[h];
-        if (l > 0.0f) {
-            sum += exp2f(sk * kLog2e - m);
-            lse = fmaxf(lse, sk) + log1pf(__expf(-fabsf(lse - sk)));
-        } else {
-            lse = sk;
-        }
-    }
-    return final_t{ l > 0.0f ? 1.0f / sum : 0.0f, lse };
-}
-
-// Q: the block's BM packed rows from row0 into sQ (pitch lds<D>()), rotated, zero past the
-// rows and dim.
-template <typename T, int D, int BM>
-__device__ __forceinline__ void load_q(const fa_cuda_paged &p, const pseq_t &s, T *sQ, int row0, int rows, int g)
-{
-    const int G = p.a.group;
-#pragma unroll
-    for (int pass = 0; pass < BM * D / 128; pass++) {
-        const int idx = threadIdx.x + pass * 128, r = idx / D, e = idx % D, pr = row0 + r;
-        float v = 0.0f;
-        if (pr < rows && e < p.a.dim) {
-            const int i = pr / G, row = s.q0 + i;
-            const T *x = (const T *)p.a.q.p + row_off(p.a.q, s.at, false, g * G + pr % G, i);
-            v = p.rope_dim ? rope_elem(p, x, e, rope_pos(p, row, i, s)) : to_float(x[e]);
-        }
-        sQ[r * lds<D>() + e] = from_float<T>(v);
-    }
-}
-
-// The WK warp groups' states of the block's rows ([WK][BM][D + 2] floats: m, l, o) merged in
-// warp order; the sequence's only split writes o and lse, others a partial.
-template <typename T, int D, int BM, int WK>
-__device__ __forceinline__ void merge_out(const fa_cuda_paged &p, const pseq_t &s, const float *state, int row0,
-                                          int rows, int g, int split, int nsplit)
-{
-    const int G = p.a.group;
-#pragma unroll 4
-    for (int pass = 0; pass < BM * D / 128; pass++) {
-        const int idx = threadIdx.x + pass * 128, r = idx / D, e = idx % D, pr = row0 + r;
-        if (pr >= rows || e >= p.a.dim)
-            continue;
-        float mx = -INFINITY;
-#pragma unroll
-        for (int k = 0; k < WK; k++)
-            mx = fmaxf(mx, state[(k * BM + r) * (D + 2)]);
-        float lsum = 0.0f, acc = 0.0f;
-#pragma unroll
-        for (int k = 0; k < WK; k++) {
-            const float *at = state + (k * BM + r) * (D + 2);
-            const float w = at[0] == -INFINITY ? 0.0f : exp2_fast(at[0] - mx);
-            lsum += w * at[1];
-            acc += w * at[2 + e];
-        }
-        const int i = pr / G, h = g * G + pr % G, row = s.q0 + i;
-        if (nsplit == 1) {
-            const final_t f = finish(p, h, mx, lsum);
-            const int64_t oo = row_off(p.a.o, s.at, false, h, i) + e;
-            if (p.a.o.f32)
-                ((float *)p.a.o.p)[oo] = acc * f.inv;
-            else
-                ((T *)p.a.o.p)[oo] = from_float<T>(acc * f.inv);
-            if (p.a.lse && e == 0)
-                p.a.lse[lse_index(p.a, s.at, h, i)] = f.lse;
-        } else {
-            float *part = p.part + (((int64_t)split * p.a.pg.total_q + row) * p.a.heads_q + h) * (p.a.dim + 2);
-            if (e == 0) {
-                part[0] = mx;
-                part[1] = lsum;
-            }
-            part[2 + e] = acc;
-        }
-    }
-}
 
 template <typename T, int D, int WM, int KT, int STAGES>
 __global__ void __launch_bounds__(128) paged_kernel(const fa_cuda_paged p)
@@ -395,18 +223,8 @@ __global__ void __launch_bounds__(128) paged_kernel(const fa_cuda_paged p)
     merge_out<T, D, S::BM, S::WK>(p, s, state, row0, rows, g, split, nsplit);
 }
 
-// An 8x8 matrix of 16-bit elements transposed across the warp: the pair a lane holds of row
-// lane / 4 becomes the pair of column lane / 4 (an accumulator row pair into a B operand).
-__device__ __forceinline__ uint32_t transpose8x8(uint32_t x)
-{
-    uint32_t y;
-    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-    return y;
-}
-
 template <int D, int NQ, int STAGES> struct dshape {
     static constexpr int BM = 8 * NQ;  // packed rows per block: NQ n tiles
-    static constexpr int KS = D / 16;  // k steps of K Q^T, m tiles of O^T
     static constexpr int KT = 16;      // keys a warp step
     static constexpr int LDS = lds<D>();
     static constexpr int ELEMS = BM * LDS + 4 * STAGES * KT * LDS * 2; // Q, then each warp's K/V ring
@@ -414,16 +232,15 @@ template <int D, int NQ, int STAGES> struct dshape {
     static constexpr int BYTES = ELEMS * 2 > STATE * 4 ? ELEMS * 2 : STATE * 4;
 };
 
-// The decode shape. Lane (c, t) = (lane / 4, lane % 4) holds S^T for keys c and c + 8 of the
-// warp's tile and rows 2t, 2t + 1 of each n tile, and O^T for dims c, c + 8 of each 16-dim
-// tile; a row's statistics reduce over the eight lanes of its t.
+// The decode kernel on any sm_80+ device (decode_warp's steps): the four warps take alternate
+// 16-key steps of the split, each through its own cp.async ring.
 template <typename T, int D, int NQ, int STAGES>
 __global__ void __launch_bounds__(128) decode_kernel(const fa_cuda_paged p)
 {
     using S = dshape<D, NQ, STAGES>;
     extern __shared__ __align__(16) unsigned char smem[];
     T *sQ = reinterpret_cast<T *>(smem);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int split = blockIdx.x % p.max_splits, bh = blockIdx.x / p.max_splits;
     const int b = bh / p.a.heads_kv, g = bh % p.a.heads_kv, G = p.a.group;
     const pseq_t s = pseq_of(p, b);
@@ -450,30 +267,8 @@ __global__ void __launch_bounds__(128) decode_kernel(const fa_cuda_paged p)
     }
     __syncthreads(); // Q
 
-    // Q^T as the B operand of every k step, kept in registers
-    uint32_t qf[S::KS][NQ][2];
-#pragma unroll
-    for (int k2 = 0; k2 < S::KS / 2; k2++)
-#pragma unroll
-        for (int nq = 0; nq < NQ; nq++) {
-            uint32_t r[4];
-            ldsm_x4(r, sQ + (nq * 8 + (lane & 7)) * S::LDS + k2 * 32 + (lane >> 3) * 8);
-            qf[2 * k2][nq][0] = r[0], qf[2 * k2][nq][1] = r[1];
-            qf[2 * k2 + 1][nq][0] = r[2], qf[2 * k2 + 1][nq][1] = r[3];
-        }
-
-    float o[S::KS][NQ][4], m[NQ][2], l[NQ][2];
-#pragma unroll
-    for (int k = 0; k < S::KS; k++)
-#pragma unroll
-        for (int nq = 0; nq < NQ; nq++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[k][nq][e] = 0.0f;
-#pragma unroll
-    for (int nq = 0; nq < NQ; nq++)
-        m[nq][0] = m[nq][1] = -INFINITY, l[nq][0] = l[nq][1] = 0.0f;
-
+    decode_warp<D, NQ> w;
+    w.init(sQ, lane);
     for (int it = 0; it < ntiles; it++) {
         cp_async_wait<STAGES - 2>();
         __syncwarp();
@@ -483,134 +278,78 @@ __global__ void __launch_bounds__(128) decode_kernel(const fa_cuda_paged p)
                                           sV + (nxt % STAGES) * S::KT * S::LDS, s, g, t_lo + warp + nxt * 4, k_lo,
                                           k_hi, lane);
         cp_async_commit();
-        const T *tK = sK + (it % STAGES) * S::KT * S::LDS, *tV = sV + (it % STAGES) * S::KT * S::LDS;
-        const int j0 = (t_lo + warp + it * 4) * S::KT;
-
-        // S^T = K Q^T: keys the A operand, straight from the ring
-        float sc[1][NQ][4];
-#pragma unroll
-        for (int nq = 0; nq < NQ; nq++)
-            sc[0][nq][0] = sc[0][nq][1] = sc[0][nq][2] = sc[0][nq][3] = 0.0f;
-#pragma unroll
-        for (int k = 0; k < S::KS; k++) {
-            uint32_t a[4];
-            ldsm_x4(a, tK + ((lane & 7) + ((lane >> 3) & 1) * 8) * S::LDS + k * 16 + (lane >> 4) * 8);
-#pragma unroll
-            for (int nq = 0; nq < NQ; nq++)
-                mma16816<T>::run(sc[0][nq], a, qf[k][nq][0], qf[k][nq][1]);
-        }
-        to_logits(p.a, sc);
-        const bool full = j0 >= k_lo && j0 + S::KT <= k_hi && mk.all_visible(row0 / G, (vr1 - 1) / G + 1, j0, j0 + S::KT);
-        if (!full) // rows past vr1 keep their (finite) scores: their columns are never stored
-#pragma unroll
-            for (int nq = 0; nq < NQ; nq++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int pr = row0 + nq * 8 + 2 * t + (e & 1), j = j0 + c + 8 * (e >> 1);
-                    if (pr < vr1 && (j < k_lo || j >= k_hi || !mk.visible(pr / G, j)))
-                        sc[0][nq][e] = -INFINITY;
-                }
-
-        // the online softmax down each column (a row of S), over the eight lanes of its t
-        float alpha[NQ][2];
-        bool moved = false;
-#pragma unroll
-        for (int nq = 0; nq < NQ; nq++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                float mx = fmaxf(m[nq][e], fmaxf(sc[0][nq][e], sc[0][nq][e + 2]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-                const float base = mx == -INFINITY ? 0.0f : mx; // nothing seen yet: keep zeros
-                alpha[nq][e] = exp2_fast(m[nq][e] - base);
-                moved |= alpha[nq][e] != 1.0f;
-                m[nq][e] = mx;
-                const float p0 = prob(sc[0][nq][e], base), p1 = prob(sc[0][nq][e + 2], base);
-                sc[0][nq][e] = p0, sc[0][nq][e + 2] = p1;
-                l[nq][e] = l[nq][e] * alpha[nq][e] + p0 + p1;
-            }
-        if (__any_sync(0xffffffffu, moved)) // a factor of exactly 1 leaves o as it is
-#pragma unroll
-            for (int k = 0; k < S::KS; k++)
-#pragma unroll
-                for (int nq = 0; nq < NQ; nq++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        o[k][nq][e] *= alpha[nq][e & 1];
-
-        // O^T += V^T P^T: P^T the B operand (the accumulator's 8x8 halves transposed)
-        uint32_t pb[NQ][2];
-#pragma unroll
-        for (int nq = 0; nq < NQ; nq++) {
-            pb[nq][0] = transpose8x8(pack2<T>(sc[0][nq][0], sc[0][nq][1]));
-            pb[nq][1] = transpose8x8(pack2<T>(sc[0][nq][2], sc[0][nq][3]));
-        }
-#pragma unroll
-        for (int k = 0; k < S::KS; k++) {
-            uint32_t a[4];
-            ldsm_x4_t(a, tV + ((lane >> 4) * 8 + (lane & 7)) * S::LDS + k * 16 + ((lane >> 3) & 1) * 8);
-#pragma unroll
-            for (int nq = 0; nq < NQ; nq++)
-                mma16816<T>::run(o[k][nq], a, pb[nq][0], pb[nq][1]);
-        }
+        w.step(p.a, mk, sK + (it % STAGES) * S::KT * S::LDS, sV + (it % STAGES) * S::KT * S::LDS,
+               (t_lo + warp + it * 4) * S::KT, k_lo, k_hi, row0, vr1, lane);
     }
     cp_async_wait<0>();
     __syncthreads(); // the rings become the merge's state
-
-    // every warp's rows: (m, l summed over the column's lanes, o) as floats, [warp][row][D + 2]
     float *state = reinterpret_cast<float *>(smem);
-#pragma unroll
-    for (int nq = 0; nq < NQ; nq++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            float lsum = l[nq][e];
-            lsum += __shfl_xor_sync(0xffffffffu, lsum, 4);
-            lsum += __shfl_xor_sync(0xffffffffu, lsum, 8);
-            lsum += __shfl_xor_sync(0xffffffffu, lsum, 16);
-            float *at = state + (warp * S::BM + nq * 8 + 2 * t + e) * (D + 2);
-            if (c == 0) {
-                at[0] = m[nq][e];
-                at[1] = lsum;
-            }
-#pragma unroll
-            for (int k = 0; k < S::KS; k++) {
-                at[2 + k * 16 + c] = o[k][nq][e];
-                at[2 + k * 16 + c + 8] = o[k][nq][e + 2];
-            }
-        }
+    w.store(state, warp, lane);
     __syncthreads();
     merge_out<T, D, S::BM, 4>(p, s, state, row0, rows, g, split, nsplit);
 }
 
-// A block per (row, query head) of a sequence with several splits: their partials combined in
-// split order into o and lse.
+// A block per (row, query head) of a sequence with several splits: their partials combined into
+// o and lse. Warp w folds splits w, w + 4, ... in order into a running (m, l, o), its lanes on
+// neighbouring dims (eight at most each: dim <= 256) and four splits' loads in flight at a time;
+// the four warps' states are then merged in warp order. The order depends on the split count
+// alone, so a sequence's bits do not depend on the batch.
 template <typename T> __global__ void __launch_bounds__(128) combine_kernel(const fa_cuda_paged p)
 {
+    __shared__ float st[4][2 + 256];
     const int row = blockIdx.x, h = blockIdx.y, b = seq_of_row(p, row);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, dim = p.a.dim;
     const pseq_t s = pseq_of(p, b);
     const int nsplit = max(1, (s.keys + p.split - 1) / p.split), i = row - s.q0;
     if (i < 0 || i >= s.qn || nsplit == 1)
         return;
-    const int64_t step = (int64_t)p.a.pg.total_q * p.a.heads_q * (p.a.dim + 2);
-    const float *part = p.part + ((int64_t)row * p.a.heads_q + h) * (p.a.dim + 2);
+    const int64_t step = (int64_t)p.a.pg.total_q * p.a.heads_q * (dim + 2);
+    const float *part = p.part + ((int64_t)row * p.a.heads_q + h) * (dim + 2);
+    float m = -INFINITY, l = 0.0f, acc[8];
+#pragma unroll
+    for (int x = 0; x < 8; x++)
+        acc[x] = 0.0f;
+#pragma unroll 4
+    for (int k = warp; k < nsplit; k += 4) {
+        const float *at = part + k * step, mk = at[0];
+        if (mk == -INFINITY)
+            continue;
+        const float mn = fmaxf(m, mk), a = exp2f(m - mn), w = exp2f(mk - mn);
+        l = l * a + w * at[1];
+#pragma unroll
+        for (int x = 0; x < 8; x++)
+            if (lane + 32 * x < dim)
+                acc[x] = acc[x] * a + w * at[2 + lane + 32 * x];
+        m = mn;
+    }
+    if (lane == 0)
+        st[warp][0] = m, st[warp][1] = l;
+#pragma unroll
+    for (int x = 0; x < 8; x++)
+        if (lane + 32 * x < dim)
+            st[warp][2 + lane + 32 * x] = acc[x];
+    __syncthreads();
     float mx = -INFINITY;
-    for (int k = 0; k < nsplit; k++)
-        mx = fmaxf(mx, part[k * step]);
-    float lsum = 0.0f;
-    for (int k = 0; k < nsplit; k++)
-        lsum += part[k * step] == -INFINITY ? 0.0f : exp2f(part[k * step] - mx) * part[k * step + 1];
+#pragma unroll
+    for (int w = 0; w < 4; w++)
+        mx = fmaxf(mx, st[w][0]);
+    float wt[4], lsum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        wt[w] = st[w][0] == -INFINITY ? 0.0f : exp2f(st[w][0] - mx);
+        lsum += wt[w] * st[w][1];
+    }
     const final_t f = finish(p, h, mx, lsum);
-    for (int e = threadIdx.x; e < p.a.dim; e += blockDim.x) {
-        float acc = 0.0f;
-        for (int k = 0; k < nsplit; k++)
-            if (part[k * step] != -INFINITY)
-                acc += exp2f(part[k * step] - mx) * part[k * step + 2 + e];
+    for (int e = threadIdx.x; e < dim; e += blockDim.x) {
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 4; w++)
+            o += wt[w] * st[w][2 + e];
         const int64_t oo = row_off(p.a.o, s.at, false, h, i) + e;
         if (p.a.o.f32)
-            ((float *)p.a.o.p)[oo] = acc * f.inv;
+            ((float *)p.a.o.p)[oo] = o * f.inv;
         else
-            ((T *)p.a.o.p)[oo] = from_float<T>(acc * f.inv);
+            ((T *)p.a.o.p)[oo] = from_float<T>(o * f.inv);
     }
     if (p.a.lse && threadIdx.x == 0)
         p.a.lse[lse_index(p.a, s.at, h, i)] = f.lse;
@@ -704,6 +443,10 @@ cudaError_t launch_decode(const fa_cuda_paged &p, cudaStream_t stream)
 
 template <typename T> cudaError_t attention_for(const fa_cuda_paged &p, int dpad, int nq, cudaStream_t stream)
 {
+    if (p.decode_sm90 && nq) {
+        const cudaError_t err = fa_cuda_decode_sm90(&p, std::is_same<T, __nv_bfloat16>::value, dpad, nq, stream);
+        return err != cudaSuccess ? err : finish_launch<T>(p, stream);
+    }
     switch (dpad * 4 + nq) {
     case 64 * 4 + 1: return launch_decode<T, 64, 1, 2>(p, stream);
     case 64 * 4 + 2: return launch_decode<T, 64, 2, 2>(p, stream);

@@ -16,6 +16,7 @@ static const sm90_row sm90_rows[] = { FA_CUDA_SM90_TILES(FA_SM90_ROW) };
 typedef struct cuda_paged_plan {
     int dpad, bf16;
     int nq; /* decode kernel with 8 * nq packed rows (1, 2), or 0: 64-row tiles */
+    int decode_sm90; /* nq on Hopper's decode kernel (its cache rows by bulk copies) */
     const sm90_row *sm90; /* not NULL: query tiles on the Hopper forward instead of 64-row tiles */
     int32_t split, max_splits;
     /* split partials, or the Hopper forward's rotated queries; from the context's pool on the
@@ -28,6 +29,8 @@ typedef struct cuda_paged_plan {
 int32_t fa_cuda_paged_dpad(int32_t dim) { return dim <= 64 ? 64 : dim <= 128 ? 128 : 256; }
 
 int fa_cuda_decode_nq(int64_t packed) { return packed <= 8 ? 1 : packed <= 16 ? 2 : 0; }
+
+int fa_cuda_decode_sm90_fits(int32_t dim) { return dim % 8 == 0 && fa_cuda_paged_dpad(dim) <= 128; }
 
 int fa_cuda_split_layout(const fa_problem *p, int64_t rows, int32_t split, int32_t *splits, size_t *bytes)
 {
@@ -89,6 +92,12 @@ fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p,
     pl->nq = fa_cuda_decode_nq((int64_t)p->max_q * p->group); /* a block's rows of one kv head */
     const int32_t whole = p->max_k < 16 ? 16 : (p->max_k + 15) / 16 * 16;
     pl->sm90 = sm90_for(s, p, pl->nq, pl->dpad);
+    {
+        const fa_kv_cache *c = &d->cache;
+        pl->decode_sm90 = pl->nq && s->hopper && fa_cuda_decode_sm90_fits(p->dim) &&
+                          aligned16(c->k, c->k_stride_page, c->k_stride_token, c->k_stride_head) &&
+                          aligned16(c->v, c->v_stride_page, c->v_stride_token, c->v_stride_head);
+    }
     pl->split = d->kv_split ? d->kv_split : pl->nq ? FA_CUDA_DECODE_SPLIT : whole;
     int64_t bytes = 0;
     const int rotated = pl->sm90 && p->paged->rope_dim; /* the queries, rotated, in the workspace */
@@ -126,10 +135,10 @@ fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p,
         info->block_k = pl->sm90->keys;
         info->threads = 128 * (pl->sm90->warpgroups + 1);
     } else {
-        info->kernel = pl->nq ? "paged-decode" : "paged-rows";
+        info->kernel = pl->decode_sm90 ? "paged-decode-sm90" : pl->nq ? "paged-decode" : "paged-rows";
         info->block_q = pl->nq ? 8 * pl->nq : 64;
         info->block_k = pl->split;
-        info->threads = 128;
+        info->threads = pl->decode_sm90 ? 160 : 128;
     }
     info->workspace_bytes = pl->ws_bytes;
     *plan = pl;
@@ -250,8 +259,8 @@ static cudaError_t run_sm90(fa_cuda_paged *k, const cuda_paged_plan *pl, cudaStr
     return fa_cuda_flash_forward_sm90(&a, pl->bf16, pl->dpad, stream);
 }
 
-cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int32_t split, int32_t splits, float *part,
-                                 int bf16, cudaStream_t stream)
+cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int sm90, int32_t split, int32_t splits,
+                                 float *part, int bf16, cudaStream_t stream)
 {
     fa_cuda_paged k;
     memset(&k, 0, sizeof(k));
@@ -268,6 +277,7 @@ cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int32_t split,
     k.part = part;
     k.kv_aligned = a->dim % 8 == 0 && aligned16(a->k.p, a->k.sb, a->k.ss, a->k.sh) &&
                    aligned16(a->v.p, a->v.sb, a->v.ss, a->v.sh);
+    k.decode_sm90 = sm90 && k.kv_aligned;
     return fa_cuda_paged_attention(&k, bf16, fa_cuda_paged_dpad(a->dim), nq, stream);
 }
 
@@ -282,11 +292,13 @@ fa_status fa_cuda_paged_run(fa_context_t ctx, void *state, void *plan, const fa_
         return st;
     fa_cuda_paged k;
     fill(p, &k);
-    if (pl->sm90 && !k.kv_aligned) /* a plan made from bounds without the pools' pointers */
+    if ((pl->sm90 || pl->decode_sm90) && !k.kv_aligned) /* a plan made from bounds without the pools */
         return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
-                        "cache.k and cache.v must start on 16 bytes for this plan's kernel (paged-sm90), "
+                        "cache.k and cache.v must start on 16 bytes for this plan's kernel (%s), "
                         "which copies their rows in 16-byte chunks; give the pools in the plan's bounds "
-                        "to have it choose a kernel for them");
+                        "to have it choose a kernel for them",
+                        pl->sm90 ? "paged-sm90" : "paged-decode-sm90");
+    k.decode_sm90 = pl->decode_sm90;
     k.split = pl->split;
     k.max_splits = pl->max_splits;
     k.part = pl->sm90 ? NULL : pl->ws;

@@ -77,6 +77,7 @@ typedef struct fa_cuda_paged {
     int32_t split;      /* keys per split */
     int32_t max_splits; /* splits of the longest sequence the grid covers */
     int kv_aligned;     /* 16-byte cp.async of cache rows */
+    int decode_sm90;    /* decode on the Hopper kernel (rows by bulk copies; needs kv_aligned) */
     float *part;        /* split partials: [max_splits][total_q][heads_q] (m, l, o[dim]) */
 } fa_cuda_paged;
 

@@ -280,6 +280,22 @@ __device__ __forceinline__ void bulk_wait_read_all()
 // Orders the async proxy's global accesses (bulk copies) with this thread's generic ones.
 __device__ __forceinline__ void fence_async_all() { asm volatile("fence.proxy.async;\n" ::: "memory"); }
 
+// bytes (a multiple of 16; both addresses 16-byte aligned) from global to shared memory by the
+// bulk copy engine, each landing byte counted off b's transaction count.
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, int bytes, uint64_t *b)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(b))
+                 : "memory");
+}
+// b's current phase waits for bytes more to land (no arrival).
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, int bytes)
+{
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(bytes)
+                 : "memory");
+}
+
 __device__ __forceinline__ void mbar_init(uint64_t *b, int count)
 {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count) : "memory");
