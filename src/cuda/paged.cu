@@ -10,10 +10,11 @@
 //   decode: up to 16 packed rows. The keys are the mma's M dimension and the rows its N
 //           (S^T = K Q^T, O^T += V^T P^T): 8 rows fill an n tile where a 16-row m tile would
 //           sit mostly empty, so a 16-key step costs half the products and half the output
-//           registers. The four warps take alternate 16-key tiles of the split, each through
-//           its own two-stage cp.async ring, and are merged in warp order at the end (two
-//           stages leave room for three blocks a multiprocessor: 3.5 TB/s against 2.9 with
-//           three stages and 1.1 with four on the H200, docs/perf/h200-decode.md);
+//           registers (decode_warp, paged.cuh). Here the four warps take alternate 16-key
+//           tiles of the split, each through its own two-stage cp.async ring, and are merged
+//           in warp order at the end; on Hopper, decode_sm90.cu feeds the same steps from a
+//           loading warpgroup's bulk copies (p.decode_sm90), 1.2-1.4x faster on the H200
+//           (docs/perf/h200-decode.md);
 //   rows:   four warps of 16 rows sharing 64-key tiles (chunked prefill, long speculation).
 // Split boundaries are multiples of p.split from key 0, set by the plan from nothing but the
 // bounds, so a sequence's bits do not depend on the rest of the batch. Dense calls with few
