@@ -30,6 +30,12 @@ static fa_cpu_features features;
         for (const fa_cpu_kernels *k = fa_cpu_kernel_tables[ti_].kern;                          \
              k && fa_cpu_kernel_tables[ti_].usable(&features); k = NULL)
 
+/* axpy_f16p's probabilities: rounded to f16 for f16 V and dim a multiple of 8 (kernels.h). */
+static double p_f16(fa_dtype t, int dim, double p)
+{
+    return t == FA_DTYPE_F16 && dim % 8 == 0 ? fa_f16_to_f32(fa_f32_to_f16((float)p)) : p;
+}
+
 static void test_gemm(void **state)
 {
     (void)state;
@@ -200,18 +206,27 @@ static void test_dot_axpy(void **state)
                         if (fabs(g - s) > 1e-5 * (1 + dim))
                             fail_msg("%s dot %d: got %g want %g", k->name, (int)t, g, s);
                     }
-            k->axpy(t, &hs, M, N, dim, st, LDS, vp, ldkv, o, 80, alpha);
-            for (int h = 0; h < H; h++)
-                for (int i = 0; i < M; i++)
-                    for (int x = 0; x < dim; x++) {
-                        double w = (double)alpha[h * M + i] * o0[h * M * 80 + i * 80 + x];
-                        for (int j = 0; j < N; j++)
-                            w += (double)st[h * M + j * LDS + i] *
-                                 fa_ref_decode(t, vp, j * ldkv + h * 80 + x);
-                        double g = o[h * M * 80 + i * 80 + x];
-                        if (fabs(g - w) > 1e-4 * (1 + dim))
-                            fail_msg("%s axpy %d: got %g want %g", k->name, (int)t, g, w);
-                    }
+            for (int f16p = 0; f16p < 2; f16p++) {
+                fa_cpu_axpy_fn *axpy = f16p ? k->axpy_f16p : k->axpy;
+                if (!axpy)
+                    continue;
+                memcpy(o, o0, sizeof(o));
+                axpy(t, &hs, M, N, dim, st, LDS, vp, ldkv, o, 80, alpha);
+                for (int h = 0; h < H; h++)
+                    for (int i = 0; i < M; i++)
+                        for (int x = 0; x < dim; x++) {
+                            double w = (double)alpha[h * M + i] * o0[h * M * 80 + i * 80 + x];
+                            for (int j = 0; j < N; j++) {
+                                const double p = st[h * M + j * LDS + i];
+                                w += (f16p ? p_f16(t, dim, p) : p) *
+                                     fa_ref_decode(t, vp, j * ldkv + h * 80 + x);
+                            }
+                            double g = o[h * M * 80 + i * 80 + x];
+                            if (fabs(g - w) > 1e-4 * (1 + dim))
+                                fail_msg("%s axpy%s %d: got %g want %g", k->name, f16p ? "_f16p" : "",
+                                         (int)t, g, w);
+                        }
+            }
         }
 }
 
@@ -275,22 +290,31 @@ static void test_dot_axpy_vectors(void **state)
                     for (int j = 0; j < N; j++) /* small weights, as probabilities are */
                         for (int c = 0; c < H * cols; c++)
                             st[j * lds + c] = (float)(0.5 + 0.5 * fa_rng_uniform(&r));
-                    k->axpy(t, &hs, M, N, dim, st, lds, vp, ld, o, dim, alpha);
-                    for (int h = 0; h < H; h++)
-                        for (int i = 0; i < cols; i++)
-                            for (int x = 0; x < dim; x++) {
-                                const int e = h * cols * dim + i * dim + x;
-                                double want = o0[e];
-                                if (i < M) {
-                                    want *= alpha[h * cols + i];
-                                    for (int j = 0; j < N; j++)
-                                        want += (double)st[j * lds + h * cols + i] *
-                                                fa_ref_decode(t, vp, j * ld + h * dim + x);
+                    for (int f16p = 0; f16p < 2; f16p++) {
+                        fa_cpu_axpy_fn *axpy = f16p ? k->axpy_f16p : k->axpy;
+                        if (!axpy)
+                            continue;
+                        memcpy(o, o0, sizeof(float) * H * cols * dim);
+                        axpy(t, &hs, M, N, dim, st, lds, vp, ld, o, dim, alpha);
+                        for (int h = 0; h < H; h++)
+                            for (int i = 0; i < cols; i++)
+                                for (int x = 0; x < dim; x++) {
+                                    const int e = h * cols * dim + i * dim + x;
+                                    double want = o0[e];
+                                    if (i < M) {
+                                        want *= alpha[h * cols + i];
+                                        for (int j = 0; j < N; j++) {
+                                            const double p = st[j * lds + h * cols + i];
+                                            want += (f16p ? p_f16(t, dim, p) : p) *
+                                                    fa_ref_decode(t, vp, j * ld + h * dim + x);
+                                        }
+                                    }
+                                    if (fabs(o[e] - want) > 1e-4 * (1 + dim))
+                                        fail_msg("%s axpy%s dtype %d dim %d %dx%d row %d x %d: got %g want %g",
+                                                 k->name, f16p ? "_f16p" : "", (int)t, dim, H, M, i, x,
+                                                 o[e], want);
                                 }
-                                if (fabs(o[e] - want) > 1e-4 * (1 + dim))
-                                    fail_msg("%s axpy dtype %d dim %d %dx%d row %d x %d: got %g want %g",
-                                             k->name, (int)t, dim, H, M, i, x, o[e], want);
-                            }
+                    }
                 }
     free(q);
     free(o);

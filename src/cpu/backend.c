@@ -75,9 +75,10 @@ static void cpu_info(void *state, char *buf, size_t cap, size_t *len)
     const fa_cpu_machine *m = &s->mach;
     const fa_cpu_features *f = &m->feat;
 #if defined(__aarch64__)
-    fa_appendf(buf, cap, len, "cpu.features: asimd=%s fphp=%s asimdhp=%s asimddp=%s (HWCAP)\n",
+    fa_appendf(buf, cap, len,
+               "cpu.features: asimd=%s fphp=%s asimdhp=%s asimddp=%s asimdfhm=%s (HWCAP)\n",
                f->asimd ? "yes" : "no", f->fphp ? "yes" : "no", f->asimdhp ? "yes" : "no",
-               f->asimddp ? "yes" : "no");
+               f->asimddp ? "yes" : "no", f->asimdfhm ? "yes" : "no");
 #else
     fa_appendf(buf, cap, len, "cpu.features: avx2=%s fma=%s f16c=%s avx512f=%s\n",
                f->avx2 ? "yes" : "no", f->fma ? "yes" : "no", f->f16c ? "yes" : "no",

@@ -123,6 +123,10 @@ static void walk(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_p
                         cols };
     fa_cpu_heads hv = hk;
     hv.kv = d->v.stride_head;
+    /* f16 probabilities only where the output's own f16 rounding is as large (kernels.h) */
+    fa_cpu_axpy_fn *const axpy =
+        kern->axpy_f16p && d->v.dtype == FA_DTYPE_F16 && d->o.dtype == FA_DTYPE_F16 ? kern->axpy_f16p
+                                                                                    : kern->axpy;
 
     for (int64_t j0 = c0; j0 < c1; j0 += tile) {
         int32_t n = (int32_t)(c1 - j0 < tile ? c1 - j0 : tile);
@@ -146,8 +150,8 @@ static void walk(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_p
         for (int32_t j = 0, run; j < n; j += run) { /* the rescale once, with the first page */
             const char *vp = fa_cpu_kv_row(p, &d->v, cc, j0 + j, &run);
             run = run < n - j ? run : n - j;
-            kern->axpy(d->v.dtype, &hv, cc->ncols, run, dim, bf->st + (int64_t)j * gv, gv, vp,
-                       d->v.stride_seq, bf->o, dim, j ? bf->ones : bf->alpha);
+            axpy(d->v.dtype, &hv, cc->ncols, run, dim, bf->st + (int64_t)j * gv, gv, vp,
+                 d->v.stride_seq, bf->o, dim, j ? bf->ones : bf->alpha);
         }
     }
 }

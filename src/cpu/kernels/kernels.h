@@ -25,6 +25,11 @@ typedef struct fa_cpu_heads {
     ptrdiff_t alpha; /* floats between heads' rescale factors */
 } fa_cpu_heads;
 
+/* The decode path's P V step (fa_cpu_kernels.axpy). */
+typedef void fa_cpu_axpy_fn(fa_dtype t, const fa_cpu_heads *hs, int m, int n, int dim,
+                            const float *st, ptrdiff_t lds, const void *v, ptrdiff_t ldv, float *o,
+                            ptrdiff_t ldo, const float *alpha);
+
 typedef struct fa_cpu_kernels {
     const char *name; /* the table's name in tables.c, e.g. "avx2" */
     int mr;           /* most rows of C one gemm call computes */
@@ -62,9 +67,14 @@ typedef struct fa_cpu_kernels {
      */
     void (*dot)(fa_dtype t, const fa_cpu_heads *hs, int m, int n, int dim, const float *q,
                 ptrdiff_t ldq, const void *k, ptrdiff_t ldk, float *st, ptrdiff_t lds);
-    void (*axpy)(fa_dtype t, const fa_cpu_heads *hs, int m, int n, int dim, const float *st,
-                 ptrdiff_t lds, const void *v, ptrdiff_t ldv, float *o, ptrdiff_t ldo,
-                 const float *alpha);
+    fa_cpu_axpy_fn *axpy;
+
+    /*
+     * axpy with st rounded to f16 first when t is f16 and dim a multiple of 8 (f16 x f16
+     * products, exact in float32; float32 sums), else axpy; NULL in tables without one. The decode path calls it only for f16 V and an
+     * output stored f16, whose own rounding (2^-11) bounds the probabilities' (docs/kernels.md).
+     */
+    fa_cpu_axpy_fn *axpy_f16p;
 
     /* Backward probabilities: st[j*lds + i] = 2^(st[j*lds + i] - sub[i]) for j < n,
      * i < cols (a multiple of nr / 2); sub = +inf gives 0. */
@@ -95,7 +105,8 @@ typedef struct fa_cpu_kernels {
 /* What the CPU offers, read at run time: cpuid on x86, HWCAP (getauxval) on Arm Linux. */
 typedef struct fa_cpu_features {
     int avx2, fma, f16c, avx512f;        /* x86 */
-    int asimd, fphp, asimdhp, asimddp;   /* AArch64: HWCAP_ASIMD, _FPHP, _ASIMDHP, _ASIMDDP */
+    int asimd, fphp, asimdhp, asimddp, asimdfhm; /* AArch64: HWCAP_ASIMD, _FPHP, _ASIMDHP,
+                                                  * _ASIMDDP, _ASIMDFHM */
 } fa_cpu_features;
 
 void fa_cpu_features_probe(fa_cpu_features *f);

@@ -9,9 +9,11 @@
 
 #define VLEN 4
 #define KMR 8
+#ifndef KNAME /* neon_fhm.c includes this file under its own name */
 #define KNAME "neon"
-#define VSPLAT(s) vdupq_n_f32(s)
 #define KTABLE fa_cpu_kernels_neon
+#endif
+#define VSPLAT(s) vdupq_n_f32(s)
 #define LOAD_F16(p) ((vf)vcvt_f32_f16(vld1_f16((const float16_t *)(p))))
 #define STORE_F16(p, x) vst1_f16((float16_t *)(p), vcvt_f16_f32((float32x4_t)(x)))
 

@@ -31,6 +31,10 @@ static int avx512_usable(const fa_cpu_features *f) { return f->avx512f && f->fma
 extern const fa_cpu_kernels fa_cpu_kernels_avx2;
 static int avx2_usable(const fa_cpu_features *f) { return f->avx2 && f->fma && f->f16c; }
 #endif
+#ifdef FA_KERNELS_NEON_FHM
+extern const fa_cpu_kernels fa_cpu_kernels_neon_fhm;
+static int neon_fhm_usable(const fa_cpu_features *f) { return f->asimd && f->asimdhp && f->asimdfhm; }
+#endif
 #ifdef FA_KERNELS_NEON
 extern const fa_cpu_kernels fa_cpu_kernels_neon;
 static int neon_usable(const fa_cpu_features *f) { return f->asimd; }
@@ -44,6 +48,9 @@ const fa_cpu_kernel_entry fa_cpu_kernel_tables[] = {
 #endif
 #ifdef FA_KERNELS_AVX2
     FA_TABLE(avx2, avx2_usable),
+#endif
+#ifdef FA_KERNELS_NEON_FHM
+    FA_TABLE(neon_fhm, neon_fhm_usable),
 #endif
 #ifdef FA_KERNELS_NEON
     FA_TABLE(neon, neon_usable),
@@ -67,5 +74,6 @@ void fa_cpu_features_probe(fa_cpu_features *f)
     f->fphp = (hw & HWCAP_FPHP) != 0;
     f->asimdhp = (hw & HWCAP_ASIMDHP) != 0;
     f->asimddp = (hw & HWCAP_ASIMDDP) != 0;
+    f->asimdfhm = (hw & HWCAP_ASIMDFHM) != 0;
 #endif
 }
