@@ -140,8 +140,11 @@ static void cuda_info(void *state, char *buf, size_t cap, size_t *len)
     fa_appendf(buf, cap, len,
                "cuda.decode: flash forwards whose sequences' query rows times the group are at most "
                "16, without dropout, run the paged decode kernel over K and V in place (splits of %d "
-               "keys; where their partials would pass %zu MiB, the tiles)\n",
-               FA_CUDA_DECODE_SPLIT, FA_CUDA_DECODE_PARTS_MAX >> 20);
+               "keys; where their partials would pass %zu MiB, the tiles)%s\n",
+               FA_CUDA_DECODE_SPLIT, FA_CUDA_DECODE_PARTS_MAX >> 20,
+               s->hopper ? "; head_dim 64 / 128 on 16-byte rows: the Hopper decode kernel (a loading "
+                           "warpgroup's bulk copies, a row each)"
+                         : "");
     for (size_t i = 0; s->hopper && i < N_SM90_BWD; i++) {
         const sm90_bwd_tiles *t = &sm90_bwd_table[i];
         fa_appendf(buf, cap, len,
