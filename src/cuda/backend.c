@@ -394,7 +394,7 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
                                       : decode_names[dpad == 64 ? 0 : dpad == 128 ? 1 : 2];
         info->block_q = 8 * c->nq; /* packed (query row, head) pairs of one kv head */
         info->block_k = c->split;
-        info->threads = c->decode_sm90 ? 160 : 128;
+        info->threads = c->decode_sm90 ? 256 : 128;
     } else if (c->hb) {
         info->kernel = sm90_bwd_names[c->hb - sm90_bwd_table];
         info->block_q = c->hb->q_step;

@@ -53,11 +53,13 @@ __global__ void __launch_bounds__(256, 2) decode_sm90_kernel(const fa_cuda_paged
     const int k_hi = (int)min(vis.hi, (int64_t)(split + 1) * p.split);
     const int t_lo = k_lo / S::SK, ntiles = k_hi > k_lo ? (k_hi + S::SK - 1) / S::SK - t_lo : 0;
 
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; i++) {
             mbar_init(&full[i], 128);
             mbar_init(&empty[i], 4);
         }
+        fence_mbar_init();
+    }
     if (p.a.dim < D) // columns no copy writes: zero, so that K's meet Q's zeros as zeros
         for (int x = threadIdx.x; x < STAGES * 2 * S::SK * (D - p.a.dim); x += blockDim.x) {
             const int r = x / (D - p.a.dim), e = p.a.dim + x % (D - p.a.dim);

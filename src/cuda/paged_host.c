@@ -138,7 +138,7 @@ fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p,
         info->kernel = pl->decode_sm90 ? "paged-decode-sm90" : pl->nq ? "paged-decode" : "paged-rows";
         info->block_q = pl->nq ? 8 * pl->nq : 64;
         info->block_k = pl->split;
-        info->threads = pl->decode_sm90 ? 160 : 128;
+        info->threads = pl->decode_sm90 ? 256 : 128;
     }
     info->workspace_bytes = pl->ws_bytes;
     *plan = pl;

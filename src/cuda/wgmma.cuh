@@ -289,6 +289,11 @@ __device__ __forceinline__ void bulk_load(void *dst, const void *src, int bytes,
                  "l"(src), "r"(bytes), "r"(smem_addr(b))
                  : "memory");
 }
+// Makes barriers just initialised visible to the async proxy (the bulk copies' completions).
+__device__ __forceinline__ void fence_mbar_init()
+{
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 // b's current phase waits for bytes more to land (no arrival).
 __device__ __forceinline__ void mbar_expect_tx(uint64_t *b, int bytes)
 {
