@@ -8,6 +8,10 @@
  *   engine's up to the first divergence, which is printed, and the logits before it agree
  *   within bf16's tolerance; decode steps replayed from CUDA graphs give the ids and logits of
  *   direct launches bit for bit.
+ * - a synthetic GQA model (8 query heads over 2 kv heads): one prefill step, chunked prefill
+ *   and token-by-token feeding agree, and requests alone match the batch (ids equal; logits
+ *   bit for bit on CUDA, within float32 rounding on the CPU, whose BLAS rounds one row and
+ *   several differently).
  * - the sampling formula: argmax at temperature 0, the nucleus's frequencies over a grid of
  *   uniforms, refusals of bad options and steps with the field named.
  */
@@ -272,6 +276,111 @@ static void test_cuda_graphs_bit_identical(void **state)
     }
 }
 
+/* The first token at which runs a and b of request r pick different ids (MAX_NEW: none), and
+ * the largest logit difference before it relative to the row's largest magnitude. */
+static int agree(const run_t *a, const run_t *b, int r, int32_t V, double *worst)
+{
+    int g = 0;
+    *worst = 0.0;
+    for (; g < MAX_NEW; g++) {
+        const float *x = a->logits + ((size_t)r * MAX_NEW + g) * V, *y = b->logits + ((size_t)r * MAX_NEW + g) * V;
+        double scale = 1.0;
+        for (int32_t i = 0; i < V; i++)
+            scale = fmax(scale, fabs((double)x[i]));
+        for (int32_t i = 0; i < V; i++)
+            *worst = fmax(*worst, fabs((double)x[i] - y[i]) / scale);
+        if (a->ids[r][g] != b->ids[r][g])
+            break;
+    }
+    return g;
+}
+
+/*
+ * A synthetic GQA model (8 query heads over 2 kv heads, head_dim 32, two layers) with seeded
+ * random prompts of 40, 23, 57 and 9 tokens on `backend`: the prompts fed in one prefill
+ * step, in chunks of a 16-token budget and one token a step (the decode path) give the same
+ * greedy ids up to a divergence, and logits before it within tol of the row's largest; each
+ * request served alone gives the batch's ids, and its logits bit for bit where bitwise (else
+ * within tol).
+ */
+static void gqa_paths(fa_backend backend, double tol, int bitwise)
+{
+    char err[FA_MODEL_ERR_LEN];
+    fa_model_config c;
+    fa_model *gqa;
+    assert_int_equal(fa_model_config_parse("256x2x8x2x512x512x256", &c, err), FA_OK);
+    assert_int_equal(fa_model_synth(&c, 20261203, &gqa, err), FA_OK);
+    fa_model *const stories = model;
+    int32_t keep_tok[NREQ][MAX_PROMPT], keep_n[NREQ];
+    memcpy(keep_tok, tokens, sizeof(tokens));
+    memcpy(keep_n, n_tok, sizeof(n_tok));
+    model = gqa;
+    const int32_t lens[NREQ] = { 40, 23, 57, 9 };
+    uint64_t x = 20261203;
+    for (int r = 0; r < NREQ; r++) {
+        n_tok[r] = lens[r];
+        for (int32_t i = 0; i < lens[r]; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            tokens[r][i] = (int32_t)((x >> 33) % (uint64_t)c.vocab_size);
+        }
+    }
+    const unsigned all = (1u << NREQ) - 1;
+    fa_engine_options one = { backend, 48, 16, NREQ, 256, 0, 0, 0 }, chunked = one, by_token = one;
+    chunked.token_budget = 16;
+    by_token.max_batch = 1, by_token.token_budget = 1;
+    run_t *a = new_run(), *b = new_run(), *t = new_run(), *alone = new_run();
+    serve_with(&one, all, NULL, NULL, a, NULL);
+    serve_with(&chunked, all, NULL, NULL, b, NULL);
+    serve_with(&by_token, all, NULL, NULL, t, NULL);
+    const int32_t V = c.vocab_size;
+    for (int r = 0; r < NREQ; r++) {
+        double w1, w2;
+        const int g1 = agree(a, b, r, V, &w1), g2 = agree(a, t, r, V, &w2);
+        print_message("%s request %d (%d prompt tokens): chunked %d/%d ids (worst %.2e), token by token %d/%d "
+                      "(worst %.2e)\n",
+                      backend == FA_BACKEND_CUDA ? "cuda" : "cpu", r, (int)lens[r], g1, MAX_NEW, w1, g2, MAX_NEW, w2);
+        assert_true(w1 < tol && w2 < tol);
+        assert_true(g1 >= 8 && g2 >= 8);
+        serve_with(&one, 1u << r, NULL, NULL, alone, NULL);
+        const size_t row = (size_t)MAX_NEW * (size_t)V;
+        assert_memory_equal(alone->ids[r], a->ids[r], sizeof(a->ids[r]));
+        if (bitwise) {
+            assert_memory_equal(alone->logits + r * row, a->logits + r * row, sizeof(float) * row);
+        } else {
+            double w;
+            assert_int_equal(agree(alone, a, r, V, &w), MAX_NEW);
+            assert_true(w < tol);
+        }
+    }
+    free_run(a), free_run(b), free_run(t), free_run(alone);
+    model = stories;
+    memcpy(tokens, keep_tok, sizeof(tokens));
+    memcpy(n_tok, keep_n, sizeof(n_tok));
+    fa_model_free(gqa);
+}
+
+static void test_cpu_gqa_paths(void **state)
+{
+    (void)state;
+    /* float32 throughout: different summation orders only. Not bitwise alone and batched:
+     * OpenBLAS's products for one row and for several round differently. */
+    gqa_paths(FA_BACKEND_CPU, 1e-4, 0);
+}
+
+static void test_cuda_gqa_paths(void **state)
+{
+    (void)state;
+    char err[FA_MODEL_ERR_LEN];
+    const fa_engine_options eo = { FA_BACKEND_CUDA, 48, 16, NREQ, 32, 0, 0, 0 };
+    fa_engine *e;
+    if (fa_engine_create(model, &eo, &e, err) != FA_OK) {
+        print_message("skipped: %s\n", err);
+        skip();
+    }
+    fa_engine_free(e);
+    gqa_paths(FA_BACKEND_CUDA, 0.05, 1); /* bf16 weights, activations and pages */
+}
+
 static void test_sample_formula(void **state)
 {
     (void)state;
@@ -360,6 +469,7 @@ int main(void)
     const struct CMUnitTest tests[] = { cmocka_unit_test(test_sample_formula), cmocka_unit_test(test_refusals),
                                         cmocka_unit_test(test_cpu_greedy),
                                         cmocka_unit_test(test_cpu_sampling_batch_invariant),
+                                        cmocka_unit_test(test_cpu_gqa_paths), cmocka_unit_test(test_cuda_gqa_paths),
                                         cmocka_unit_test(test_cuda_against_cpu),
                                         cmocka_unit_test(test_cuda_graphs_bit_identical) };
     return cmocka_run_group_tests(tests, setup, teardown);
