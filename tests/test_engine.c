@@ -195,9 +195,9 @@ static void test_cpu_sampling_batch_invariant(void **state)
     free_run(all), free_run(one);
 }
 
-static void test_cuda_against_cpu(void **state)
+/* Skips the test where no CUDA engine can be made (no device, or a build without CUDA). */
+static void cuda_or_skip(void)
 {
-    (void)state;
     char err[FA_MODEL_ERR_LEN];
     const fa_engine_options eo = { FA_BACKEND_CUDA, 48, 16, NREQ, 32, 0, 0, 0 };
     fa_engine *e;
@@ -207,6 +207,12 @@ static void test_cuda_against_cpu(void **state)
     }
     print_message("cuda engine on %s\n", fa_engine_get_info(e).device);
     fa_engine_free(e);
+}
+
+static void test_cuda_against_cpu(void **state)
+{
+    (void)state;
+    cuda_or_skip();
     run_t *cpu = new_run(), *gpu = new_run();
     serve(FA_BACKEND_CPU, (1u << NREQ) - 1, NULL, cpu);
     serve(FA_BACKEND_CUDA, (1u << NREQ) - 1, NULL, gpu);
@@ -240,14 +246,8 @@ static void test_cuda_against_cpu(void **state)
 static void test_cuda_graphs_bit_identical(void **state)
 {
     (void)state;
-    char err[FA_MODEL_ERR_LEN];
+    cuda_or_skip();
     fa_engine_options eo = { FA_BACKEND_CUDA, 48, 16, NREQ, 32, 0, 0, 0 };
-    fa_engine *e;
-    if (fa_engine_create(model, &eo, &e, err) != FA_OK) {
-        print_message("skipped: %s\n", err);
-        skip();
-    }
-    fa_engine_free(e);
     const int32_t max_new[NREQ] = { MAX_NEW, MAX_NEW - 8, MAX_NEW - 19, MAX_NEW - 31 };
     const fa_sample_params p[NREQ] = { { 0.0f, 0.0f, 0 }, { 0.8f, 0.9f, 21 }, { 0.0f, 0.0f, 0 }, { 1.0f, 0.0f, 23 } };
     const size_t bytes = sizeof(float) * NREQ * MAX_NEW * (size_t)model->config.vocab_size;
@@ -370,14 +370,7 @@ static void test_cpu_gqa_paths(void **state)
 static void test_cuda_gqa_paths(void **state)
 {
     (void)state;
-    char err[FA_MODEL_ERR_LEN];
-    const fa_engine_options eo = { FA_BACKEND_CUDA, 48, 16, NREQ, 32, 0, 0, 0 };
-    fa_engine *e;
-    if (fa_engine_create(model, &eo, &e, err) != FA_OK) {
-        print_message("skipped: %s\n", err);
-        skip();
-    }
-    fa_engine_free(e);
+    cuda_or_skip();
     gqa_paths(FA_BACKEND_CUDA, 0.05, 1); /* bf16 weights, activations and pages */
 }
 

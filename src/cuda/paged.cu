@@ -129,17 +129,13 @@ __global__ void __launch_bounds__(128) paged_kernel(const fa_cuda_paged p)
     extern __shared__ __align__(16) unsigned char smem[];
     T *sQ = reinterpret_cast<T *>(smem);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wm = warp % WM, kg = warp / WM;
-    const int split = blockIdx.x % p.max_splits, bh = blockIdx.x / p.max_splits;
-    const int b = bh / p.a.heads_kv, g = bh % p.a.heads_kv, G = p.a.group;
-    const pseq_t s = pseq_of(p, b);
-    const int rows = s.qn * G, row0 = blockIdx.y * S::BM;
-    const int nsplit = max(1, (s.keys + p.split - 1) / p.split);
-    if (row0 >= rows || split >= nsplit)
+    const split_block_t blk = split_block(p, S::BM);
+    if (!blk.ok)
         return;
-    const mask_t mk{ (int64_t)s.keys - s.qn, p.a.win_left, p.a.win_right, s.qn, s.keys };
-    const span_t vis = mk.key_range(row0 / G, (min(rows, row0 + S::BM) - 1) / G + 1);
-    const int k_lo = (int)max(vis.lo, (int64_t)split * p.split);
-    const int k_hi = (int)min(vis.hi, (int64_t)(split + 1) * p.split);
+    const pseq_t &s = blk.s;
+    const mask_t &mk = blk.mk;
+    const int g = blk.g, G = p.a.group, split = blk.split, nsplit = blk.nsplit, rows = blk.rows;
+    const int row0 = blk.row0, k_lo = blk.k_lo, k_hi = blk.k_hi;
 
     load_q<T, D, S::BM>(p, s, sQ, row0, rows, g);
 
@@ -242,18 +238,13 @@ __global__ void __launch_bounds__(128) decode_kernel(const fa_cuda_paged p)
     extern __shared__ __align__(16) unsigned char smem[];
     T *sQ = reinterpret_cast<T *>(smem);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int split = blockIdx.x % p.max_splits, bh = blockIdx.x / p.max_splits;
-    const int b = bh / p.a.heads_kv, g = bh % p.a.heads_kv, G = p.a.group;
-    const pseq_t s = pseq_of(p, b);
-    const int rows = s.qn * G, row0 = blockIdx.y * S::BM;
-    const int nsplit = max(1, (s.keys + p.split - 1) / p.split);
-    if (row0 >= rows || split >= nsplit)
+    const split_block_t blk = split_block(p, S::BM);
+    if (!blk.ok)
         return;
-    const int vr1 = min(rows, row0 + S::BM); // valid rows [row0, vr1); the rest have zero Q
-    const mask_t mk{ (int64_t)s.keys - s.qn, p.a.win_left, p.a.win_right, s.qn, s.keys };
-    const span_t vis = mk.key_range(row0 / G, (vr1 - 1) / G + 1);
-    const int k_lo = (int)max(vis.lo, (int64_t)split * p.split);
-    const int k_hi = (int)min(vis.hi, (int64_t)(split + 1) * p.split);
+    const pseq_t &s = blk.s;
+    const mask_t &mk = blk.mk;
+    const int g = blk.g, split = blk.split, nsplit = blk.nsplit, rows = blk.rows, row0 = blk.row0;
+    const int vr1 = blk.vr1, k_lo = blk.k_lo, k_hi = blk.k_hi; // valid rows [row0, vr1): the rest have zero Q
     load_q<T, D, S::BM>(p, s, sQ, row0, rows, g);
 
     T *sK = sQ + S::BM * S::LDS + warp * STAGES * S::KT * S::LDS * 2, *sV = sK + STAGES * S::KT * S::LDS;

@@ -35,6 +35,35 @@ __device__ __forceinline__ pseq_t pseq_of(const fa_cuda_paged &p, int b)
     return s;
 }
 
+// A split-KV attention block's share: blockIdx.x = (sequence, kv head g, split), blockIdx.y
+// the tile of BM packed rows from row0 (valid below vr1), and the keys [k_lo, k_hi) its rows
+// see in its split. ok is false where the tile or the split lies past the sequence's.
+struct split_block_t {
+    pseq_t s;
+    mask_t mk;
+    int g, split, nsplit, rows, row0, vr1, k_lo, k_hi;
+    bool ok;
+};
+__device__ __forceinline__ split_block_t split_block(const fa_cuda_paged &p, int BM)
+{
+    split_block_t w;
+    w.split = blockIdx.x % p.max_splits;
+    const int bh = blockIdx.x / p.max_splits, G = p.a.group;
+    w.g = bh % p.a.heads_kv;
+    w.s = pseq_of(p, bh / p.a.heads_kv);
+    w.rows = w.s.qn * G, w.row0 = blockIdx.y * BM;
+    w.nsplit = max(1, (w.s.keys + p.split - 1) / p.split);
+    w.ok = w.row0 < w.rows && w.split < w.nsplit;
+    if (!w.ok)
+        return w;
+    w.vr1 = min(w.rows, w.row0 + BM);
+    w.mk = mask_t{ (int64_t)w.s.keys - w.s.qn, p.a.win_left, p.a.win_right, w.s.qn, w.s.keys };
+    const span_t vis = w.mk.key_range(w.row0 / G, (w.vr1 - 1) / G + 1);
+    w.k_lo = (int)max(vis.lo, (int64_t)w.split * p.split);
+    w.k_hi = (int)min(vis.hi, (int64_t)(w.split + 1) * p.split);
+    return w;
+}
+
 // The sequence of packed query row `row`: the last b with cu_q[b] <= row (seqlen_q rows each
 // in a dense call of fixed length).
 __device__ __forceinline__ int seq_of_row(const fa_cuda_paged &p, int row)

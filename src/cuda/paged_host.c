@@ -50,6 +50,14 @@ static int aligned16(const void *ptr, int64_t a, int64_t b, int64_t c)
     return (uintptr_t)ptr % 16 == 0 && a % 8 == 0 && b % 8 == 0 && c % 8 == 0;
 }
 
+/* The pools' rows start on 16 bytes (NULL pools, a plan's bounds without them, count as
+ * aligned: the run checks them). */
+static int cache_aligned(const fa_kv_cache *c)
+{
+    return aligned16(c->k, c->k_stride_page, c->k_stride_token, c->k_stride_head) &&
+           aligned16(c->v, c->v_stride_page, c->v_stride_token, c->v_stride_head);
+}
+
 /* Steps of many query rows go to the Hopper forward where it has the head_dim and the call
  * needs nothing it lacks: sinks, chosen splits, cache rows that are not whole 16-byte chunks
  * (the pools' starts checked here where the bounds give them, else at each run), a grid of
@@ -57,10 +65,7 @@ static int aligned16(const void *ptr, int64_t a, int64_t b, int64_t c)
 static const sm90_row *sm90_for(const cuda_state *s, const fa_problem *p, int nq, int dpad)
 {
     const fa_paged_desc *d = p->paged->desc;
-    const fa_kv_cache *c = &d->cache;
-    if (!s->hopper || nq || d->sinks || d->kv_split || p->dim % 8 ||
-        !aligned16(c->k, c->k_stride_page, c->k_stride_token, c->k_stride_head) ||
-        !aligned16(c->v, c->v_stride_page, c->v_stride_token, c->v_stride_head))
+    if (!s->hopper || nq || d->sinks || d->kv_split || p->dim % 8 || !cache_aligned(&d->cache))
         return NULL;
     for (size_t i = 0; i < sizeof(sm90_rows) / sizeof(sm90_rows[0]); i++) {
         const int64_t rows = 64 * sm90_rows[i].warpgroups, tiles = ((int64_t)p->max_q + rows - 1) / rows;
@@ -92,12 +97,7 @@ fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p,
     pl->nq = fa_cuda_decode_nq((int64_t)p->max_q * p->group); /* a block's rows of one kv head */
     const int32_t whole = p->max_k < 16 ? 16 : (p->max_k + 15) / 16 * 16;
     pl->sm90 = sm90_for(s, p, pl->nq, pl->dpad);
-    {
-        const fa_kv_cache *c = &d->cache;
-        pl->decode_sm90 = pl->nq && s->hopper && fa_cuda_decode_sm90_fits(p->dim) &&
-                          aligned16(c->k, c->k_stride_page, c->k_stride_token, c->k_stride_head) &&
-                          aligned16(c->v, c->v_stride_page, c->v_stride_token, c->v_stride_head);
-    }
+    pl->decode_sm90 = pl->nq && s->hopper && fa_cuda_decode_sm90_fits(p->dim) && cache_aligned(&d->cache);
     pl->split = d->kv_split ? d->kv_split : pl->nq ? FA_CUDA_DECODE_SPLIT : whole;
     int64_t bytes = 0;
     const int rotated = pl->sm90 && p->paged->rope_dim; /* the queries, rotated, in the workspace */
@@ -239,8 +239,7 @@ static void fill(const fa_problem *p, fa_cuda_paged *k)
     k->rope_dim = pg->rope_dim;
     k->rope_max_pos = d->rope_max_pos;
     k->rope_neox = d->rope == FA_ROPE_NEOX;
-    k->kv_aligned = p->dim % 8 == 0 && aligned16(c->k, c->k_stride_page, c->k_stride_token, c->k_stride_head) &&
-                    aligned16(c->v, c->v_stride_page, c->v_stride_token, c->v_stride_head);
+    k->kv_aligned = p->dim % 8 == 0 && cache_aligned(c);
 }
 
 /* The Hopper forward over the pages: queries (rotated into the workspace where RoPE is on)
