@@ -60,6 +60,39 @@ static void built_free(fa_context_t ctx, built *bl)
     }
 }
 
+/* NaN in every cache slot no sequence's keys hold (the rest of a last page, unused pages): a
+ * kernel that lets a slot past a sequence's end reach its output, even times a zero weight,
+ * fails. 0, or -1 when out of memory. */
+static void put_nan(fa_dtype t, void *base, int64_t i)
+{
+    if (t == FA_DTYPE_F32)
+        ((float *)base)[i] = NAN;
+    else
+        ((uint16_t *)base)[i] = t == FA_DTYPE_BF16 ? 0x7fc0 : 0x7e00;
+}
+
+static int poison_unused(const fa_paged_desc *d, const int32_t *keys, const int32_t *bt, int64_t bt_row)
+{
+    const fa_kv_cache *c = &d->cache;
+    const int32_t ps = c->page_size;
+    char *held = calloc((size_t)c->num_pages * (size_t)ps, 1);
+    if (!held)
+        return -1;
+    for (int32_t b = 0; b < d->batch; b++)
+        for (int32_t j = 0; j < keys[b]; j++)
+            held[(int64_t)bt[b * bt_row + j / ps] * ps + j % ps] = 1;
+    for (int64_t page = 0; page < c->num_pages; page++)
+        for (int32_t t = 0; t < ps; t++)
+            if (!held[page * ps + t])
+                for (int32_t h = 0; h < c->num_heads; h++)
+                    for (int32_t e = 0; e < d->head_dim; e++) {
+                        put_nan(c->dtype, c->k, page * c->k_stride_page + t * c->k_stride_token + h * c->k_stride_head + e);
+                        put_nan(c->dtype, c->v, page * c->v_stride_page + t * c->v_stride_token + h * c->v_stride_head + e);
+                    }
+    free(held);
+    return 0;
+}
+
 /* The case's host tensors and descriptor. 0, or -1 when out of memory. */
 static int build(const fa_paged_case *c, built *bl)
 {
@@ -144,6 +177,8 @@ static int build(const fa_paged_case *c, built *bl)
                                           c->layout == FA_PAGED_HND ? FA_LAYOUT_BHSD : FA_LAYOUT_BSHD, num_pages,
                                           ps, c->heads_kv, c->head_dim);
     }
+    if (poison_unused(d, bl->keys, bt, bt_row) != 0)
+        return -1;
     d->block_table = bt;
     d->block_table_stride = bts;
     d->max_pages_per_seq = max_pages;
