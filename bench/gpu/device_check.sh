@@ -30,7 +30,7 @@ if [ "$level" != backward ] && [ "$level" != paged ]; then
   echo "conformance_cuda (3 persistent blocks) rc=$?"
   grep -E "FAILED|cases|could not" "$out/conformance_cuda_p3.log" | head -20
 fi
-timeout 300 ./build/tests/test_paged > "$out/paged_cuda.log" 2>&1; echo "paged_cuda rc=$?"
+timeout ${PAGED_TIMEOUT:-300} ./build/tests/test_paged > "$out/paged_cuda.log" 2>&1; echo "paged_cuda rc=$?"
 grep -E "FAILED|cases|could not|want" "$out/paged_cuda.log" | head -20
 [ "$level" = paged ] && exit 0
 timeout 300 ./build/tests/test_backward > "$out/backward_cuda.log" 2>&1; echo "backward_cuda rc=$?"

@@ -82,6 +82,9 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
     /* FLASHATTN_CUDA_PORTABLE=1 keeps Hopper on the mma.sync kernels (for comparison). */
     const char *portable = getenv("FLASHATTN_CUDA_PORTABLE");
     s->hopper = s->prop.major == 9 && s->prop.minor == 0 && !(portable && strcmp(portable, "1") == 0);
+    /* FLASHATTN_CUDA_TMA=0 keeps the Hopper forward's loader on row copies (for comparison) */
+    const char *tma = getenv("FLASHATTN_CUDA_TMA");
+    s->tma_encode = s->hopper && !(tma && strcmp(tma, "0") == 0) ? fa_cuda_tma_encoder() : NULL;
     /* the calls' workspace: a pool of the context's own, which keeps what it needs */
     struct cudaMemPoolProps props;
     memset(&props, 0, sizeof(props));
@@ -224,6 +227,24 @@ typedef struct call {
     int decode_sm90; /* the decode route on the Hopper decode kernel */
     size_t acc_bytes, sem_bytes, cu_bytes, dsum_bytes, std_bytes, sched_bytes, part_bytes; /* workspace parts */
 } call;
+
+/* The Hopper forward; fixed-length keys in 16-byte rows go to its loader as TMA boxes (one
+ * tensor map each for K and V over [batch][seqlen_k][heads_kv][dim], the tile's rows past
+ * seqlen_k read as zeros), else row copies. */
+static cudaError_t forward_sm90(const cuda_state *s, const call *c, fa_cuda_params *k)
+{
+    fa_cuda_pages *g = &k->pg;
+    if (k->aligned && !k->cu_q && k->seqlen_k > 0 &&
+        fa_cuda_tma_pool(s->tma_encode, &g->tk, k->k.p, c->bf16, k->dim, k->seqlen_k, k->heads_kv, k->batch,
+                         k->k.sb, k->k.ss, k->k.sh, c->h->keys) &&
+        fa_cuda_tma_pool(s->tma_encode, &g->tv, k->v.p, c->bf16, k->dim, k->seqlen_k, k->heads_kv, k->batch,
+                         k->v.sb, k->v.ss, k->v.sh, c->h->keys)) {
+        g->tma_rows = c->h->keys;
+        g->size = k->seqlen_k; /* a key's slot in its "page" is the key */
+        g->shift = -1;
+    }
+    return fa_cuda_flash_forward_sm90(k, c->bf16, c->tl->dim, s->stream);
+}
 
 /* fa_forward's decode route: where the query rows of a sequence's kv group fit the decode
  * kernel's 16 packed rows (one token a sequence, or a few for speculative decoding), the 128-row
@@ -532,7 +553,7 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
     else
         err = backward ? (c.hb ? fa_cuda_flash_backward_sm90(k, c.bf16, c.tl->dim, s->stream)
                                : fa_cuda_flash_backward(k, c.bf16, c.tl->dim, s->stream))
-                       : c.h ? fa_cuda_flash_forward_sm90(k, c.bf16, c.tl->dim, s->stream)
+                       : c.h ? forward_sm90(s, &c, k)
                              : fa_cuda_flash_forward(k, c.bf16, c.tl->dim, s->stream);
     if (err != cudaSuccess)
         goto fail;

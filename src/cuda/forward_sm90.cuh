@@ -136,6 +136,94 @@ __device__ __forceinline__ int next_item(const fa_cuda_params &p, int items)
 }
 __device__ __forceinline__ int own_item(int k) { return k == 0 ? (int)blockIdx.x : -1; }
 
+// Paged keys by TMA (p.pg.tma_rows = R, R | BN or BN | page size): the key tile from key c
+// is BN / R pieces of R rows of one page each. Lane j of the loader's first warp reads the page
+// of piece j / (D / 64) (-1 for other threads and pieces past the sequence), before the ring
+// slot is free, so the table read overlaps the wait.
+template <int BN, int D>
+__device__ __forceinline__ int tma_piece_page(const fa_cuda_pages &g, int b, int c, int sk, int tid)
+{
+    const int j = (tid / (D / 64)) * g.tma_rows;
+    return tid < (BN / g.tma_rows) * (D / 64) && c + j < sk ? page_entry(g, b, c + j) : -1;
+}
+
+// The tile's pieces that lie wholly below the sequence's valid keys as TMA boxes counted on
+// bar (lane j issues box j: piece j / (D / 64), column block j % (D / 64); a page id past the
+// pool reads as zeros), the rest (a last page the sequence fills in part, then zeros) by
+// cp.async from the rows' own pages; returns whether there was such a rest. Swizzled tile
+// layout as load_tile_sw's.
+template <typename T, int BN, int D>
+__device__ __forceinline__ bool load_tile_tma(unsigned char *s, const fa_cuda_tmap *map, const fa_cuda_pages &g,
+                                              int page, int b, int hk, const T *pool, int64_t sp, int64_t st,
+                                              int64_t head, int c, int valid, int dim, uint64_t *bar, int tid)
+{
+    constexpr int CB = D / 64, CHUNKS = D / 8, RP = 128 / CHUNKS;
+    static_assert(BN / 8 * CB <= 32, "a lane of the first warp for every box of 8 rows or more");
+    const int R = g.tma_rows, whole = (valid < BN ? valid : BN) / R; // pieces by TMA
+    if (tid < 32) {
+        if (tid == 0 && whole)
+            mbar_expect_tx(bar, whole * CB * R * 128);
+        __syncwarp();
+        if (tid < whole * CB) {
+            const int piece = tid / CB, cb = tid % CB, key = c + piece * R;
+            tma_load_4d(s + (cb * BN + piece * R) * 128, map, cb * 64, slot_in_page(g, key), hk, page, bar);
+        }
+    }
+    if (whole * R == BN)
+        return false;
+    const int col = (tid % CHUNKS) * 8;
+    for (int r = whole * R + tid / CHUNKS; r < BN; r += RP) {
+        const int pg = r < valid ? page_slot(g, b, c + r).page : -1;
+        const bool ok = col < dim && pg >= 0;
+        cp_async16(s + sw_offset(r, col, BN), ok ? pool + pg * sp + slot_in_page(g, c + r) * st + head + col : pool,
+                   ok ? 16 : 0);
+    }
+    return true;
+}
+
+// The producer's key tiles of query tile qt from whole pages by TMA (p.pg.tma_rows; dense
+// fixed-length keys are pages of one sequence each, p.pg.table NULL), each
+// stage handed over as soon as its copies are issued (the boxes count themselves off the
+// barrier); Q, and a last page's rows, by cp.async, landed before their hand-over. Returns
+// the ring position after them.
+template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
+__device__ __forceinline__ int load_keys_tma(const fa_cuda_params &p, const query_tile_t &qt, int qb, int it,
+                                          kv_ring<STAGES, NQ> &ring, unsigned char *sK, unsigned char *sV, int tid)
+{
+    constexpr int KV = BN * D * 2;
+    const int b = qt.blk.b, hk = qt.hk, sk = qt.s.sk;
+    const bool paged = p.pg.table != nullptr;
+    for (int n = qt.n_lo; n < qt.n_hi; n++, it++) {
+        const int st = it % STAGES, c = n * BN;
+        // dense keys (fixed length): sequence b is page b of seqlen_k rows, its tail past the
+        // map's bounds (zeros) counted as whole
+        const int page = paged ? tma_piece_page<BN, D>(p.pg, b, c, sk, tid) : b, valid = paged ? sk - c : BN;
+        if (it >= STAGES)
+            mbar_wait(&ring.empty_k[st], (it / STAGES - 1) & 1);
+        bool rest = load_tile_tma<T, BN, D>(sK + st * KV, &p.pg.tk, p.pg, page, b, hk, (const T *)p.k.p, p.pg.k_sp,
+                                            p.pg.k_st, hk * p.k.sh, c, valid, p.dim, &ring.full_k[st], tid);
+        if (rest || n == qt.n_lo) {
+            cp_async_commit();
+            cp_async_wait<0>();
+            fence_async_smem();
+        }
+        if (n == qt.n_lo)
+            mbar_arrive(&ring.q_full[qb]);
+        mbar_arrive(&ring.full_k[st]);
+        if (it >= STAGES)
+            mbar_wait(&ring.empty_v[st], (it / STAGES - 1) & 1);
+        rest = load_tile_tma<T, BN, D>(sV + st * KV, &p.pg.tv, p.pg, page, b, hk, (const T *)p.v.p, p.pg.v_sp,
+                                       p.pg.v_st, hk * p.v.sh, c, valid, p.dim, &ring.full_v[st], tid);
+        if (rest) {
+            cp_async_commit();
+            cp_async_wait<0>();
+            fence_async_smem();
+        }
+        mbar_arrive(&ring.full_v[st]);
+    }
+    return it;
+}
+
 // The producer warpgroup: for each query tile it takes, Q into buffer k % NQ once the consumers
 // have given it back, then K(n) and V(n) into ring stage it % STAGES (it: tiles loaded so far,
 // across query tiles) once the consumers have let go of what was there, each handed over when
@@ -173,6 +261,10 @@ __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, k
         load_tile_sw<T, BM, D, 128>(sQ + qb * QB, (const T *)p.q.p + row_off(p.q, s, false, qt.blk.h, qt.r0),
                                     p.q.ss, s.sq - qt.r0, p.dim, p.aligned, tid);
         cp_async_commit();
+        if (p.pg.tma_rows) {
+            it = load_keys_tma<T, D, BN, NWG, STAGES, NQ>(p, qt, qb, it, ring, sK, sV, tid);
+            continue;
+        }
         const T *gK = (const T *)p.k.p + row_off(p.k, s, true, qt.hk, 0);
         const T *gV = (const T *)p.v.p + row_off(p.v, s, true, qt.hk, 0);
         for (int n = qt.n_lo; n < qt.n_hi; n++, it++) {
@@ -273,7 +365,7 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
 // NWG consumer warpgroups and one loading warpgroup; K/V STAGES deep, NQ Q buffers. One query
 // tile per block, or (p.sched) persistent blocks taking tiles until none is left.
 template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
-__global__ void __launch_bounds__((NWG + 1) * 128, 1) flash_forward_sm90_ws(const fa_cuda_params p)
+__global__ void __launch_bounds__((NWG + 1) * 128, 1) flash_forward_sm90_ws(const __grid_constant__ fa_cuda_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = 64 * NWG;
@@ -297,6 +389,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1) flash_forward_sm90_ws(cons
             mbar_init(&ring.q_full[i], 128);
             mbar_init(&ring.q_empty[i], 4 * NWG);
         }
+        fence_mbar_init(); // the TMA boxes complete on these barriers
     }
     __syncthreads();
     if (wg == NWG) {

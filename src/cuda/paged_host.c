@@ -244,9 +244,16 @@ static void fill(const fa_problem *p, fa_cuda_paged *k)
 
 /* The Hopper forward over the pages: queries (rotated into the workspace where RoPE is on)
  * in query tiles of one head, keys gathered from the pages by its loader. */
-static cudaError_t run_sm90(fa_cuda_paged *k, const cuda_paged_plan *pl, cudaStream_t stream)
+static cudaError_t run_sm90(const cuda_state *s, fa_cuda_paged *k, const cuda_paged_plan *pl, cudaStream_t stream)
 {
     fa_cuda_params a = k->a;
+    fa_cuda_pages *g = &a.pg;
+    const int32_t rows = fa_cuda_tma_rows(g->size, pl->sm90->keys);
+    if (rows && fa_cuda_tma_pool(s->tma_encode, &g->tk, a.k.p, pl->bf16, a.dim, g->size, a.heads_kv, g->num, g->k_sp,
+                                 g->k_st, a.k.sh, rows) &&
+        fa_cuda_tma_pool(s->tma_encode, &g->tv, a.v.p, pl->bf16, a.dim, g->size, a.heads_kv, g->num, g->v_sp,
+                         g->v_st, a.v.sh, rows))
+        g->tma_rows = rows;
     if (k->rope_dim) {
         cudaError_t err = fa_cuda_paged_rotate_q(k, pl->bf16, pl->ws, stream);
         if (err != cudaSuccess)
@@ -305,7 +312,7 @@ fa_status fa_cuda_paged_run(fa_context_t ctx, void *state, void *plan, const fa_
     if (k.a.pg.append)
         err = fa_cuda_paged_append(&k, pl->bf16, s->stream);
     if (err == cudaSuccess && pl->sm90)
-        err = run_sm90(&k, pl, s->stream);
+        err = run_sm90(s, &k, pl, s->stream);
     else if (err == cudaSuccess)
         err = fa_cuda_paged_attention(&k, pl->bf16, pl->dpad, pl->nq, s->stream);
     if (err != cudaSuccess) {

@@ -12,6 +12,17 @@ typedef struct fa_cuda_view {
     int f32; /* stored as float32 rather than the input dtype */
 } fa_cuda_view;
 
+/* A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte aligned), encoded on
+ * the host (tma.c) and read by the kernel from its parameters. */
+#ifdef __cplusplus
+#define FA_ALIGN64 alignas(64)
+#else
+#define FA_ALIGN64 _Alignas(64)
+#endif
+typedef struct fa_cuda_tmap {
+    FA_ALIGN64 uint64_t opaque[16];
+} fa_cuda_tmap;
+
 /* Keys in a paged cache (fa_paged_desc) rather than k and v's rows: key j of sequence b is
  * slot j % size of page table[b * bt_stride + j / size]. Lengths and page ids come from device
  * memory and are clamped on the device (tile.cuh: paged_seq, page_slot). */
@@ -23,6 +34,10 @@ typedef struct fa_cuda_pages {
     int32_t size, shift;     /* tokens a page; log2(size) when a power of two, else -1 */
     int32_t num, max_pages;  /* pages in the pool; a sequence's table row */
     int32_t total_q, append; /* packed query rows; the call's new rows are keys too */
+    /* Hopper forward: tma_rows > 0 when tk / tv map the pools as [page][token][head][dim]
+     * boxes of tma_rows tokens x 64 columns (a key tile's whole pages copied by TMA) */
+    int32_t tma_rows;
+    fa_cuda_tmap tk, tv;
 } fa_cuda_pages;
 
 typedef struct fa_cuda_params {

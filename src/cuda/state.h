@@ -13,6 +13,7 @@ typedef struct cuda_state {
     int hopper; /* compute capability 9.0: the sm_90a forward */
     int persistent_blocks; /* the Hopper forward's persistent grid: one block per multiprocessor */
     cudaMemPool_t pool;    /* the calls' workspace, stream-ordered; keeps POOL_KEEP_BYTES bytes */
+    void *tma_encode;      /* Hopper: the driver's tensor-map encoder (tma.c), NULL without one */
 } cuda_state;
 
 /* FA_ERR_BACKEND naming the runtime's error and what was being done. */
@@ -50,6 +51,22 @@ cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int sm90, int3
 
 /* Whether the Hopper decode kernel takes head_dim dim (padded to 64 or 128, whole 16-byte rows). */
 int fa_cuda_decode_sm90_fits(int32_t dim);
+
+/* TMA (tma.c): the driver's cuTensorMapEncodeTiled, NULL where the driver has none. */
+void *fa_cuda_tma_encoder(void);
+
+/* Rows of a page a TMA box of the paged loader takes for key tiles of `keys` rows: the tile
+ * when pages hold whole tiles, the page when tiles hold whole pages of 8 or more rows; 0
+ * otherwise (the loader copies rows one by one). */
+int32_t fa_cuda_tma_rows(int32_t page_size, int32_t keys);
+
+/* *map for a pool of f16 / bf16 rows ([page][token][head][dim] with any element strides,
+ * head_dim dim contiguous): boxes of `rows` tokens x 64 columns, 128-byte swizzled, columns
+ * past dim and pages past the pool read as zeros. 0 where the encoder refuses (the pool's
+ * address or strides not on 16 bytes): the caller keeps the row copies. */
+int fa_cuda_tma_pool(void *encoder, fa_cuda_tmap *map, const void *pool, int bf16, int32_t dim, int32_t page_size,
+                     int32_t heads, int32_t pages, int64_t stride_page, int64_t stride_token, int64_t stride_head,
+                     int32_t rows);
 
 /* Paged calls (paged_host.c). */
 fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p, void **plan,

@@ -289,6 +289,17 @@ __device__ __forceinline__ void bulk_load(void *dst, const void *src, int bytes,
                  "l"(src), "r"(bytes), "r"(smem_addr(b))
                  : "memory");
 }
+// A box of the tensor map at map (a kernel parameter) from coordinates c0..c3 (innermost
+// first) into shared memory at dst (1024-byte aligned for the 128-byte swizzle), its bytes
+// counted off b's transaction count; coordinates past the tensor's bounds read as zero.
+__device__ __forceinline__ void tma_load_4d(void *dst, const fa_cuda_tmap *map, int c0, int c1, int c2, int c3,
+                                            uint64_t *b)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(smem_addr(dst)),
+                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(b))
+                 : "memory");
+}
 // Makes barriers just initialised visible to the async proxy (the bulk copies' completions).
 __device__ __forceinline__ void fence_mbar_init()
 {

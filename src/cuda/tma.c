@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: MIT */
+/* TMA tensor maps for the Hopper forward's paged loader. The encoder is the driver's
+ * cuTensorMapEncodeTiled, found through the runtime, so the library links no libcuda. */
+#include "state.h"
+
+#include <cuda.h>
+#include <string.h>
+
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+_Static_assert(sizeof(fa_cuda_tmap) == sizeof(CUtensorMap), "fa_cuda_tmap holds a CUtensorMap");
+
+void *fa_cuda_tma_encoder(void)
+{
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return fn;
+}
+
+int32_t fa_cuda_tma_rows(int32_t page_size, int32_t keys)
+{
+    if (page_size >= keys)
+        return page_size % keys == 0 ? keys : 0;
+    return keys % page_size == 0 && page_size % 8 == 0 ? page_size : 0;
+}
+
+int fa_cuda_tma_pool(void *encoder, fa_cuda_tmap *map, const void *pool, int bf16, int32_t dim, int32_t page_size,
+                     int32_t heads, int32_t pages, int64_t stride_page, int64_t stride_token, int64_t stride_head,
+                     int32_t rows)
+{
+    if (!encoder || pages < 1 || heads < 1 || stride_page <= 0 || stride_token <= 0 || stride_head <= 0)
+        return 0;
+    /* [page][token][head][dim] whatever the strides' order: innermost dim first */
+    const cuuint64_t extent[4] = { (cuuint64_t)dim, (cuuint64_t)page_size, (cuuint64_t)heads, (cuuint64_t)pages };
+    const cuuint64_t stride[3] = { (cuuint64_t)stride_token * 2, (cuuint64_t)stride_head * 2,
+                                   (cuuint64_t)stride_page * 2 };
+    const cuuint32_t box[4] = { 64, (cuuint32_t)rows, 1, 1 }, step[4] = { 1, 1, 1, 1 };
+    CUtensorMap m;
+    memset(&m, 0, sizeof(m));
+    const CUresult r = ((encode_tiled_fn)encoder)(
+        &m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, (void *)pool, extent,
+        stride, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return 0;
+    memcpy(map, &m, sizeof(m));
+    return 1;
+}
