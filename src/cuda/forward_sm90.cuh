@@ -229,7 +229,7 @@ __device__ __forceinline__ int load_keys_tma(const fa_cuda_params &p, const quer
 // across query tiles) once the consumers have let go of what was there, each handed over when
 // its copies have landed (V one step later, as the consumers use it one step later). With two
 // Q buffers the next tile's Q and first K/V load while the consumers finish the last one.
-template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
+template <typename T, int D, int BN, int NWG, int STAGES, int NQ, bool TMA>
 __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, kv_ring<STAGES, NQ> &ring,
                                            unsigned char *sQ, unsigned char *sK, unsigned char *sV,
                                            int tid)
@@ -261,7 +261,7 @@ __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, k
         load_tile_sw<T, BM, D, 128>(sQ + qb * QB, (const T *)p.q.p + row_off(p.q, s, false, qt.blk.h, qt.r0),
                                     p.q.ss, s.sq - qt.r0, p.dim, p.aligned, tid);
         cp_async_commit();
-        if (p.pg.tma_rows) {
+        if constexpr (TMA) {
             it = load_keys_tma<T, D, BN, NWG, STAGES, NQ>(p, qt, qb, it, ring, sK, sV, tid);
             continue;
         }
@@ -364,7 +364,7 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
 
 // NWG consumer warpgroups and one loading warpgroup; K/V STAGES deep, NQ Q buffers. One query
 // tile per block, or (p.sched) persistent blocks taking tiles until none is left.
-template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
+template <typename T, int D, int BN, int NWG, int STAGES, int NQ, bool TMA>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1) flash_forward_sm90_ws(const __grid_constant__ fa_cuda_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -394,7 +394,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1) flash_forward_sm90_ws(cons
     __syncthreads();
     if (wg == NWG) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-        load_tiles<T, D, BN, NWG, STAGES, NQ>(p, items, ring, sQ, sK, sV, threadIdx.x % 128);
+        load_tiles<T, D, BN, NWG, STAGES, NQ, TMA>(p, items, ring, sQ, sK, sV, threadIdx.x % 128);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<NWG>::value));
@@ -422,7 +422,10 @@ cudaError_t launch_sm90_ws(const fa_cuda_params &p, cudaStream_t stream)
 {
     constexpr int BM = 64 * NWG;
     const size_t smem = sm90_smem<BM, BN, D, STAGES, NQ>::bytes;
-    auto kern = flash_forward_sm90_ws<T, D, BN, NWG, STAGES, NQ>;
+    // K/V by TMA (p.pg.tma_rows) or by row copies: two kernels (one holding both loaders spilled
+    // the producer's registers and ran the dense d128 forward 3-12% slower either way)
+    auto kern = p.pg.tma_rows ? flash_forward_sm90_ws<T, D, BN, NWG, STAGES, NQ, true>
+                              : flash_forward_sm90_ws<T, D, BN, NWG, STAGES, NQ, false>;
     cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
