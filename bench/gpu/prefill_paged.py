@@ -6,7 +6,7 @@ median ms of timed runs of --inner calls after warm-up (calls of milliseconds: n
 TFLOP/s (4 * heads * d * visible (query, key) pairs) and the dense / paged time ratio; the
 two outputs' max difference is printed as a sanity check.
 
-  python3 bench/gpu/prefill_paged.py [--lib build/libflashattn.so] [--json FILE]
+  python3 bench/gpu/prefill_paged.py [--lib build/libflashattn.so] [--json FILE] [--page N] [--in-order]
 """
 import argparse
 import ctypes as C
@@ -45,6 +45,8 @@ def main():
     ap.add_argument("--json", help="append one JSON line per case here")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--inner", type=int, default=5)
+    ap.add_argument("--page", type=int, default=16, help="tokens a page (a power of two up to 2048)")
+    ap.add_argument("--in-order", action="store_true", help="each sequence's pages in pool order, not shuffled")
     args = ap.parse_args()
     lib = decode.load(args.lib)
     ctx = C.c_void_p()
@@ -55,14 +57,17 @@ def main():
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"{torch.cuda.get_device_name()}; commit {commit}")
     print(f"{'case':<30} {'paged ms':>9} {'TFLOP/s':>8} {'dense ms':>9} {'TFLOP/s':>8} {'paged/dense':>11}  kernel")
-    d, page, hq = 128, 16, 32
+    d, page, hq = 128, args.page, 32
+    if page < 1 or page > 2048 or page & (page - 1):
+        sys.exit("--page: a power of two from 1 to 2048")
     torch.manual_seed(0)
     for hkv in (32, 8):
         for b, kv, chunk in ((1, 8192, 2048), (4, 8192, 512), (4, 16384, 2048), (16, 4096, 256)):
             pages = b * kv // page
             kc = torch.randn(pages, page, hkv, d, dtype=torch.bfloat16, device="cuda")
             vc = torch.randn(pages, page, hkv, d, dtype=torch.bfloat16, device="cuda")
-            table = torch.randperm(pages, device="cuda", dtype=torch.int64).to(torch.int32).view(b, kv // page)
+            order = torch.arange(pages, device="cuda") if args.in_order else torch.randperm(pages, device="cuda")
+            table = order.to(torch.int32).view(b, kv // page)
             lens = torch.full((b,), kv, dtype=torch.int32, device="cuda")
             q = torch.randn(b, chunk, hq, d, dtype=torch.bfloat16, device="cuda")
             o = torch.empty_like(q)
@@ -98,7 +103,8 @@ def main():
             if args.json:
                 with open(args.json, "a") as f:
                     f.write(json.dumps({"commit": commit, "case": name, "batch": b, "kv": kv, "chunk": chunk,
-                                        "heads_q": hq, "heads_kv": hkv, "page": page, "paged_ms": t_paged,
+                                        "heads_q": hq, "heads_kv": hkv, "page": page,
+                                        "in_order": args.in_order, "paged_ms": t_paged,
                                         "dense_ms": t_dense, "flops": flops, "paged_kernel": paged.kernel,
                                         "dense_kernel": kernel, "max_diff": err}) + "\n")
             lib.fa_paged_plan_destroy(paged.plan)
