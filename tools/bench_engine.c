@@ -22,12 +22,12 @@ int cli_parse_graphs(const char *s, int *no_graphs)
 }
 
 /* One batch size: 0 or CLI_EXIT_FAIL. */
-static int one(const fa_model *m, fa_backend backend, int no_graphs, const int32_t *ids, int32_t n, int32_t decode,
-               int32_t B, int print)
+static int one(const fa_model *m, fa_backend backend, int no_graphs, int32_t page, const int32_t *ids, int32_t n,
+               int32_t decode, int32_t B, int print)
 {
     const fa_model_config *c = &m->config;
     char err[FA_MODEL_ERR_LEN];
-    const int32_t page = 16, per = (n + decode + 1 + page - 1) / page;
+    const int32_t per = (int32_t)(((int64_t)n + decode + 1 + page - 1) / page);
     /* prompts packed into steps of up to 8192 rows (or seq_len), then decode steps of B rows */
     int64_t want = (int64_t)n * B;
     want = want < 8192 ? want : 8192;
@@ -94,26 +94,26 @@ done:
     return rc;
 }
 
-int cli_bench_engine(const fa_model *m, fa_backend backend, int no_graphs, const int32_t *ids, int32_t n,
-                     int32_t decode, const long *batches, int n_batches)
+int cli_bench_engine(const fa_model *m, fa_backend backend, int no_graphs, int32_t page, const int32_t *ids,
+                     int32_t n, int32_t decode, const long *batches, int n_batches)
 {
     char err[FA_MODEL_ERR_LEN];
     /* a first small run: cuBLAS's heuristics, the kernels' first launches */
-    if (one(m, backend, no_graphs, ids, n < 64 ? n : 64, 2, 1, 0) != 0)
+    if (one(m, backend, no_graphs, page, ids, n < 64 ? n : 64, 2, 1, 0) != 0)
         return CLI_EXIT_FAIL;
     /* each batch's engine captures its decode graph at its first decode step, which is timed */
-    printf("engine %s: page 16, prompt %d tokens, %d decode steps a request, decode graphs %s\n",
-           fa_backend_name(backend), (int)n, (int)decode,
+    printf("engine %s: page %d, prompt %d tokens, %d decode steps a request, decode graphs %s\n",
+           fa_backend_name(backend), (int)page, (int)n, (int)decode,
            backend == FA_BACKEND_CUDA ? (no_graphs ? "off" : "on") : "off (cpu)");
     printf("%-5s %11s %13s %12s %14s %11s %10s   %s\n", "batch", "prefill_ms", "prefill_tok/s", "decode_tok/s",
            "decode_step_ms", "replayed", "weight_GiB", "device");
     for (int i = 0; i < n_batches; i++)
-        if (one(m, backend, no_graphs, ids, n, decode, (int32_t)batches[i], 1) != 0)
+        if (one(m, backend, no_graphs, page, ids, n, decode, (int32_t)batches[i], 1) != 0)
             return CLI_EXIT_FAIL;
-    const fa_engine_options eo = { backend, 1, 16, 1, 1, 0, 0, no_graphs };
+    const fa_engine_options eo = { backend, 1, page, 1, 1, 0, 0, no_graphs };
     int32_t pages;
     if (fa_engine_pages_for(m, &eo, 0.9, &pages, err) == FA_OK)
-        printf("KV capacity at 90%% of free memory: %d pages of 16 = %lld tokens\n", (int)pages,
-               (long long)pages * 16);
+        printf("KV capacity at 90%% of free memory: %d pages of %d = %lld tokens\n", (int)pages, (int)page,
+               (long long)pages * page);
     return 0;
 }

@@ -36,6 +36,7 @@ static const char *help =
     "  --batch LIST          engine batch sizes, comma-separated (with --batch the CPU runs\n"
     "                        the engine too)                                [1,8,32]\n"
     "  --graphs on|off       cuda: decode steps replay a CUDA graph per batch  [on]\n"
+    "  --page-size N         engine: tokens a KV page (1..65536)           [16]\n"
     "  --threads N           attention threads, 0 = all cores              [0]\n";
 
 typedef struct result {
@@ -147,19 +148,19 @@ fail:
 int cmd_bench_model(int argc, char **argv)
 {
     const char *spec = "110m", *path = NULL;
-    long prompt_len = 512, decode = 32, seed = 1, threads = 0;
+    long prompt_len = 512, decode = 32, seed = 1, threads = 0, page = 16;
     int no_standard = 0, no_graphs = 0;
     fa_matvec mv = FA_MATVEC_AUTO;
     fa_backend backend = FA_BACKEND_CPU;
     long batches[16] = { 1, 8, 32 };
     int n_batches = 3, engine = 0;
-    enum { CONFIG, MODEL, PROMPT_LEN, DECODE, SEED, MATVEC, NO_STANDARD, BATCH, GRAPHS, N_OPTIONS };
+    enum { CONFIG, MODEL, PROMPT_LEN, DECODE, SEED, MATVEC, NO_STANDARD, BATCH, GRAPHS, PAGE, N_OPTIONS };
     static const cli_option options[N_OPTIONS] = {
         [CONFIG] = { "--config", 1 }, [MODEL] = { "--model", 1 },
         [PROMPT_LEN] = { "--prompt-len", 1 }, [DECODE] = { "--decode", 1 },
         [SEED] = { "--seed", 1 },     [MATVEC] = { "--matvec", 1 },
         [NO_STANDARD] = { "--no-standard", 0 }, [BATCH] = { "--batch", 1 },
-        [GRAPHS] = { "--graphs", 1 },
+        [GRAPHS] = { "--graphs", 1 }, [PAGE] = { "--page-size", 1 },
     };
     cli_args args = { "bench-model", help, argc, argv, options, N_OPTIONS, &backend, &threads, 0 };
     int opt, rc;
@@ -191,6 +192,10 @@ int cmd_bench_model(int argc, char **argv)
             break;
         case NO_STANDARD:
             no_standard = 1;
+            break;
+        case PAGE:
+            if (cli_parse_int(v, 1, 1 << 16, &page) != 0)
+                return cli_usage_error("bench-model", "--page-size needs an integer in 1..%d", 1 << 16);
             break;
         case BATCH:
             engine = 1;
@@ -296,7 +301,7 @@ int cmd_bench_model(int argc, char **argv)
         ids[i] = i == 0 ? FA_TOKEN_BOS : (int32_t)(x % (uint64_t)c.vocab_size);
     }
     if (engine) {
-        rc = cli_bench_engine(m, backend, no_graphs, ids, n, (int32_t)decode, batches, n_batches);
+        rc = cli_bench_engine(m, backend, no_graphs, (int32_t)page, ids, n, (int32_t)decode, batches, n_batches);
         goto done;
     }
     double params = (double)(wbytes - FA_MODEL_HEADER_BYTES) / 4.0 - (double)c.seq_len * hs;
