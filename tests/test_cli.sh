@@ -234,6 +234,12 @@ expect_rc 2 "generate unknown flag" "$fa" generate --frob
 expect_rc 2 "gen-model without --out" "$fa" gen-model --config 110m
 expect_rc 2 "gen-model bad config" "$fa" gen-model --config 64x3x5x1x8x8x8 --out "$tmp/x.bin"
 expect_rc 2 "bench-model bad config" "$fa" bench-model --config 12b
+expect_rc 2 "bench-model --page-size 0" "$fa" bench-model --page-size 0
+# engine rows whose pages an int32 cannot count: refused before any row, saying what to change
+expect_rc 2 "bench-model pages past int32" "$fa" bench-model --config 64x1x2x1x128x64x128 --prompt-len 600000 \
+  --decode 0 --batch 1,4096 --page-size 1 --threads 1
+grep -q "larger --page-size" "$tmp/err" && [ ! -s "$tmp/out" ] ||
+  { echo "FAIL: bench-model pages past int32: want the refusal and no rows"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1)); }
 expect_rc 1 "generate missing model" "$fa" generate --model "$tmp/none.bin"
 grep -q "none.bin" "$tmp/err" || { echo "FAIL: missing model not named"; fails=$((fails + 1)); }
 # a FIFO or a directory as the model or the tokenizer: refused by name at once, never waited on

@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "engine.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,19 +22,25 @@ int cli_parse_graphs(const char *s, int *no_graphs)
     return 0;
 }
 
-/* One batch size: 0 or CLI_EXIT_FAIL. */
+/* Pages B requests of n prompt tokens and `decode` more need. */
+static int64_t pages_for(int32_t n, int32_t decode, int32_t page, int32_t B)
+{
+    return ((int64_t)n + decode + 1 + page - 1) / page * B;
+}
+
+/* One batch size (its pages checked to fit an int32 by the caller): 0 or CLI_EXIT_FAIL. */
 static int one(const fa_model *m, fa_backend backend, int no_graphs, int32_t page, const int32_t *ids, int32_t n,
                int32_t decode, int32_t B, int print)
 {
     const fa_model_config *c = &m->config;
     char err[FA_MODEL_ERR_LEN];
-    const int32_t per = (int32_t)(((int64_t)n + decode + 1 + page - 1) / page);
+    const int32_t pages = (int32_t)pages_for(n, decode, page, B);
     /* prompts packed into steps of up to 8192 rows (or seq_len), then decode steps of B rows */
     int64_t want = (int64_t)n * B;
     want = want < 8192 ? want : 8192;
     want = want < c->seq_len ? want : c->seq_len;
     const int32_t budget = want > B ? (int32_t)want : B;
-    const fa_engine_options eo = { backend, per * B, page, B, budget, 0, 0, no_graphs };
+    const fa_engine_options eo = { backend, pages, page, B, budget, 0, 0, no_graphs };
     const fa_sched_options so = { eo.num_pages, page, B, budget, c->seq_len, B };
     fa_engine *e = NULL;
     fa_sched *sc = NULL;
@@ -98,9 +105,19 @@ int cli_bench_engine(const fa_model *m, fa_backend backend, int no_graphs, int32
                      int32_t n, int32_t decode, const long *batches, int n_batches)
 {
     char err[FA_MODEL_ERR_LEN];
+    for (int i = 0; i < n_batches; i++) {
+        const int64_t pages = pages_for(n, decode, page, (int32_t)batches[i]);
+        if (pages > INT32_MAX) {
+            fprintf(stderr, "flashattn bench-model: %ld requests of %d tokens need %lld pages of %d, more than %d: "
+                    "use a larger --page-size or a smaller --batch\n", batches[i], (int)(n + decode + 1),
+                    (long long)pages, (int)page, INT32_MAX);
+            return CLI_EXIT_USAGE;
+        }
+    }
     /* a first small run: cuBLAS's heuristics, the kernels' first launches */
-    if (one(m, backend, no_graphs, page, ids, n < 64 ? n : 64, 2, 1, 0) != 0)
-        return CLI_EXIT_FAIL;
+    int rc = one(m, backend, no_graphs, page, ids, n < 64 ? n : 64, 2, 1, 0);
+    if (rc != 0)
+        return rc;
     /* each batch's engine captures its decode graph at its first decode step, which is timed */
     printf("engine %s: page %d, prompt %d tokens, %d decode steps a request, decode graphs %s\n",
            fa_backend_name(backend), (int)page, (int)n, (int)decode,
@@ -108,8 +125,8 @@ int cli_bench_engine(const fa_model *m, fa_backend backend, int no_graphs, int32
     printf("%-5s %11s %13s %12s %14s %11s %10s   %s\n", "batch", "prefill_ms", "prefill_tok/s", "decode_tok/s",
            "decode_step_ms", "replayed", "weight_GiB", "device");
     for (int i = 0; i < n_batches; i++)
-        if (one(m, backend, no_graphs, page, ids, n, decode, (int32_t)batches[i], 1) != 0)
-            return CLI_EXIT_FAIL;
+        if ((rc = one(m, backend, no_graphs, page, ids, n, decode, (int32_t)batches[i], 1)) != 0)
+            return rc;
     const fa_engine_options eo = { backend, 1, page, 1, 1, 0, 0, no_graphs };
     int32_t pages;
     if (fa_engine_pages_for(m, &eo, 0.9, &pages, err) == FA_OK)
