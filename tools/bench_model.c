@@ -149,7 +149,7 @@ int cmd_bench_model(int argc, char **argv)
 {
     const char *spec = "110m", *path = NULL;
     long prompt_len = 512, decode = 32, seed = 1, threads = 0, page = 16;
-    int no_standard = 0, no_graphs = 0;
+    int no_standard = 0, no_graphs = 0, page_set = 0;
     fa_matvec mv = FA_MATVEC_AUTO;
     fa_backend backend = FA_BACKEND_CPU;
     long batches[16] = { 1, 8, 32 };
@@ -196,6 +196,7 @@ int cmd_bench_model(int argc, char **argv)
         case PAGE:
             if (cli_parse_int(v, 1, 1 << 16, &page) != 0)
                 return cli_usage_error("bench-model", "--page-size needs an integer in 1..%d", 1 << 16);
+            page_set = 1;
             break;
         case BATCH:
             engine = 1;
@@ -222,6 +223,8 @@ int cmd_bench_model(int argc, char **argv)
     if (backend != FA_BACKEND_CPU && backend != FA_BACKEND_CUDA)
         return cli_usage_error("bench-model", "--backend: the runner runs on cpu or cuda");
     engine |= backend == FA_BACKEND_CUDA;
+    if (page_set && !engine)
+        return cli_usage_error("bench-model", "--page-size sizes the engine's KV pages: add --batch or --backend cuda");
     char err[FA_MODEL_ERR_LEN];
     fa_model_config c;
     if (!path) {
