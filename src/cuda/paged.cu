@@ -28,27 +28,26 @@
 namespace fa {
 namespace {
 
-// A block per new row: its keys (rotated) and values into the page slot after the cache.
+// A block per (new row, kv head): its key (rotated) and value into the page slot after the
+// cache. One head a block: a decode step's few rows still spread over as many blocks as heads.
 template <typename T> __global__ void __launch_bounds__(128) append_kernel(const fa_cuda_paged p)
 {
-    const int row = blockIdx.x, b = seq_of_row(p, row);
+    const int row = blockIdx.x, g = blockIdx.y, b = seq_of_row(p, row);
     const pseq_t s = pseq_of(p, b);
     const int i = row - s.q0;
     if (i < 0 || i >= s.qn || s.cached + i >= s.keys)
         return;
     const int pos = p.rope_dim ? rope_pos(p, row, i, s) : 0;
     const page_slot_t at = kv_slot(p, s, s.cached + i);
-    for (int g = 0; g < p.a.heads_kv; g++) {
-        const int64_t ko = slot_off(at, g, p.a.pg.k_sp, p.a.pg.k_st, p.a.k.sh);
-        const int64_t vo = slot_off(at, g, p.a.pg.v_sp, p.a.pg.v_st, p.a.v.sh);
-        const T *ks = (const T *)p.kn.p + row * p.kn.ss + g * p.kn.sh;
-        const T *vs = (const T *)p.vn.p + row * p.vn.ss + g * p.vn.sh;
-        for (int e = threadIdx.x; e < p.a.dim; e += blockDim.x) {
-            if (ko >= 0)
-                ((T *)p.a.k.p)[ko + e] = p.rope_dim ? from_float<T>(rope_elem(p, ks, e, pos)) : ks[e];
-            if (vo >= 0)
-                ((T *)p.a.v.p)[vo + e] = vs[e];
-        }
+    const int64_t ko = slot_off(at, g, p.a.pg.k_sp, p.a.pg.k_st, p.a.k.sh);
+    const int64_t vo = slot_off(at, g, p.a.pg.v_sp, p.a.pg.v_st, p.a.v.sh);
+    const T *ks = (const T *)p.kn.p + row * p.kn.ss + g * p.kn.sh;
+    const T *vs = (const T *)p.vn.p + row * p.vn.ss + g * p.vn.sh;
+    for (int e = threadIdx.x; e < p.a.dim; e += blockDim.x) {
+        if (ko >= 0)
+            ((T *)p.a.k.p)[ko + e] = p.rope_dim ? from_float<T>(rope_elem(p, ks, e, pos)) : ks[e];
+        if (vo >= 0)
+            ((T *)p.a.v.p)[vo + e] = vs[e];
     }
 }
 
@@ -460,10 +459,11 @@ extern "C" cudaError_t fa_cuda_paged_append(const fa_cuda_paged *p, int bf16, cu
 {
     if (p->a.pg.total_q == 0)
         return cudaSuccess;
+    const dim3 rows((unsigned)p->a.pg.total_q, (unsigned)p->a.heads_kv);
     if (bf16)
-        fa::append_kernel<__nv_bfloat16><<<(unsigned)p->a.pg.total_q, 128, 0, stream>>>(*p);
+        fa::append_kernel<__nv_bfloat16><<<rows, 128, 0, stream>>>(*p);
     else
-        fa::append_kernel<__half><<<(unsigned)p->a.pg.total_q, 128, 0, stream>>>(*p);
+        fa::append_kernel<__half><<<rows, 128, 0, stream>>>(*p);
     return cudaGetLastError();
 }
 

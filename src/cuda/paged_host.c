@@ -329,6 +329,9 @@ fa_status fa_cuda_append(fa_context_t ctx, void *state, const fa_problem *p)
         return fa_error(ctx, FA_ERR_UNSUPPORTED,
                         "cache.dtype: the CUDA backend's caches are f16 or bf16 (float32 runs on the CPU "
                         "backend)");
+    if (p->heads_kv > 65535)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED, "cache.num_heads (%d): the CUDA append takes at most 65535",
+                        (int)p->heads_kv);
     fa_status st = check_pointers(ctx, s, p, 0);
     if (st != FA_OK)
         return st;
