@@ -9,7 +9,7 @@
 
 namespace {
 
-constexpr int kNormThreads = 256;
+constexpr int kNormThreads = 1024; // a decode step's one row: few loads a thread
 constexpr int kSampleThreads = 1024;
 
 __device__ float warp_sum(float v)
