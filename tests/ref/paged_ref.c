@@ -19,8 +19,7 @@ void fa_ref_rope(const fa_paged_desc *d, double *x, int64_t pos)
     }
 }
 
-/* x rounded to the nearest value of dtype t (ties to even): what a cache of that dtype holds. */
-static double round_to(fa_dtype t, double x)
+double fa_ref_round(fa_dtype t, double x)
 {
     float f = (float)x;
     if (t == FA_DTYPE_F32)
@@ -41,7 +40,7 @@ static void read_row(fa_dtype t, const void *base, int64_t at, int32_t dim, doub
 }
 
 int fa_ref_paged(const fa_paged_desc *d, const void *k_before, const void *v_before, double *o,
-                 double *lse, double *score_max)
+                 double *lse, double *score_max, double *q_round)
 {
     const fa_kv_cache *c = &d->cache;
     const int32_t hq = d->num_heads_q, hk = c->num_heads, dim = d->head_dim, group = hq / hk;
@@ -58,11 +57,13 @@ int fa_ref_paged(const fa_paged_desc *d, const void *k_before, const void *v_bef
     }
     double *kk = malloc(sizeof(double) * (size_t)(most * dim)), *vv = malloc(sizeof(double) * (size_t)(most * dim));
     double *s = malloc(sizeof(double) * (size_t)most), *q = malloc(sizeof(double) * (size_t)dim);
-    if (!kk || !vv || !s || !q) {
-        free(kk), free(vv), free(s), free(q);
+    double *jump = malloc(sizeof(double) * (size_t)dim);
+    if (!kk || !vv || !s || !q || !jump) {
+        free(kk), free(vv), free(s), free(q), free(jump);
         return -1;
     }
-    double smax = 0.0;
+    const int32_t rd = d->rope_dim ? d->rope_dim : dim;
+    double smax = 0.0, qr = 0.0;
     for (int32_t b = 0; b < d->batch; b++) {
         const int64_t q0 = d->cu_seqlens_q[b], qn = d->cu_seqlens_q[b + 1] - q0;
         const int64_t cached = d->cache_seqlens[b], keys = cached + (append ? qn : 0);
@@ -83,7 +84,7 @@ int fa_ref_paged(const fa_paged_desc *d, const void *k_before, const void *v_bef
                     if (d->rope != FA_ROPE_NONE) { /* rotated, then stored in the cache's dtype */
                         fa_ref_rope(d, kk + j * dim, d->positions ? d->positions[row] : cached + i);
                         for (int32_t x = 0; x < dim; x++)
-                            kk[j * dim + x] = round_to(c->dtype, kk[j * dim + x]);
+                            kk[j * dim + x] = fa_ref_round(c->dtype, kk[j * dim + x]);
                     }
                 }
             }
@@ -91,8 +92,21 @@ int fa_ref_paged(const fa_paged_desc *d, const void *k_before, const void *v_bef
                 for (int64_t i = 0; i < qn; i++) {
                     const int64_t row = q0 + i;
                     read_row(d->q.dtype, d->q.data, row * d->q.stride_seq + h * d->q.stride_head, dim, q);
-                    if (d->rope != FA_ROPE_NONE)
+                    int flips = 0;
+                    if (d->rope != FA_ROPE_NONE) {
+                        double qmax = 0.0;
+                        for (int32_t x = 0; x < dim; x++)
+                            qmax = fmax(qmax, fabs(q[x]));
                         fa_ref_rope(d, q, d->positions ? d->positions[row] : keys - qn + i);
+                        /* a float32 rotation is within 2^-21 qmax of this one: where the rotated
+                         * value rounds differently across that interval, a kernel that rounds its
+                         * rotated query to the dtype may hold the neighbour */
+                        for (int32_t x = 0; x < dim; x++) {
+                            const double e = 0x1p-21 * qmax, up = fa_ref_round(d->q.dtype, q[x] + e);
+                            jump[x] = x < rd ? fabs(up - fa_ref_round(d->q.dtype, q[x] - e)) : 0.0;
+                            flips |= jump[x] > 0.0;
+                        }
+                    }
                     double mx = d->sinks ? d->sinks[h] : -INFINITY;
                     for (int64_t j = 0; j < keys; j++) {
                         const int64_t rel = j - i - (keys - qn);
@@ -100,11 +114,14 @@ int fa_ref_paged(const fa_paged_desc *d, const void *k_before, const void *v_bef
                             s[j] = -INFINITY;
                             continue;
                         }
-                        double acc = 0.0;
+                        double acc = 0.0, mag = 0.0;
                         for (int32_t x = 0; x < dim; x++)
                             acc += q[x] * kk[j * dim + x];
                         acc *= scale;
                         smax = fabs(acc) > smax ? fabs(acc) : smax;
+                        for (int32_t x = 0; flips && x < dim; x++)
+                            mag += jump[x] * fabs(kk[j * dim + x]);
+                        qr = scale * mag > qr ? scale * mag : qr;
                         if (d->softcap > 0.0f)
                             acc = d->softcap * tanh(acc / d->softcap);
                         s[j] = acc;
@@ -131,8 +148,10 @@ int fa_ref_paged(const fa_paged_desc *d, const void *k_before, const void *v_bef
                 }
         }
     }
-    free(kk), free(vv), free(s), free(q);
+    free(kk), free(vv), free(s), free(q), free(jump);
     if (score_max)
         *score_max = smax;
+    if (q_round)
+        *q_round = qr;
     return 0;
 }
