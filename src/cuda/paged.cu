@@ -51,21 +51,20 @@ template <typename T> __global__ void __launch_bounds__(128) append_kernel(const
     }
 }
 
-// A block per query row: its heads rotated at its position into out [total_q, heads_q, dim]
-// (rounded to T as load_q rounds them), for kernels that copy query rows as they are.
+// A block per (query row, head): the head rotated at the row's position into out [total_q,
+// heads_q, dim] (rounded to T as load_q rounds them), for kernels that copy query rows as they
+// are.
 template <typename T> __global__ void __launch_bounds__(128) rotate_q_kernel(const fa_cuda_paged p, T *out)
 {
-    const int row = blockIdx.x, b = seq_of_row(p, row);
+    const int row = blockIdx.x, h = blockIdx.y, b = seq_of_row(p, row);
     const pseq_t s = pseq_of(p, b);
     const int i = row - s.q0;
     if (i < 0 || i >= s.qn)
         return;
     const int pos = rope_pos(p, row, i, s), dim = p.a.dim;
-    for (int x = threadIdx.x; x < p.a.heads_q * dim; x += blockDim.x) {
-        const int h = x / dim, e = x - h * dim;
-        const T *q = (const T *)p.a.q.p + (int64_t)row * p.a.q.ss + (int64_t)h * p.a.q.sh;
+    const T *q = (const T *)p.a.q.p + (int64_t)row * p.a.q.ss + (int64_t)h * p.a.q.sh;
+    for (int e = threadIdx.x; e < dim; e += blockDim.x)
         out[((int64_t)row * p.a.heads_q + h) * dim + e] = from_float<T>(rope_elem(p, q, e, pos));
-    }
 }
 
 template <int D, int WM, int KT, int STAGES> struct shape {
@@ -471,10 +470,11 @@ extern "C" cudaError_t fa_cuda_paged_rotate_q(const fa_cuda_paged *p, int bf16, 
 {
     if (p->a.pg.total_q == 0)
         return cudaSuccess;
+    const dim3 rows((unsigned)p->a.pg.total_q, (unsigned)p->a.heads_q);
     if (bf16)
-        fa::rotate_q_kernel<<<(unsigned)p->a.pg.total_q, 128, 0, stream>>>(*p, (__nv_bfloat16 *)out);
+        fa::rotate_q_kernel<<<rows, 128, 0, stream>>>(*p, (__nv_bfloat16 *)out);
     else
-        fa::rotate_q_kernel<<<(unsigned)p->a.pg.total_q, 128, 0, stream>>>(*p, (__half *)out);
+        fa::rotate_q_kernel<<<rows, 128, 0, stream>>>(*p, (__half *)out);
     return cudaGetLastError();
 }
 
