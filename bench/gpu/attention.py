@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: MIT
 """flashattn's CUDA forward and forward+backward beside PyTorch's scaled_dot_product_attention
-backends (flash = FlashAttention-2, cuDNN, memory-efficient), in one process on one GPU.
+backends (flash = FlashAttention-2, cuDNN, memory-efficient) and, where `flash_attn.cute`
+imports, FlashAttention-4 (bench/gpu/fetch_fa4.sh and device_fa4.sh install it), in one process
+on one GPU. Each row's "vs best" is ours over the better of cuDNN and FA4.
 
 FlashAttention's benchmark shapes: batch * seq = 16k tokens, hidden 2048 (heads = 2048 / d),
 bf16, [batch, seq, heads, dim] tensors (SDPA gets the transposed view, as FlashAttention's own
@@ -23,6 +25,20 @@ import flashattn_ctypes as fa  # noqa: E402
 
 PEERS = {"torch-flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
          "mem-efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def load_fa4():
+    """FlashAttention-4's flash_attn_func, or None and why not."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as e:  # not installed, or its runtime does not load here
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+    return flash_attn_func, None
+
+
+def first(y):
+    """FA4 returns (out, lse) where SDPA returns out."""
+    return y[0] if isinstance(y, tuple) else y
 
 
 def median_ms(fn, warmup, reps):
@@ -55,6 +71,8 @@ def main():
     ctx = fa.Context(lib, torch.cuda.current_stream().cuda_stream)
     print(ctx.info(), end="")
     print(f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name()}")
+    fa4, why = (None, "--no-peers") if args.no_peers else load_fa4()
+    print("FlashAttention-4: a peer" if fa4 else f"FlashAttention-4: not a peer ({why})")
 
     seqs = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     out = open(args.json, "a") if args.json else None
@@ -100,6 +118,20 @@ def main():
                                 r[name + "_fwdbwd_ms"] = median_ms(peer_fwd_bwd, 3, args.reps)
                     except RuntimeError as e:
                         r[name + "_error"] = str(e).splitlines()[0][:120]
+                if fa4 is not None:  # [batch, seq, heads, dim] as ours; its first call of a shape compiles
+                    try:
+                        y = first(fa4(q, k, v, causal=causal))
+                        if ref is not None:
+                            r["max_abs_diff_fa4_vs_torch_flash"] = (y.float() - ref.transpose(1, 2).float()).abs().max().item()
+                        r["fa4_fwd_ms"] = median_ms(lambda: fa4(q, k, v, causal=causal), 3, args.reps)
+                        if not args.no_backward:
+                            qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+
+                            def fa4_fwd_bwd():
+                                first(fa4(qg, kg, vg, causal=causal)).backward(do)
+                            r["fa4_fwdbwd_ms"] = median_ms(fa4_fwd_bwd, 3, args.reps)
+                    except Exception as e:
+                        r["fa4_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
                 if ref is not None:  # the same function, to bf16 rounding (the tests judge correctness)
                     ctx.forward(desc)
                     torch.cuda.synchronize()
@@ -110,20 +142,24 @@ def main():
                     elif key.endswith("_fwdbwd_ms"):
                         r[key[:-3] + "_tflops"] = 3.5 * flops / r[key] / 1e9
                 rows.append(r)
-                if out:
-                    out.write(json.dumps(r) + "\n")
-                    out.flush()
+
                 def tf(key):
                     x = r.get(key)
                     return f"{x:6.1f}" if x is not None else "   n/a"
-                ratio = r["flashattn_fwd_tflops"] / r["torch-flash_fwd_tflops"] if "torch-flash_fwd_tflops" in r else float("nan")
-                ratio_b = (r["flashattn_fwdbwd_tflops"] / r["torch-flash_fwdbwd_tflops"]
-                           if "torch-flash_fwdbwd_tflops" in r and "flashattn_fwdbwd_tflops" in r else float("nan"))
+                def vs_best(part):  # ours over the better of cuDNN and FA4
+                    best = max((r[k] for k in (f"cudnn_{part}_tflops", f"fa4_{part}_tflops") if k in r), default=None)
+                    ours = r.get(f"flashattn_{part}_tflops")
+                    return ours / best if best and ours else float("nan")
+                r["fwd_vs_best"], r["fwdbwd_vs_best"] = vs_best("fwd"), vs_best("fwdbwd")
+                if out:
+                    out.write(json.dumps(r) + "\n")
+                    out.flush()
                 print(f"d{d:<3} {'causal' if causal else 'full  '} s{s:<6} fwd: ours {tf('flashattn_fwd_tflops')} "
-                      f"fa2 {tf('torch-flash_fwd_tflops')} cudnn {tf('cudnn_fwd_tflops')} eff {tf('mem-efficient_fwd_tflops')} "
-                      f"x{ratio:4.2f} | fwd+bwd: ours {tf('flashattn_fwdbwd_tflops')} fa2 {tf('torch-flash_fwdbwd_tflops')} "
-                      f"cudnn {tf('cudnn_fwdbwd_tflops')} x{ratio_b:4.2f} | diff {r.get('max_abs_diff_vs_torch_flash', float('nan')):.3g}",
-                      flush=True)
+                      f"fa2 {tf('torch-flash_fwd_tflops')} cudnn {tf('cudnn_fwd_tflops')} fa4 {tf('fa4_fwd_tflops')} "
+                      f"eff {tf('mem-efficient_fwd_tflops')} vs best x{r['fwd_vs_best']:4.2f} | fwd+bwd: ours "
+                      f"{tf('flashattn_fwdbwd_tflops')} fa2 {tf('torch-flash_fwdbwd_tflops')} cudnn {tf('cudnn_fwdbwd_tflops')} "
+                      f"fa4 {tf('fa4_fwdbwd_tflops')} vs best x{r['fwdbwd_vs_best']:4.2f} | "
+                      f"diff {r.get('max_abs_diff_vs_torch_flash', float('nan')):.3g}", flush=True)
                 del q, k, v, o, lse, do, dq, dk, dv
 
     # Extra device memory of one call at seq 32k (b1, h16, d128, causal): the call's own workspace.
