@@ -22,7 +22,9 @@ install)
   sha256sum -c runtime.sha256
   python3 -m pip install -q --no-deps --target /tmp/fa4site ./*.whl
   ls -d /tmp/fa4site/flash_attn /tmp/fa4site/nvidia_cutlass_dsl/dsl_packages ;;
+-h|--help)
+  sed -n '3,8p' "$0" | sed 's/^# \{0,1\}//' ;;
 *)
-  echo "usage: $0 stage|install" >&2
+  echo "usage: $0 stage|install (see --help)" >&2
   exit 2 ;;
 esac

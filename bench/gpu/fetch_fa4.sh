@@ -11,6 +11,11 @@
 #   call 2, carry .fa4/2:  bench/gpu/device_fa4.sh install && <the benchmark, PYTHONPATH set as
 #                          device_fa4.sh prints>
 set -euo pipefail
+if [ $# -gt 0 ]; then
+  if [ "$1" = --help ] || [ "$1" = -h ]; then sed -n '3,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+  echo "$0: takes no arguments (see --help)" >&2
+  exit 2
+fi
 cd "$(dirname "$0")/../.."
 wheels="flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1
 nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu12==4.8.1 quack-kernels==0.6.5
