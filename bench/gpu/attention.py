@@ -146,19 +146,24 @@ def main():
                 def tf(key):
                     x = r.get(key)
                     return f"{x:6.1f}" if x is not None else "   n/a"
+
+                def ratio(key):
+                    x = r.get(key)
+                    return f"x{x:4.2f}" if x is not None else "  n/a"
+
                 def vs_best(part):  # ours over the better of cuDNN and FA4
                     best = max((r[k] for k in (f"cudnn_{part}_tflops", f"fa4_{part}_tflops") if k in r), default=None)
                     ours = r.get(f"flashattn_{part}_tflops")
-                    return ours / best if best and ours else float("nan")
+                    return ours / best if best and ours else None  # JSON null, not NaN
                 r["fwd_vs_best"], r["fwdbwd_vs_best"] = vs_best("fwd"), vs_best("fwdbwd")
                 if out:
                     out.write(json.dumps(r) + "\n")
                     out.flush()
                 print(f"d{d:<3} {'causal' if causal else 'full  '} s{s:<6} fwd: ours {tf('flashattn_fwd_tflops')} "
                       f"fa2 {tf('torch-flash_fwd_tflops')} cudnn {tf('cudnn_fwd_tflops')} fa4 {tf('fa4_fwd_tflops')} "
-                      f"eff {tf('mem-efficient_fwd_tflops')} vs best x{r['fwd_vs_best']:4.2f} | fwd+bwd: ours "
+                      f"eff {tf('mem-efficient_fwd_tflops')} vs best {ratio('fwd_vs_best')} | fwd+bwd: ours "
                       f"{tf('flashattn_fwdbwd_tflops')} fa2 {tf('torch-flash_fwdbwd_tflops')} cudnn {tf('cudnn_fwdbwd_tflops')} "
-                      f"fa4 {tf('fa4_fwdbwd_tflops')} vs best x{r['fwdbwd_vs_best']:4.2f} | "
+                      f"fa4 {tf('fa4_fwdbwd_tflops')} vs best {ratio('fwdbwd_vs_best')} | "
                       f"diff {r.get('max_abs_diff_vs_torch_flash', float('nan')):.3g}", flush=True)
                 del q, k, v, o, lse, do, dq, dk, dv
 

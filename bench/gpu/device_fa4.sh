@@ -7,6 +7,7 @@
 #   bench/gpu/device_fa4.sh install   (carrying .fa4/2: the runtime wheel joined, all installed)
 # Then: PYTHONPATH=/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages python3 bench/gpu/attention.py
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '3,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 cd "$(dirname "$0")/../.."
 case "${1:-}" in
 stage)
@@ -20,10 +21,9 @@ install)
   name=$(ls *.part00 | sed 's/\.part00$//')
   cat "$name".part00 "$name".part01 > "$name"
   sha256sum -c runtime.sha256
+  rm -rf /tmp/fa4site # --target keeps what an earlier install left
   python3 -m pip install -q --no-deps --target /tmp/fa4site ./*.whl
   ls -d /tmp/fa4site/flash_attn /tmp/fa4site/nvidia_cutlass_dsl/dsl_packages ;;
--h|--help)
-  sed -n '3,8p' "$0" | sed 's/^# \{0,1\}//' ;;
 *)
   echo "usage: $0 stage|install (see --help)" >&2
   exit 2 ;;

@@ -12,7 +12,7 @@
 #                          device_fa4.sh prints>
 set -euo pipefail
 if [ $# -gt 0 ]; then
-  if [ "$1" = --help ] || [ "$1" = -h ]; then sed -n '3,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+  if [ "$1" = --help ] || [ "$1" = -h ]; then sed -n '3,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
   echo "$0: takes no arguments (see --help)" >&2
   exit 2
 fi
