@@ -76,9 +76,10 @@ int fa_paged_grid_build(int level, uint64_t seed, fa_paged_case *out, int cap);
  * as it was before the call (k_before / v_before: the pools' bytes, at the desc's strides),
  * the new rows rotated in float64 and appended (rounded to the cache's dtype, as the cache
  * holds them). o[(row*hq + h)*dim + x], lse[row*hq + h];
- * score_max (optional) gets the largest |scale * q.k| of a visible pair; q_round (optional) the
- * largest change of a visible score that a query rotated in float32, then rounded to q's dtype,
- * can show against this float64 rotation rounded (0 without RoPE). 0, or -1 when out of memory.
+ * score_max (optional) gets the largest |scale * q.k| of a visible pair; q_round (optional,
+ * [row*hq + h] as lse) each row's largest change of a visible score that its query rotated in
+ * float32, then rounded to an f16 / bf16 q's dtype, can show against this float64 rotation
+ * rounded (0 without RoPE or for f32). 0, or -1 when out of memory.
  */
 int fa_ref_paged(const fa_paged_desc *d, const void *k_before, const void *v_before, double *o,
                  double *lse, double *score_max, double *q_round);

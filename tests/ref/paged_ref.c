@@ -63,7 +63,8 @@ int fa_ref_paged(const fa_paged_desc *d, const void *k_before, const void *v_bef
         return -1;
     }
     const int32_t rd = d->rope_dim ? d->rope_dim : dim;
-    double smax = 0.0, qr = 0.0;
+    const int rounds = d->rope != FA_ROPE_NONE && d->q.dtype != FA_DTYPE_F32; /* kernels keep float32 */
+    double smax = 0.0;
     for (int32_t b = 0; b < d->batch; b++) {
         const int64_t q0 = d->cu_seqlens_q[b], qn = d->cu_seqlens_q[b + 1] - q0;
         const int64_t cached = d->cache_seqlens[b], keys = cached + (append ? qn : 0);
@@ -93,19 +94,19 @@ int fa_ref_paged(const fa_paged_desc *d, const void *k_before, const void *v_bef
                     const int64_t row = q0 + i;
                     read_row(d->q.dtype, d->q.data, row * d->q.stride_seq + h * d->q.stride_head, dim, q);
                     int flips = 0;
-                    if (d->rope != FA_ROPE_NONE) {
-                        double qmax = 0.0;
-                        for (int32_t x = 0; x < dim; x++)
-                            qmax = fmax(qmax, fabs(q[x]));
+                    double qmax = 0.0, qr = 0.0;
+                    for (int32_t x = 0; x < dim; x++)
+                        qmax = fmax(qmax, fabs(q[x]));
+                    if (d->rope != FA_ROPE_NONE)
                         fa_ref_rope(d, q, d->positions ? d->positions[row] : keys - qn + i);
-                        /* a float32 rotation is within 2^-21 qmax of this one: where the rotated
-                         * value rounds differently across that interval, a kernel that rounds its
-                         * rotated query to the dtype may hold the neighbour */
-                        for (int32_t x = 0; x < dim; x++) {
-                            const double e = 0x1p-21 * qmax, up = fa_ref_round(d->q.dtype, q[x] + e);
-                            jump[x] = x < rd ? fabs(up - fa_ref_round(d->q.dtype, q[x] - e)) : 0.0;
-                            flips |= jump[x] > 0.0;
-                        }
+                    /* a float32 rotation is within 2^-22 qmax of this one (2 sqrt 2 units of
+                     * float32 rounding): where the rotated value rounds differently across that
+                     * interval, a kernel that rounds its rotated query to the dtype may hold the
+                     * neighbour */
+                    for (int32_t x = 0; rounds && x < dim; x++) {
+                        const double e = 0x1p-22 * qmax, up = fa_ref_round(d->q.dtype, q[x] + e);
+                        jump[x] = x < rd ? fabs(up - fa_ref_round(d->q.dtype, q[x] - e)) : 0.0;
+                        flips |= jump[x] > 0.0;
                     }
                     double mx = d->sinks ? d->sinks[h] : -INFINITY;
                     for (int64_t j = 0; j < keys; j++) {
@@ -121,12 +122,14 @@ int fa_ref_paged(const fa_paged_desc *d, const void *k_before, const void *v_bef
                         smax = fabs(acc) > smax ? fabs(acc) : smax;
                         for (int32_t x = 0; flips && x < dim; x++)
                             mag += jump[x] * fabs(kk[j * dim + x]);
-                        qr = scale * mag > qr ? scale * mag : qr;
+                        qr = fmax(qr, scale * mag);
                         if (d->softcap > 0.0f)
                             acc = d->softcap * tanh(acc / d->softcap);
                         s[j] = acc;
                         mx = acc > mx ? acc : mx;
                     }
+                    if (q_round)
+                        q_round[row * hq + h] = qr;
                     double *orow = o + (row * hq + h) * dim;
                     memset(orow, 0, sizeof(double) * (size_t)dim);
                     if (mx == -INFINITY) {
@@ -151,7 +154,5 @@ int fa_ref_paged(const fa_paged_desc *d, const void *k_before, const void *v_bef
     free(kk), free(vv), free(s), free(q), free(jump);
     if (score_max)
         *score_max = smax;
-    if (q_round)
-        *q_round = qr;
     return 0;
 }
