@@ -348,7 +348,8 @@ static void check_errors(const fa_paged_desc *host_d, const void *ck, const void
             const int64_t koff = (int64_t)g * host_d->cache.k_stride_head * es;
             double *ref = malloc(sizeof(double) * (size_t)(qn * group * dim));
             double *lse = malloc(sizeof(double) * (size_t)(qn * group));
-            if (!ref || !lse || fa_ref_paged(&d, (const char *)ck + koff, (const char *)cv + koff, ref, lse, NULL, NULL)) {
+            if (!ref || !lse ||
+                fa_ref_paged(&d, (const char *)ck + koff, (const char *)cv + koff, ref, lse, NULL, NULL)) {
                 free(ref);
                 free(lse);
                 goto done;

@@ -95,7 +95,7 @@ int fa_ref_paged(const fa_paged_desc *d, const void *k_before, const void *v_bef
                     read_row(d->q.dtype, d->q.data, row * d->q.stride_seq + h * d->q.stride_head, dim, q);
                     int flips = 0;
                     double qmax = 0.0, qr = 0.0;
-                    for (int32_t x = 0; x < dim; x++)
+                    for (int32_t x = 0; rounds && x < dim; x++) /* before the rotation */
                         qmax = fmax(qmax, fabs(q[x]));
                     if (d->rope != FA_ROPE_NONE)
                         fa_ref_rope(d, q, d->positions ? d->positions[row] : keys - qn + i);
