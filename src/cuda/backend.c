@@ -243,7 +243,7 @@ static cudaError_t forward_sm90(const cuda_state *s, const call *c, fa_cuda_para
         g->size = k->seqlen_k; /* a key's slot in its "page" is the key */
         g->shift = -1;
     }
-    return fa_cuda_flash_forward_sm90(k, c->bf16, c->tl->dim, s->stream);
+    return fa_cuda_flash_forward_sm90(k, c->bf16, c->h->dim, s->stream);
 }
 
 /* fa_forward's decode route: where the query rows of a sequence's kv group fit the decode
@@ -286,8 +286,11 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
         c->decode_sm90 = c->nq && s->hopper && fa_cuda_decode_sm90_fits(p->dim) &&
                          view_aligned(&d->k, p->varlen) && view_aligned(&d->v, p->varlen);
     }
-    for (size_t i = 0; s->hopper && !backward && !c->nq && i < N_SM90; i++)
-        if (sm90_table[i].dim == c->tl->dim)
+    /* the Hopper forward of the smallest head_dim that holds dim (rows ascending): 65-96 run the
+     * d128 kernel, its columns past dim zeros, rather than the 96-wide tiles, where rows are
+     * whole 16-byte chunks (others would take its loader's element-by-element path) */
+    for (size_t i = 0; s->hopper && !backward && !c->nq && !c->h && i < N_SM90; i++)
+        if (sm90_table[i].dim >= p->dim && (sm90_table[i].dim == c->tl->dim || p->dim % 8 == 0))
             c->h = &sm90_table[i];
     for (size_t i = 0; s->hopper && backward && i < N_SM90_BWD; i++)
         if (sm90_bwd_table[i].dim == c->tl->dim)
@@ -343,7 +346,8 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
     }
 
     /* grids: one block per (tile, head, sequence) in a 31-bit x dimension */
-    int64_t fwd_blocks = ((int64_t)p->max_q + c->tl->fwd_m - 1) / c->tl->fwd_m * p->heads_q * p->batch;
+    const int64_t fwd_m = c->h ? 64 * c->h->warpgroups : c->tl->fwd_m; /* query rows a block */
+    int64_t fwd_blocks = ((int64_t)p->max_q + fwd_m - 1) / fwd_m * p->heads_q * p->batch;
     if (!c->nq && fwd_blocks > INT32_MAX)
         return fa_error(ctx, FA_ERR_UNSUPPORTED,
                         "batch * heads * query tiles (%lld) exceeds CUDA's grid limit; split the call",

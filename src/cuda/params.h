@@ -113,7 +113,8 @@ typedef struct fa_cuda_paged {
  * per query tile (d128's 3 stages leave no room for a second). */
 #define FA_CUDA_SM90_TILES(X) \
     X(64, 128, 2, 3, 2)       \
-    X(128, 128, 2, 3, 1)
+    X(128, 128, 2, 3, 1)      \
+    X(256, 64, 2, 2, 1)
 
 /* The Hopper backward's tiles: X(dim, query rows per step, Q/dO ring stages). Two consumer
  * warpgroups of 64 keys each; dQ added in key-tile order through p.dq_acc. */

@@ -138,6 +138,8 @@ template <int N> __device__ __forceinline__ void reg_fence(uint32_t (&a)[N][4])
 #define FA_F16(d) FA_F8(d, 0), FA_F8(d, 8)
 #define FA_F32(d) FA_F16(d), FA_F8(d, 16), FA_F8(d, 24)
 #define FA_F64(d) FA_F32(d), FA_F8(d, 32), FA_F8(d, 40), FA_F8(d, 48), FA_F8(d, 56)
+#define FA_F128(d) FA_F64(d), FA_F8(d, 64), FA_F8(d, 72), FA_F8(d, 80), FA_F8(d, 88), FA_F8(d, 96), FA_F8(d, 104), \
+    FA_F8(d, 112), FA_F8(d, 120)
 #define FA_R16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
 #define FA_R32                                                                                  \
     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
@@ -147,6 +149,13 @@ template <int N> __device__ __forceinline__ void reg_fence(uint32_t (&a)[N][4])
     "%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,"   \
     "%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 
+#define FA_R128 \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
+    "%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
+    "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70," \
+    "%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93," \
+    "%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112," \
+    "%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}"
 // D[64 x N] (+)= A * B for one warpgroup. ss: A and B K-major in shared memory (S = Q K^T);
 // ss<1>: B MN-major (transposed) instead.
 // rs: A in registers as mma.sync-style fragments, B MN-major in shared memory (O += P V).
@@ -181,6 +190,8 @@ FA_WGMMA(__half, "f16", 64, FA_R32, FA_F32, 32, 33, 34, 35, 36, 37)
 FA_WGMMA(__half, "f16", 128, FA_R64, FA_F64, 64, 65, 66, 67, 68, 69)
 FA_WGMMA(__nv_bfloat16, "bf16", 64, FA_R32, FA_F32, 32, 33, 34, 35, 36, 37)
 FA_WGMMA(__nv_bfloat16, "bf16", 128, FA_R64, FA_F64, 64, 65, 66, 67, 68, 69)
+FA_WGMMA(__half, "f16", 256, FA_R128, FA_F128, 128, 129, 130, 131, 132, 133)
+FA_WGMMA(__nv_bfloat16, "bf16", 256, FA_R128, FA_F128, 128, 129, 130, 131, 132, 133)
 #undef FA_WGMMA
 #undef FA_F8
 #undef FA_F16
@@ -189,6 +200,8 @@ FA_WGMMA(__nv_bfloat16, "bf16", 128, FA_R64, FA_F64, 64, 65, 66, 67, 68, 69)
 #undef FA_F64
 #undef FA_R32
 #undef FA_R64
+#undef FA_F128
+#undef FA_R128
 
 // Warpgroup products, each committed as one wgmma group. nt: acc[64 x N] = A B^T with A
 // (64 rows from address a, in a tile of AP rows) and B (N rows from b, a tile of N rows)
