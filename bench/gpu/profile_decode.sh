@@ -17,7 +17,7 @@ fi
 [ $# -gt 0 ] || set -- 32x16384x8 32x16384x32
 for c in "$@"; do
   # the first launches of our kernels and cuDNN's (the warm-up calls)
-  ncu --clock-control none --kernel-name-base demangled -k 'regex:decode_kernel|combine_kernel|sdpa|fprop|fmha|flash' \
+  ncu --clock-control none --kernel-name-base demangled -k 'regex:decode_kernel|decode_sm90|combine_kernel|sdpa|fprop|fmha|flash' \
     --launch-count 10 --section SpeedOfLight --section MemoryWorkloadAnalysis \
     --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
     --section SourceCounters python3 bench/gpu/decode.py --case "$c" --reps 1 --inner 1 > "$out/ncu_$c.txt" 2>&1
