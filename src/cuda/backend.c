@@ -143,8 +143,9 @@ static void cuda_info(void *state, char *buf, size_t cap, size_t *len)
     fa_appendf(buf, cap, len,
                "cuda.decode: flash forwards whose sequences' query rows times the group are at most "
                "16, without dropout, run the paged decode kernel over K and V in place (splits of %d "
-               "keys; where their partials would pass %zu MiB, the tiles)%s\n",
-               FA_CUDA_DECODE_SPLIT, FA_CUDA_DECODE_PARTS_MAX >> 20,
+               "keys, doubled until a sequence has at most %d; where their partials would pass %zu "
+               "MiB, the tiles)%s\n",
+               FA_CUDA_DECODE_SPLIT, FA_CUDA_SPLITS_GROWN, FA_CUDA_DECODE_PARTS_MAX >> 20,
                s->hopper ? "; head_dim 64 / 128 on 16-byte rows: the Hopper decode kernel (a loading "
                            "warpgroup's bulk copies, a row each)"
                          : "");
@@ -280,7 +281,7 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
          * FA_CUDA_DECODE_PARTS_MAX (one very long sequence among many short ones), or the grid
          * overflows, the tiles run the call instead (they need no partials) */
         c->split = FA_CUDA_DECODE_SPLIT;
-        if (!fa_cuda_split_layout(p, rows, c->split, &c->splits, &c->part_bytes) ||
+        if (!fa_cuda_split_layout(p, rows, c->split, 1, &c->splits, &c->part_bytes) ||
             c->part_bytes > FA_CUDA_DECODE_PARTS_MAX)
             c->nq = 0, c->split = c->splits = 0, c->part_bytes = 0;
         c->decode_sm90 = c->nq && s->hopper && fa_cuda_decode_sm90_fits(p->dim) &&
@@ -550,7 +551,7 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
         k->ds_ws = backward ? at + 6 * n : NULL;
     }
     if (c.nq)
-        err = fa_cuda_dense_decode(k, c.nq, c.decode_sm90, c.split, c.splits, part, c.bf16, s->stream);
+        err = fa_cuda_dense_decode(k, c.nq, c.decode_sm90, c.split, 1, c.splits, part, c.bf16, s->stream);
     else if (p->desc->algorithm == FA_ALGORITHM_STANDARD)
         err = backward ? fa_cuda_standard_backward(k, c.bf16, c.krows, s->stream)
                        : fa_cuda_standard_forward(k, c.bf16, s->stream);

@@ -16,8 +16,9 @@
 //           loading warpgroup's bulk copies (p.decode_sm90), 1.2-1.4x faster on the H200
 //           (docs/perf/h200-decode.md);
 //   rows:   four warps of 16 rows sharing 64-key tiles (chunked prefill, long speculation).
-// Split boundaries are multiples of p.split from key 0, set by the plan from nothing but the
-// bounds, so a sequence's bits do not depend on the rest of the batch. Dense calls with few
+// Split boundaries are multiples of a sequence's split from key 0, p.split or, by default, that
+// grown with the sequence's own length (fa_cuda_seq_split), so a sequence's bits do not depend
+// on the rest of the batch. Dense calls with few
 // query rows (fa_forward's decode route) run the decode kernel too, their K and V read in
 // place as a cache without a block table (kv_slot).
 #include "cuda.h"
@@ -296,7 +297,8 @@ template <typename T> __global__ void __launch_bounds__(32 * kCombineWarps) comb
     const int row = blockIdx.x, h = blockIdx.y, b = seq_of_row(p, row);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, dim = p.a.dim;
     const pseq_t s = pseq_of(p, b);
-    const int nsplit = max(1, (s.keys + p.split - 1) / p.split), i = row - s.q0;
+    const int32_t sp = fa_cuda_seq_split(p.split, p.split_grow, s.keys);
+    const int nsplit = max(1, (s.keys + sp - 1) / sp), i = row - s.q0;
     if (i < 0 || i >= s.qn || nsplit == 1)
         return;
     const int64_t step = (int64_t)p.a.pg.total_q * p.a.heads_q * (dim + 2);

@@ -52,15 +52,16 @@ __device__ __forceinline__ split_block_t split_block(const fa_cuda_paged &p, int
     w.g = bh % p.a.heads_kv;
     w.s = pseq_of(p, bh / p.a.heads_kv);
     w.rows = w.s.qn * G, w.row0 = blockIdx.y * BM;
-    w.nsplit = max(1, (w.s.keys + p.split - 1) / p.split);
+    const int32_t sp = fa_cuda_seq_split(p.split, p.split_grow, w.s.keys);
+    w.nsplit = max(1, (w.s.keys + sp - 1) / sp);
     w.ok = w.row0 < w.rows && w.split < w.nsplit;
     if (!w.ok)
         return w;
     w.vr1 = min(w.rows, w.row0 + BM);
     w.mk = mask_t{ (int64_t)w.s.keys - w.s.qn, p.a.win_left, p.a.win_right, w.s.qn, w.s.keys };
     const span_t vis = w.mk.key_range(w.row0 / G, (w.vr1 - 1) / G + 1);
-    w.k_lo = (int)max(vis.lo, (int64_t)w.split * p.split);
-    w.k_hi = (int)min(vis.hi, (int64_t)(w.split + 1) * p.split);
+    w.k_lo = (int)max(vis.lo, (int64_t)w.split * sp);
+    w.k_hi = (int)min(vis.hi, (int64_t)(w.split + 1) * sp);
     return w;
 }
 

@@ -19,6 +19,7 @@ typedef struct cuda_paged_plan {
     int decode_sm90; /* nq on Hopper's decode kernel (its cache rows by bulk copies) */
     const sm90_row *sm90; /* not NULL: query tiles on the Hopper forward instead of 64-row tiles */
     int32_t split, max_splits;
+    int grow; /* split grown per sequence (fa_cuda_seq_split): the default's */
     /* split partials, or the Hopper forward's rotated queries; from the context's pool on the
      * stream current at plan time */
     void *ws;
@@ -32,11 +33,11 @@ int fa_cuda_decode_nq(int64_t packed) { return packed <= 8 ? 1 : packed <= 16 ? 
 
 int fa_cuda_decode_sm90_fits(int32_t dim) { return dim % 8 == 0 && fa_cuda_paged_dpad(dim) <= 128; }
 
-int fa_cuda_split_layout(const fa_problem *p, int64_t rows, int32_t split, int32_t *splits, size_t *bytes)
+int fa_cuda_split_layout(const fa_problem *p, int64_t rows, int32_t split, int grow, int32_t *splits,
+                         size_t *bytes)
 {
-    const int32_t n = (int32_t)(((int64_t)p->max_k + split - 1) / split);
     int64_t blocks, b = 0;
-    *splits = n < 1 ? 1 : n;
+    *splits = fa_cuda_max_splits(split, grow, p->max_k);
     if (!fa_mul_ok((int64_t)p->batch * p->heads_kv, *splits, &blocks) || blocks > INT32_MAX ||
         (*splits > 1 && (!fa_mul_ok((int64_t)*splits * rows, (int64_t)p->heads_q * (p->dim + 2), &b) ||
                          !fa_mul_ok(b, 4, &b))))
@@ -99,6 +100,7 @@ fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p,
     pl->sm90 = sm90_for(s, p, pl->nq, pl->dpad);
     pl->decode_sm90 = pl->nq && s->hopper && fa_cuda_decode_sm90_fits(p->dim) && cache_aligned(&d->cache);
     pl->split = d->kv_split ? d->kv_split : pl->nq ? FA_CUDA_DECODE_SPLIT : whole;
+    pl->grow = !d->kv_split && pl->nq;
     int64_t bytes = 0;
     const int rotated = pl->sm90 && p->paged->rope_dim; /* the queries, rotated, in the workspace */
     if (rotated && !fa_mul_ok((int64_t)d->total_q * p->heads_q, (int64_t)p->dim * 2, &bytes)) {
@@ -108,7 +110,7 @@ fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p,
                         "overflows 64 bits",
                         (int)d->total_q, (int)p->heads_q, (int)p->dim);
     }
-    if (!fa_cuda_split_layout(p, p->desc->seqlen_q, pl->split, &pl->max_splits, &pl->ws_bytes)) {
+    if (!fa_cuda_split_layout(p, p->desc->seqlen_q, pl->split, pl->grow, &pl->max_splits, &pl->ws_bytes)) {
         const int32_t splits = pl->max_splits;
         free(pl);
         return fa_error(ctx, FA_ERR_SIZE_OVERFLOW,
@@ -265,8 +267,8 @@ static cudaError_t run_sm90(const cuda_state *s, fa_cuda_paged *k, const cuda_pa
     return fa_cuda_flash_forward_sm90(&a, pl->bf16, pl->dpad, stream);
 }
 
-cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int sm90, int32_t split, int32_t splits,
-                                 float *part, int bf16, cudaStream_t stream)
+cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int sm90, int32_t split, int grow,
+                                 int32_t splits, float *part, int bf16, cudaStream_t stream)
 {
     fa_cuda_paged k;
     memset(&k, 0, sizeof(k));
@@ -279,6 +281,7 @@ cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int sm90, int3
     g->shift = -1;
     g->total_q = (int32_t)a->rows;
     k.split = split;
+    k.split_grow = grow;
     k.max_splits = splits;
     k.part = part;
     k.kv_aligned = a->dim % 8 == 0 && aligned16(a->k.p, a->k.sb, a->k.ss, a->k.sh) &&
@@ -306,6 +309,7 @@ fa_status fa_cuda_paged_run(fa_context_t ctx, void *state, void *plan, const fa_
                         pl->sm90 ? "paged-sm90" : "paged-decode-sm90");
     k.decode_sm90 = pl->decode_sm90;
     k.split = pl->split;
+    k.split_grow = pl->grow;
     k.max_splits = pl->max_splits;
     k.part = pl->sm90 ? NULL : pl->ws;
     cudaError_t err = cudaSuccess;

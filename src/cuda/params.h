@@ -12,6 +12,33 @@ typedef struct fa_cuda_view {
     int f32; /* stored as float32 rather than the input dtype */
 } fa_cuda_view;
 
+#ifdef __CUDACC__
+#define FA_CUDA_HD __host__ __device__
+#else
+#define FA_CUDA_HD
+#endif
+
+/* Keys per split of a split-KV decode where the call chose none: 1024, doubled until the
+ * sequence has at most FA_CUDA_SPLITS_GROWN splits. A function of the sequence's own length, so
+ * its bits do not depend on the batch. 1024 keeps a 4k sequence 4 blocks a kv head; past 64k
+ * keys the blocks' fixed costs and the combine grow with their number (b1 at 128k keys: 2048
+ * 5-8% faster than 1024 on the H200, docs/perf/h200-decode.md). */
+#define FA_CUDA_DECODE_SPLIT 1024
+#define FA_CUDA_SPLITS_GROWN 64
+static inline FA_CUDA_HD int32_t fa_cuda_seq_split(int32_t split, int grow, int32_t keys)
+{
+    while (grow && (int64_t)split * FA_CUDA_SPLITS_GROWN < keys)
+        split *= 2;
+    return split;
+}
+
+/* The most splits any sequence of at most max_k keys has. */
+static inline FA_CUDA_HD int32_t fa_cuda_max_splits(int32_t split, int grow, int32_t max_k)
+{
+    const int64_t n = ((int64_t)max_k + split - 1) / split;
+    return n < 1 ? 1 : grow && n > FA_CUDA_SPLITS_GROWN ? FA_CUDA_SPLITS_GROWN : (int32_t)n;
+}
+
 /* A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte aligned), encoded on
  * the host (tma.c) and read by the kernel from its parameters. */
 #ifdef __cplusplus
@@ -89,7 +116,8 @@ typedef struct fa_cuda_paged {
     const int32_t *positions;
     const float *rope_cos, *rope_sin, *sinks;
     int32_t rope_dim, rope_max_pos, rope_neox;
-    int32_t split;      /* keys per split */
+    int32_t split;      /* keys per split (grown per sequence: fa_cuda_seq_split) */
+    int32_t split_grow; /* split is the default's base, grown with a sequence's length */
     int32_t max_splits; /* splits of the longest sequence the grid covers */
     int kv_aligned;     /* 16-byte cp.async of cache rows */
     int decode_sm90;    /* decode on the Hopper kernel (rows by bulk copies; needs kv_aligned) */

@@ -22,11 +22,6 @@ fa_status fa_cuda_fail(fa_context_t ctx, cudaError_t err, const char *what);
 /* ptr is device (or managed) memory of the context's device; else a message naming `name`. */
 fa_status fa_cuda_check_ptr(fa_context_t ctx, const cuda_state *s, const void *ptr, const char *name);
 
-/* Keys per split of a decode by default: a 4k sequence gives 4 blocks per kv head, b1 at 128k
- * 128 of them, and the partials stay under 1% of the keys' bytes. 1024 ran 10-20% faster than
- * 512 on the H200 (docs/perf/h200-decode.md). */
-#define FA_CUDA_DECODE_SPLIT 1024
-
 /* The most workspace fa_forward's decode route takes for split partials (256 MiB: b32 at 32k
  * keys and 32 heads takes 17 MiB); a call that would need more runs the tiles. */
 #define FA_CUDA_DECODE_PARTS_MAX ((size_t)256 << 20)
@@ -38,16 +33,19 @@ int32_t fa_cuda_paged_dpad(int32_t dim);
  * nq = 1 or 2 for its 8 * nq rows a block, 0 where they need the 64-row tiles. */
 int fa_cuda_decode_nq(int64_t packed);
 
-/* Splits of `split` keys from key 0 covering p's longest sequence (*splits, at least 1) and the
- * bytes of their partials for `rows` packed query rows (*bytes, 0 for one split); 0 when the grid
- * (batch x heads_kv x splits blocks) or the bytes overflow. */
-int fa_cuda_split_layout(const fa_problem *p, int64_t rows, int32_t split, int32_t *splits, size_t *bytes);
+/* Splits of `split` keys from key 0 (grown per sequence where grow is set: fa_cuda_seq_split)
+ * covering p's longest sequence (*splits, at least 1) and the bytes of their partials for `rows`
+ * packed query rows (*bytes, 0 for one split); 0 when the grid (batch x heads_kv x splits blocks)
+ * or the bytes overflow. */
+int fa_cuda_split_layout(const fa_problem *p, int64_t rows, int32_t split, int grow, int32_t *splits,
+                         size_t *bytes);
 
 /* A dense call on the paged decode kernel (fa_forward's decode route): a's K and V read in place
- * as a cache without a block table, split keys a split, partials in part (splits > 1); sm90:
- * on the Hopper decode kernel (K and V rows whole 16-byte chunks, fa_cuda_decode_sm90_fits). */
-cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int sm90, int32_t split, int32_t splits,
-                                 float *part, int bf16, cudaStream_t stream);
+ * as a cache without a block table, split keys a split (grown per sequence where grow is set),
+ * partials in part (splits > 1); sm90: on the Hopper decode kernel (K and V rows whole 16-byte
+ * chunks, fa_cuda_decode_sm90_fits). */
+cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int sm90, int32_t split, int grow,
+                                 int32_t splits, float *part, int bf16, cudaStream_t stream);
 
 /* Whether the Hopper decode kernel takes head_dim dim (padded to 64 or 128, whole 16-byte rows). */
 int fa_cuda_decode_sm90_fits(int32_t dim);

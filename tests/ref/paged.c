@@ -747,5 +747,24 @@ int fa_paged_grid_build(int level, uint64_t seed, fa_paged_case *out, int cap)
         c.use_plan = i % 4 == 2;
         out[n++] = c;
     }
+    if (n < cap) { /* decode past 64k keys, where the CUDA default splits grow with the length */
+        fa_paged_case c;
+        memset(&c, 0, sizeof(c));
+        c.seed = fa_rng_next(&rng);
+        c.dtype = FA_DTYPE_BF16;
+        c.page_size = 16;
+        c.head_dim = 64;
+        c.heads_kv = 1;
+        c.heads_q = 4;
+        c.batch = 2;
+        c.q_lens[0] = c.q_lens[1] = 1;
+        c.cache_lens[0] = 70000; /* splits of 2048 keys */
+        c.cache_lens[1] = 140000; /* 4096 */
+        c.append = 1;
+        c.causal = 1;
+        c.window_left = c.window_right = -1;
+        c.with_lse = 1;
+        out[n++] = c;
+    }
     return n;
 }
