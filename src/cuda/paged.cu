@@ -18,9 +18,8 @@
 //   rows:   four warps of 16 rows sharing 64-key tiles (chunked prefill, long speculation).
 // Split boundaries are multiples of a sequence's split from key 0, p.split or, by default, that
 // grown with the sequence's own length (fa_cuda_seq_split), so a sequence's bits do not depend
-// on the rest of the batch. Dense calls with few
-// query rows (fa_forward's decode route) run the decode kernel too, their K and V read in
-// place as a cache without a block table (kv_slot).
+// on the rest of the batch. Dense calls with few query rows (fa_forward's decode route) run the
+// decode kernel too, their K and V read in place as a cache without a block table (kv_slot).
 #include "cuda.h"
 #include "paged.cuh"
 
