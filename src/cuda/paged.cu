@@ -319,9 +319,10 @@ template <typename T> __global__ void __launch_bounds__(32 * kCombineWarps) comb
     for (int x = 0; x < 8; x++)
         acc[x] = 0.0f;
     if (mx > -INFINITY) {
+        const float *at = part + warp * step;
 #pragma unroll 4
-        for (int k = warp; k < nsplit; k += NW) {
-            const float *at = part + k * step, mk = at[0];
+        for (int k = warp; k < nsplit; k += NW, at += NW * step) {
+            const float mk = at[0];
             const bool on = mk != -INFINITY; // a split with no visible keys: read, but not added
             const float w = on ? exp2f(mk - mx) : 0.0f;
             l = on ? fmaf(w, at[1], l) : l;
