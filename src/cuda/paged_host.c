@@ -267,6 +267,19 @@ static cudaError_t run_sm90(const cuda_state *s, fa_cuda_paged *k, const cuda_pa
     return fa_cuda_flash_forward_sm90(&a, pl->bf16, pl->dpad, stream);
 }
 
+/* Test builds (FA_CUDA_ORDERING_TEST): FLASHATTN_CUDA_DROP_ORDERING=1 or 2 removes one of the
+ * Hopper decode kernel's barrier waits, so that bench/gpu/ordering_check.sh can show the grid
+ * failing without it. */
+static void ordering_test(fa_cuda_paged *k)
+{
+#ifdef FA_CUDA_ORDERING_TEST
+    const char *e = getenv("FLASHATTN_CUDA_DROP_ORDERING");
+    k->drop_ordering = e ? atoi(e) : 0;
+#else
+    (void)k;
+#endif
+}
+
 cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int sm90, int32_t split, int grow,
                                  int32_t splits, float *part, int bf16, cudaStream_t stream)
 {
@@ -287,6 +300,7 @@ cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int sm90, int3
     k.kv_aligned = a->dim % 8 == 0 && aligned16(a->k.p, a->k.sb, a->k.ss, a->k.sh) &&
                    aligned16(a->v.p, a->v.sb, a->v.ss, a->v.sh);
     k.decode_sm90 = sm90 && k.kv_aligned;
+    ordering_test(&k);
     return fa_cuda_paged_attention(&k, bf16, fa_cuda_paged_dpad(a->dim), nq, stream);
 }
 
@@ -312,6 +326,7 @@ fa_status fa_cuda_paged_run(fa_context_t ctx, void *state, void *plan, const fa_
     k.split_grow = pl->grow;
     k.max_splits = pl->max_splits;
     k.part = pl->sm90 ? NULL : pl->ws;
+    ordering_test(&k);
     cudaError_t err = cudaSuccess;
     if (k.a.pg.append)
         err = fa_cuda_paged_append(&k, pl->bf16, s->stream);

@@ -121,6 +121,9 @@ typedef struct fa_cuda_paged {
     int32_t max_splits; /* splits of the longest sequence the grid covers */
     int kv_aligned;     /* 16-byte cp.async of cache rows */
     int decode_sm90;    /* decode on the Hopper kernel (rows by bulk copies; needs kv_aligned) */
+#ifdef FA_CUDA_ORDERING_TEST
+    int drop_ordering; /* 1: its loaders skip the empty waits, 2: its consumers the full waits */
+#endif
     float *part;        /* split partials: [max_splits][total_q][heads_q] (m, l, o[dim]) */
 } fa_cuda_paged;
 
