@@ -106,7 +106,7 @@ static fa_status create_cpu(fa_engine *e, char *err)
     const fa_model_stats ms = fa_model_state_stats(e->s);
     e->info = (fa_engine_info){ FA_BACKEND_CPU, "cpu", e->m->bytes,
                                 cpu_page_bytes(c, e->o.page_size) * (uint64_t)e->o.num_pages, ms.state_bytes,
-                                0, 0, 0, 0 };
+                                0, 0, 0, 0, NULL };
     return FA_OK;
 }
 
@@ -185,7 +185,7 @@ fa_status fa_engine_pages_for(const fa_model *m, const fa_engine_options *o, dou
     fa_status st = check_options(m, o, err);
     if (st != FA_OK)
         return st;
-    uint64_t avail, fixed, per_page;
+    uint64_t avail = 0, fixed = 0, per_page = 0;
     if (pick_backend(o->backend) == FA_BACKEND_CUDA) {
         st = fa_engine_cuda_memory(m, o, &avail, &fixed, &per_page, err);
         if (st != FA_OK)
