@@ -551,7 +551,7 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
         k->ds_ws = backward ? at + 6 * n : NULL;
     }
     if (c.nq)
-        err = fa_cuda_dense_decode(k, c.nq, c.decode_sm90, c.split, 1, c.splits, part, c.bf16, s->stream);
+        err = fa_cuda_dense_decode(k, c.nq, c.decode_sm90, c.split, c.splits, part, c.bf16, s->stream);
     else if (p->desc->algorithm == FA_ALGORITHM_STANDARD)
         err = backward ? fa_cuda_standard_backward(k, c.bf16, c.krows, s->stream)
                        : fa_cuda_standard_forward(k, c.bf16, s->stream);

@@ -280,8 +280,8 @@ static void ordering_test(fa_cuda_paged *k)
 #endif
 }
 
-cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int sm90, int32_t split, int grow,
-                                 int32_t splits, float *part, int bf16, cudaStream_t stream)
+cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int sm90, int32_t split, int32_t splits,
+                                 float *part, int bf16, cudaStream_t stream)
 {
     fa_cuda_paged k;
     memset(&k, 0, sizeof(k));
@@ -294,7 +294,7 @@ cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int sm90, int3
     g->shift = -1;
     g->total_q = (int32_t)a->rows;
     k.split = split;
-    k.split_grow = grow;
+    k.split_grow = 1;
     k.max_splits = splits;
     k.part = part;
     k.kv_aligned = a->dim % 8 == 0 && aligned16(a->k.p, a->k.sb, a->k.ss, a->k.sh) &&

@@ -41,11 +41,11 @@ int fa_cuda_split_layout(const fa_problem *p, int64_t rows, int32_t split, int g
                          size_t *bytes);
 
 /* A dense call on the paged decode kernel (fa_forward's decode route): a's K and V read in place
- * as a cache without a block table, split keys a split (grown per sequence where grow is set),
+ * as a cache without a block table, split keys a split (grown per sequence: fa_cuda_seq_split),
  * partials in part (splits > 1); sm90: on the Hopper decode kernel (K and V rows whole 16-byte
  * chunks, fa_cuda_decode_sm90_fits). */
-cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int sm90, int32_t split, int grow,
-                                 int32_t splits, float *part, int bf16, cudaStream_t stream);
+cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int sm90, int32_t split, int32_t splits,
+                                 float *part, int bf16, cudaStream_t stream);
 
 /* Whether the Hopper decode kernel takes head_dim dim (padded to 64 or 128, whole 16-byte rows). */
 int fa_cuda_decode_sm90_fits(int32_t dim);
