@@ -2,8 +2,8 @@
 // The standard (unfused) algorithm on the GPU: scores and probabilities go through
 // global memory, one block per query row. It is the yardstick the conformance grid
 // measures the flash kernels against, in the same precision: fp32 scores and softmax,
-// P (and dS) rounded to the input dtype before their products, as the tensor cores
-// take them; fp32 sums.
+// P (and dS) rounded to the input dtype before their products, and P V (and dS K) summed
+// by the tensor cores, as the flash kernels take them.
 #include "cuda.h"
 #include "tile.cuh"
 
@@ -52,16 +52,39 @@ __device__ __forceinline__ row_t query_row(const fa_cuda_params &p)
 }
 
 // out[x] = mult * sum_j w[j] m[j][x] for x < dim, over the sequence's keys j: P V and dS K.
+// The sums run through the tensor cores as the flash kernels' do (m16n8k16, 16 keys a step
+// into a float accumulator, whose additions the hardware rounds its own way): w is the A
+// operand's row 0, eight columns of m the B operand; warp w takes column tiles w, w + 4, ...
 template <typename T>
 __device__ void weighted_key_rows(const fa_cuda_params &p, const row_t &row, const T *w,
                                   const fa_cuda_view &m, const fa_cuda_view &out, float mult)
 {
     const int64_t oo = row_off(out, row.s, false, row.h, row.i);
-    for (int x = threadIdx.x; x < p.dim; x += kStdThreads) {
-        float acc = 0.0f;
-        for (int j = 0; j < row.s.sk; j++)
-            acc += to_float<T>(w[j]) * to_float<T>(((const T *)m.p)[row_off(m, row.s, true, row.hk, j) + x]);
-        store<T>(out, oo + x, acc * mult);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane / 4, t = lane % 4;
+    const T zero = from_float<T>(0.0f);
+    const int64_t sk = row.s.sk;
+    auto wt = [&](int64_t j) { return j < sk ? w[j] : zero; };
+    for (int n0 = warp * 8; n0 < p.dim; n0 += kStdThreads / 4) {
+        const int x = n0 + c; // this lane's column of the B operand
+        auto mt = [&](int64_t j) {
+            return j < sk && x < p.dim ? ((const T *)m.p)[row_off(m, row.s, true, row.hk, j) + x] : zero;
+        };
+        float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+        for (int64_t j0 = 0; j0 < sk; j0 += 16) {
+            const int64_t j = j0 + 2 * t;
+            uint32_t a[4] = { 0u, 0u, 0u, 0u };
+            if (c == 0) { // row 0 of A; rows 1-15 stay zero
+                a[0] = pack2<T>(to_float<T>(wt(j)), to_float<T>(wt(j + 1)));
+                a[2] = pack2<T>(to_float<T>(wt(j + 8)), to_float<T>(wt(j + 9)));
+            }
+            const uint32_t b0 = pack2<T>(to_float<T>(mt(j)), to_float<T>(mt(j + 1)));
+            const uint32_t b1 = pack2<T>(to_float<T>(mt(j + 8)), to_float<T>(mt(j + 9)));
+            mma16816<T>::run(acc, a, b0, b1);
+        }
+        if (c == 0) // row 0 of the accumulator: columns n0 + 2t, n0 + 2t + 1
+            for (int e = 0; e < 2; e++)
+                if (n0 + 2 * t + e < p.dim)
+                    store<T>(out, oo + n0 + 2 * t + e, acc[e] * mult);
     }
 }
 

@@ -22,6 +22,12 @@ double fa_unit_roundoff(fa_dtype t)
     return t == FA_DTYPE_F32 ? 0x1p-24 : t == FA_DTYPE_F16 ? 0x1p-11 : 0x1p-8;
 }
 
+double fa_output_tolerance(double err_standard, double ref_max, fa_dtype in, fa_dtype out)
+{
+    const double unit = fmax(16.0 * fa_unit_roundoff(out), fa_unit_roundoff(in));
+    return 2.0 * err_standard + unit * fmax(ref_max, 1e-3);
+}
+
 void fa_case_format(const fa_case *c, char *buf, size_t cap)
 {
     static const char *layouts[] = { "bshd", "bhsd", "qkv-packed" };
@@ -374,7 +380,7 @@ int fa_case_run_staged(fa_context_t ctx, fa_case_inputs *in, fa_case_staged *st,
     res->err_standard = es.o;
     res->lse_err_flash = ef.lse;
     res->lse_err_standard = es.lse;
-    res->tolerance = 2.0 * es.o + 16.0 * fa_unit_roundoff(odt) * fmax(ef.ref_max, 1e-3);
+    res->tolerance = fa_output_tolerance(es.o, ef.ref_max, d->q.dtype, odt);
     /* lse = max + log(sum) in float32: its rounding follows the larger of |lse| and the
      * scores it was taken over (raw scores in the thousands round at ~1e-4 before any cap
      * brings the logits down) */

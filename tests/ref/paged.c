@@ -639,7 +639,7 @@ int fa_paged_case_run(fa_context_t ctx, const fa_paged_case *c, fa_paged_result 
     const fa_dtype odt = d->o.dtype;
     res->err = ef.o;
     res->err_standard = es.o;
-    res->tolerance = 2.0 * es.o + 16.0 * fa_unit_roundoff(odt) * fmax(ef.ref_max, 1e-3);
+    res->tolerance = fa_output_tolerance(es.o, ef.ref_max, d->q.dtype, odt);
     res->lse_err = ef.lse;
     res->lse_tol = 2.0 * es.lse + 16.0 * 0x1p-24 * fmax(fmax(ef.lse_max, smax), 1.0);
     const double gross = 1e-2 * fmax(ef.ref_max, 1e-3) + 4.0 * fa_unit_roundoff(odt) * ef.ref_max;

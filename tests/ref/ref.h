@@ -114,6 +114,14 @@ void fa_ref_fill(fa_rng *r, fa_dtype t, void *p, int64_t n, double amp);
 /* Unit roundoff of a dtype: tolerance floors scale with it. */
 double fa_unit_roundoff(fa_dtype t);
 
+/* The largest error a fused output may have: twice the standard algorithm's in the same
+ * precision, plus a floor of max(|o|, 1e-3) times 16 units of the output's roundoff or one of
+ * the inputs', the larger. The second binds for a float32 o of 16-bit inputs: P is rounded to
+ * the inputs' type before P V (the GPU kernels' tensor-core operands), and over a few keys
+ * which of two such roundings lands nearer is a coin toss (0.03-0.2 units of it, flash at
+ * 3-8x the standard's error, on 3 of 5000 fuzzed CUDA descriptors). */
+double fa_output_tolerance(double err_standard, double ref_max, fa_dtype in, fa_dtype out);
+
 /* Describe a case in one line (for replays): "f16 b2 sq17 sk129 hq8 hkv1 d80 causal ...". */
 void fa_case_format(const fa_case *c, char *buf, size_t cap);
 
