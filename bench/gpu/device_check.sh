@@ -32,7 +32,7 @@ if [ "$level" != backward ] && [ "$level" != paged ]; then
 fi
 timeout ${PAGED_TIMEOUT:-300} ./build/tests/test_paged > "$out/paged_cuda.log" 2>&1; echo "paged_cuda rc=$?"
 grep -E "FAILED|cases|could not|want" "$out/paged_cuda.log" | head -20
-# the Hopper forward's other loader (row copies instead of TMA boxes), a kernel of its own
+# the Hopper forward's and decode kernel's other loaders (row copies instead of TMA boxes)
 FLASHATTN_CUDA_TMA=0 timeout ${PAGED_TIMEOUT:-300} ./build/tests/test_paged > "$out/paged_cuda_rows.log" 2>&1
 echo "paged_cuda (FLASHATTN_CUDA_TMA=0) rc=$?"
 grep -E "FAILED|cases|could not|want" "$out/paged_cuda_rows.log" | head -20

@@ -82,7 +82,8 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
     /* FLASHATTN_CUDA_PORTABLE=1 keeps Hopper on the mma.sync kernels (for comparison). */
     const char *portable = getenv("FLASHATTN_CUDA_PORTABLE");
     s->hopper = s->prop.major == 9 && s->prop.minor == 0 && !(portable && strcmp(portable, "1") == 0);
-    /* FLASHATTN_CUDA_TMA=0 keeps the Hopper forward's loader on row copies (for comparison) */
+    /* FLASHATTN_CUDA_TMA=0 keeps the Hopper forward's and decode kernel's loaders on row copies
+     * (for comparison) */
     const char *tma = getenv("FLASHATTN_CUDA_TMA");
     s->tma_encode = s->hopper && !(tma && strcmp(tma, "0") == 0) ? fa_cuda_tma_encoder() : NULL;
     /* the calls' workspace: a pool of the context's own, which keeps what it needs */
@@ -234,16 +235,8 @@ typedef struct call {
  * seqlen_k read as zeros), else row copies. */
 static cudaError_t forward_sm90(const cuda_state *s, const call *c, fa_cuda_params *k)
 {
-    fa_cuda_pages *g = &k->pg;
-    if (k->aligned && !k->cu_q && k->seqlen_k > 0 &&
-        fa_cuda_tma_pool(s->tma_encode, &g->tk, k->k.p, c->bf16, k->dim, k->seqlen_k, k->heads_kv, k->batch,
-                         k->k.sb, k->k.ss, k->k.sh, c->h->keys) &&
-        fa_cuda_tma_pool(s->tma_encode, &g->tv, k->v.p, c->bf16, k->dim, k->seqlen_k, k->heads_kv, k->batch,
-                         k->v.sb, k->v.ss, k->v.sh, c->h->keys)) {
-        g->tma_rows = c->h->keys;
-        g->size = k->seqlen_k; /* a key's slot in its "page" is the key */
-        g->shift = -1;
-    }
+    if (k->aligned)
+        fa_cuda_tma_dense(s->tma_encode, k, c->bf16, c->h->keys);
     return fa_cuda_flash_forward_sm90(k, c->bf16, c->h->dim, s->stream);
 }
 
@@ -551,7 +544,7 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
         k->ds_ws = backward ? at + 6 * n : NULL;
     }
     if (c.nq)
-        err = fa_cuda_dense_decode(k, c.nq, c.decode_sm90, c.split, c.splits, part, c.bf16, s->stream);
+        err = fa_cuda_dense_decode(s, k, c.nq, c.decode_sm90, c.split, c.splits, part, c.bf16, s->stream);
     else if (p->desc->algorithm == FA_ALGORITHM_STANDARD)
         err = backward ? fa_cuda_standard_backward(k, c.bf16, c.krows, s->stream)
                        : fa_cuda_standard_forward(k, c.bf16, s->stream);

@@ -1,16 +1,20 @@
 // SPDX-License-Identifier: MIT
 // The decode kernel on Hopper: paged.cu's split-KV decode (decode_warp's steps, the same splits
-// and merge) fed by a loading warpgroup. The block's ring holds STAGES stages of 64 keys, whose
-// K and V rows arrive by the bulk copy engine, one copy a row wherever its page is, and the four
-// consumer warps take a 16-key quarter of every stage each:
-//   loaders:   thread c (0..127) owns row c % 64 of K (c < 64) or of V: it looks the row's page
-//              up, waits for empty[st], and copies the row (its bytes announced on full[st]) or,
-//              outside the split or on an absent page, writes it as zeros; then it arrives;
+// and merge) fed by a loading warpgroup. The block's ring holds STAGES stages of 64 keys, and
+// the four consumer warps take a 16-key quarter of every stage each:
+//   loaders:   where the pages suit TMA boxes (p.a.pg.tma_rows: a page size of 8-64 dividing 64,
+//              or a multiple of 64; fixed-length dense keys), the first warp issues a stage's
+//              boxes (whole pages, K and V, 128-byte swizzled as the Hopper forward's tiles) and
+//              every thread copies its rows of a last page in part by cp.async. Otherwise
+//              thread c (0..127) owns row c % 64 of K (c < 64) or of V: it looks the row's page
+//              up and copies the row by the bulk copy engine or, outside the split or on an
+//              absent page, writes it as zeros (padded rows; columns from dim to D zeroed once).
+//              Either way after waiting for empty[st], the bytes announced on full[st], and
+//              each thread arrives there;
 //   consumers: wait for full[st], take their quarter's step, arrive on empty[st].
-// One copying thread a row matters: a warp's copies issue one lane after another, so a single
-// loading warp held the H200 at 0.9 TB/s a block and four reach 4 TB/s with two blocks a
-// multiprocessor (docs/perf/h200-decode.md). Rows are whole 16-byte chunks (kv_aligned);
-// columns from dim to D are zeroed once.
+// The row copies need one copying thread a row: a warp's copies issue one lane after another,
+// so a single loading warp held the H200 at 0.9 TB/s a block and four reach 4 TB/s with two
+// blocks a multiprocessor (docs/perf/h200-decode.md). Rows are whole 16-byte chunks (kv_aligned).
 #include "cuda.h"
 #include "paged.cuh"
 #include "wgmma.cuh"
@@ -18,26 +22,40 @@
 namespace fa {
 namespace {
 
-template <int D, int NQ, int STAGES> struct d90shape {
+template <int D, int NQ, int STAGES, bool TMA> struct d90shape {
     static constexpr int BM = 8 * NQ;                    // packed rows per block
-    static constexpr int SK = 64;                        // keys a stage: 16 per consumer warp
-    static constexpr int LDS = lds<D>();                 // elements a shared row
-    static constexpr int BARS = 128;                     // full[STAGES], empty[STAGES]
-    static constexpr int Q = BM * LDS * 2;               // bytes of Q
+    static constexpr int SK = FA_CUDA_DECODE_SM90_KEYS;  // keys a stage: 16 per consumer warp
+    static constexpr int LDS = TMA ? D : lds<D>();       // elements a ring row (TMA: swizzled, unpadded)
     static constexpr int STAGE = SK * LDS * 2;           // elements of a stage: K rows, then V rows
-    static constexpr int BYTES = BARS + Q + STAGES * STAGE * 2;
-    static_assert(4 * BM * (D + 2) * 4 <= Q + STAGES * STAGE * 2, "the merge's state fits in Q and the ring");
+    static constexpr int RING = STAGES * STAGE * 2;      // bytes of the ring (1024-byte aligned)
+    static constexpr int Q = BM * lds<D>() * 2;          // bytes of Q
+    static constexpr int BARS = 128;                     // full[STAGES], empty[STAGES]
+    static constexpr int BYTES = 1024 + RING + Q + BARS; // + alignment slack
+    static_assert(4 * BM * (D + 2) * 4 <= RING + Q, "the merge's state fits in the ring and Q");
     static_assert(STAGES * 16 <= BARS, "barriers");
+    static_assert(!TMA || (SK * D * 2) % 1024 == 0, "every swizzled K and V tile 1024-byte aligned");
 };
 
-template <typename T, int D, int NQ, int STAGES>
-__global__ void __launch_bounds__(256, 2) decode_sm90_kernel(const fa_cuda_paged p)
+// A warp's 16 keys of a swizzled stage tile (sw_offset, SK rows a column block) from row r0.
+template <typename T, int PITCH> struct swizzled_rows {
+    using elem = T;
+    const unsigned char *tile;
+    int r0;
+    __device__ __forceinline__ const T *at(int r, int col) const
+    {
+        return reinterpret_cast<const T *>(tile + sw_offset(r0 + r, col, PITCH));
+    }
+};
+
+template <typename T, int D, int NQ, int STAGES, bool TMA>
+__global__ void __launch_bounds__(256, 2) decode_sm90_kernel(const __grid_constant__ fa_cuda_paged p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using S = d90shape<D, NQ, STAGES>;
-    extern __shared__ __align__(128) unsigned char smem[];
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem), *empty = full + STAGES;
-    T *sQ = reinterpret_cast<T *>(smem + S::BARS), *ring = reinterpret_cast<T *>(smem + S::BARS + S::Q);
+    using S = d90shape<D, NQ, STAGES, TMA>;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    unsigned char *smem = align1024(smem_raw);
+    T *ring = reinterpret_cast<T *>(smem), *sQ = reinterpret_cast<T *>(smem + S::RING);
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + S::RING + S::Q), *empty = full + STAGES;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const split_block_t blk = split_block(p, S::BM);
     if (!blk.ok)
@@ -60,13 +78,37 @@ __global__ void __launch_bounds__(256, 2) decode_sm90_kernel(const fa_cuda_paged
         }
         fence_mbar_init();
     }
-    if (p.a.dim < D) // columns no copy writes: zero, so that K's meet Q's zeros as zeros
+    if (!TMA && p.a.dim < D) // columns no copy writes: zero, so that K's meet Q's zeros as zeros
         for (int x = threadIdx.x; x < STAGES * 2 * S::SK * (D - p.a.dim); x += blockDim.x) {
             const int r = x / (D - p.a.dim), e = p.a.dim + x % (D - p.a.dim);
             ring[r * S::LDS + e] = from_float<T>(0.0f);
         }
     __syncthreads();
 
+    if (warp >= 4 && TMA) { // the loading warpgroup: whole pages by TMA boxes
+        const int c = threadIdx.x - 128;
+        const fa_cuda_pages &pg = p.a.pg;
+        const bool paged = pg.table != nullptr; // else sequence b is page b, its tail past the map zeros
+        for (int it = 0; it < ntiles; it++) {
+            const int st = it % STAGES, key = (t_lo + it) * S::SK, valid = paged ? s.keys - key : S::SK;
+            const int page = paged ? tma_piece_page<S::SK, D>(pg, s.b, key, s.keys, c) : (int)s.at.k_base;
+            if (it >= STAGES && !(drop & 1))
+                mbar_wait(&empty[st], (it / STAGES - 1) & 1);
+            fence_async_smem(); // the consumers' reads before the copies' writes
+            unsigned char *tile = reinterpret_cast<unsigned char *>(ring + st * S::STAGE);
+            bool rest = load_tile_tma<T, S::SK, D>(tile, &pg.tk, pg, page, s.b, g, (const T *)p.a.k.p, pg.k_sp,
+                                                   pg.k_st, g * p.a.k.sh, key, valid, p.a.dim, &full[st], c);
+            rest |= load_tile_tma<T, S::SK, D>(tile + S::SK * D * 2, &pg.tv, pg, page, s.b, g, (const T *)p.a.v.p,
+                                               pg.v_sp, pg.v_st, g * p.a.v.sh, key, valid, p.a.dim, &full[st], c);
+            if (rest) { // a last page in part: its rows by cp.async, landed before the arrival
+                cp_async_commit();
+                cp_async_wait<0>();
+                fence_async_smem();
+            }
+            mbar_arrive(&full[st]);
+        }
+        return;
+    }
     if (warp >= 4) { // the loading warpgroup: thread c copies row c % 64 of K (c < 64) or V
         const int c = threadIdx.x - 128, r = c % S::SK, bytes = p.a.dim * (int)sizeof(T);
         const bool is_k = c < S::SK;
@@ -103,15 +145,24 @@ __global__ void __launch_bounds__(256, 2) decode_sm90_kernel(const fa_cuda_paged
         if (drop & 1) // slow consumers, as a busy multiprocessor may have: loaders without their
             __nanosleep(10000); // empty waits then run a ring's length ahead of the reads
         if (j0 + 16 > k_lo && j0 < k_hi) {
-            const T *tK = ring + st * S::STAGE + warp * 16 * S::LDS;
-            w.step(p.a, mk, tK, tK + S::SK * S::LDS, j0, k_lo, k_hi, row0, vr1, lane);
+            const T *tK = ring + st * S::STAGE;
+            if constexpr (TMA) {
+                using rows_t = swizzled_rows<T, S::SK>;
+                const unsigned char *k8 = reinterpret_cast<const unsigned char *>(tK);
+                w.step(p.a, mk, rows_t{ k8, warp * 16 }, rows_t{ k8 + S::SK * D * 2, warp * 16 }, j0, k_lo, k_hi,
+                       row0, vr1, lane);
+            } else {
+                using rows_t = padded_rows<T, S::LDS>;
+                tK += warp * 16 * S::LDS;
+                w.step(p.a, mk, rows_t{ tK }, rows_t{ tK + S::SK * S::LDS }, j0, k_lo, k_hi, row0, vr1, lane);
+            }
         }
         __syncwarp();
         if (lane == 0)
             mbar_arrive(&empty[st]);
     }
-    named_barrier(1, 128); // Q and the ring become the merge's state
-    float *state = reinterpret_cast<float *>(smem + S::BARS);
+    named_barrier(1, 128); // the ring and Q become the merge's state
+    float *state = reinterpret_cast<float *>(smem);
     w.store(state, warp, lane);
     named_barrier(1, 128);
     merge_out<T, D, S::BM, 4>(p, s, state, row0, rows, g, split, nsplit);
@@ -120,15 +171,18 @@ __global__ void __launch_bounds__(256, 2) decode_sm90_kernel(const fa_cuda_paged
 
 template <typename T, int D, int NQ, int STAGES> cudaError_t launch(const fa_cuda_paged &p, cudaStream_t stream)
 {
-    using S = d90shape<D, NQ, STAGES>;
-    auto kernel = decode_sm90_kernel<T, D, NQ, STAGES>;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::BYTES);
-    if (err != cudaSuccess)
-        return err;
-    const int qblocks = (p.a.max_q * p.a.group + S::BM - 1) / S::BM;
+    const int qblocks = (p.a.max_q * p.a.group + 8 * NQ - 1) / (8 * NQ);
     const dim3 grid((unsigned)(p.a.batch * p.a.heads_kv * p.max_splits), (unsigned)(qblocks > 0 ? qblocks : 1));
-    kernel<<<grid, 256, S::BYTES, stream>>>(p);
-    return cudaGetLastError();
+    auto go = [&](auto kernel, int bytes) {
+        cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        if (err != cudaSuccess)
+            return err;
+        kernel<<<grid, 256, bytes, stream>>>(p);
+        return cudaGetLastError();
+    };
+    if (p.a.pg.tma_rows)
+        return go(decode_sm90_kernel<T, D, NQ, STAGES, true>, d90shape<D, NQ, STAGES, true>::BYTES);
+    return go(decode_sm90_kernel<T, D, NQ, STAGES, false>, d90shape<D, NQ, STAGES, false>::BYTES);
 }
 
 template <typename T> cudaError_t decode_for(const fa_cuda_paged &p, int dpad, int nq, cudaStream_t stream)

@@ -268,7 +268,8 @@ __global__ void __launch_bounds__(128) decode_kernel(const fa_cuda_paged p)
                                           sV + (nxt % STAGES) * S::KT * S::LDS, s, g, t_lo + warp + nxt * 4, k_lo,
                                           k_hi, lane);
         cp_async_commit();
-        w.step(p.a, mk, sK + (it % STAGES) * S::KT * S::LDS, sV + (it % STAGES) * S::KT * S::LDS,
+        using rows_t = padded_rows<T, S::LDS>;
+        w.step(p.a, mk, rows_t{ sK + (it % STAGES) * S::KT * S::LDS }, rows_t{ sV + (it % STAGES) * S::KT * S::LDS },
                (t_lo + warp + it * 4) * S::KT, k_lo, k_hi, row0, vr1, lane);
     }
     cp_async_wait<0>();

@@ -212,6 +212,14 @@ __device__ __forceinline__ void merge_out(const fa_cuda_paged &p, const pseq_t &
     }
 }
 
+// A warp step's 16 keys in shared memory, rows of pitch LDS elements from p: where column col
+// (a multiple of 8) of key row r starts. decode_sm90.cu has a swizzled counterpart.
+template <typename T, int LDS> struct padded_rows {
+    using elem = T;
+    const T *p;
+    __device__ __forceinline__ const T *at(int r, int col) const { return p + r * LDS + col; }
+};
+
 // An 8x8 matrix of 16-bit elements transposed across the warp: the pair a lane holds of row
 // lane / 4 becomes the pair of column lane / 4 (an accumulator row pair into a B operand).
 __device__ __forceinline__ uint32_t transpose8x8(uint32_t x)
@@ -255,12 +263,14 @@ template <int D, int NQ> struct decode_warp {
             m[nq][0] = m[nq][1] = -INFINITY, l[nq][0] = l[nq][1] = 0.0f;
     }
 
-    // Keys [j0, j0 + 16) from tK / tV (pitch LDS): only those in [k_lo, k_hi) and visible to a
-    // row count; rows at vr1 and past keep their finite scores (their columns are never stored).
-    template <typename T>
-    __device__ __forceinline__ void step(const fa_cuda_params &a, const mask_t &mk, const T *tK, const T *tV,
+    // Keys [j0, j0 + 16) from tK / tV (row accessors: padded_rows or a swizzled one): only those
+    // in [k_lo, k_hi) and visible to a row count; rows at vr1 and past keep their finite scores
+    // (their columns are never stored).
+    template <typename L>
+    __device__ __forceinline__ void step(const fa_cuda_params &a, const mask_t &mk, const L &tK, const L &tV,
                                          int j0, int k_lo, int k_hi, int row0, int vr1, int lane)
     {
+        using T = typename L::elem;
         const int c = lane / 4, t = lane % 4, G = a.group;
         // S^T = K Q^T: keys the A operand, straight from shared memory
         float sc[1][NQ][4];
@@ -270,7 +280,7 @@ template <int D, int NQ> struct decode_warp {
 #pragma unroll
         for (int k = 0; k < KS; k++) {
             uint32_t x[4];
-            ldsm_x4(x, tK + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDS + k * 16 + (lane >> 4) * 8);
+            ldsm_x4(x, tK.at((lane & 7) + ((lane >> 3) & 1) * 8, k * 16 + (lane >> 4) * 8));
 #pragma unroll
             for (int nq = 0; nq < NQ; nq++)
                 mma16816<T>::run(sc[0][nq], x, qf[k][nq][0], qf[k][nq][1]);
@@ -325,7 +335,7 @@ template <int D, int NQ> struct decode_warp {
 #pragma unroll
         for (int k = 0; k < KS; k++) {
             uint32_t x[4];
-            ldsm_x4_t(x, tV + ((lane >> 4) * 8 + (lane & 7)) * LDS + k * 16 + ((lane >> 3) & 1) * 8);
+            ldsm_x4_t(x, tV.at((lane >> 4) * 8 + (lane & 7), k * 16 + ((lane >> 3) & 1) * 8));
 #pragma unroll
             for (int nq = 0; nq < NQ; nq++)
                 mma16816<T>::run(o[k][nq], x, pb[nq][0], pb[nq][1]);

@@ -25,6 +25,9 @@ typedef struct fa_cuda_view {
  * 5-8% faster than 1024 on the H200, docs/perf/h200-decode.md). */
 #define FA_CUDA_DECODE_SPLIT 1024
 #define FA_CUDA_SPLITS_GROWN 64
+/* Keys a stage of the Hopper decode kernel's ring (decode_sm90.cu): its TMA boxes' rows are
+ * this or a page size dividing it (fa_cuda_tma_rows). */
+#define FA_CUDA_DECODE_SM90_KEYS 64
 static inline FA_CUDA_HD int32_t fa_cuda_seq_split(int32_t split, int grow, int32_t keys)
 {
     while (grow && (int64_t)split * FA_CUDA_SPLITS_GROWN < keys)
@@ -61,8 +64,9 @@ typedef struct fa_cuda_pages {
     int32_t size, shift;     /* tokens a page; log2(size) when a power of two, else -1 */
     int32_t num, max_pages;  /* pages in the pool; a sequence's table row */
     int32_t total_q, append; /* packed query rows; the call's new rows are keys too */
-    /* Hopper forward: tma_rows > 0 when tk / tv map the pools as [page][token][head][dim]
-     * boxes of tma_rows tokens x 64 columns (a key tile's whole pages copied by TMA) */
+    /* Hopper forward and decode: tma_rows > 0 when tk / tv map the pools as
+     * [page][token][head][dim] boxes of tma_rows tokens x 64 columns (a key tile's whole pages
+     * copied by TMA) */
     int32_t tma_rows;
     fa_cuda_tmap tk, tv;
 } fa_cuda_pages;

@@ -43,9 +43,9 @@ int fa_cuda_split_layout(const fa_problem *p, int64_t rows, int32_t split, int g
 /* A dense call on the paged decode kernel (fa_forward's decode route): a's K and V read in place
  * as a cache without a block table, split keys a split (grown per sequence: fa_cuda_seq_split),
  * partials in part (splits > 1); sm90: on the Hopper decode kernel (K and V rows whole 16-byte
- * chunks, fa_cuda_decode_sm90_fits). */
-cudaError_t fa_cuda_dense_decode(const fa_cuda_params *a, int nq, int sm90, int32_t split, int32_t splits,
-                                 float *part, int bf16, cudaStream_t stream);
+ * chunks, fa_cuda_decode_sm90_fits; fixed-length keys by TMA boxes where s has the encoder). */
+cudaError_t fa_cuda_dense_decode(const cuda_state *s, const fa_cuda_params *a, int nq, int sm90, int32_t split,
+                                 int32_t splits, float *part, int bf16, cudaStream_t stream);
 
 /* Whether the Hopper decode kernel takes head_dim dim (padded to 64 or 128, whole 16-byte rows). */
 int fa_cuda_decode_sm90_fits(int32_t dim);
@@ -65,6 +65,12 @@ int32_t fa_cuda_tma_rows(int32_t page_size, int32_t keys);
 int fa_cuda_tma_pool(void *encoder, fa_cuda_tmap *map, const void *pool, int bf16, int32_t dim, int32_t page_size,
                      int32_t heads, int32_t pages, int64_t stride_page, int64_t stride_token, int64_t stride_head,
                      int32_t rows);
+
+/* Fixed-length dense keys of k (no cu_seqlens) as pages for a TMA loader: sequence b is page
+ * b of seqlen_k tokens, boxes of `rows` tokens (a tile's rows past seqlen_k read as zeros).
+ * Sets k->pg.tk, tv, tma_rows and the page size; 0 where that cannot be (varlen, no keys, no
+ * encoder or a refused map) and k is left as it was. */
+int fa_cuda_tma_dense(void *encoder, fa_cuda_params *k, int bf16, int32_t rows);
 
 /* Paged calls (paged_host.c). */
 fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p, void **plan,

@@ -58,3 +58,21 @@ int fa_cuda_tma_pool(void *encoder, fa_cuda_tmap *map, const void *pool, int bf1
     memcpy(map, &m, sizeof(m));
     return 1;
 }
+
+int fa_cuda_tma_dense(void *encoder, fa_cuda_params *k, int bf16, int32_t rows)
+{
+    fa_cuda_pages *g = &k->pg;
+    fa_cuda_tmap tk, tv;
+    if (k->cu_q || k->cu_k || k->seqlen_k <= 0 ||
+        !fa_cuda_tma_pool(encoder, &tk, k->k.p, bf16, k->dim, k->seqlen_k, k->heads_kv, k->batch, k->k.sb, k->k.ss,
+                          k->k.sh, rows) ||
+        !fa_cuda_tma_pool(encoder, &tv, k->v.p, bf16, k->dim, k->seqlen_k, k->heads_kv, k->batch, k->v.sb, k->v.ss,
+                          k->v.sh, rows))
+        return 0;
+    g->tk = tk;
+    g->tv = tv;
+    g->tma_rows = rows;
+    g->size = k->seqlen_k; /* a key's slot in its "page" is the key */
+    g->shift = -1;
+    return 1;
+}

@@ -363,4 +363,49 @@ template <int NWG> struct consumer_regs {
                   "the warpgroups' registers fit in what the block was launched with");
 };
 
+// Paged keys by TMA (g.tma_rows = R, R | BN or BN | page size; the Hopper forward and decode
+// kernels): the key tile from key c is BN / R pieces of R rows of one page each. Lane j of the
+// loader's first warp reads the page of piece j / (D / 64) (-1 for other threads and pieces
+// past the sequence), before the ring slot is free, so the table read overlaps the wait.
+template <int BN, int D>
+__device__ __forceinline__ int tma_piece_page(const fa_cuda_pages &g, int b, int c, int sk, int tid)
+{
+    const int j = (tid / (D / 64)) * g.tma_rows;
+    return tid < (BN / g.tma_rows) * (D / 64) && c + j < sk ? page_entry(g, b, c + j) : -1;
+}
+
+// The tile's pieces that lie wholly below the sequence's valid keys as TMA boxes counted on
+// bar (lane j issues box j: piece j / (D / 64), column block j % (D / 64); a page id past the
+// pool reads as zeros), the rest (a last page the sequence fills in part, then zeros) by
+// cp.async from the rows' own pages; returns whether there was such a rest. Swizzled tile
+// layout as load_tile_sw's.
+template <typename T, int BN, int D>
+__device__ __forceinline__ bool load_tile_tma(unsigned char *s, const fa_cuda_tmap *map, const fa_cuda_pages &g,
+                                              int page, int b, int hk, const T *pool, int64_t sp, int64_t st,
+                                              int64_t head, int c, int valid, int dim, uint64_t *bar, int tid)
+{
+    constexpr int CB = D / 64, CHUNKS = D / 8, RP = 128 / CHUNKS;
+    static_assert(BN / 8 * CB <= 32, "a lane of the first warp for every box of 8 rows or more");
+    const int R = g.tma_rows, whole = (valid < BN ? valid : BN) / R; // pieces by TMA
+    if (tid < 32) {
+        if (tid == 0 && whole)
+            mbar_expect_tx(bar, whole * CB * R * 128);
+        __syncwarp();
+        if (tid < whole * CB) {
+            const int piece = tid / CB, cb = tid % CB, key = c + piece * R;
+            tma_load_4d(s + (cb * BN + piece * R) * 128, map, cb * 64, slot_in_page(g, key), hk, page, bar);
+        }
+    }
+    if (whole * R == BN)
+        return false;
+    const int col = (tid % CHUNKS) * 8;
+    for (int r = whole * R + tid / CHUNKS; r < BN; r += RP) {
+        const int pg = r < valid ? page_slot(g, b, c + r).page : -1;
+        const bool ok = col < dim && pg >= 0;
+        cp_async16(s + sw_offset(r, col, BN), ok ? pool + pg * sp + slot_in_page(g, c + r) * st + head + col : pool,
+                   ok ? 16 : 0);
+    }
+    return true;
+}
+
 } // namespace fa
