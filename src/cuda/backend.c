@@ -253,6 +253,15 @@ static int decode_route(const fa_problem *p, int64_t rows)
     return fa_cuda_decode_nq((int64_t)p->max_q * p->group);
 }
 
+/* Whether a Hopper kernel of head_dim hd (its table's rows ascending: the first that takes
+ * dim wins) runs head_dim dim, whose tiles are tl: the smallest that holds dim, so 65-96 run
+ * the d128 kernels, their columns past dim zeros, rather than the 96-wide tiles, where rows
+ * are whole 16-byte chunks (others would take the loaders' element-by-element path). */
+static int sm90_takes(int32_t hd, const tiles *tl, int32_t dim)
+{
+    return hd >= dim && (hd == tl->dim || dim % 8 == 0);
+}
+
 static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem *p, int backward,
                          call *c)
 {
@@ -280,14 +289,11 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
         c->decode_sm90 = c->nq && s->hopper && fa_cuda_decode_sm90_fits(p->dim) &&
                          view_aligned(&d->k, p->varlen) && view_aligned(&d->v, p->varlen);
     }
-    /* the Hopper forward of the smallest head_dim that holds dim (rows ascending): 65-96 run the
-     * d128 kernel, its columns past dim zeros, rather than the 96-wide tiles, where rows are
-     * whole 16-byte chunks (others would take its loader's element-by-element path) */
     for (size_t i = 0; s->hopper && !backward && !c->nq && !c->h && i < N_SM90; i++)
-        if (sm90_table[i].dim >= p->dim && (sm90_table[i].dim == c->tl->dim || p->dim % 8 == 0))
+        if (sm90_takes(sm90_table[i].dim, c->tl, p->dim))
             c->h = &sm90_table[i];
-    for (size_t i = 0; s->hopper && backward && i < N_SM90_BWD; i++)
-        if (sm90_bwd_table[i].dim == c->tl->dim)
+    for (size_t i = 0; s->hopper && backward && !c->hb && i < N_SM90_BWD; i++)
+        if (sm90_takes(sm90_bwd_table[i].dim, c->tl, p->dim))
             c->hb = &sm90_bwd_table[i];
 
     fa_cuda_params *k = &c->kp;
@@ -363,7 +369,7 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
         const int64_t step = c->hb->q_step, qtiles = ((int64_t)p->max_q + step - 1) / step;
         const int64_t htiles = (k->rows + step - 1) / step + p->batch;
         int64_t n;
-        if (htiles > INT32_MAX || !fa_mul_ok(htiles, p->heads_q, &n) || !fa_mul_ok(n, step * c->tl->dim * 4, &n))
+        if (htiles > INT32_MAX || !fa_mul_ok(htiles, p->heads_q, &n) || !fa_mul_ok(n, step * c->hb->dim * 4, &n))
             return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "the backward's dQ accumulator overflows 64 bits");
         c->acc_bytes = (size_t)n;
         c->sem_bytes = (sizeof(int) * (size_t)p->batch * p->heads_q * qtiles + 255) / 256 * 256;
@@ -549,7 +555,7 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
         err = backward ? fa_cuda_standard_backward(k, c.bf16, c.krows, s->stream)
                        : fa_cuda_standard_forward(k, c.bf16, s->stream);
     else
-        err = backward ? (c.hb ? fa_cuda_flash_backward_sm90(k, c.bf16, c.tl->dim, s->stream)
+        err = backward ? (c.hb ? fa_cuda_flash_backward_sm90(k, c.bf16, c.hb->dim, s->stream)
                                : fa_cuda_flash_backward(k, c.bf16, c.tl->dim, s->stream))
                        : c.h ? forward_sm90(s, &c, k)
                              : fa_cuda_flash_forward(k, c.bf16, c.tl->dim, s->stream);
