@@ -177,6 +177,11 @@ static int build(const fa_paged_case *c, built *bl)
                                           c->layout == FA_PAGED_HND ? FA_LAYOUT_BHSD : FA_LAYOUT_BSHD, num_pages,
                                           ps, c->heads_kv, c->head_dim);
     }
+    const fa_kv_cache *kc = &d->cache;
+    fa_ref_v_first_nonneg(c->dtype, kc->v, num_pages, kc->v_stride_page, ps, kc->v_stride_token, c->heads_kv,
+                          kc->v_stride_head);
+    if (c->append)
+        fa_ref_v_first_nonneg(c->dtype, vn, total_q, (int64_t)c->heads_kv * c->head_dim, c->heads_kv, c->head_dim, 1, 0);
     if (poison_unused(d, bl->keys, bt, bt_row) != 0)
         return -1;
     d->block_table = bt;

@@ -111,6 +111,14 @@ void fa_case_inputs_free(fa_case_inputs *in);
 /* Fill n elements of dtype t with uniform values in [-amp, amp). */
 void fa_ref_fill(fa_rng *r, fa_dtype t, void *p, int64_t n, double amp);
 
+/* Element 0 of every v vector (at v + i s0 + j s1 + k s2, elements) made non-negative, so that
+ * o's largest element is as large as the terms of the sums that make it: the tolerances'
+ * floors and the standard's gross bound scale with max |o|, and signed values over a few keys
+ * cancel far below their terms' rounding (d1 over 17 bf16 keys: max |o| 0.0037 against the
+ * standard's error of 3.3e-4). The descriptor fuzzer does the same through its own layouts. */
+void fa_ref_v_first_nonneg(fa_dtype t, void *v, int64_t n0, int64_t s0, int64_t n1, int64_t s1, int64_t n2,
+                           int64_t s2);
+
 /* Unit roundoff of a dtype: tolerance floors scale with it. */
 double fa_unit_roundoff(fa_dtype t);
 
