@@ -244,25 +244,12 @@ static void fill(const fa_problem *p, fa_cuda_paged *k)
     k->kv_aligned = p->dim % 8 == 0 && cache_aligned(c);
 }
 
-/* Tensor maps of a's pools for a Hopper kernel's TMA loader where the page size suits its key
- * tile of `keys` rows (fa_cuda_tma_rows); otherwise a->pg.tma_rows stays 0 and it copies rows. */
-static void tma_pages(const cuda_state *s, fa_cuda_params *a, int bf16, int32_t keys)
-{
-    fa_cuda_pages *g = &a->pg;
-    const int32_t rows = fa_cuda_tma_rows(g->size, keys);
-    if (rows && fa_cuda_tma_pool(s->tma_encode, &g->tk, a->k.p, bf16, a->dim, g->size, a->heads_kv, g->num, g->k_sp,
-                                 g->k_st, a->k.sh, rows) &&
-        fa_cuda_tma_pool(s->tma_encode, &g->tv, a->v.p, bf16, a->dim, g->size, a->heads_kv, g->num, g->v_sp,
-                         g->v_st, a->v.sh, rows))
-        g->tma_rows = rows;
-}
-
 /* The Hopper forward over the pages: queries (rotated into the workspace where RoPE is on)
  * in query tiles of one head, keys gathered from the pages by its loader. */
 static cudaError_t run_sm90(const cuda_state *s, fa_cuda_paged *k, const cuda_paged_plan *pl, cudaStream_t stream)
 {
     fa_cuda_params a = k->a;
-    tma_pages(s, &a, pl->bf16, pl->sm90->keys);
+    fa_cuda_tma_paged(s->tma_encode, &a, pl->bf16, pl->sm90->keys);
     if (k->rope_dim) {
         cudaError_t err = fa_cuda_paged_rotate_q(k, pl->bf16, pl->ws, stream);
         if (err != cudaSuccess)
@@ -336,7 +323,7 @@ fa_status fa_cuda_paged_run(fa_context_t ctx, void *state, void *plan, const fa_
     k.max_splits = pl->max_splits;
     k.part = pl->sm90 ? NULL : pl->ws;
     if (pl->decode_sm90 && !pl->sm90)
-        tma_pages(s, &k.a, pl->bf16, FA_CUDA_DECODE_SM90_KEYS);
+        fa_cuda_tma_paged(s->tma_encode, &k.a, pl->bf16, FA_CUDA_DECODE_SM90_KEYS);
     ordering_test(&k);
     cudaError_t err = cudaSuccess;
     if (k.a.pg.append)

@@ -26,7 +26,7 @@ typedef struct fa_cuda_view {
 #define FA_CUDA_DECODE_SPLIT 1024
 #define FA_CUDA_SPLITS_GROWN 64
 /* Keys a stage of the Hopper decode kernel's ring (decode_sm90.cu): its TMA boxes' rows are
- * this or a page size dividing it (fa_cuda_tma_rows). */
+ * this or a page size dividing it (fa_cuda_tma_paged). */
 #define FA_CUDA_DECODE_SM90_KEYS 64
 static inline FA_CUDA_HD int32_t fa_cuda_seq_split(int32_t split, int grow, int32_t keys)
 {

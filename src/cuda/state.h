@@ -53,23 +53,17 @@ int fa_cuda_decode_sm90_fits(int32_t dim);
 /* TMA (tma.c): the driver's cuTensorMapEncodeTiled, NULL where the driver has none. */
 void *fa_cuda_tma_encoder(void);
 
-/* Rows of a page a TMA box of the paged loader takes for key tiles of `keys` rows: the tile
- * when pages hold whole tiles, the page when tiles hold whole pages of 8 or more rows; 0
- * otherwise (the loader copies rows one by one). */
-int32_t fa_cuda_tma_rows(int32_t page_size, int32_t keys);
+/* Tensor maps of k's cache pools (k->pg: [page][token][head][dim], any element strides) for
+ * a Hopper kernel's TMA loader with key tiles of `keys` rows: boxes of the tile where pages
+ * hold whole tiles, of the page where tiles hold whole pages of 8 or more rows, 128-byte
+ * swizzled, 64 columns, columns past dim and pages past the pool read as zeros. Sets k->pg.tk,
+ * tv and tma_rows and returns 1; 0 (k->pg left as it was: the loader copies rows) where the
+ * page size suits no box, there is no encoder or it refuses (pools or strides off 16 bytes). */
+int fa_cuda_tma_paged(void *encoder, fa_cuda_params *k, int bf16, int32_t keys);
 
-/* *map for a pool of f16 / bf16 rows ([page][token][head][dim] with any element strides,
- * head_dim dim contiguous): boxes of `rows` tokens x 64 columns, 128-byte swizzled, columns
- * past dim and pages past the pool read as zeros. 0 where the encoder refuses (the pool's
- * address or strides not on 16 bytes): the caller keeps the row copies. */
-int fa_cuda_tma_pool(void *encoder, fa_cuda_tmap *map, const void *pool, int bf16, int32_t dim, int32_t page_size,
-                     int32_t heads, int32_t pages, int64_t stride_page, int64_t stride_token, int64_t stride_head,
-                     int32_t rows);
-
-/* Fixed-length dense keys of k (no cu_seqlens) as pages for a TMA loader: sequence b is page
- * b of seqlen_k tokens, boxes of `rows` tokens (a tile's rows past seqlen_k read as zeros).
- * Sets k->pg.tk, tv, tma_rows and the page size; 0 where that cannot be (varlen, no keys, no
- * encoder or a refused map) and k is left as it was. */
+/* The same for fixed-length dense keys (no cu_seqlens): sequence b is page b of seqlen_k
+ * tokens, boxes of `rows` tokens (a tile's rows past seqlen_k read as zeros); also sets the
+ * page size. 0 where that cannot be (varlen, no keys, no encoder or a refused map). */
 int fa_cuda_tma_dense(void *encoder, fa_cuda_params *k, int bf16, int32_t rows);
 
 /* Paged calls (paged_host.c). */

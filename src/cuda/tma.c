@@ -29,16 +29,19 @@ void *fa_cuda_tma_encoder(void)
     return fn;
 }
 
-int32_t fa_cuda_tma_rows(int32_t page_size, int32_t keys)
+/* Rows of a page a box takes for key tiles of `keys` rows (fa_cuda_tma_paged), 0: none. */
+static int32_t tma_rows(int32_t page_size, int32_t keys)
 {
     if (page_size >= keys)
         return page_size % keys == 0 ? keys : 0;
     return keys % page_size == 0 && page_size % 8 == 0 ? page_size : 0;
 }
 
-int fa_cuda_tma_pool(void *encoder, fa_cuda_tmap *map, const void *pool, int bf16, int32_t dim, int32_t page_size,
-                     int32_t heads, int32_t pages, int64_t stride_page, int64_t stride_token, int64_t stride_head,
-                     int32_t rows)
+/* *map for a pool of f16 / bf16 rows ([page][token][head][dim] with any element strides,
+ * head_dim dim contiguous): boxes of `rows` tokens x 64 columns. 0 where the encoder refuses. */
+static int pool_map(void *encoder, fa_cuda_tmap *map, const void *pool, int bf16, int32_t dim, int32_t page_size,
+                    int32_t heads, int32_t pages, int64_t stride_page, int64_t stride_token, int64_t stride_head,
+                    int32_t rows)
 {
     if (!encoder || pages < 1 || heads < 1 || stride_page <= 0 || stride_token <= 0 || stride_head <= 0)
         return 0;
@@ -59,20 +62,33 @@ int fa_cuda_tma_pool(void *encoder, fa_cuda_tmap *map, const void *pool, int bf1
     return 1;
 }
 
+/* k's K and V maps over pages of `size` tokens, `num` of them, with those page and token
+ * strides (elements; the heads' from the views); set with tma_rows = rows where both encode. */
+static int pool_maps(void *encoder, fa_cuda_params *k, int bf16, int32_t size, int32_t num, int64_t k_sp,
+                     int64_t k_st, int64_t v_sp, int64_t v_st, int32_t rows)
+{
+    fa_cuda_tmap tk, tv;
+    if (!rows || !pool_map(encoder, &tk, k->k.p, bf16, k->dim, size, k->heads_kv, num, k_sp, k_st, k->k.sh, rows) ||
+        !pool_map(encoder, &tv, k->v.p, bf16, k->dim, size, k->heads_kv, num, v_sp, v_st, k->v.sh, rows))
+        return 0;
+    k->pg.tk = tk;
+    k->pg.tv = tv;
+    k->pg.tma_rows = rows;
+    return 1;
+}
+
+int fa_cuda_tma_paged(void *encoder, fa_cuda_params *k, int bf16, int32_t keys)
+{
+    const fa_cuda_pages *g = &k->pg;
+    return pool_maps(encoder, k, bf16, g->size, g->num, g->k_sp, g->k_st, g->v_sp, g->v_st, tma_rows(g->size, keys));
+}
+
 int fa_cuda_tma_dense(void *encoder, fa_cuda_params *k, int bf16, int32_t rows)
 {
-    fa_cuda_pages *g = &k->pg;
-    fa_cuda_tmap tk, tv;
     if (k->cu_q || k->cu_k || k->seqlen_k <= 0 ||
-        !fa_cuda_tma_pool(encoder, &tk, k->k.p, bf16, k->dim, k->seqlen_k, k->heads_kv, k->batch, k->k.sb, k->k.ss,
-                          k->k.sh, rows) ||
-        !fa_cuda_tma_pool(encoder, &tv, k->v.p, bf16, k->dim, k->seqlen_k, k->heads_kv, k->batch, k->v.sb, k->v.ss,
-                          k->v.sh, rows))
+        !pool_maps(encoder, k, bf16, k->seqlen_k, k->batch, k->k.sb, k->k.ss, k->v.sb, k->v.ss, rows))
         return 0;
-    g->tk = tk;
-    g->tv = tv;
-    g->tma_rows = rows;
-    g->size = k->seqlen_k; /* a key's slot in its "page" is the key */
-    g->shift = -1;
+    k->pg.size = k->seqlen_k; /* a key's slot in its "page" is the key */
+    k->pg.shift = -1;
     return 1;
 }
