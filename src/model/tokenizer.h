@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* What the two tokenizer readers share: the vocabulary table (pieces, their sorted index for
  * lookups, byte-fallback pieces), decoding, and the entry points of tokenizer.json's BPE
- * (tokenizer_json.c) that fa_tokenizer_encode and fa_tokenizer_free dispatch to. */
+ * (tokenizer_json.c reads it, tokenizer_bpe.c encodes) that fa_tokenizer_encode and
+ * fa_tokenizer_free dispatch to. */
 #ifndef FA_MODEL_TOKENIZER_H
 #define FA_MODEL_TOKENIZER_H
 
@@ -45,7 +46,7 @@ static inline size_t fa_tok_len(const fa_tokenizer *t, int32_t id)
 size_t fa_tok_utf8_len(const unsigned char *s, size_t n);
 int fa_tok_valid_utf8(const char *s, size_t n);
 
-/* tokenizer_json.c */
+/* tokenizer_json.c, tokenizer_bpe.c */
 void fa_tok_bpe_free(fa_tok_bpe *b);
 /* The text the tokenizer was read from. */
 const char *fa_tok_bpe_source(const fa_tok_bpe *b, size_t *n);

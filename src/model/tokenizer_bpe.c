@@ -1,0 +1,292 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tokenizer.json's BPE encoding, as HF's tokenizers library encodes: added tokens split out
+ * first, then each segment normalized, pre-tokenized and merged by rank.
+ */
+#include "fail.h"
+#include "tokenizer_bpe.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Length of the Unicode White_Space character at s, 0 if none (HF's char::is_whitespace). */
+static size_t space_len(const unsigned char *s, size_t n)
+{
+    if (n >= 1 && (s[0] == ' ' || (s[0] >= '\t' && s[0] <= '\r')))
+        return 1;
+    if (n >= 2 && s[0] == 0xC2 && (s[1] == 0x85 || s[1] == 0xA0))
+        return 2;
+    if (n >= 3 && s[0] == 0xE1 && s[1] == 0x9A && s[2] == 0x80)
+        return 3; /* U+1680 */
+    if (n >= 3 && s[0] == 0xE2 && s[1] == 0x80 && (s[2] <= 0x8A || s[2] == 0xA8 || s[2] == 0xA9 || s[2] == 0xAF))
+        return 3; /* U+2000..200A, 2028, 2029, 202F */
+    if (n >= 3 && s[0] == 0xE2 && s[1] == 0x81 && s[2] == 0x9F)
+        return 3; /* U+205F */
+    if (n >= 3 && s[0] == 0xE3 && s[1] == 0x80 && s[2] == 0x80)
+        return 3; /* U+3000 */
+    return 0;
+}
+
+/* A whitespace character ending at s + n (n bytes before it available), 0 if none. */
+static size_t space_before(const unsigned char *s, size_t n)
+{
+    for (size_t k = 1; k <= 3 && k <= n; k++)
+        if (space_len(s - k, k) == k)
+            return k;
+    return 0;
+}
+
+
+uint64_t fa_tok_hash64(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xFF51AFD7ED558CCDull;
+    k ^= k >> 33;
+    return k;
+}
+
+int64_t fa_tok_merge_find(const fa_tok_bpe *b, int32_t l, int32_t r)
+{
+    const uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
+    for (uint64_t i = fa_tok_hash64(key) & b->mask;; i = (i + 1) & b->mask) {
+        if (b->keys[i] == key)
+            return (int64_t)i;
+        if (b->keys[i] == EMPTY_KEY)
+            return -1;
+    }
+}
+
+int32_t fa_tok_model_lookup(const fa_tokenizer *t, const char *s, size_t n)
+{
+    int32_t id = n ? fa_tok_lookup(t, s, n) : -1;
+    return id >= 0 && t->bpe->in_model[id] ? id : -1;
+}
+
+typedef struct sink {
+    int32_t *tokens;
+    int32_t cap, k;
+    int over;
+} sink;
+
+static void put(sink *o, int32_t id)
+{
+    if (o->k < o->cap)
+        o->tokens[o->k++] = id;
+    else
+        o->over = 1;
+}
+
+/* One symbol of a word during the merges. */
+typedef struct sym {
+    int32_t id, prev, next, alive;
+} sym;
+
+typedef struct cand {
+    int32_t rank, pos, id;
+} cand;
+
+/* The heap orders candidates by rank, then position: HF's BPE takes the lowest rank first,
+ * the leftmost among equal ranks. */
+static int before(const cand *a, const cand *b)
+{
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static void heap_push(cand *h, int32_t *n, cand c)
+{
+    int32_t i = (*n)++;
+    while (i > 0 && before(&c, &h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = c;
+}
+
+static cand heap_pop(cand *h, int32_t *n)
+{
+    cand top = h[0], last = h[--*n];
+    int32_t i = 0;
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && before(&h[c + 1], &h[c]))
+            c++;
+        if (!before(&h[c], &last))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n > 0)
+        h[i] = last;
+    return top;
+}
+
+typedef struct work {
+    sym *s;     /* [bytes of the longest word] */
+    cand *heap; /* [3 x that] */
+} work;
+
+static void push_pair(const fa_tok_bpe *b, const sym *s, int32_t pos, cand *h, int32_t *n)
+{
+    int64_t m = fa_tok_merge_find(b, s[pos].id, s[s[pos].next].id);
+    if (m >= 0)
+        heap_push(h, n, (cand){ b->rank[m], pos, b->merged[m] });
+}
+
+/* HF's BPE of one word (w[0..n), n > 0): its characters as pieces, byte-fallback pieces or
+ * unk, then the merges (tokenizers' Word::merge_all). */
+static void bpe_word(const fa_tokenizer *t, const char *w, size_t n, work *wk, sink *o)
+{
+    const fa_tok_bpe *b = t->bpe;
+    int32_t id;
+    if (b->ignore_merges && (id = fa_tok_model_lookup(t, w, n)) >= 0) {
+        put(o, id);
+        return;
+    }
+    sym *s = wk->s;
+    int32_t ns = 0, unk_pending = 0;
+    for (size_t i = 0; i < n;) {
+        size_t len = fa_tok_utf8_len((const unsigned char *)w + i, n - i);
+        len = len ? len : 1; /* a byte that starts no UTF-8 character stands alone */
+        if ((id = fa_tok_model_lookup(t, w + i, len)) >= 0) {
+            if (unk_pending)
+                s[ns++].id = b->unk, unk_pending = 0;
+            s[ns++].id = id;
+        } else {
+            int all = b->byte_fallback;
+            for (size_t j = 0; j < len && all; j++)
+                all = b->byte_id[(unsigned char)w[i + j]] >= 0;
+            if (all) {
+                /* as HF: a pending unk is not flushed before byte-fallback pieces */
+                for (size_t j = 0; j < len; j++)
+                    s[ns++].id = b->byte_id[(unsigned char)w[i + j]];
+            } else if (b->unk >= 0) {
+                if (unk_pending && !b->fuse_unk)
+                    s[ns++].id = b->unk;
+                unk_pending = 1;
+            } /* no unk_token: HF drops the character */
+        }
+        i += len;
+    }
+    if (unk_pending)
+        s[ns++].id = b->unk;
+    for (int32_t i = 0; i < ns; i++)
+        s[i].prev = i - 1, s[i].next = i + 1 < ns ? i + 1 : -1, s[i].alive = 1;
+    int32_t nh = 0;
+    for (int32_t i = 0; i + 1 < ns; i++)
+        push_pair(b, s, i, wk->heap, &nh);
+    while (nh > 0) {
+        const cand c = heap_pop(wk->heap, &nh);
+        if (!s[c.pos].alive || s[c.pos].next < 0)
+            continue;
+        const int32_t r = s[c.pos].next;
+        const int64_t m = fa_tok_merge_find(b, s[c.pos].id, s[r].id);
+        if (m < 0 || b->merged[m] != c.id)
+            continue; /* stale: a neighbour changed since it was queued */
+        s[c.pos].id = c.id;
+        s[c.pos].next = s[r].next;
+        s[r].alive = 0;
+        if (s[r].next >= 0)
+            s[s[r].next].prev = c.pos;
+        if (s[c.pos].prev >= 0)
+            push_pair(b, s, s[c.pos].prev, wk->heap, &nh);
+        if (s[c.pos].next >= 0)
+            push_pair(b, s, c.pos, wk->heap, &nh);
+    }
+    for (int32_t i = 0; i < ns; i++)
+        if (s[i].alive)
+            put(o, s[i].id);
+}
+
+/* Text between added tokens: normalized (Prepend, Replace), pre-tokenized (Metaspace), each
+ * word through BPE. at_start: the segment begins the text (Metaspace's "first" scheme). */
+static void encode_segment(const fa_tokenizer *t, const char *s, size_t n, int at_start, char *buf, work *wk,
+                           sink *o)
+{
+    const fa_tok_bpe *b = t->bpe;
+    if (!n)
+        return;
+    size_t m = 0;
+    if (b->prepend)
+        memcpy(buf, META, META_LEN), m = META_LEN;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == ' ' && (b->replace || b->metaspace))
+            memcpy(buf + m, META, META_LEN), m += META_LEN;
+        else
+            buf[m++] = s[i];
+    if ((b->metaspace == 3 || (b->metaspace == 2 && at_start)) && (m < META_LEN || memcmp(buf, META, META_LEN) != 0)) {
+        memmove(buf + META_LEN, buf, m);
+        memcpy(buf, META, META_LEN);
+        m += META_LEN;
+    }
+    if (!b->metaspace || !b->meta_split) {
+        bpe_word(t, buf, m, wk, o);
+        return;
+    }
+    /* Metaspace's split: each "▁" begins a word (MergedWithNext) */
+    size_t w = 0;
+    for (size_t i = 1; i + META_LEN <= m; i++)
+        if (memcmp(buf + i, META, META_LEN) == 0) {
+            bpe_word(t, buf + w, i - w, wk, o);
+            w = i;
+        }
+    bpe_word(t, buf + w, m - w, wk, o);
+}
+
+/* The added token matched at s[0..n) (leftmost-longest is the caller's scan), -1 if none. */
+static int32_t added_at(const fa_tokenizer *t, const char *s, size_t n, size_t *len)
+{
+    int32_t best = -1;
+    *len = 0;
+    for (int32_t k = 0; k < t->bpe->n_added; k++) {
+        const int32_t id = t->bpe->added[k].id;
+        const size_t l = fa_tok_len(t, id);
+        if (l <= n && l > *len && memcmp(s, t->text + t->offset[id], l) == 0)
+            best = k, *len = l;
+    }
+    return best;
+}
+
+fa_status fa_tok_bpe_encode(const fa_tokenizer *t, const char *text, int bos, int eos, int32_t *tokens,
+                            int32_t cap, int32_t *n, char *err)
+{
+    const size_t tl = strlen(text);
+    /* a segment grows by at most "▁" for each space and two prefixes */
+    char *buf = malloc(3 * tl + 2 * META_LEN + 1);
+    work wk = { malloc(sizeof(sym) * (3 * tl + 2 * META_LEN + 1)), malloc(sizeof(cand) * 3 * (3 * tl + 2 * META_LEN + 1)) };
+    if (!buf || !wk.s || !wk.heap) {
+        free(buf), free(wk.s), free(wk.heap);
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for encoding");
+    }
+    sink o = { tokens, cap, 0, 0 };
+    if (bos)
+        put(&o, FA_TOKEN_BOS);
+    size_t seg = 0;
+    for (size_t i = 0; i < tl;) {
+        size_t len;
+        const int32_t k = added_at(t, text + i, tl - i, &len);
+        if (k < 0) {
+            i++;
+            continue;
+        }
+        size_t from = i, to = i + len, w;
+        if (t->bpe->added[k].lstrip)
+            while (from > seg && (w = space_before((const unsigned char *)text + from, from - seg)))
+                from -= w;
+        if (t->bpe->added[k].rstrip)
+            while ((w = space_len((const unsigned char *)text + to, tl - to)))
+                to += w;
+        encode_segment(t, text + seg, from - seg, seg == 0, buf, &wk, &o);
+        put(&o, t->bpe->added[k].id);
+        i = seg = to;
+    }
+    encode_segment(t, text + seg, tl - seg, seg == 0, buf, &wk, &o);
+    if (eos)
+        put(&o, FA_TOKEN_EOS);
+    free(buf), free(wk.s), free(wk.heap);
+    if (o.over)
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "the text encodes to more than cap (%d) tokens", (int)cap);
+    *n = o.k;
+    return FA_OK;
+}

@@ -1,0 +1,42 @@
+/* SPDX-License-Identifier: MIT */
+/* tokenizer.json's BPE as its reader (tokenizer_json.c) leaves it for the encoder
+ * (tokenizer_bpe.c): the merge table, the rules read from the file, the added tokens. */
+#ifndef FA_MODEL_TOKENIZER_BPE_H
+#define FA_MODEL_TOKENIZER_BPE_H
+
+#include "tokenizer.h"
+
+#define META "\xE2\x96\x81" /* U+2581, sentencepiece's word marker */
+#define META_LEN 3
+#define EMPTY_KEY UINT64_MAX
+
+typedef struct added_token {
+    int32_t id;
+    uint8_t lstrip, rstrip;
+} added_token;
+
+struct fa_tok_bpe {
+    uint64_t *keys;          /* [mask + 1] merge table: left << 32 | right, EMPTY_KEY when free */
+    int32_t *rank, *merged;  /* [mask + 1] the merge's rank and the id it makes */
+    uint32_t mask;
+    uint8_t *in_model;       /* [vocab] 1: the id is model.vocab's (BPE sees only those) */
+    int32_t byte_id[256];    /* the <0xNN> piece of each byte, -1 if none */
+    int32_t unk;             /* model.unk_token's id, -1 if none */
+    int fuse_unk, byte_fallback, ignore_merges;
+    int prepend, replace;    /* normalizers Prepend("▁") and Replace(" " -> "▁") */
+    int metaspace;           /* 0 none, else the pre-tokenizer's prepend scheme: 1 never, 2 first, 3 always */
+    int meta_split;
+    added_token *added;      /* [n_added] */
+    int32_t n_added;
+    char *source;            /* the file's text, for writing it back */
+    size_t source_len;
+};
+
+/* The merge table's hash of a (left << 32 | right) key. */
+uint64_t fa_tok_hash64(uint64_t k);
+/* The merge of (l, r): its slot, or -1. */
+int64_t fa_tok_merge_find(const fa_tok_bpe *b, int32_t l, int32_t r);
+/* A model.vocab id of s[0..n), or -1 (added tokens outside model.vocab are not BPE's). */
+int32_t fa_tok_model_lookup(const fa_tokenizer *t, const char *s, size_t n);
+
+#endif
