@@ -8,7 +8,7 @@
 
 BUILD ?= build
 JOBS ?= $(shell nproc)
-DEPS := cmake gcc make pkg-config python3-venv python3-pip libopenblas-dev libcmocka-dev libcjson-dev libegl-dev libgles-dev libegl-mesa0 libgl1-mesa-dri \
+DEPS := cmake gcc make pkg-config python3-venv python3-pip libopenblas-dev libcmocka-dev libcjson-dev libpcre2-dev libegl-dev libgles-dev libegl-mesa0 libgl1-mesa-dri \
         clang libclang-rt-dev libomp-dev
 CMAKE_FLAGS ?=
 # The CUDA backend is built where nvcc is found (CMake's default) and a GPU answers
@@ -90,7 +90,7 @@ fuzz: build
 ARM_BUILD ?= build-arm
 ARM_SYSROOT := /usr/aarch64-linux-gnu
 ARM_DEPS := cmake make gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libopenblas-dev:arm64 \
-            libcmocka-dev:arm64 libcjson-dev:arm64
+            libcmocka-dev:arm64 libcjson-dev:arm64 libpcre2-dev:arm64
 # Debian 12's qemu-user (7.2) hangs here once a guest program runs a second thread (a plain
 # two-thread OpenMP loop does, and so does OpenBLAS's pool), so the emulated tests run on one
 ARM_ENV := OMP_THREAD_LIMIT=1 OPENBLAS_NUM_THREADS=1

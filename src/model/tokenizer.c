@@ -84,6 +84,8 @@ fa_tokenizer *fa_tok_alloc(int32_t vocab_size, size_t text_bytes)
     if (!t)
         return NULL;
     t->vocab_size = vocab_size;
+    t->bos_id = FA_TOKEN_BOS;
+    t->eos_id = FA_TOKEN_EOS;
     t->offset = malloc(((size_t)vocab_size + 1) * sizeof(uint32_t));
     t->text = malloc(text_bytes ? text_bytes : 1);
     if (!t->offset || !t->text) {
@@ -239,7 +241,7 @@ const char *fa_tokenizer_decode(const fa_tokenizer *t, int32_t prev, int32_t tok
     }
     const char *s = t->shown + t->shown_offset[token];
     size_t n = t->shown_offset[token + 1] - t->shown_offset[token] - 1;
-    for (int32_t k = 0; prev == FA_TOKEN_BOS && k < t->strip_after_bos && n > 0 && s[0] == ' '; k++)
+    for (int32_t k = 0; prev == t->bos_id && k < t->strip_after_bos && n > 0 && s[0] == ' '; k++)
         s++, n--;
     *len = n;
     return s;

@@ -13,6 +13,7 @@ typedef struct fa_tok_bpe fa_tok_bpe; /* tokenizer.json: merges, added tokens, r
 struct fa_tokenizer {
     int32_t vocab_size;
     int32_t max_token_length; /* longest piece in bytes */
+    int32_t bos_id, eos_id;   /* what encoding adds when asked (-1: nothing); 1 and 2 but for byte-level BPE */
     float *scores;            /* [vocab] llama2.c: merge priority, higher first; NULL for tokenizer.json */
     uint32_t *offset;         /* [vocab + 1] start of each piece in text */
     char *text;               /* every piece back to back, each followed by a NUL: what the encoder matches */

@@ -199,14 +199,40 @@ static void bpe_word(const fa_tokenizer *t, const char *w, size_t n, work *wk, s
             put(o, s[i].id);
 }
 
-/* Text between added tokens: normalized (Prepend, Replace), pre-tokenized (Metaspace), each
- * word through BPE. at_start: the segment begins the text (Metaspace's "first" scheme). */
-static void encode_segment(const fa_tokenizer *t, const char *s, size_t n, int at_start, char *buf, work *wk,
+/* Byte-level text between added tokens: the pattern's matches and the text between them, each
+ * spelled in the byte alphabet and merged (HF's Split "Isolated", then ByteLevel); -1 when a
+ * match passed PCRE2's step limits. */
+static int encode_bytes(const fa_tokenizer *t, const char *s, size_t n, char *buf, work *wk, sink *o)
+{
+    size_t at = 0, from, to;
+    int r;
+    while (at < n) {
+        if (!t->bpe->split)
+            from = to = n;
+        else if ((r = fa_tok_split_next(t->bpe->split, s, n, at, &from, &to)) < 0)
+            return -1;
+        else if (!r)
+            from = to = n;
+        if (from > at) /* the text before the match is a piece of its own */
+            bpe_word(t, buf, fa_tok_bytes_spelled(s + at, from - at, buf), wk, o);
+        if (to > from)
+            bpe_word(t, buf, fa_tok_bytes_spelled(s + from, to - from, buf), wk, o);
+        at = to;
+    }
+    return 0;
+}
+
+/* Text between added tokens: normalized (Prepend, Replace), pre-tokenized (Metaspace; byte-level
+ * files: encode_bytes), each word through BPE. at_start: the segment begins the text
+ * (Metaspace's "first" scheme). -1 as encode_bytes. */
+static int encode_segment(const fa_tokenizer *t, const char *s, size_t n, int at_start, char *buf, work *wk,
                            sink *o)
 {
     const fa_tok_bpe *b = t->bpe;
     if (!n)
-        return;
+        return 0;
+    if (b->bytelevel)
+        return encode_bytes(t, s, n, buf, wk, o);
     size_t m = 0;
     if (b->prepend)
         memcpy(buf, META, META_LEN), m = META_LEN;
@@ -222,7 +248,7 @@ static void encode_segment(const fa_tokenizer *t, const char *s, size_t n, int a
     }
     if (!b->metaspace || !b->meta_split) {
         bpe_word(t, buf, m, wk, o);
-        return;
+        return 0;
     }
     /* Metaspace's split: each "▁" begins a word (MergedWithNext) */
     size_t w = 0;
@@ -232,6 +258,7 @@ static void encode_segment(const fa_tokenizer *t, const char *s, size_t n, int a
             w = i;
         }
     bpe_word(t, buf + w, m - w, wk, o);
+    return 0;
 }
 
 /* The added token matched at s[0..n) (leftmost-longest is the caller's scan), -1 if none. */
@@ -252,6 +279,9 @@ fa_status fa_tok_bpe_encode(const fa_tokenizer *t, const char *text, int bos, in
                             int32_t cap, int32_t *n, char *err)
 {
     const size_t tl = strlen(text);
+    if (t->bpe->bytelevel && !fa_tok_valid_utf8(text, tl)) /* the pattern runs on characters */
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "text is not valid UTF-8 (a byte-level tokenizer's "
+                                                           "pattern matches characters)");
     /* a segment grows by at most "▁" for each space and two prefixes */
     char *buf = malloc(3 * tl + 2 * META_LEN + 1);
     work wk = { malloc(sizeof(sym) * (3 * tl + 2 * META_LEN + 1)), malloc(sizeof(cand) * 3 * (3 * tl + 2 * META_LEN + 1)) };
@@ -260,10 +290,11 @@ fa_status fa_tok_bpe_encode(const fa_tokenizer *t, const char *text, int bos, in
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for encoding");
     }
     sink o = { tokens, cap, 0, 0 };
-    if (bos)
-        put(&o, FA_TOKEN_BOS);
+    if (bos && t->bos_id >= 0)
+        put(&o, t->bos_id);
     size_t seg = 0;
-    for (size_t i = 0; i < tl;) {
+    int bad = 0; /* a match passed the pattern's step limits */
+    for (size_t i = 0; i < tl && !bad;) {
         size_t len;
         const int32_t k = added_at(t, text + i, tl - i, &len);
         if (k < 0) {
@@ -277,14 +308,17 @@ fa_status fa_tok_bpe_encode(const fa_tokenizer *t, const char *text, int bos, in
         if (t->bpe->added[k].rstrip)
             while ((w = space_len((const unsigned char *)text + to, tl - to)))
                 to += w;
-        encode_segment(t, text + seg, from - seg, seg == 0, buf, &wk, &o);
+        bad = encode_segment(t, text + seg, from - seg, seg == 0, buf, &wk, &o) < 0;
         put(&o, t->bpe->added[k].id);
         i = seg = to;
     }
-    encode_segment(t, text + seg, tl - seg, seg == 0, buf, &wk, &o);
-    if (eos)
-        put(&o, FA_TOKEN_EOS);
+    bad = bad || encode_segment(t, text + seg, tl - seg, seg == 0, buf, &wk, &o) < 0;
+    if (eos && t->eos_id >= 0)
+        put(&o, t->eos_id);
     free(buf), free(wk.s), free(wk.heap);
+    if (bad)
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                             "the pre-tokenizer's pattern took more steps than its limit on this text");
     if (o.over)
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "the text encodes to more than cap (%d) tokens", (int)cap);
     *n = o.k;

@@ -6,6 +6,8 @@
 
 #include "tokenizer.h"
 
+typedef struct fa_tok_split fa_tok_split;
+
 #define META "\xE2\x96\x81" /* U+2581, sentencepiece's word marker */
 #define META_LEN 3
 #define EMPTY_KEY UINT64_MAX
@@ -26,11 +28,29 @@ struct fa_tok_bpe {
     int prepend, replace;    /* normalizers Prepend("▁") and Replace(" " -> "▁") */
     int metaspace;           /* 0 none, else the pre-tokenizer's prepend scheme: 1 never, 2 first, 3 always */
     int meta_split;
+    int bytelevel;           /* ByteLevel pre-tokenizer and decoder: pieces spell bytes (tokenizer_bytes.c) */
+    fa_tok_split *split;     /* the pre-tokenizer's pattern (Split, or ByteLevel's use_regex), NULL for none */
     added_token *added;      /* [n_added] */
     int32_t n_added;
     char *source;            /* the file's text, for writing it back */
     size_t source_len;
 };
+
+/* tokenizer_bytes.c: the pre-tokenizer's pattern, compiled by PCRE2 (UTF, Unicode properties)
+ * with limits on the steps of a match. pattern NULL: GPT-2's (ByteLevel's use_regex); literal:
+ * the pattern is a plain string. On error, msg says why (status FA_ERR_INVALID_VALUE or
+ * FA_ERR_OUT_OF_MEMORY). */
+fa_status fa_tok_split_compile(const char *pattern, size_t len, int literal, fa_tok_split **out, char *msg,
+                               size_t cap);
+void fa_tok_split_free(fa_tok_split *s);
+/* The first non-empty match in text[at..n) (valid UTF-8) as [from, to): 1; 0 when there is
+ * none; -1 when a match passed the step limits. */
+int fa_tok_split_next(const fa_tok_split *s, const char *text, size_t n, size_t at, size_t *from, size_t *to);
+/* s[0..n) spelled in the byte alphabet into out (at most 2n bytes); its length. */
+size_t fa_tok_bytes_spelled(const char *s, size_t n, char *out);
+/* A piece's bytes (HF's ByteLevel decoder): each character of the byte alphabet to its byte
+ * when all are, else the piece as it is; into out (at most n bytes); the length. */
+size_t fa_tok_bytes_read(const char *s, size_t n, char *out);
 
 /* The merge table's hash of a (left << 32 | right) key. */
 uint64_t fa_tok_hash64(uint64_t k);

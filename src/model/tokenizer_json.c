@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Hugging Face tokenizer.json for Llama-2-style sentencepiece BPE: read with cJSON and checked
- * field by field, encoded as HF's tokenizers library encodes (added tokens split out first,
- * the Prepend / Replace normalizers or the Metaspace pre-tokenizer, byte fallback, merges by
- * rank), decoded through the file's Replace / ByteFallback / Strip decoders.
+ * Hugging Face tokenizer.json, read with cJSON and checked field by field: Llama-2-style
+ * sentencepiece BPE (the Prepend / Replace normalizers or the Metaspace pre-tokenizer, byte
+ * fallback; decoded through the file's Replace / ByteFallback / Strip decoders) and Llama-3-style
+ * byte-level BPE (a regex Split then ByteLevel, or ByteLevel alone; the ByteLevel decoder; BOS
+ * from the post_processor's template). tokenizer_bpe.c encodes as HF's tokenizers library does.
  */
 #include "fail.h"
 #include "tokenizer_bpe.h"
@@ -30,6 +31,7 @@ void fa_tok_bpe_free(fa_tok_bpe *b)
     free(b->in_model);
     free(b->added);
     free(b->source);
+    fa_tok_split_free(b->split);
     free(b);
 }
 
@@ -188,6 +190,54 @@ static fa_status metaspace_scheme(const reader *rd, const cJSON *o, const char *
     return FA_OK;
 }
 
+/* A ByteLevel pre-tokenizer: pieces spelled in the byte alphabet; its own pattern (GPT-2's)
+ * when use_regex, which must be false after a Split. */
+static fa_status read_byte_level(const reader *rd, const cJSON *o, const char *where, int after_split, fa_tok_bpe *b)
+{
+    int prefix = 1, regex = 1;
+    fa_status st;
+    if ((st = get_bool(rd, o, where, "add_prefix_space", 1, &prefix)) ||
+        (st = get_bool(rd, o, where, "use_regex", 1, &regex)))
+        return st;
+    if (prefix)
+        return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED, "'%s': %sadd_prefix_space true is not supported (Llama 3's "
+                             "is false)", rd->file, where);
+    if (regex && after_split)
+        return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED, "'%s': %suse_regex true after a Split is not supported",
+                             rd->file, where);
+    b->bytelevel = 1;
+    if (!regex)
+        return FA_OK;
+    char why[200];
+    if ((st = fa_tok_split_compile(NULL, 0, 0, &b->split, why, sizeof(why))) != FA_OK)
+        return fa_model_fail(rd->err, st, "'%s': %sGPT-2's pattern: %s", rd->file, where, why);
+    return FA_OK;
+}
+
+/* A Split pre-tokenizer whose matches and the text between them are the pieces: pattern
+ * {"Regex": ...} or {"String": ...}, behavior Isolated, invert false. */
+static fa_status read_split(const reader *rd, const cJSON *o, fa_tok_bpe *b)
+{
+    const cJSON *pat = item(o, "pattern");
+    const char *re = cJSON_GetStringValue(item(pat, "Regex")), *lit = cJSON_GetStringValue(item(pat, "String"));
+    int invert = 0;
+    fa_status st;
+    if (!re && !lit)
+        return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT,
+                             "'%s': pre_tokenizer Split's pattern must be {\"Regex\": ...} or {\"String\": ...}", rd->file);
+    if ((st = want_string(rd, o, "pre_tokenizer Split's ", "behavior", "Isolated", 0)) ||
+        (st = get_bool(rd, o, "pre_tokenizer Split's ", "invert", 0, &invert)))
+        return st;
+    if (invert)
+        return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED, "'%s': pre_tokenizer Split's invert true is not supported",
+                             rd->file);
+    char why[200];
+    const char *text = re ? re : lit;
+    if ((st = fa_tok_split_compile(text, strlen(text), !re, &b->split, why, sizeof(why))) != FA_OK)
+        return fa_model_fail(rd->err, st, "'%s': pre_tokenizer Split's pattern %s", rd->file, why);
+    return FA_OK;
+}
+
 static fa_status read_pre_tokenizer(const reader *rd, const cJSON *p, fa_tok_bpe *b)
 {
     if (!p)
@@ -196,25 +246,41 @@ static fa_status read_pre_tokenizer(const reader *rd, const cJSON *p, fa_tok_bpe
     const char *t = type_of(rd, p, "pre_tokenizer", &st);
     if (!t)
         return st;
+    if (strcmp(t, "ByteLevel") == 0)
+        return read_byte_level(rd, p, "pre_tokenizer ByteLevel's ", 0, b);
+    if (strcmp(t, "Sequence") == 0) { /* Llama 3: a regex Split, then ByteLevel */
+        const cJSON *list = item(p, "pretokenizers");
+        const char *t0 = NULL, *t1 = NULL;
+        if (cJSON_GetArraySize(list) == 2) {
+            t0 = type_of(rd, list->child, "pre_tokenizer.pretokenizers[0]", &st);
+            t1 = t0 ? type_of(rd, list->child->next, "pre_tokenizer.pretokenizers[1]", &st) : NULL;
+        }
+        if (!cJSON_IsArray(list) || !t0 || !t1 || strcmp(t0, "Split") || strcmp(t1, "ByteLevel"))
+            return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED,
+                                 "'%s': pre_tokenizer Sequence must be a Split then ByteLevel (Llama 3's)", rd->file);
+        if ((st = read_split(rd, list->child, b)) != FA_OK)
+            return st;
+        return read_byte_level(rd, list->child->next, "pre_tokenizer ByteLevel's ", 1, b);
+    }
     if (strcmp(t, "Metaspace") != 0)
         return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED,
-                             "'%s': pre_tokenizer type '%.40s' is not supported: only Llama-2-style sentencepiece "
-                             "BPE is read (no pre_tokenizer, or Metaspace); Llama-3's byte-level BPE (ByteLevel "
-                             "with a regex Split) is not",
+                             "'%s': pre_tokenizer type '%.40s' is not supported: Metaspace (Llama 2's sentencepiece "
+                             "BPE), ByteLevel alone or after a Split (Llama 3's byte-level BPE), or none",
                              rd->file, t);
     if ((st = metaspace_scheme(rd, p, "pre_tokenizer.", &b->metaspace)) != FA_OK)
         return st;
     return get_bool(rd, p, "pre_tokenizer.", "split", 1, &b->meta_split);
 }
 
-static fa_status read_decoder(const reader *rd, const cJSON *d, fa_tokenizer *t, int *replace, int *bytes)
+static fa_status read_decoder(const reader *rd, const cJSON *d, fa_tokenizer *t, int *replace, int *bytes,
+                              int *bytelevel)
 {
-    *replace = *bytes = 0;
+    *replace = *bytes = *bytelevel = 0;
     t->strip_after_bos = 0;
     if (!d) /* HF joins the tokens with spaces then: not a sentencepiece tokenizer's text */
         return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED,
-                             "'%s': decoder is missing (Replace \"" META "\" by \" \", ByteFallback, Fuse, Strip, or "
-                             "Metaspace are read)",
+                             "'%s': decoder is missing (Replace \"" META "\" by \" \", ByteFallback, Fuse, Strip, "
+                             "Metaspace or ByteLevel are read)",
                              rd->file);
     fa_status st;
     const char *ty = type_of(rd, d, "decoder", &st);
@@ -252,6 +318,8 @@ static fa_status read_decoder(const reader *rd, const cJSON *d, fa_tokenizer *t,
                                      "'%s': decoder Strip before Replace (\"" META "\" by \" \") is not supported",
                                      rd->file);
             t->strip_after_bos = (int32_t)s;
+        } else if (strcmp(ty, "ByteLevel") == 0) {
+            *bytelevel = 1; /* its options shape offsets only */
         } else if (strcmp(ty, "Metaspace") == 0) {
             int scheme;
             if ((st = metaspace_scheme(rd, one, "decoder.", &scheme)) != FA_OK)
@@ -261,10 +329,17 @@ static fa_status read_decoder(const reader *rd, const cJSON *d, fa_tokenizer *t,
         } else {
             return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED,
                                  "'%s': decoder type '%.40s' is not supported (Replace, ByteFallback, Fuse, Strip, "
-                                 "Metaspace; Llama-3's ByteLevel is not read)",
+                                 "Metaspace, ByteLevel)",
                                  rd->file, ty);
         }
     }
+    if (*bytelevel != t->bpe->bytelevel || (*bytelevel && (*replace || *bytes || t->strip_after_bos)))
+        return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED,
+                             "'%s': decoder: %s", rd->file,
+                             *bytelevel != t->bpe->bytelevel
+                                 ? "a ByteLevel pre_tokenizer and the ByteLevel decoder go together (one without the "
+                                   "other spells bytes as letters)"
+                                 : "ByteLevel with Replace, ByteFallback, Strip or Metaspace is not supported");
     return FA_OK;
 }
 
@@ -370,8 +445,8 @@ static fa_status read_added(const reader *rd, const cJSON *list, int32_t vocab_s
 }
 
 /* The pieces into t's table (text bytes in all, checked to fit 32-bit offsets) and their
- * decoded forms ("▁" as a space when replace); 0 when out of memory. */
-static int build_table(fa_tokenizer *t, const parsed *p, size_t text, int replace)
+ * decoded forms ("▁" as a space when replace, bytes when bytelevel); 0 when out of memory. */
+static int build_table(fa_tokenizer *t, const parsed *p, size_t text, int replace, int bytelevel)
 {
     uint32_t o = 0, so = 0;
     t->shown = malloc(text);
@@ -387,7 +462,9 @@ static int build_table(fa_tokenizer *t, const parsed *p, size_t text, int replac
         memcpy(t->text + o, s, len + 1);
         o += (uint32_t)len + 1;
         t->shown_offset[id] = so;
-        for (size_t i = 0; i < len;) {
+        if (bytelevel)
+            so += (uint32_t)fa_tok_bytes_read(s, len, t->shown + so);
+        for (size_t i = 0; i < len && !bytelevel;) {
             if (replace && strncmp(s + i, META, META_LEN) == 0) {
                 t->shown[so++] = ' ';
                 i += META_LEN;
@@ -514,6 +591,61 @@ static fa_status read_model(const reader *rd, const cJSON *model, fa_tok_bpe *b)
     return FA_OK;
 }
 
+/* Byte-level files: the BOS that HF's post_processor puts first (TemplateProcessing, alone or
+ * in a Sequence beside ByteLevel's, whose options shape offsets only): its single template
+ * must be [$A] (no BOS: -1) or [special token, $A]. */
+static fa_status read_bos(const reader *rd, const cJSON *pp, int32_t vocab_size, const uint8_t *special, int32_t *bos)
+{
+    *bos = -1;
+    if (!pp)
+        return FA_OK;
+    fa_status st;
+    const char *ty = type_of(rd, pp, "post_processor", &st);
+    if (!ty)
+        return st;
+    const cJSON *list = pp, *one = pp, *tp = NULL;
+    if (strcmp(ty, "Sequence") == 0) {
+        list = item(pp, "processors");
+        if (!cJSON_IsArray(list))
+            return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT,
+                                 "'%s': post_processor.processors is missing or not an array", rd->file);
+        one = list->child;
+    }
+    for (; one; one = list == pp ? NULL : one->next) {
+        if (!(ty = type_of(rd, one, "a post_processor", &st)))
+            return st;
+        if (strcmp(ty, "TemplateProcessing") == 0 && !tp)
+            tp = one;
+        else if (strcmp(ty, "ByteLevel") != 0)
+            return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED, "'%s': post_processor '%.40s' is not supported "
+                                 "(one TemplateProcessing, ByteLevel)", rd->file, ty);
+    }
+    if (!tp)
+        return FA_OK;
+    const cJSON *single = item(tp, "single");
+    const int n = cJSON_GetArraySize(single);
+    const cJSON *first = cJSON_IsArray(single) ? single->child : NULL, *last = n == 2 ? first->next : first;
+    const char *a = cJSON_GetStringValue(item(item(last, "Sequence"), "id"));
+    const char *name = n == 2 ? cJSON_GetStringValue(item(item(first, "SpecialToken"), "id")) : NULL;
+    if ((n != 1 && n != 2) || !a || strcmp(a, "A") != 0 || (n == 2 && !name))
+        return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED, "'%s': post_processor's single template must be [$A] or "
+                             "[a special token, $A]", rd->file);
+    if (n == 1)
+        return FA_OK;
+    const cJSON *ids = item(item(item(tp, "special_tokens"), name), "ids");
+    char what[96];
+    snprintf(what, sizeof(what), "post_processor.special_tokens['%.40s'].ids[0]", name);
+    if (cJSON_GetArraySize(ids) != 1)
+        return fa_model_fail(rd->err, FA_ERR_INVALID_VALUE, "'%s': post_processor.special_tokens['%.40s'].ids must "
+                             "hold one id", rd->file, name);
+    if ((st = get_id(rd, ids->child, vocab_size, what, bos)) != FA_OK)
+        return st;
+    if (!special[*bos])
+        return fa_model_fail(rd->err, FA_ERR_INVALID_VALUE, "'%s': %s (%d) is not a special token of added_tokens",
+                             rd->file, what, (int)*bos);
+    return FA_OK;
+}
+
 fa_status fa_tokenizer_from_json(const char *file, const char *json, size_t bytes, int32_t vocab_size,
                                  fa_tokenizer **out, char *err)
 {
@@ -544,7 +676,8 @@ fa_status fa_tokenizer_from_json(const char *file, const char *json, size_t byte
     uint8_t *special = calloc((size_t)vocab_size, 1);
     fa_tok_bpe *b = calloc(1, sizeof(*b));
     fa_status st = FA_OK;
-    int replace = 0, dec_bytes = 0;
+    int replace = 0, dec_bytes = 0, dec_bytelevel = 0;
+    int32_t bos = FA_TOKEN_BOS;
     if (!p.piece || !special || !b || !(b->in_model = calloc((size_t)vocab_size, 1))) {
         st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory reading '%s'", file);
         goto done;
@@ -559,7 +692,14 @@ fa_status fa_tokenizer_from_json(const char *file, const char *json, size_t byte
         (st = read_vocab(&rd, item(model, "vocab"), vocab_size, &p, b->in_model)) ||
         (st = read_added(&rd, item(j, "added_tokens"), vocab_size, &p, b, special)))
         goto done;
-    if (!special[FA_TOKEN_BOS] || !special[FA_TOKEN_EOS]) {
+    if (b->bytelevel && (b->prepend || b->replace)) {
+        st = fa_model_fail(err, FA_ERR_UNSUPPORTED, "'%s': normalizer: Prepend or Replace with a ByteLevel "
+                           "pre_tokenizer is not supported", file);
+        goto done;
+    }
+    if (b->bytelevel && (st = read_bos(&rd, item(j, "post_processor"), vocab_size, special, &bos)) != FA_OK)
+        goto done;
+    if (!b->bytelevel && (!special[FA_TOKEN_BOS] || !special[FA_TOKEN_EOS])) {
         st = fa_model_fail(err, FA_ERR_INVALID_VALUE,
                            "'%s': the runner starts sequences with id 1 and stops at id 2: added_tokens must hold "
                            "both as special tokens",
@@ -584,9 +724,11 @@ fa_status fa_tokenizer_from_json(const char *file, const char *json, size_t byte
         goto done;
     }
     t->bpe = b;
-    if ((st = read_decoder(&rd, item(j, "decoder"), t, &replace, &dec_bytes)) != FA_OK)
+    if (b->bytelevel) /* the ids of the template's BOS; EOS is the model's (config.json) */
+        t->bos_id = bos, t->eos_id = -1;
+    if ((st = read_decoder(&rd, item(j, "decoder"), t, &replace, &dec_bytes, &dec_bytelevel)) != FA_OK)
         goto done;
-    if (!build_table(t, &p, text, replace)) {
+    if (!build_table(t, &p, text, replace, dec_bytelevel)) {
         st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory reading '%s'", file);
         goto done;
     }
