@@ -82,6 +82,7 @@ fuzz: build
 	cmake --build $(BUILD)-fuzz --target fuzz_loader -j $(JOBS)
 	mkdir -p $(BUILD)-fuzz/corpus
 	cp models/tok512.bin $(BUILD)-fuzz/corpus/
+	cp tests/data/bytelevel_small.json $(BUILD)-fuzz/corpus/
 	./$(BUILD)/flashattn gen-model --config 8x1x2x1x8x16x4 --out $(BUILD)-fuzz/corpus/tiny.bin
 	./$(BUILD)-fuzz/tests/fuzz_loader -max_total_time=$(FUZZ_SECONDS) -max_len=8192 $(BUILD)-fuzz/corpus
 

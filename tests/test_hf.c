@@ -598,6 +598,11 @@ static void test_config_refusals(void **state)
         { "rope_theta", "-1", FA_ERR_INVALID_VALUE, "rope_theta" },
         { "tie_word_embeddings", "1", FA_ERR_INVALID_VALUE, "tie_word_embeddings" },
         { "tie_word_embeddings", "false", FA_ERR_INVALID_ARGUMENT, "lm_head.weight" },
+        { "bos_token_id", "\"<s>\"", FA_ERR_INVALID_VALUE, "bos_token_id" },
+        { "bos_token_id", "64", FA_ERR_INVALID_VALUE, "bos_id (64)" },
+        { "eos_token_id", "[2, -1]", FA_ERR_INVALID_VALUE, "eos_token_id" },
+        { "eos_token_id", "[1, 2, 3, 4, 5, 6, 7, 8, 9]", FA_ERR_UNSUPPORTED, "at most 8" },
+        { "eos_token_id", "[2, 64]", FA_ERR_INVALID_VALUE, "eos_ids[1] (64)" },
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char keep[64];
@@ -784,6 +789,72 @@ static void test_reexport_and_bounds(void **state)
     fa_model_free(b);
 }
 
+/* Greedy ids (prompt echo, then generated) of m with tokenizer t. */
+static void greedy_with(const fa_model *m, const fa_tokenizer *t, const char *prompt, int steps, collect *c)
+{
+    char err[FA_MODEL_ERR_LEN];
+    fa_model_state *st;
+    fa_sampler *smp;
+    assert_int_equal(fa_model_state_create(m, ctx, NULL, &st, err), FA_OK);
+    assert_int_equal(fa_sampler_create(m->config.vocab_size, 0.0f, 0.9f, 1, &smp, err), FA_OK);
+    memset(c, 0, sizeof(*c));
+    if (fa_generate(m, t, st, smp, prompt, steps, on_token, c, NULL, err) != FA_OK)
+        fail_msg("%s", err);
+    fa_sampler_free(smp);
+    fa_model_state_free(st);
+}
+
+/* Llama 3's conventions end to end on the CPU: config.json's bos_token_id and eos_token_id
+ * list survive the HF round trip; the byte-level tokenizer.json beside the weights (the
+ * tokenizer test's fixture) starts prompts with its template's BOS; greedy generation stops
+ * at the first id of the EOS list, and a model whose list has none of its ids does not. */
+static void test_llama3_ids(void **state)
+{
+    (void)state;
+    char err[FA_MODEL_ERR_LEN], dir[64];
+    fa_model_config c;
+    fa_tokenizer *t;
+    assert_int_equal(fa_model_config_parse("64x2x4x2x96x-868x96", &c, err), FA_OK);
+    c.bos_id = 863, c.n_eos = 1, c.eos_ids[0] = 867; /* <|begin_of_text|>, <|eot_id|> */
+    fa_model *m;
+    assert_int_equal(fa_model_synth(&c, seed, &m, err), FA_OK);
+    assert_int_equal(fa_tokenizer_open(FA_TEST_DATA_DIR "/bytelevel_tokenizer.json", 868, &t, err), FA_OK);
+    const char *prompt = "Once upon a time, the quick brown fox";
+    int32_t ids[64], n = 0;
+    assert_int_equal(fa_tokenizer_encode(t, prompt, 1, 0, ids, 64, &n, err), FA_OK);
+    assert_int_equal(ids[0], 863);
+    collect *a = malloc(sizeof(collect)), *b = malloc(sizeof(collect));
+    greedy_with(m, t, prompt, 80, a);
+    /* the EOS list gets a token greedy decoding makes, not for the first time, 3 steps in */
+    int j = n - 1 + 3;
+    for (int seen = 1; j < a->n && seen; j++) {
+        seen = a->ids[j] == 863;
+        for (int k = n - 1; k < j && !seen; k++)
+            seen = a->ids[k] == a->ids[j];
+        if (!seen)
+            break;
+    }
+    assert_true(j < a->n);
+    const int32_t g = a->ids[j];
+    fa_model_free(m);
+    c.n_eos = 2, c.eos_ids[1] = g;
+    assert_int_equal(fa_model_synth(&c, seed, &m, err), FA_OK);
+    mktemp_dir(dir);
+    assert_int_equal(fa_model_write_hf(m, dir, FA_HF_BF16, 1, err), FA_OK);
+    fa_model *h = open_hf(dir);
+    assert_int_equal(h->config.bos_id, 863);
+    assert_int_equal(h->config.n_eos, 2);
+    assert_int_equal(h->config.eos_ids[0], 867);
+    assert_int_equal(h->config.eos_ids[1], g);
+    assert_true(fa_model_is_stop(&h->config, g) && fa_model_is_stop(&h->config, 863) && !fa_model_is_stop(&h->config, 2));
+    greedy_with(m, t, prompt, 80, b);
+    print_message("greedy made %d ids; with id %d in the EOS list it stops after %d\n", a->n, (int)g, b->n);
+    assert_int_equal(b->n, j);
+    assert_memory_equal(a->ids, b->ids, sizeof(int32_t) * (size_t)j);
+    fa_model_free(h), fa_model_free(m), fa_tokenizer_free(t), free(a), free(b);
+    rm_dir(dir);
+}
+
 int main(void)
 {
     const char *s = getenv("FLASHATTN_TEST_SEED");
@@ -808,6 +879,7 @@ int main(void)
         cmocka_unit_test(test_safetensors_refusals),
         cmocka_unit_test(test_index_refusals),
         cmocka_unit_test(test_reexport_and_bounds),
+        cmocka_unit_test(test_llama3_ids),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fa_context_destroy(ctx);

@@ -136,7 +136,7 @@ static void test_stops_at_eos(void **state)
 {
     story *s = *state;
     char err[FA_MODEL_ERR_LEN];
-    const fa_model_config c = { 64, 96, 2, 8, 4, 512, 64, 0, 0.0f, 0.0f, { 0 } };
+    const fa_model_config c = { 64, 96, 2, 8, 4, 512, 64, 0, 0.0f, 0.0f, { 0 }, 0, 0, { 0 } };
     fa_model *m;
     assert_int_equal(fa_model_synth(&c, 7, &m, err), FA_OK);
     float *wo = (float *)m->w.wo, *w2 = (float *)m->w.w2, *rf = (float *)m->w.rms_final;

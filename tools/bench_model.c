@@ -301,7 +301,7 @@ int cmd_bench_model(int argc, char **argv)
     uint64_t x = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 1;
     for (int32_t i = 0; i < n; i++) { /* xorshift64: random ids, BOS first */
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        ids[i] = i == 0 ? FA_TOKEN_BOS : (int32_t)(x % (uint64_t)c.vocab_size);
+        ids[i] = i == 0 && m->config.bos_id >= 0 ? m->config.bos_id : (int32_t)(x % (uint64_t)c.vocab_size);
     }
     if (engine) {
         rc = cli_bench_engine(m, backend, no_graphs, (int32_t)page, ids, n, (int32_t)decode, batches, n_batches);

@@ -274,7 +274,7 @@ int cmd_bench_serve(int argc, char **argv)
         const double now = cli_now() - t0;
         for (; added < o.requests && rq[added].arrival <= now; added++) {
             request *q = &rq[added];
-            prompt[0] = FA_TOKEN_BOS;
+            prompt[0] = c->bos_id >= 0 ? c->bos_id : FA_TOKEN_BOS % c->vocab_size;
             for (int32_t j = 1; j < q->n; j++)
                 prompt[j] = 3 + (int32_t)(next_u64(&r) % (uint64_t)(c->vocab_size > 3 ? c->vocab_size - 3 : 1));
             if ((st = fa_sched_add(sc, prompt, q->n, q->out, &q->id, err)) != FA_OK) {

@@ -131,7 +131,11 @@ static fa_status generate_engine(const fa_model *m, const fa_tokenizer *t, const
     fa_engine *e = NULL;
     fa_sched *sc = NULL;
     int32_t n = 0;
-    fa_status st = fa_tokenizer_encode(t, prompt, 1, 0, ids, (int32_t)cap, &n, err);
+    fa_status st = FA_ERR_UNSUPPORTED;
+    if (fa_tokenizer_bos(t) < 0)
+        snprintf(err, FA_MODEL_ERR_LEN, "%s", FA_GENERATE_NO_BOS);
+    else
+        st = fa_tokenizer_encode(t, prompt, 1, 0, ids, (int32_t)cap, &n, err);
     if (st != FA_OK)
         goto done;
     const int32_t np = n < steps ? n : steps, warm = np < FA_GENERATE_WARMUP ? np : FA_GENERATE_WARMUP;
@@ -185,7 +189,7 @@ static fa_status generate_engine(const fa_model *m, const fa_tokenizer *t, const
         if (s.sample[0] && !stop) {
             const int32_t token = next[0];
             gs->generated++;
-            stop = token == FA_TOKEN_BOS || token == FA_TOKEN_EOS;
+            stop = fa_model_is_stop(&m->config, token);
             if (!stop) {
                 size_t len;
                 const char *txt = fa_tokenizer_decode(t, prev, token, &len);
@@ -332,7 +336,7 @@ int cmd_generate(int argc, char **argv)
         goto done;
     }
     if (print_ids) {
-        fprintf(stderr, "ids: %d", FA_TOKEN_BOS);
+        fprintf(stderr, "ids: %d", (int)fa_tokenizer_bos(tok));
         for (int64_t i = 0; i < k.n; i++)
             fprintf(stderr, " %d", (int)k.ids[i]);
         fprintf(stderr, "\n");

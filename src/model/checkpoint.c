@@ -104,6 +104,14 @@ static int layout_of(const fa_model_config *c, layout *l)
            (l->classifier = c->shared_classifier ? 0 : l->embedding, 1);
 }
 
+int fa_model_is_stop(const fa_model_config *c, int32_t token)
+{
+    int stop = token == c->bos_id;
+    for (int32_t i = 0; i < c->n_eos && i < FA_MODEL_MAX_EOS; i++)
+        stop |= token == c->eos_ids[i];
+    return stop;
+}
+
 fa_status fa_model_config_check(const fa_model_config *c, uint64_t *bytes, char *err)
 {
     if (!c)
@@ -155,6 +163,15 @@ fa_status fa_model_config_check(const fa_model_config *c, uint64_t *bytes, char 
                              "rope_scaling: llama3 needs 0 < low_freq_factor (%g) < high_freq_factor (%g) and "
                              "original_max_position_embeddings (%d) > 0",
                              (double)rs->low_freq_factor, (double)rs->high_freq_factor, (int)rs->original_max_pos);
+    if (c->bos_id < -1 || c->bos_id >= c->vocab_size)
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "bos_id (%d) must be -1 (none) or an id below vocab_size (%d)",
+                             (int)c->bos_id, (int)c->vocab_size);
+    if (c->n_eos < 0 || c->n_eos > FA_MODEL_MAX_EOS)
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "n_eos (%d) must be 0..%d", (int)c->n_eos, FA_MODEL_MAX_EOS);
+    for (int32_t i = 0; i < c->n_eos; i++)
+        if (c->eos_ids[i] < 0 || c->eos_ids[i] >= c->vocab_size)
+            return fa_model_fail(err, FA_ERR_INVALID_VALUE, "eos_ids[%d] (%d) must be an id below vocab_size (%d)",
+                                 (int)i, (int)c->eos_ids[i], (int)c->vocab_size);
     if (c->shared_classifier != 0 && c->shared_classifier != 1)
         return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "shared_classifier (%d) must be 0 or 1",
                     (int)c->shared_classifier);
@@ -238,6 +255,9 @@ fa_status fa_model_adopt(const void *data, size_t bytes, int owner, fa_model **o
     c.vocab_size = vocab == INT32_MIN ? 0 : vocab < 0 ? -vocab : vocab;
     c.rope_theta = FA_MODEL_ROPE_THETA; /* the format has no field for them */
     c.norm_eps = FA_MODEL_NORM_EPS;
+    c.bos_id = c.vocab_size > FA_TOKEN_BOS ? FA_TOKEN_BOS : -1; /* llama2.c's ids */
+    c.n_eos = c.vocab_size > FA_TOKEN_EOS;
+    c.eos_ids[0] = FA_TOKEN_EOS;
     if ((st = fa_model_config_check(&c, &need, err)) != FA_OK)
         goto bad;
     if (need != bytes) {

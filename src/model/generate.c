@@ -2,6 +2,7 @@
 /* Generation as llama2.c's run.c: BOS + prompt, `steps` forwards in all; stops when BOS is
  * sampled, as run.c does, and at EOS (the end of a sequence) as well. The prefill is timed
  * warm: a short forward of the prompt's start runs first. */
+#include "fail.h"
 #include "model.h"
 
 #include <stdlib.h>
@@ -45,7 +46,8 @@ fa_status fa_generate(const fa_model *m, const fa_tokenizer *t, fa_model_state *
         return FA_ERR_OUT_OF_MEMORY;
     }
     int32_t n = 0;
-    fa_status st = fa_tokenizer_encode(t, prompt, 1, 0, ids, (int32_t)cap, &n, err);
+    fa_status st = fa_tokenizer_bos(t) < 0 ? fa_model_fail(err, FA_ERR_UNSUPPORTED, "%s", FA_GENERATE_NO_BOS)
+                                           : fa_tokenizer_encode(t, prompt, 1, 0, ids, (int32_t)cap, &n, err);
     if (st != FA_OK)
         goto done;
     int32_t np = n < steps ? n : steps, stop = 0;
@@ -77,7 +79,7 @@ fa_status fa_generate(const fa_model *m, const fa_tokenizer *t, fa_model_state *
     int32_t token = fa_sampler_sample(smp, logits);
     for (;;) {
         stats->generated++;
-        if (token == FA_TOKEN_BOS || token == FA_TOKEN_EOS)
+        if (fa_model_is_stop(&m->config, token))
             break;
         size_t len;
         const char *txt = fa_tokenizer_decode(t, prev, token, &len);

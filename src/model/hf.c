@@ -70,6 +70,36 @@ static fa_status json_bool(const cJSON *o, const char *file, const char *key, in
     return FA_OK;
 }
 
+/* bos_token_id (an id or null) and eos_token_id (an id, a list of ids, or null); absent: none.
+ * Ranges against vocab_size are fa_model_config_check's. */
+static fa_status json_special_ids(const cJSON *o, const char *file, fa_model_config *c, char *err)
+{
+    const cJSON *bos = cJSON_GetObjectItemCaseSensitive(o, "bos_token_id");
+    const cJSON *eos = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id");
+    c->bos_id = -1;
+    c->n_eos = 0;
+    if (bos && !cJSON_IsNull(bos)) {
+        const double d = cJSON_IsNumber(bos) ? bos->valuedouble : -1;
+        if (!(d >= 0 && d < 2147483647.0 && d == floor(d)))
+            return fa_model_fail(err, FA_ERR_INVALID_VALUE, "'%s': bos_token_id must be a token id or null", file);
+        c->bos_id = (int32_t)d;
+    }
+    if (!eos || cJSON_IsNull(eos))
+        return FA_OK;
+    const cJSON *one = cJSON_IsArray(eos) ? eos->child : eos;
+    if (cJSON_IsArray(eos) && cJSON_GetArraySize(eos) > FA_MODEL_MAX_EOS)
+        return fa_model_fail(err, FA_ERR_UNSUPPORTED, "'%s': eos_token_id lists %d ids; at most %d are supported", file,
+                             cJSON_GetArraySize(eos), FA_MODEL_MAX_EOS);
+    for (; one; one = cJSON_IsArray(eos) ? one->next : NULL) {
+        const double d = cJSON_IsNumber(one) ? one->valuedouble : -1;
+        if (!(d >= 0 && d < 2147483647.0 && d == floor(d)))
+            return fa_model_fail(err, FA_ERR_INVALID_VALUE, "'%s': eos_token_id must be a token id, a list of them, or "
+                                 "null", file);
+        c->eos_ids[c->n_eos++] = (int32_t)d;
+    }
+    return FA_OK;
+}
+
 /* A JSON object from n bytes; part (" header" or "") follows the file's name in messages. */
 static cJSON *parse_json(const char *text, size_t n, const char *file, const char *part,
                          fa_status *st, char *err)
@@ -189,7 +219,8 @@ fa_status fa_hf_parse_config(const char *text, size_t n, const char *file, fa_mo
         (st = json_float(j, file, "rope_theta", 10000.0, &c.rope_theta, err)) ||
         (st = json_bool(j, file, "tie_word_embeddings", 0, &tied, err)) ||
         (st = json_bool(j, file, "attention_bias", 0, &bias, err)) ||
-        (st = json_bool(j, file, "mlp_bias", 0, &mlp_bias, err)))
+        (st = json_bool(j, file, "mlp_bias", 0, &mlp_bias, err)) ||
+        (st = json_special_ids(j, file, &c, err)))
         goto done;
     if (act && !(cJSON_IsString(act) && strcmp(act->valuestring, "silu") == 0)) {
         st = fa_model_fail(err, FA_ERR_UNSUPPORTED, "'%s': hidden_act '%.40s' is not supported (silu)",
@@ -565,6 +596,9 @@ static fa_status finish(const fa_model_config *c, unsigned char *img, uint64_t b
         (*out)->config.rope_theta = c->rope_theta;
         (*out)->config.norm_eps = c->norm_eps;
         (*out)->config.rope_scaling = c->rope_scaling;
+        (*out)->config.bos_id = c->bos_id;
+        (*out)->config.n_eos = c->n_eos;
+        memcpy((*out)->config.eos_ids, c->eos_ids, sizeof(c->eos_ids));
     }
     return st;
 }

@@ -128,8 +128,12 @@ static cJSON *config_json(const fa_model_config *c, fa_hf_dtype d)
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->shared_classifier);
     cJSON_AddBoolToObject(j, "attention_bias", 0);
     cJSON_AddBoolToObject(j, "mlp_bias", 0);
-    cJSON_AddNumberToObject(j, "bos_token_id", FA_TOKEN_BOS);
-    cJSON_AddNumberToObject(j, "eos_token_id", FA_TOKEN_EOS);
+    if (c->bos_id >= 0)
+        cJSON_AddNumberToObject(j, "bos_token_id", c->bos_id);
+    if (c->n_eos == 1)
+        cJSON_AddNumberToObject(j, "eos_token_id", c->eos_ids[0]);
+    else if (c->n_eos > 1)
+        cJSON_AddItemToObject(j, "eos_token_id", cJSON_CreateIntArray(c->eos_ids, c->n_eos));
     cJSON_AddStringToObject(j, "torch_dtype", d == FA_HF_F32 ? "float32" : d == FA_HF_F16 ? "float16" : "bfloat16");
     return j;
 }

@@ -28,6 +28,7 @@
 #define FA_TOKEN_UNK 0
 #define FA_TOKEN_BOS 1
 #define FA_TOKEN_EOS 2
+#define FA_MODEL_MAX_EOS 8 /* eos_token_id lists: Llama 3.1 Instruct has three */
 
 /* RoPE frequency scaling (config.json's rope_scaling), applied by fa_model_rope_angle. */
 typedef enum fa_rope_scaling_type {
@@ -58,7 +59,15 @@ typedef struct fa_model_config {
     float rope_theta;   /* RoPE base; 0 in a config given to the library = llama2.c's 10000 */
     float norm_eps;     /* RMSNorm epsilon; 0 in a config given to the library = llama2.c's 1e-5 */
     fa_rope_scaling rope_scaling; /* all zero: none (llama2.c files cannot store one) */
+    /* Special ids (config.json's bos_token_id and eos_token_id; llama2.c files: 1 and 2).
+     * Generation stops at BOS, as run.c does, or at any EOS. bos_id -1: none. */
+    int32_t bos_id;
+    int32_t n_eos;
+    int32_t eos_ids[FA_MODEL_MAX_EOS];
 } fa_model_config;
+
+/* Whether generation stops at token: the config's BOS or one of its EOS ids. */
+int fa_model_is_stop(const fa_model_config *c, int32_t token);
 
 #define FA_MODEL_ROPE_THETA 10000.0f
 #define FA_MODEL_NORM_EPS 1e-5f
@@ -88,7 +97,7 @@ typedef struct fa_model {
 } fa_model;
 
 /* Check a configuration (every header rule; rope_theta and norm_eps 0 or finite
- * and positive; rope_scaling's fields for its type) and compute the checkpoint's size
+ * and positive; rope_scaling's fields for its type; special ids inside the vocabulary) and compute the checkpoint's size
  * in bytes. FA_ERR_INVALID_SHAPE names a bad field, FA_ERR_SIZE_OVERFLOW a size
  * that does not fit in 64 bits. bytes may be NULL. */
 fa_status fa_model_config_check(const fa_model_config *c, uint64_t *bytes, char *err);
@@ -147,7 +156,9 @@ fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtyp
 fa_status fa_model_config_parse(const char *spec, fa_model_config *c, char *err);
 
 /* Synthetic checkpoints: seeded uniform weights scaled by 1/sqrt(fan_in) (unit
- * gains), so activations keep their size through any depth. Value i of the
+ * gains), so activations keep their size through any depth. The in-memory model takes the
+ * config's rope_theta, norm_eps (when positive), rope_scaling and, when n_eos > 0, its special
+ * ids (else llama2.c's 1 and 2), none of which a llama2.c file holds. Value i of the
  * float section is a pure function of (seed, i): the file and the in-memory
  * image hold the same bits. */
 fa_status fa_model_synth_write(const fa_model_config *c, uint64_t seed, FILE *f, char *err);
@@ -183,9 +194,11 @@ int32_t fa_tokenizer_vocab_size(const fa_tokenizer *t);
  * vocabulary; EOS when eos. tokens needs strlen(text) + 3 entries.
  * tokenizer.json: HF's encoding: added tokens matched in the text (leftmost, longest), the
  * text between them normalized and pre-tokenized as the file says, each character's piece
- * or its <0xNN> pieces (byte fallback) or unk, then HF's BPE merges (lowest rank first,
- * leftmost among equals). FA_ERR_INVALID_ARGUMENT when the result exceeds cap (possible only
- * for a vocabulary without "▁"). */
+ * or its <0xNN> pieces (byte fallback) or unk (byte-level files: the pieces of the text's
+ * bytes, which must be valid UTF-8), then HF's BPE merges (lowest rank first, leftmost among
+ * equals); BOS and EOS are fa_tokenizer_bos's and id 2 (byte-level files: none: a model's EOS
+ * is its config's). FA_ERR_INVALID_ARGUMENT when the result exceeds cap (possible only for a
+ * vocabulary without "▁"), for text that is not UTF-8 or a pattern past its step limit. */
 fa_status fa_tokenizer_encode(const fa_tokenizer *t, const char *text, int bos, int eos,
                               int32_t *tokens, int32_t cap, int32_t *n, char *err);
 
@@ -193,6 +206,10 @@ fa_status fa_tokenizer_encode(const fa_tokenizer *t, const char *text, int bos, 
  * byte, and a piece right after BOS loses one leading space. Returns a pointer
  * owned by the tokenizer ("" for an id out of range); *len gets its length. */
 const char *fa_tokenizer_decode(const fa_tokenizer *t, int32_t prev, int32_t token, size_t *len);
+
+/* The id encoding puts first when asked for BOS (tokenizer.bin: 1; tokenizer.json: 1, or for
+ * byte-level BPE its post_processor's, -1 when it has none). */
+int32_t fa_tokenizer_bos(const fa_tokenizer *t);
 
 /* ---- sampler ---- */
 typedef struct fa_sampler fa_sampler;
@@ -294,6 +311,10 @@ typedef struct fa_generate_stats {
 } fa_generate_stats;
 
 #define FA_GENERATE_WARMUP 16
+/* Why generation refuses a tokenizer without BOS: prompts start with one, as run.c's do. */
+#define FA_GENERATE_NO_BOS                                                                      \
+    "the tokenizer adds no BOS (its post_processor has no template with one); generation starts " \
+    "every prompt with BOS"
 
 /* Called with each token as it is produced (prompt tokens after BOS too) and
  * its text; a non-zero return stops generation. */

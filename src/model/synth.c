@@ -147,5 +147,10 @@ fa_status fa_model_synth(const fa_model_config *c, uint64_t seed, fa_model **out
     if (c->norm_eps > 0.0f)
         (*out)->config.norm_eps = c->norm_eps;
     (*out)->config.rope_scaling = c->rope_scaling;
+    if (c->n_eos > 0) { /* a config that names its special ids; else llama2.c's */
+        (*out)->config.bos_id = c->bos_id;
+        (*out)->config.n_eos = c->n_eos;
+        memcpy((*out)->config.eos_ids, c->eos_ids, sizeof(c->eos_ids));
+    }
     return FA_OK;
 }

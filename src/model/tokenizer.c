@@ -227,6 +227,8 @@ fa_status fa_tokenizer_open(const char *path, int32_t vocab_size, fa_tokenizer *
     return st;
 }
 
+int32_t fa_tokenizer_bos(const fa_tokenizer *t) { return t ? t->bos_id : -1; }
+
 const char *fa_tokenizer_decode(const fa_tokenizer *t, int32_t prev, int32_t token, size_t *len)
 {
     size_t dummy;

@@ -5,7 +5,8 @@ Llama 3's (its regex Split, ByteLevel pre-tokenizer and decoder, ignore_merges, 
 <|begin_of_text|> template, special tokens after the BPE vocabulary), trained by Hugging Face's
 tokenizers library on the text below, and the ids that library gives a set of texts (fixed
 ones, then seeded random ones): with and without the template's BOS, and without it under
-GPT-2's pre-tokenizer (ByteLevel with use_regex) in place of the Split.
+GPT-2's pre-tokenizer (ByteLevel with use_regex) in place of the Split. Also a small compact
+copy (300 ids) that `make fuzz` seeds its corpus with.
 
   python3 -m venv /tmp/tk && /tmp/tk/bin/pip install tokenizers
   /tmp/tk/bin/python tests/data/make_bytelevel.py tests/data
@@ -47,16 +48,13 @@ def random_texts(rng, count):
     return out
 
 
-def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: make_bytelevel.py OUT_DIR")
-    out = sys.argv[1]
+def build(vocab_size):
     tok = Tokenizer(models.BPE(ignore_merges=True))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1000, min_frequency=1, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=1, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([CORPUS] * 3, trainer)
     base = tok.get_vocab_size()
@@ -66,6 +64,17 @@ def main():
         processors.ByteLevel(trim_offsets=False),
         processors.TemplateProcessing(single=f"{SPECIALS[0]} $A", pair=f"{SPECIALS[0]} $A {SPECIALS[0]} $B:1",
                                       special_tokens=[(SPECIALS[0], bos)])])
+    return tok, base, bos
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: make_bytelevel.py OUT_DIR")
+    out = sys.argv[1]
+    small, _, _ = build(300)
+    with open(f"{out}/bytelevel_small.json", "w", encoding="utf-8") as f:
+        f.write(json.dumps(json.loads(small.to_str()), ensure_ascii=False, separators=(",", ":")))
+    tok, base, bos = build(1000)
     tok.save(f"{out}/bytelevel_tokenizer.json")
     texts = [line for line in CORPUS.split("\n") if line] + [
         "", " ", "  leading", "trailing  ", "a   b", "  \n\n  x", "x\n \n", "I'M YOU'LL WE'D",
