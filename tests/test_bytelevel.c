@@ -246,6 +246,7 @@ static void test_refusals(void **state)
         { "post_processor.processors.1.single",
           "[{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}, {\"SpecialToken\": {\"id\": \"<|begin_of_text|>\", \"type_id\": 0}}]",
           FA_ERR_UNSUPPORTED, "single template", NULL },
+        { "post_processor.processors.1.single", "{\"a\": 1, \"b\": 2}", FA_ERR_UNSUPPORTED, "single template", NULL },
         { "post_processor.processors.1.special_tokens",
           "{\"<|begin_of_text|>\": {\"id\": \"<|begin_of_text|>\", \"ids\": [5], \"tokens\": [\"<|begin_of_text|>\"]}}",
           FA_ERR_INVALID_VALUE, "is not a special token", NULL },

@@ -496,7 +496,6 @@ static int merge_pair(const cJSON *e, const char **a, size_t *la, const char **b
     return 0;
 }
 
-
 static fa_status read_merges(const reader *rd, const cJSON *merges, fa_tokenizer *t)
 {
     fa_tok_bpe *b = t->bpe;
@@ -623,8 +622,8 @@ static fa_status read_bos(const reader *rd, const cJSON *pp, int32_t vocab_size,
     if (!tp)
         return FA_OK;
     const cJSON *single = item(tp, "single");
-    const int n = cJSON_GetArraySize(single);
-    const cJSON *first = cJSON_IsArray(single) ? single->child : NULL, *last = n == 2 ? first->next : first;
+    const int n = cJSON_IsArray(single) ? cJSON_GetArraySize(single) : 0;
+    const cJSON *first = n ? single->child : NULL, *last = n == 2 ? first->next : first;
     const char *a = cJSON_GetStringValue(item(item(last, "Sequence"), "id"));
     const char *name = n == 2 ? cJSON_GetStringValue(item(item(first, "SpecialToken"), "id")) : NULL;
     if ((n != 1 && n != 2) || !a || strcmp(a, "A") != 0 || (n == 2 && !name))
