@@ -266,6 +266,9 @@ static int32_t added_at(const fa_tokenizer *t, const char *s, size_t n, size_t *
 {
     int32_t best = -1;
     *len = 0;
+    const unsigned char c = (unsigned char)s[0];
+    if (!(t->bpe->added_first[c >> 3] & (1u << (c & 7)))) /* no added token starts here */
+        return -1;
     for (int32_t k = 0; k < t->bpe->n_added; k++) {
         const int32_t id = t->bpe->added[k].id;
         const size_t l = fa_tok_len(t, id);

@@ -31,6 +31,7 @@ struct fa_tok_bpe {
     int bytelevel;           /* ByteLevel pre-tokenizer and decoder: pieces spell bytes (tokenizer_bytes.c) */
     fa_tok_split *split;     /* the pre-tokenizer's pattern (Split, or ByteLevel's use_regex), NULL for none */
     added_token *added;      /* [n_added] */
+    uint8_t added_first[32]; /* bit c: some added token starts with byte c */
     int32_t n_added;
     char *source;            /* the file's text, for writing it back */
     size_t source_len;

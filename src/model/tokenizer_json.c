@@ -440,6 +440,7 @@ static fa_status read_added(const reader *rd, const cJSON *list, int32_t vocab_s
             return st;
         special[id] = (uint8_t)sp;
         b->added[b->n_added++] = (added_token){ id, (uint8_t)ls, (uint8_t)rs };
+        b->added_first[(unsigned char)content[0] >> 3] |= (uint8_t)(1u << ((unsigned char)content[0] & 7));
     }
     return FA_OK;
 }
