@@ -3,8 +3,10 @@
  * Byte-level BPE tokenizer.json (Llama 3's kind): tests/data/bytelevel_tokenizer.json, written
  * and trained by Hugging Face's tokenizers (tests/data/make_bytelevel.py), encodes every text of
  * bytelevel_ids.json to the ids that library gave, with and without the template's BOS, and
- * under GPT-2's pre-tokenizer; the ids decode back to the text's bytes, and so do seeded random
- * texts; broken files, a runaway pattern and text that is not UTF-8 get a status and a message.
+ * under GPT-2's pre-tokenizer, a plain-string Split and a Split whose pattern matches empty
+ * strings; the ids decode back to the text's bytes, and so do seeded random texts; a repeated
+ * group over a long text matches (past the JIT's default stack); broken files, a runaway
+ * pattern and text that is not UTF-8 get a status and a message.
  * FLASHATTN_TEST_SEED=N replays.
  */
 #include "model.h"
@@ -127,19 +129,26 @@ static void test_hf_ids(void **state)
     (void)state;
     fa_tokenizer *t = load(base);
     char *gpt2_text = with("pre_tokenizer", "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true}");
-    fa_tokenizer *gpt2 = load(gpt2_text);
+    char *string_text = with("pre_tokenizer.pretokenizers.0",
+                             "{\"type\": \"Split\", \"pattern\": {\"String\": \" \"}, \"behavior\": \"Isolated\"}");
+    char *empty_text = with("pre_tokenizer.pretokenizers.0",
+                            "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(?=[A-Z])\"}, \"behavior\": \"Isolated\"}");
+    fa_tokenizer *gpt2 = load(gpt2_text), *string = load(string_text), *empty = load(empty_text);
     int k = 0;
     const cJSON *c;
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(cases, "cases")) {
         expect_case(t, c, "ids", 1);
         expect_case(t, c, "ids_plain", 0);
         expect_case(gpt2, c, "ids_gpt2", 0);
+        expect_case(string, c, "ids_string", 0);
+        expect_case(empty, c, "ids_empty", 0);
         expect_round_trip(t, cJSON_GetObjectItem(c, "text")->valuestring);
         k++;
     }
-    print_message("%d texts as HF's tokenizers encodes them (3 ways each)\n", k);
+    print_message("%d texts as HF's tokenizers encodes them (5 ways each)\n", k);
     assert_true(k > 200);
-    fa_tokenizer_free(t), fa_tokenizer_free(gpt2), free(gpt2_text);
+    fa_tokenizer_free(t), fa_tokenizer_free(gpt2), fa_tokenizer_free(string), fa_tokenizer_free(empty);
+    free(gpt2_text), free(string_text), free(empty_text);
 }
 
 static uint64_t next(uint64_t *s)
@@ -253,12 +262,28 @@ static void test_refusals(void **state)
         { "post_processor.processors.1.special_tokens",
           "{\"<|begin_of_text|>\": {\"id\": \"<|begin_of_text|>\", \"ids\": [], \"tokens\": []}}",
           FA_ERR_INVALID_VALUE, "must hold one id", NULL },
+        { "post_processor.processors.1.special_tokens",
+          "{\"<|begin_of_text|>\": {\"id\": \"<|begin_of_text|>\", \"ids\": {\"x\": 863}}}",
+          FA_ERR_INVALID_VALUE, "must hold one id", NULL },
+        { "post_processor.processors.0",
+          "{\"type\": \"TemplateProcessing\", \"single\": [{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}]}",
+          FA_ERR_UNSUPPORTED, "a second TemplateProcessing", NULL },
+        { "pre_tokenizer.pretokenizers.0", "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\C\"}, \"behavior\": \"Isolated\"}",
+          FA_ERR_INVALID_VALUE, "does not compile", NULL },
+        { "model.byte_fallback", "true", FA_ERR_UNSUPPORTED, "model.byte_fallback true", "with a ByteLevel" },
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char *s = with(bad[i].key, bad[i].json);
         expect_refused(s, bad[i].st, bad[i].a, bad[i].b ? bad[i].b : "bad.json");
         free(s);
     }
+    /* a NUL escaped inside a string (cJSON's strings would end there): the pattern, as text */
+    const char *at = strstr(base, "(?i:'s");
+    assert_non_null(at);
+    char *nul = malloc(strlen(base) + 16);
+    sprintf(nul, "%.*sa\\u0000b|%s", (int)(at - base), base, at);
+    expect_refused(nul, FA_ERR_INVALID_VALUE, "escapes a NUL character", "bad.json");
+    free(nul);
 }
 
 /* A pattern that backtracks without end stops at PCRE2's step limit, and text that is not UTF-8
@@ -275,11 +300,24 @@ static void test_encode_refusals(void **state)
     int32_t ids[80], n = 0;
     const clock_t c0 = clock();
     assert_int_equal(fa_tokenizer_encode(t, text, 1, 0, ids, 80, &n, err), FA_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(err, "more steps than its limit"));
+    assert_non_null(strstr(err, "more steps or memory than its limits"));
     print_message("a runaway pattern stopped after %.2f s: %s\n", (double)(clock() - c0) / CLOCKS_PER_SEC, err);
     assert_int_equal(fa_tokenizer_encode(u, "ok \xC3\x28 no", 1, 0, ids, 80, &n, err), FA_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(err, "not valid UTF-8"));
-    fa_tokenizer_free(t), fa_tokenizer_free(u), free(slow);
+    /* a repeated group over 20,000 characters: past PCRE2's default JIT stack, still a match */
+    char *group = with("pre_tokenizer.pretokenizers.0",
+                       "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(?:a|b)+\"}, \"behavior\": \"Isolated\"}");
+    fa_tokenizer *g = load(group);
+    const int32_t len = 20000;
+    char *ab = malloc((size_t)len + 1);
+    int32_t *many = malloc(sizeof(int32_t) * ((size_t)len + 3)), k = 0;
+    for (int32_t i = 0; i < len; i++)
+        ab[i] = i % 2 ? 'b' : 'a';
+    ab[len] = 0;
+    if (fa_tokenizer_encode(g, ab, 0, 0, many, len + 3, &k, err) != FA_OK)
+        fail_msg("%s", err);
+    assert_true(k > 0 && k <= len);
+    fa_tokenizer_free(t), fa_tokenizer_free(u), fa_tokenizer_free(g), free(slow), free(group), free(ab), free(many);
 }
 
 int main(void)

@@ -599,10 +599,10 @@ static void test_config_refusals(void **state)
         { "tie_word_embeddings", "1", FA_ERR_INVALID_VALUE, "tie_word_embeddings" },
         { "tie_word_embeddings", "false", FA_ERR_INVALID_ARGUMENT, "lm_head.weight" },
         { "bos_token_id", "\"<s>\"", FA_ERR_INVALID_VALUE, "bos_token_id" },
-        { "bos_token_id", "64", FA_ERR_INVALID_VALUE, "bos_id (64)" },
+        { "bos_token_id", "64", FA_ERR_INVALID_VALUE, "bos_token_id (64) must be below vocab_size" },
         { "eos_token_id", "[2, -1]", FA_ERR_INVALID_VALUE, "eos_token_id" },
         { "eos_token_id", "[1, 2, 3, 4, 5, 6, 7, 8, 9]", FA_ERR_UNSUPPORTED, "at most 8" },
-        { "eos_token_id", "[2, 64]", FA_ERR_INVALID_VALUE, "eos_ids[1] (64)" },
+        { "eos_token_id", "[2, 64]", FA_ERR_INVALID_VALUE, "eos_token_id 64 must be below" },
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char keep[64];

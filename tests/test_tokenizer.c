@@ -587,7 +587,7 @@ static void test_refusals(void **state)
         { "normalizer", "{\"type\": \"Sequence\"}", FA_ERR_INVALID_ARGUMENT, "normalizer.normalizers" },
         { "normalizer", "[]", FA_ERR_INVALID_ARGUMENT, "normalizer is not an object" },
         { "pre_tokenizer", "{\"type\": \"ByteLevel\", \"add_prefix_space\": false}", FA_ERR_UNSUPPORTED,
-          "Replace with a ByteLevel pre_tokenizer" },
+          "with a ByteLevel pre_tokenizer" },
         { "pre_tokenizer", "{\"type\": \"Whitespace\"}", FA_ERR_UNSUPPORTED, "pre_tokenizer type 'Whitespace'" },
         { "pre_tokenizer", "{\"type\": \"Metaspace\", \"replacement\": \"_\"}", FA_ERR_UNSUPPORTED,
           "pre_tokenizer.replacement" },

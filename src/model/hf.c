@@ -71,7 +71,7 @@ static fa_status json_bool(const cJSON *o, const char *file, const char *key, in
 }
 
 /* bos_token_id (an id or null) and eos_token_id (an id, a list of ids, or null); absent: none.
- * Ranges against vocab_size are fa_model_config_check's. */
+ * c->vocab_size is read already. */
 static fa_status json_special_ids(const cJSON *o, const char *file, fa_model_config *c, char *err)
 {
     const cJSON *bos = cJSON_GetObjectItemCaseSensitive(o, "bos_token_id");
@@ -83,6 +83,9 @@ static fa_status json_special_ids(const cJSON *o, const char *file, fa_model_con
         if (!(d >= 0 && d < 2147483647.0 && d == floor(d)))
             return fa_model_fail(err, FA_ERR_INVALID_VALUE, "'%s': bos_token_id must be a token id or null", file);
         c->bos_id = (int32_t)d;
+        if (c->bos_id >= c->vocab_size)
+            return fa_model_fail(err, FA_ERR_INVALID_VALUE, "'%s': bos_token_id (%d) must be below vocab_size (%d)", file,
+                                 (int)c->bos_id, (int)c->vocab_size);
     }
     if (!eos || cJSON_IsNull(eos))
         return FA_OK;
@@ -95,6 +98,9 @@ static fa_status json_special_ids(const cJSON *o, const char *file, fa_model_con
         if (!(d >= 0 && d < 2147483647.0 && d == floor(d)))
             return fa_model_fail(err, FA_ERR_INVALID_VALUE, "'%s': eos_token_id must be a token id, a list of them, or "
                                  "null", file);
+        if (d >= c->vocab_size)
+            return fa_model_fail(err, FA_ERR_INVALID_VALUE, "'%s': eos_token_id %.0f must be below vocab_size (%d)", file,
+                                 d, (int)c->vocab_size);
         c->eos_ids[c->n_eos++] = (int32_t)d;
     }
     return FA_OK;

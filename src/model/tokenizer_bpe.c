@@ -200,31 +200,35 @@ static void bpe_word(const fa_tokenizer *t, const char *w, size_t n, work *wk, s
 }
 
 /* Byte-level text between added tokens: the pattern's matches and the text between them, each
- * spelled in the byte alphabet and merged (HF's Split "Isolated", then ByteLevel); -1 when a
- * match passed PCRE2's step limits. */
+ * spelled in the byte alphabet and merged (HF's Split "Isolated", then ByteLevel); an empty
+ * match splits the text where it stands, and the search goes on a character later (as HF's
+ * Oniguruma iteration does). < 0 as fa_tok_split_next. */
 static int encode_bytes(const fa_tokenizer *t, const char *s, size_t n, char *buf, work *wk, sink *o)
 {
-    size_t at = 0, from, to;
-    int r;
+    size_t at = 0, search = 0, from, to;
     while (at < n) {
-        if (!t->bpe->split)
-            from = to = n;
-        else if ((r = fa_tok_split_next(t->bpe->split, s, n, at, &from, &to)) < 0)
-            return -1;
-        else if (!r)
+        const int r = t->bpe->split ? fa_tok_split_next(t->bpe->split, s, n, search, &from, &to) : 0;
+        if (r < 0)
+            return r;
+        if (!r)
             from = to = n;
         if (from > at) /* the text before the match is a piece of its own */
             bpe_word(t, buf, fa_tok_bytes_spelled(s + at, from - at, buf), wk, o);
-        if (to > from)
+        if (to > from) {
             bpe_word(t, buf, fa_tok_bytes_spelled(s + from, to - from, buf), wk, o);
-        at = to;
+            at = search = to;
+        } else {
+            const size_t k = from < n ? fa_tok_utf8_len((const unsigned char *)s + from, n - from) : 1;
+            at = from;
+            search = from + (k ? k : 1);
+        }
     }
     return 0;
 }
 
 /* Text between added tokens: normalized (Prepend, Replace), pre-tokenized (Metaspace; byte-level
  * files: encode_bytes), each word through BPE. at_start: the segment begins the text
- * (Metaspace's "first" scheme). -1 as encode_bytes. */
+ * (Metaspace's "first" scheme). < 0 as encode_bytes. */
 static int encode_segment(const fa_tokenizer *t, const char *s, size_t n, int at_start, char *buf, work *wk,
                            sink *o)
 {
@@ -296,7 +300,7 @@ fa_status fa_tok_bpe_encode(const fa_tokenizer *t, const char *text, int bos, in
     if (bos && t->bos_id >= 0)
         put(&o, t->bos_id);
     size_t seg = 0;
-    int bad = 0; /* a match passed the pattern's step limits */
+    int bad = 0; /* the pattern failed on the text: encode_bytes's code */
     for (size_t i = 0; i < tl && !bad;) {
         size_t len;
         const int32_t k = added_at(t, text + i, tl - i, &len);
@@ -311,17 +315,20 @@ fa_status fa_tok_bpe_encode(const fa_tokenizer *t, const char *text, int bos, in
         if (t->bpe->added[k].rstrip)
             while ((w = space_len((const unsigned char *)text + to, tl - to)))
                 to += w;
-        bad = encode_segment(t, text + seg, from - seg, seg == 0, buf, &wk, &o) < 0;
+        bad = encode_segment(t, text + seg, from - seg, seg == 0, buf, &wk, &o);
         put(&o, t->bpe->added[k].id);
         i = seg = to;
     }
-    bad = bad || encode_segment(t, text + seg, tl - seg, seg == 0, buf, &wk, &o) < 0;
+    if (!bad)
+        bad = encode_segment(t, text + seg, tl - seg, seg == 0, buf, &wk, &o);
     if (eos && t->eos_id >= 0)
         put(&o, t->eos_id);
     free(buf), free(wk.s), free(wk.heap);
     if (bad)
-        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
-                             "the pre-tokenizer's pattern took more steps than its limit on this text");
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "%s",
+                             bad == -1 ? "the pre-tokenizer's pattern took more steps or memory than its limits on "
+                                         "this text"
+                                       : "the pre-tokenizer's pattern failed on this text (a PCRE2 error)");
     if (o.over)
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "the text encodes to more than cap (%d) tokens", (int)cap);
     *n = o.k;

@@ -44,8 +44,9 @@ struct fa_tok_bpe {
 fa_status fa_tok_split_compile(const char *pattern, size_t len, int literal, fa_tok_split **out, char *msg,
                                size_t cap);
 void fa_tok_split_free(fa_tok_split *s);
-/* The first non-empty match in text[at..n) (valid UTF-8) as [from, to): 1; 0 when there is
- * none; -1 when a match passed the step limits. */
+/* The first match in text[at..n) (valid UTF-8) as [from, to), which may be empty: 1; 0 when
+ * there is none; -1 when the match passed PCRE2's step or memory limits, -2 on another PCRE2
+ * error. */
 int fa_tok_split_next(const fa_tok_split *s, const char *text, size_t n, size_t at, size_t *from, size_t *to);
 /* s[0..n) spelled in the byte alphabet into out (at most 2n bytes); its length. */
 size_t fa_tok_bytes_spelled(const char *s, size_t n, char *out);

@@ -18,13 +18,17 @@
 static const char gpt2_pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-/* Backtracking steps one match may take: a pattern from a file cannot hang the encoder. */
+/* Backtracking steps one match may take (a pattern from a file cannot stall a match without
+ * end; a text of n characters takes at most n matches), the JIT's stack and the interpreter's
+ * heap: repeated groups over long texts need more than PCRE2's 32 KiB default JIT stack. */
 #define MATCH_LIMIT 10000000u
-#define DEPTH_LIMIT 100000u
+#define JIT_STACK_MAX (16u << 20)
+#define HEAP_LIMIT_KIB (64u << 10)
 
 struct fa_tok_split {
     pcre2_code *code;
     pcre2_match_context *mctx;
+    pcre2_jit_stack *stack;
     pcre2_match_data *md;
 };
 
@@ -34,6 +38,7 @@ void fa_tok_split_free(fa_tok_split *s)
         return;
     pcre2_match_data_free(s->md);
     pcre2_match_context_free(s->mctx);
+    pcre2_jit_stack_free(s->stack);
     pcre2_code_free(s->code);
     free(s);
 }
@@ -51,8 +56,9 @@ fa_status fa_tok_split_compile(const char *pattern, size_t len, int literal, fa_
     }
     int code = 0;
     PCRE2_SIZE at = 0;
-    s->code = pcre2_compile((PCRE2_SPTR)pattern, len, PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0), &code,
-                            &at, NULL);
+    /* \C (one byte) would split characters: HF's Oniguruma refuses it too */
+    const uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C);
+    s->code = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &code, &at, NULL);
     if (!s->code) {
         PCRE2_UCHAR why[160];
         pcre2_get_error_message(code, why, sizeof(why));
@@ -60,8 +66,10 @@ fa_status fa_tok_split_compile(const char *pattern, size_t len, int literal, fa_
         fa_tok_split_free(s);
         return FA_ERR_INVALID_VALUE;
     }
-    pcre2_jit_compile(s->code, PCRE2_JIT_COMPLETE); /* faster where PCRE2 has a JIT; optional */
+    const int jit = pcre2_jit_compile(s->code, PCRE2_JIT_COMPLETE) == 0; /* where PCRE2 has one */
     s->mctx = pcre2_match_context_create(NULL);
+    if (jit && s->mctx && (s->stack = pcre2_jit_stack_create(32u << 10, JIT_STACK_MAX, NULL)))
+        pcre2_jit_stack_assign(s->mctx, NULL, s->stack);
     s->md = pcre2_match_data_create_from_pattern(s->code, NULL);
     if (!s->mctx || !s->md) {
         snprintf(msg, cap, "out of memory");
@@ -69,29 +77,27 @@ fa_status fa_tok_split_compile(const char *pattern, size_t len, int literal, fa_
         return FA_ERR_OUT_OF_MEMORY;
     }
     pcre2_set_match_limit(s->mctx, MATCH_LIMIT);
-    pcre2_set_depth_limit(s->mctx, DEPTH_LIMIT);
+    pcre2_set_heap_limit(s->mctx, HEAP_LIMIT_KIB);
     *out = s;
     return FA_OK;
 }
 
 int fa_tok_split_next(const fa_tok_split *s, const char *text, size_t n, size_t at, size_t *from, size_t *to)
 {
-    while (at < n) {
-        const int rc = pcre2_match(s->code, (PCRE2_SPTR)text, n, at, PCRE2_NO_UTF_CHECK, s->md, s->mctx);
-        if (rc == PCRE2_ERROR_NOMATCH)
-            return 0;
-        if (rc < 0)
-            return -1;
-        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
-        if (ov[1] > ov[0]) {
-            *from = ov[0], *to = ov[1];
-            return 1;
-        }
-        /* an empty match splits nothing: look again from the next character */
-        size_t k = fa_tok_utf8_len((const unsigned char *)text + ov[0], n - ov[0]);
-        at = ov[0] + (k ? k : 1);
-    }
-    return 0;
+    if (at > n)
+        return 0;
+    int rc = pcre2_match(s->code, (PCRE2_SPTR)text, n, at, PCRE2_NO_UTF_CHECK, s->md, s->mctx);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT) /* past even the large stack: the interpreter's heap */
+        rc = pcre2_match(s->code, (PCRE2_SPTR)text, n, at, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, s->md, s->mctx);
+    if (rc == PCRE2_ERROR_NOMATCH)
+        return 0;
+    if (rc < 0)
+        return rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT ? -1 : -2;
+    const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
+    if (ov[1] < ov[0]) /* \K in a lookahead: a match that ends before it starts */
+        return -2;
+    *from = ov[0], *to = ov[1];
+    return 1;
 }
 
 /* The code point byte b is spelled with: the 68 bytes that are not printable (0x00-0x20,

@@ -614,7 +614,10 @@ static fa_status read_bos(const reader *rd, const cJSON *pp, int32_t vocab_size,
     for (; one; one = list == pp ? NULL : one->next) {
         if (!(ty = type_of(rd, one, "a post_processor", &st)))
             return st;
-        if (strcmp(ty, "TemplateProcessing") == 0 && !tp)
+        if (strcmp(ty, "TemplateProcessing") == 0 && tp)
+            return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED, "'%s': post_processor: a second TemplateProcessing is "
+                                 "not supported", rd->file);
+        if (strcmp(ty, "TemplateProcessing") == 0)
             tp = one;
         else if (strcmp(ty, "ByteLevel") != 0)
             return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED, "'%s': post_processor '%.40s' is not supported "
@@ -635,7 +638,7 @@ static fa_status read_bos(const reader *rd, const cJSON *pp, int32_t vocab_size,
     const cJSON *ids = item(item(item(tp, "special_tokens"), name), "ids");
     char what[96];
     snprintf(what, sizeof(what), "post_processor.special_tokens['%.40s'].ids[0]", name);
-    if (cJSON_GetArraySize(ids) != 1)
+    if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) != 1)
         return fa_model_fail(rd->err, FA_ERR_INVALID_VALUE, "'%s': post_processor.special_tokens['%.40s'].ids must "
                              "hold one id", rd->file, name);
     if ((st = get_id(rd, ids->child, vocab_size, what, bos)) != FA_OK)
@@ -644,6 +647,22 @@ static fa_status read_bos(const reader *rd, const cJSON *pp, int32_t vocab_size,
         return fa_model_fail(rd->err, FA_ERR_INVALID_VALUE, "'%s': %s (%d) is not a special token of added_tokens",
                              rd->file, what, (int)*bos);
     return FA_OK;
+}
+
+/* Where the JSON text escapes a NUL (\u0000) inside a string, -1 if nowhere: cJSON's strings end
+ * at it, so the value read would not be the file's. */
+static long nul_escape(const char *json, size_t n)
+{
+    for (size_t i = 0; i + 6 <= n; i++) {
+        if (json[i] != '\\' || memcmp(json + i + 1, "u0000", 5) != 0)
+            continue;
+        size_t k = 0; /* backslashes before: an even number leaves this one an escape */
+        while (k < i && json[i - 1 - k] == '\\')
+            k++;
+        if (k % 2 == 0)
+            return (long)i;
+    }
+    return -1;
 }
 
 fa_status fa_tokenizer_from_json(const char *file, const char *json, size_t bytes, int32_t vocab_size,
@@ -665,6 +684,12 @@ fa_status fa_tokenizer_from_json(const char *file, const char *json, size_t byte
     if (!j)
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s' is not valid JSON (error near byte %ld)", file,
                              end ? (long)(end - json) : 0l);
+    const long nul = nul_escape(json, bytes);
+    if (nul >= 0) {
+        cJSON_Delete(j);
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "'%s' escapes a NUL character (\\u0000) at byte %ld: no token, "
+                             "pattern or name may hold one", file, nul);
+    }
     for (; end < json + bytes; end++)
         if (*end != ' ' && *end != '\t' && *end != '\n' && *end != '\r' && *end != 0) {
             cJSON_Delete(j);
@@ -692,9 +717,10 @@ fa_status fa_tokenizer_from_json(const char *file, const char *json, size_t byte
         (st = read_vocab(&rd, item(model, "vocab"), vocab_size, &p, b->in_model)) ||
         (st = read_added(&rd, item(j, "added_tokens"), vocab_size, &p, b, special)))
         goto done;
-    if (b->bytelevel && (b->prepend || b->replace)) {
-        st = fa_model_fail(err, FA_ERR_UNSUPPORTED, "'%s': normalizer: Prepend or Replace with a ByteLevel "
-                           "pre_tokenizer is not supported", file);
+    if (b->bytelevel && (b->prepend || b->replace || b->byte_fallback)) {
+        st = fa_model_fail(err, FA_ERR_UNSUPPORTED, "'%s': %s with a ByteLevel pre_tokenizer is not supported", file,
+                           b->byte_fallback ? "model.byte_fallback true (every byte has its piece already)"
+                                            : "normalizer: Prepend or Replace");
         goto done;
     }
     if (b->bytelevel && (st = read_bos(&rd, item(j, "post_processor"), vocab_size, special, &bos)) != FA_OK)

@@ -5,8 +5,9 @@ Llama 3's (its regex Split, ByteLevel pre-tokenizer and decoder, ignore_merges, 
 <|begin_of_text|> template, special tokens after the BPE vocabulary), trained by Hugging Face's
 tokenizers library on the text below, and the ids that library gives a set of texts (fixed
 ones, then seeded random ones): with and without the template's BOS, and without it under
-GPT-2's pre-tokenizer (ByteLevel with use_regex) in place of the Split. Also a small compact
-copy (300 ids) that `make fuzz` seeds its corpus with.
+GPT-2's pre-tokenizer (ByteLevel with use_regex) in place of the Split, and under two other
+Splits: by a plain string (" ") and by a pattern that matches empty strings ("(?=[A-Z])").
+Also a small compact copy (300 ids) that `make fuzz` seeds its corpus with.
 
   python3 -m venv /tmp/tk && /tmp/tk/bin/pip install tokenizers
   /tmp/tk/bin/python tests/data/make_bytelevel.py tests/data
@@ -86,9 +87,19 @@ def main():
         plain = tok.encode(t, add_special_tokens=False).ids
         assert tok.decode(plain, skip_special_tokens=False) == t, t
         cases.append({"text": t, "ids": tok.encode(t).ids, "ids_plain": plain})
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    for case in cases:
-        case["ids_gpt2"] = tok.encode(case["text"], add_special_tokens=False).ids
+    variants = {
+        "ids_gpt2": pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        "ids_string": pre_tokenizers.Sequence([
+            pre_tokenizers.Split(" ", behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+        "ids_empty": pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex("(?=[A-Z])"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+    }
+    for key, pre in variants.items():
+        tok.pre_tokenizer = pre
+        for case in cases:
+            case[key] = tok.encode(case["text"], add_special_tokens=False).ids
     with open(f"{out}/bytelevel_ids.json", "w", encoding="utf-8") as f:
         json.dump({"bos": bos, "base_vocab": base, "vocab_size": tok.get_vocab_size(), "cases": cases}, f,
                   ensure_ascii=False, indent=0)
