@@ -612,6 +612,25 @@ static void test_config_refusals(void **state)
                   !strstr(bad[i].field, ".weight") ? "config.json" : NULL);
         rm_dir(keep);
     }
+    /* special ids: absent, transformers' defaults (1 and 2); null, none; a list, all of it */
+    const struct {
+        const char *bos, *eos;
+        int32_t want_bos, n_eos, eos0;
+    } ids[] = { { NULL, NULL, 1, 1, 2 }, { "null", "null", -1, 0, 0 }, { "3", "[5, 7]", 3, 2, 5 } };
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
+        char keep[64], err[FA_MODEL_ERR_LEN];
+        tiny(keep, 1);
+        edit_config(keep, "bos_token_id", ids[i].bos ? cJSON_Parse(ids[i].bos) : NULL);
+        edit_config(keep, "eos_token_id", ids[i].eos ? cJSON_Parse(ids[i].eos) : NULL);
+        fa_model *m;
+        assert_int_equal(fa_model_open_hf(keep, &m, err), FA_OK);
+        assert_int_equal(m->config.bos_id, ids[i].want_bos);
+        assert_int_equal(m->config.n_eos, ids[i].n_eos);
+        if (ids[i].n_eos)
+            assert_int_equal(m->config.eos_ids[0], ids[i].eos0);
+        fa_model_free(m);
+        rm_dir(keep);
+    }
     /* mistral: accepted without a sliding window inside the context, refused with one */
     edit_config(dir, "model_type", cJSON_CreateString("mistral"));
     edit_config(dir, "sliding_window", cJSON_CreateNull());

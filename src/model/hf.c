@@ -70,14 +70,16 @@ static fa_status json_bool(const cJSON *o, const char *file, const char *key, in
     return FA_OK;
 }
 
-/* bos_token_id (an id or null) and eos_token_id (an id, a list of ids, or null); absent: none.
- * c->vocab_size is read already. */
+/* bos_token_id (an id or null) and eos_token_id (an id, a list of ids, or null); absent:
+ * transformers' LlamaConfig / MistralConfig defaults, 1 and 2; null: none. c->vocab_size is
+ * read already. */
 static fa_status json_special_ids(const cJSON *o, const char *file, fa_model_config *c, char *err)
 {
     const cJSON *bos = cJSON_GetObjectItemCaseSensitive(o, "bos_token_id");
     const cJSON *eos = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id");
-    c->bos_id = -1;
-    c->n_eos = 0;
+    c->bos_id = !bos && c->vocab_size > FA_TOKEN_BOS ? FA_TOKEN_BOS : -1;
+    c->n_eos = !eos && c->vocab_size > FA_TOKEN_EOS;
+    c->eos_ids[0] = FA_TOKEN_EOS;
     if (bos && !cJSON_IsNull(bos)) {
         const double d = cJSON_IsNumber(bos) ? bos->valuedouble : -1;
         if (!(d >= 0 && d < 2147483647.0 && d == floor(d)))
@@ -89,6 +91,7 @@ static fa_status json_special_ids(const cJSON *o, const char *file, fa_model_con
     }
     if (!eos || cJSON_IsNull(eos))
         return FA_OK;
+    c->n_eos = 0;
     const cJSON *one = cJSON_IsArray(eos) ? eos->child : eos;
     if (cJSON_IsArray(eos) && cJSON_GetArraySize(eos) > FA_MODEL_MAX_EOS)
         return fa_model_fail(err, FA_ERR_UNSUPPORTED, "'%s': eos_token_id lists %d ids; at most %d are supported", file,
