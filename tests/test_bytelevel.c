@@ -6,7 +6,8 @@
  * under GPT-2's pre-tokenizer, a plain-string Split and a Split whose pattern matches empty
  * strings; the ids decode back to the text's bytes, and so do seeded random texts; a repeated
  * group over a long text matches (past the JIT's default stack); broken files, a runaway
- * pattern and text that is not UTF-8 get a status and a message.
+ * pattern and text that is not UTF-8 get a status and a message; threads sharing a tokenizer
+ * get the same ids.
  * FLASHATTN_TEST_SEED=N replays.
  */
 #include "model.h"
@@ -22,6 +23,7 @@
 #include <time.h>
 
 #include <cmocka.h>
+#include <pthread.h>
 
 static uint64_t seed;
 static char *base;        /* the tokenizer.json's text */
@@ -192,6 +194,51 @@ static void test_random_round_trip(void **state)
     fa_tokenizer_free(t);
 }
 
+/* Threads sharing one tokenizer each get HF's ids (a pattern's match state is per call). */
+typedef struct shared_run {
+    const fa_tokenizer *t;
+    int mismatches;
+} shared_run;
+
+static void *encode_all(void *arg)
+{
+    shared_run *r = arg;
+    char err[FA_MODEL_ERR_LEN];
+    for (int rep = 0; rep < 4; rep++) {
+        const cJSON *c;
+        cJSON_ArrayForEach(c, cJSON_GetObjectItem(cases, "cases")) {
+            const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
+            const cJSON *want = cJSON_GetObjectItem(c, "ids_plain");
+            const int32_t cap = (int32_t)strlen(text) + 3;
+            int32_t *ids = malloc(sizeof(int32_t) * (size_t)cap), n = 0;
+            int same = fa_tokenizer_encode(r->t, text, 0, 0, ids, cap, &n, err) == FA_OK &&
+                       n == cJSON_GetArraySize(want);
+            for (int i = 0; same && i < n; i++)
+                same = ids[i] == cJSON_GetArrayItem(want, i)->valueint;
+            r->mismatches += !same;
+            free(ids);
+        }
+    }
+    return NULL;
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    fa_tokenizer *t = load(base);
+    pthread_t th[4];
+    shared_run runs[4];
+    for (int i = 0; i < 4; i++) {
+        runs[i] = (shared_run){ t, 0 };
+        assert_int_equal(pthread_create(&th[i], NULL, encode_all, &runs[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(runs[i].mismatches, 0);
+    }
+    fa_tokenizer_free(t);
+}
+
 /* The template's BOS is what encoding adds; without a post_processor, nothing. */
 static void test_bos(void **state)
 {
@@ -338,7 +385,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hf_ids),        cmocka_unit_test(test_random_round_trip),
         cmocka_unit_test(test_bos),           cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_encode_refusals),
+        cmocka_unit_test(test_encode_refusals), cmocka_unit_test(test_threads),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     cJSON_Delete(cases);

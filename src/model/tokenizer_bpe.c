@@ -123,8 +123,9 @@ static cand heap_pop(cand *h, int32_t *n)
 }
 
 typedef struct work {
-    sym *s;     /* [bytes of the longest word] */
-    cand *heap; /* [3 x that] */
+    sym *s;                 /* [bytes of the longest word] */
+    cand *heap;             /* [3 x that] */
+    fa_tok_matcher *match;  /* byte-level files with a pattern: this call's match state */
 } work;
 
 static void push_pair(const fa_tok_bpe *b, const sym *s, int32_t pos, cand *h, int32_t *n)
@@ -207,7 +208,7 @@ static int encode_bytes(const fa_tokenizer *t, const char *s, size_t n, char *bu
 {
     size_t at = 0, search = 0, from, to;
     while (at < n) {
-        const int r = t->bpe->split ? fa_tok_split_next(t->bpe->split, s, n, search, &from, &to) : 0;
+        const int r = t->bpe->split ? fa_tok_split_next(t->bpe->split, wk->match, s, n, search, &from, &to) : 0;
         if (r < 0)
             return r;
         if (!r)
@@ -291,9 +292,10 @@ fa_status fa_tok_bpe_encode(const fa_tokenizer *t, const char *text, int bos, in
                                                            "pattern matches characters)");
     /* a segment grows by at most "▁" for each space and two prefixes */
     char *buf = malloc(3 * tl + 2 * META_LEN + 1);
-    work wk = { malloc(sizeof(sym) * (3 * tl + 2 * META_LEN + 1)), malloc(sizeof(cand) * 3 * (3 * tl + 2 * META_LEN + 1)) };
-    if (!buf || !wk.s || !wk.heap) {
-        free(buf), free(wk.s), free(wk.heap);
+    work wk = { malloc(sizeof(sym) * (3 * tl + 2 * META_LEN + 1)), malloc(sizeof(cand) * 3 * (3 * tl + 2 * META_LEN + 1)),
+                t->bpe->split ? fa_tok_matcher_new(t->bpe->split) : NULL };
+    if (!buf || !wk.s || !wk.heap || (t->bpe->split && !wk.match)) {
+        free(buf), free(wk.s), free(wk.heap), fa_tok_matcher_free(wk.match);
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for encoding");
     }
     sink o = { tokens, cap, 0, 0 };
@@ -323,7 +325,7 @@ fa_status fa_tok_bpe_encode(const fa_tokenizer *t, const char *text, int bos, in
         bad = encode_segment(t, text + seg, tl - seg, seg == 0, buf, &wk, &o);
     if (eos && t->eos_id >= 0)
         put(&o, t->eos_id);
-    free(buf), free(wk.s), free(wk.heap);
+    free(buf), free(wk.s), free(wk.heap), fa_tok_matcher_free(wk.match);
     if (bad)
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "%s",
                              bad == -1 ? "the pre-tokenizer's pattern took more steps or memory than its limits on "

@@ -7,6 +7,7 @@
 #include "tokenizer.h"
 
 typedef struct fa_tok_split fa_tok_split;
+typedef struct fa_tok_matcher fa_tok_matcher;
 
 #define META "\xE2\x96\x81" /* U+2581, sentencepiece's word marker */
 #define META_LEN 3
@@ -44,10 +45,15 @@ struct fa_tok_bpe {
 fa_status fa_tok_split_compile(const char *pattern, size_t len, int literal, fa_tok_split **out, char *msg,
                                size_t cap);
 void fa_tok_split_free(fa_tok_split *s);
+/* One encoding call's match state for s (NULL when out of memory): a compiled pattern is
+ * shared, its matches' state is not. */
+fa_tok_matcher *fa_tok_matcher_new(const fa_tok_split *s);
+void fa_tok_matcher_free(fa_tok_matcher *m);
 /* The first match in text[at..n) (valid UTF-8) as [from, to), which may be empty: 1; 0 when
  * there is none; -1 when the match passed PCRE2's step or memory limits, -2 on another PCRE2
  * error. */
-int fa_tok_split_next(const fa_tok_split *s, const char *text, size_t n, size_t at, size_t *from, size_t *to);
+int fa_tok_split_next(const fa_tok_split *s, fa_tok_matcher *m, const char *text, size_t n, size_t at, size_t *from,
+                      size_t *to);
 /* s[0..n) spelled in the byte alphabet into out (at most 2n bytes); its length. */
 size_t fa_tok_bytes_spelled(const char *s, size_t n, char *out);
 /* A piece's bytes (HF's ByteLevel decoder): each character of the byte alphabet to its byte

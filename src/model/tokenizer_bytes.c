@@ -27,6 +27,12 @@ static const char gpt2_pattern[] =
 
 struct fa_tok_split {
     pcre2_code *code;
+    int jit; /* compiled for PCRE2's JIT */
+};
+
+/* What one encoding call matches with: PCRE2's match data, context and JIT stack are written
+ * by every match, so callers sharing a tokenizer each hold their own. */
+struct fa_tok_matcher {
     pcre2_match_context *mctx;
     pcre2_jit_stack *stack;
     pcre2_match_data *md;
@@ -36,11 +42,33 @@ void fa_tok_split_free(fa_tok_split *s)
 {
     if (!s)
         return;
-    pcre2_match_data_free(s->md);
-    pcre2_match_context_free(s->mctx);
-    pcre2_jit_stack_free(s->stack);
     pcre2_code_free(s->code);
     free(s);
+}
+
+void fa_tok_matcher_free(fa_tok_matcher *m)
+{
+    if (!m)
+        return;
+    pcre2_match_data_free(m->md);
+    pcre2_match_context_free(m->mctx);
+    pcre2_jit_stack_free(m->stack);
+    free(m);
+}
+
+fa_tok_matcher *fa_tok_matcher_new(const fa_tok_split *s)
+{
+    fa_tok_matcher *m = calloc(1, sizeof(*m));
+    if (!m || !(m->mctx = pcre2_match_context_create(NULL)) ||
+        !(m->md = pcre2_match_data_create_from_pattern(s->code, NULL))) {
+        fa_tok_matcher_free(m);
+        return NULL;
+    }
+    if (s->jit && (m->stack = pcre2_jit_stack_create(32u << 10, JIT_STACK_MAX, NULL)))
+        pcre2_jit_stack_assign(m->mctx, NULL, m->stack);
+    pcre2_set_match_limit(m->mctx, MATCH_LIMIT);
+    pcre2_set_heap_limit(m->mctx, HEAP_LIMIT_KIB);
+    return m;
 }
 
 fa_status fa_tok_split_compile(const char *pattern, size_t len, int literal, fa_tok_split **out, char *msg,
@@ -66,34 +94,24 @@ fa_status fa_tok_split_compile(const char *pattern, size_t len, int literal, fa_
         fa_tok_split_free(s);
         return FA_ERR_INVALID_VALUE;
     }
-    const int jit = pcre2_jit_compile(s->code, PCRE2_JIT_COMPLETE) == 0; /* where PCRE2 has one */
-    s->mctx = pcre2_match_context_create(NULL);
-    if (jit && s->mctx && (s->stack = pcre2_jit_stack_create(32u << 10, JIT_STACK_MAX, NULL)))
-        pcre2_jit_stack_assign(s->mctx, NULL, s->stack);
-    s->md = pcre2_match_data_create_from_pattern(s->code, NULL);
-    if (!s->mctx || !s->md) {
-        snprintf(msg, cap, "out of memory");
-        fa_tok_split_free(s);
-        return FA_ERR_OUT_OF_MEMORY;
-    }
-    pcre2_set_match_limit(s->mctx, MATCH_LIMIT);
-    pcre2_set_heap_limit(s->mctx, HEAP_LIMIT_KIB);
+    s->jit = pcre2_jit_compile(s->code, PCRE2_JIT_COMPLETE) == 0; /* where PCRE2 has one */
     *out = s;
     return FA_OK;
 }
 
-int fa_tok_split_next(const fa_tok_split *s, const char *text, size_t n, size_t at, size_t *from, size_t *to)
+int fa_tok_split_next(const fa_tok_split *s, fa_tok_matcher *m, const char *text, size_t n, size_t at, size_t *from,
+                      size_t *to)
 {
     if (at > n)
         return 0;
-    int rc = pcre2_match(s->code, (PCRE2_SPTR)text, n, at, PCRE2_NO_UTF_CHECK, s->md, s->mctx);
+    int rc = pcre2_match(s->code, (PCRE2_SPTR)text, n, at, PCRE2_NO_UTF_CHECK, m->md, m->mctx);
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT) /* past even the large stack: the interpreter's heap */
-        rc = pcre2_match(s->code, (PCRE2_SPTR)text, n, at, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, s->md, s->mctx);
+        rc = pcre2_match(s->code, (PCRE2_SPTR)text, n, at, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, m->md, m->mctx);
     if (rc == PCRE2_ERROR_NOMATCH)
         return 0;
     if (rc < 0)
         return rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT ? -1 : -2;
-    const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
+    const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(m->md);
     if (ov[1] < ov[0]) /* \K in a lookahead: a match that ends before it starts */
         return -2;
     *from = ov[0], *to = ov[1];
