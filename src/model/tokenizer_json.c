@@ -129,6 +129,23 @@ static fa_status replace_of(const reader *rd, const cJSON *o, const char *where,
     return FA_OK;
 }
 
+/* The steps of a normalizer, decoder or post_processor o of type ty: o itself, or the items of a
+ * Sequence's array o[key] (where.key names it in messages). Iterate with
+ * for (one = *first; one; one = *list == o ? NULL : one->next). */
+static fa_status steps_of(const reader *rd, const cJSON *o, const char *ty, const char *where, const char *key,
+                          const cJSON **list, const cJSON **first)
+{
+    *list = *first = o;
+    if (strcmp(ty, "Sequence") != 0)
+        return FA_OK;
+    *list = item(o, key);
+    if (!cJSON_IsArray(*list))
+        return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT, "'%s': %s.%s is missing or not an array", rd->file,
+                             where, key);
+    *first = (*list)->child;
+    return FA_OK;
+}
+
 static fa_status read_normalizer(const reader *rd, const cJSON *n, fa_tok_bpe *b)
 {
     if (!n)
@@ -137,14 +154,9 @@ static fa_status read_normalizer(const reader *rd, const cJSON *n, fa_tok_bpe *b
     const char *t = type_of(rd, n, "normalizer", &st);
     if (!t)
         return st;
-    const cJSON *list = n, *one = n;
-    if (strcmp(t, "Sequence") == 0) {
-        list = item(n, "normalizers");
-        if (!cJSON_IsArray(list))
-            return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT, "'%s': normalizer.normalizers is missing or not an array",
-                                 rd->file);
-        one = list->child;
-    }
+    const cJSON *list, *one;
+    if ((st = steps_of(rd, n, t, "normalizer", "normalizers", &list, &one)) != FA_OK)
+        return st;
     for (; one; one = list == n ? NULL : one->next) {
         if (!(t = type_of(rd, one, "a normalizer", &st)))
             return st;
@@ -286,14 +298,9 @@ static fa_status read_decoder(const reader *rd, const cJSON *d, fa_tokenizer *t,
     const char *ty = type_of(rd, d, "decoder", &st);
     if (!ty)
         return st;
-    const cJSON *list = d, *one = d;
-    if (strcmp(ty, "Sequence") == 0) {
-        list = item(d, "decoders");
-        if (!cJSON_IsArray(list))
-            return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT, "'%s': decoder.decoders is missing or not an array",
-                                 rd->file);
-        one = list->child;
-    }
+    const cJSON *list, *one;
+    if ((st = steps_of(rd, d, ty, "decoder", "decoders", &list, &one)) != FA_OK)
+        return st;
     for (; one; one = list == d ? NULL : one->next) {
         if (!(ty = type_of(rd, one, "a decoder", &st)))
             return st;
@@ -603,14 +610,9 @@ static fa_status read_bos(const reader *rd, const cJSON *pp, int32_t vocab_size,
     const char *ty = type_of(rd, pp, "post_processor", &st);
     if (!ty)
         return st;
-    const cJSON *list = pp, *one = pp, *tp = NULL;
-    if (strcmp(ty, "Sequence") == 0) {
-        list = item(pp, "processors");
-        if (!cJSON_IsArray(list))
-            return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT,
-                                 "'%s': post_processor.processors is missing or not an array", rd->file);
-        one = list->child;
-    }
+    const cJSON *list, *one, *tp = NULL;
+    if ((st = steps_of(rd, pp, ty, "post_processor", "processors", &list, &one)) != FA_OK)
+        return st;
     for (; one; one = list == pp ? NULL : one->next) {
         if (!(ty = type_of(rd, one, "a post_processor", &st)))
             return st;
