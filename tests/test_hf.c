@@ -111,7 +111,8 @@ static int on_token(void *user, int32_t token, const char *text, size_t len)
     return 0;
 }
 
-static void greedy(const fa_model *m, const char *prompt, int steps, collect *c)
+/* Greedy ids (prompt echo, then generated) of m with tokenizer t. */
+static void greedy_with(const fa_model *m, const fa_tokenizer *t, const char *prompt, int steps, collect *c)
 {
     char err[FA_MODEL_ERR_LEN];
     fa_model_state *st;
@@ -119,9 +120,15 @@ static void greedy(const fa_model *m, const char *prompt, int steps, collect *c)
     assert_int_equal(fa_model_state_create(m, ctx, NULL, &st, err), FA_OK);
     assert_int_equal(fa_sampler_create(m->config.vocab_size, 0.0f, 0.9f, 1, &smp, err), FA_OK);
     memset(c, 0, sizeof(*c));
-    assert_int_equal(fa_generate(m, tok, st, smp, prompt, steps, on_token, c, NULL, err), FA_OK);
+    if (fa_generate(m, t, st, smp, prompt, steps, on_token, c, NULL, err) != FA_OK)
+        fail_msg("%s", err);
     fa_sampler_free(smp);
     fa_model_state_free(st);
+}
+
+static void greedy(const fa_model *m, const char *prompt, int steps, collect *c)
+{
+    greedy_with(m, tok, prompt, steps, c);
 }
 
 /* Last-token logits of n tokens (a prefill) into out[vocab]. */
@@ -806,21 +813,6 @@ static void test_reexport_and_bounds(void **state)
     rm_dir(dir);
     fa_model_free(a);
     fa_model_free(b);
-}
-
-/* Greedy ids (prompt echo, then generated) of m with tokenizer t. */
-static void greedy_with(const fa_model *m, const fa_tokenizer *t, const char *prompt, int steps, collect *c)
-{
-    char err[FA_MODEL_ERR_LEN];
-    fa_model_state *st;
-    fa_sampler *smp;
-    assert_int_equal(fa_model_state_create(m, ctx, NULL, &st, err), FA_OK);
-    assert_int_equal(fa_sampler_create(m->config.vocab_size, 0.0f, 0.9f, 1, &smp, err), FA_OK);
-    memset(c, 0, sizeof(*c));
-    if (fa_generate(m, t, st, smp, prompt, steps, on_token, c, NULL, err) != FA_OK)
-        fail_msg("%s", err);
-    fa_sampler_free(smp);
-    fa_model_state_free(st);
 }
 
 /* Llama 3's conventions end to end on the CPU: config.json's bos_token_id and eos_token_id
