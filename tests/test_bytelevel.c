@@ -11,6 +11,7 @@
  * FLASHATTN_TEST_SEED=N replays.
  */
 #include "model.h"
+#include "tok_json.h"
 
 #include <cjson/cJSON.h>
 #include <setjmp.h>
@@ -53,35 +54,8 @@ static fa_tokenizer *load(const char *text)
     return t;
 }
 
-/* The fixture with one edit by cJSON: key (a path "pre_tokenizer.type") set to json, or
- * removed when json is NULL. */
-static char *with(const char *key, const char *value)
-{
-    cJSON *j = cJSON_Parse(base), *o = j;
-    char path[128];
-    snprintf(path, sizeof(path), "%s", key);
-    char *last = path, *dot;
-    while ((dot = strchr(last, '.'))) {
-        *dot = 0;
-        o = cJSON_IsArray(o) ? cJSON_GetArrayItem(o, atoi(last)) : cJSON_GetObjectItemCaseSensitive(o, last);
-        assert_non_null(o);
-        last = dot + 1;
-    }
-    if (cJSON_IsArray(o)) {
-        assert_non_null(value);
-        cJSON_ReplaceItemInArray(o, atoi(last), cJSON_Parse(value));
-    } else {
-        cJSON_DeleteItemFromObjectCaseSensitive(o, last);
-        if (value) {
-            cJSON *v = cJSON_Parse(value);
-            assert_non_null(v);
-            cJSON_AddItemToObject(o, last, v);
-        }
-    }
-    char *s = cJSON_PrintUnformatted(j);
-    cJSON_Delete(j);
-    return s;
-}
+/* The fixture with one edit by cJSON (tok_json_with). */
+static char *with(const char *key, const char *value) { return tok_json_with(base, key, value); }
 
 /* Encodes text and compares with the case's list of ids named key. */
 static void expect_case(const fa_tokenizer *t, const cJSON *c, const char *key, int bos)
@@ -261,13 +235,7 @@ static void test_bos(void **state)
 
 static void expect_refused(const char *text, fa_status want, const char *a, const char *b)
 {
-    fa_tokenizer *t = (fa_tokenizer *)0x1;
-    char err[FA_MODEL_ERR_LEN] = "";
-    fa_status st = fa_tokenizer_from_json("bad.json", text, strlen(text), vocab, &t, err);
-    if (st != want || !strstr(err, a) || (b && !strstr(err, b)))
-        fail_msg("want %s naming '%s' and '%s', got %s: %s", fa_status_string(want), a, b ? b : "",
-                 fa_status_string(st), err);
-    assert_null(t);
+    tok_json_expect_refused(text, vocab, want, a, b);
 }
 
 static void test_refusals(void **state)

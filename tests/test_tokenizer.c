@@ -9,6 +9,7 @@
  * message naming the field. FLASHATTN_TEST_SEED=N replays.
  */
 #include "model.h"
+#include "tok_json.h"
 
 #include <cjson/cJSON.h>
 #include <setjmp.h>
@@ -504,41 +505,11 @@ static void test_hf_reference(void **state)
 
 static void expect_refused(const char *text, int32_t vocab, fa_status want, const char *a, const char *b)
 {
-    fa_tokenizer *t = (fa_tokenizer *)0x1;
-    char err[FA_MODEL_ERR_LEN] = "";
-    fa_status st = fa_tokenizer_from_json("bad.json", text, strlen(text), vocab, &t, err);
-    if (st != want || !strstr(err, a) || (b && !strstr(err, b))) {
-        fprintf(stderr, "want %s naming '%s' and '%s', got %s: %s\n", fa_status_string(want), a, b ? b : "",
-                fa_status_string(st), err);
-        fail();
-    }
-    assert_null(t);
+    tok_json_expect_refused(text, vocab, want, a, b);
 }
 
-/* The hand-written file with one edit by cJSON: key (a path "model.type") set to json, or
- * removed when json is NULL. */
-static char *with(const char *key, const char *value)
-{
-    cJSON *j = cJSON_Parse(hand_base), *o = j;
-    char path[128];
-    snprintf(path, sizeof(path), "%s", key);
-    char *last = path, *dot;
-    while ((dot = strchr(last, '.'))) {
-        *dot = 0;
-        o = cJSON_GetObjectItemCaseSensitive(o, last);
-        assert_non_null(o);
-        last = dot + 1;
-    }
-    cJSON_DeleteItemFromObjectCaseSensitive(o, last);
-    if (value) {
-        cJSON *v = cJSON_Parse(value);
-        assert_non_null(v);
-        cJSON_AddItemToObject(o, last, v);
-    }
-    char *s = cJSON_PrintUnformatted(j);
-    cJSON_Delete(j);
-    return s;
-}
+/* The hand-written file with one edit by cJSON (tok_json_with). */
+static char *with(const char *key, const char *value) { return tok_json_with(hand_base, key, value); }
 
 static void test_refusals(void **state)
 {
