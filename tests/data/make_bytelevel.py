@@ -76,7 +76,10 @@ def main():
     with open(f"{out}/bytelevel_small.json", "w", encoding="utf-8") as f:
         f.write(json.dumps(json.loads(small.to_str()), ensure_ascii=False, separators=(",", ":")))
     tok, base, bos = build(1000)
-    tok.save(f"{out}/bytelevel_tokenizer.json")
+    with open(f"{out}/bytelevel_tokenizer.json", "w", encoding="utf-8") as f:  # one line a section
+        j = json.loads(tok.to_str())
+        f.write("{\n" + ",\n".join(json.dumps(k) + ": " + json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+                                    for k, v in j.items()) + "\n}\n")
     texts = [line for line in CORPUS.split("\n") if line] + [
         "", " ", "  leading", "trailing  ", "a   b", "  \n\n  x", "x\n \n", "I'M YOU'LL WE'D",
         "rock'n'roll", "abc123def4567", "1,234,567.89", "e\u0301t\u00e9", "\u00a0nbsp\u3000ideo",
@@ -100,10 +103,11 @@ def main():
         tok.pre_tokenizer = pre
         for case in cases:
             case[key] = tok.encode(case["text"], add_special_tokens=False).ids
-    with open(f"{out}/bytelevel_ids.json", "w", encoding="utf-8") as f:
-        json.dump({"bos": bos, "base_vocab": base, "vocab_size": tok.get_vocab_size(), "cases": cases}, f,
-                  ensure_ascii=False, indent=0)
-        f.write("\n")
+    with open(f"{out}/bytelevel_ids.json", "w", encoding="utf-8") as f:  # one line a case
+        head = {"bos": bos, "base_vocab": base, "vocab_size": tok.get_vocab_size()}
+        f.write(json.dumps(head)[:-1] + ', "cases": [\n')
+        f.write(",\n".join(json.dumps(c, ensure_ascii=False, separators=(",", ":")) for c in cases))
+        f.write("\n]}\n")
 
 
 if __name__ == "__main__":
