@@ -36,7 +36,6 @@ static size_t space_before(const unsigned char *s, size_t n)
     return 0;
 }
 
-
 uint64_t fa_tok_hash64(uint64_t k)
 {
     k ^= k >> 33;
