@@ -63,8 +63,11 @@ typedef enum fa_status {
 
 typedef enum fa_dtype {
     FA_DTYPE_F32 = 0,
-    FA_DTYPE_F16 = 1, /* IEEE binary16 */
-    FA_DTYPE_BF16 = 2 /* bfloat16 */
+    FA_DTYPE_F16 = 1,  /* IEEE binary16 */
+    FA_DTYPE_BF16 = 2, /* bfloat16 */
+    FA_DTYPE_E4M3 = 3  /* OCP 8-bit float E4M3 (1 sign, 4 exponent bits biased by 7, 3 mantissa
+                        * bits; finite up to 448, 0x7f and 0xff NaN, no infinity): fa_forward's
+                        * q, k and v, with descale factors (fa_descale) */
 } fa_dtype;
 
 typedef enum fa_backend {
@@ -99,6 +102,21 @@ typedef struct fa_tensor {
     int64_t stride_seq;
     int64_t stride_head;
 } fa_tensor;
+
+/*
+ * Descale factors of an fp8 (FA_DTYPE_E4M3) input: element x of tensor t in batch b and kv
+ * head g means x * data[b * stride_batch + g * stride_head] (float32, in the backend's
+ * memory like the tensors; varlen: b is the sequence). Query head h takes the factor of its
+ * kv head h / (num_heads_q / num_heads_kv). Strides are in elements and >= 0: both 0 is one
+ * factor for the whole tensor; FlashAttention-3's [batch, num_heads_kv] layout is
+ * stride_batch = num_heads_kv, stride_head = 1. data NULL is a factor of 1. Factors must be
+ * finite and positive (like the inputs, they are not read for validation).
+ */
+typedef struct fa_descale {
+    const float *data;
+    int64_t stride_batch;
+    int64_t stride_head;
+} fa_descale;
 
 /*
  * One attention call: o = softmax(mask(cap(scale * q k^T))) v per head.
@@ -145,6 +163,10 @@ typedef struct fa_tensor {
  * ([heads, total_q] for varlen, where i is the packed row and the batch
  * stride is unused).
  *
+ * fp8 inputs (FA_DTYPE_E4M3 for q, k and v, o bf16 or float32): q, k and v are their bytes'
+ * values times their descale factors (q_descale, k_descale, v_descale); the formula above
+ * holds for those values. Backward, paged calls and GLES take no fp8.
+ *
  * Initialise with fa_attention_desc_init(): it sets size and the defaults.
  */
 typedef struct fa_attention_desc {
@@ -158,7 +180,7 @@ typedef struct fa_attention_desc {
     int32_t head_dim; /* 1 .. FA_MAX_HEAD_DIM */
 
     fa_tensor q, k, v; /* inputs, one dtype for all three */
-    fa_tensor o;       /* output: q's dtype or FA_DTYPE_F32 */
+    fa_tensor o;       /* output: q's dtype or FA_DTYPE_F32; bf16 or f32 for fp8 inputs */
 
     float *lse; /* optional output, NULL to skip */
     int64_t lse_stride_batch;
@@ -184,6 +206,9 @@ typedef struct fa_attention_desc {
     uint64_t dropout_offset;
 
     fa_algorithm algorithm; /* FA_ALGORITHM_FLASH unless benchmarking */
+
+    /* fp8 inputs only (else data NULL): each tensor's descale factors */
+    fa_descale q_descale, k_descale, v_descale;
 } fa_attention_desc;
 
 /* What the last successful call ran: for logs, benchmarks and `flashattn info`. */

@@ -372,6 +372,48 @@ static void test_backward_validation(void **state)
     assert_int_equal(fa_backward(f->ctx, NULL), FA_ERR_NULL_POINTER);
 }
 
+/* fp8 inputs: o bf16 or float32; descale factors only with them, their strides and extent
+ * checked and outputs kept off them; the backward refuses fp8. */
+static void test_fp8_validation(void **state)
+{
+    fixture *f = *state;
+    static float ds[3][B][HK];
+    for (int i = 0; i < 3 * B * HK; i++)
+        (&ds[0][0][0])[i] = 0.5f;
+    fa_attention_desc e = f->d; /* the fixture's float buffers hold the bytes */
+    e.q.dtype = e.k.dtype = e.v.dtype = FA_DTYPE_E4M3;
+    e.o.dtype = FA_DTYPE_BF16;
+    e.q_descale = (fa_descale){ ds[0][0], HK, 1 };
+    e.k_descale = (fa_descale){ ds[1][0], 0, 0 };
+    e.v_descale = (fa_descale){ ds[2][0], HK, 1 };
+    memset(f->q, 0x38, sizeof(f->q)); /* e4m3 1.0 */
+    memset(f->k, 0x38, sizeof(f->k));
+    memset(f->v, 0x40, sizeof(f->v)); /* e4m3 2.0: o = 2 * 0.5 everywhere */
+    assert_int_equal(fa_forward(f->ctx, &e), FA_OK);
+    const uint16_t *o = (const uint16_t *)f->o;
+    for (int i = 0; i < B * SQ * HQ * D; i++)
+        assert_int_equal(o[i], 0x3f80); /* bf16 1.0 */
+    fa_attention_desc d = e;
+    d.o.dtype = FA_DTYPE_E4M3;
+    expect_error(f, &d, FA_ERR_INVALID_DTYPE, "o.dtype");
+    d = e, d.o.dtype = FA_DTYPE_F16;
+    expect_error(f, &d, FA_ERR_INVALID_DTYPE, "o.dtype");
+    d = e, d.k.dtype = FA_DTYPE_BF16;
+    expect_error(f, &d, FA_ERR_INVALID_DTYPE, "k.dtype");
+    d = f->d, d.q_descale = e.q_descale; /* float32 inputs */
+    expect_error(f, &d, FA_ERR_INVALID_ARGUMENT, "q_descale.data");
+    d = e, d.k_descale.stride_batch = -1;
+    expect_error(f, &d, FA_ERR_INVALID_STRIDE, "k_descale.stride_batch");
+    d = e, d.v_descale.stride_head = INT64_MAX / 2;
+    expect_error(f, &d, FA_ERR_SIZE_OVERFLOW, "v_descale");
+    d = e, d.v_descale.data = (const float *)f->o + 3; /* o written over v's factors */
+    expect_error(f, &d, FA_ERR_INVALID_STRIDE, "v_descale.data");
+    fa_backward_desc bd;
+    backward_desc(f, &bd);
+    bd.forward = &e;
+    expect_backward_error(f, &bd, FA_ERR_INVALID_DTYPE, "forward->q.dtype");
+}
+
 /* Outputs sharing memory with an input or another output are refused, naming both; nothing
  * is written, not even into the input an output was pointed at. */
 static void test_overlapping_outputs(void **state)
@@ -900,6 +942,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lse_strides, setup, teardown),
         cmocka_unit_test_setup_teardown(test_huge_shapes_plan, setup, teardown),
         cmocka_unit_test_setup_teardown(test_backward_validation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fp8_validation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_overlapping_outputs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_interleaved_views, setup, teardown),
         cmocka_unit_test(test_context_calls),

@@ -18,7 +18,7 @@
 
 #include <cmocka.h>
 
-#define MAX_CASES 256
+#define MAX_CASES FA_GRID_MAX
 static uint64_t seed;
 
 static void run_dtype(fa_dtype dt)

@@ -212,6 +212,12 @@ static void test_bad_input(void **state)
     small_make(&s);
     s.d.cache.dtype = FA_DTYPE_BF16;
     expect_refused(ctx, &s, FA_ERR_INVALID_DTYPE, "cache.dtype");
+    small_make(&s); /* fp8 is fa_forward's only */
+    s.d.cache.dtype = s.d.k_new.dtype = s.d.v_new.dtype = FA_DTYPE_E4M3;
+    expect_refused(ctx, &s, FA_ERR_INVALID_DTYPE, "cache.dtype");
+    small_make(&s);
+    s.d.q.dtype = FA_DTYPE_E4M3;
+    expect_refused(ctx, &s, FA_ERR_INVALID_DTYPE, "q.dtype");
     small_make(&s);
     s.d.num_heads_q = 3;
     expect_refused(ctx, &s, FA_ERR_INVALID_SHAPE, "num_heads_q");

@@ -44,7 +44,8 @@ static const char *help =
     "  --window L,R          sliding window, -1 = unbounded         [-1,-1]\n"
     "  --softcap X           logit softcap, 0 = off                 [0]\n"
     "  --dropout P           attention dropout probability          [0]\n"
-    "  --dtype f32|f16|bf16  q, k, v and o dtype      [f32; bf16 on cuda]\n"
+    "  --dtype f32|f16|bf16|e4m3  q, k, v and o dtype (e4m3: fp8 inputs, o bf16; forward only)\n"
+    "                        [f32; bf16 on cuda]\n"
     "  --layout bshd|bhsd                                           [bshd]\n"
     "run:\n"
     "  --backend auto|cpu|cuda|gles                                 [auto]\n"
@@ -228,7 +229,8 @@ static double sgemm_gflops(int threads)
 
 /* The buffers of one shape, in bytes. */
 typedef struct sizes {
-    size_t q, k;  /* q (and o, d_o, d_q), k (and v, d_k, d_v) */
+    size_t q, k;  /* q (and d_o, d_q), k (and v, d_k, d_v) */
+    size_t o;     /* o: q's size, twice it for fp8 inputs (o bf16) */
     size_t lse;   /* the backward's log-sum-exp */
     size_t ref;   /* flash's output in float64 */
     double host;  /* all of them that live in host memory at once */
@@ -238,14 +240,15 @@ typedef struct sizes {
  * (CPU, GLES), so its copies of the tensors count too. */
 static int shape_sizes(const opts *o, int host_memory, long sq, long sk, long h, long d, sizes *s)
 {
-    const int64_t b = o->batch, hk = o->kv_heads ? o->kv_heads : h,
-                  esz = o->dtype == FA_DTYPE_F32 ? 4 : 2;
+    const int64_t b = o->batch, hk = o->kv_heads ? o->kv_heads : h, esz = cli_dtype_bytes(o->dtype),
+                  osz = cli_dtype_bytes(cli_out_dtype(o->dtype));
     if (cli_size(&s->q, (const int64_t[]){ b, sq, h, d, esz }, 5) ||
+        cli_size(&s->o, (const int64_t[]){ b, sq, h, d, osz }, 5) ||
         cli_size(&s->k, (const int64_t[]){ b, sk, hk, d, esz }, 5) ||
         cli_size(&s->lse, (const int64_t[]){ b, h, sq, 4 }, 4) ||
         cli_size(&s->ref, (const int64_t[]){ b, sq, h, d, 8 }, 5))
         return -1;
-    const double tensors = 2.0 * (double)s->q + 2.0 * (double)s->k; /* q, o, k, v */
+    const double tensors = (double)s->q + (double)s->o + 2.0 * (double)s->k; /* q, o, k, v */
     const double copies = (host_memory ? 2.0 : 1.0) * (o->backward ? 2.0 : 1.0);
     s->host = copies * tensors + (double)s->ref + (host_memory && o->backward ? (double)s->lse : 0.0);
     return 0;
@@ -335,8 +338,8 @@ static int run_row(fa_context_t ctx, const opts *o, long sq, long sk, long h, lo
                 sq, sk, h, d);
         return CLI_EXIT_FAIL;
     }
-    const size_t esz = o->dtype == FA_DTYPE_F32 ? 4 : 2, nq = sz.q / esz, nk = sz.k / esz;
-    void *q = malloc(sz.q), *k = malloc(sz.k), *v = malloc(sz.k), *out = malloc(sz.q);
+    const size_t esz = (size_t)cli_dtype_bytes(o->dtype), nq = sz.q / esz, nk = sz.k / esz;
+    void *q = malloc(sz.q), *k = malloc(sz.k), *v = malloc(sz.k), *out = malloc(sz.o);
     if (!q || !k || !v || !out) {
         free(q);
         free(k);
@@ -369,12 +372,12 @@ static int run_row(fa_context_t ctx, const opts *o, long sq, long sk, long h, lo
     desc.q = fa_tensor_contiguous(q, o->dtype, o->layout, (int32_t)sq, (int32_t)h, (int32_t)d);
     desc.k = fa_tensor_contiguous(k, o->dtype, o->layout, (int32_t)sk, (int32_t)hk, (int32_t)d);
     desc.v = fa_tensor_contiguous(v, o->dtype, o->layout, (int32_t)sk, (int32_t)hk, (int32_t)d);
-    desc.o = fa_tensor_contiguous(out, o->dtype, o->layout, (int32_t)sq, (int32_t)h, (int32_t)d);
+    desc.o = fa_tensor_contiguous(out, cli_out_dtype(o->dtype), o->layout, (int32_t)sq, (int32_t)h, (int32_t)d);
     float *lse = NULL; /* the backward needs the forward's log-sum-exp */
     /* the same tensors in the memory the backend computes on (device memory for CUDA) */
     fa_attention_desc hdesc = desc;
     void *dev[4] = { NULL, NULL, NULL, NULL };
-    const size_t bytes[4] = { sz.q, sz.k, sz.k, sz.q };
+    const size_t bytes[4] = { sz.q, sz.k, sz.k, sz.o };
     void *const host[4] = { q, k, v, out };
     memset(r, 0, sizeof(*r));
     int rc = 0;
@@ -635,7 +638,7 @@ static int parse(int argc, char **argv, opts *o)
             break;
         case DTYPE:
             if (cli_parse_dtype(v, &o->dtype))
-                return cli_usage_error("bench", "--dtype needs f32, f16 or bf16");
+                return cli_usage_error("bench", "--dtype needs f32, f16, bf16 or e4m3");
             o->dtype_given = 1;
             break;
         case LAYOUT:
@@ -669,6 +672,8 @@ static int parse(int argc, char **argv, opts *o)
     }
     if (rc != 0)
         return rc;
+    if (o->backward && o->dtype == FA_DTYPE_E4M3)
+        return cli_usage_error("bench", "--dtype e4m3 is forward only: drop --backward");
     for (int i = 0; i < o->nheads; i++)
         if (o->kv_heads && o->heads[i] % o->kv_heads)
             return cli_usage_error("bench", "--heads %ld is not a multiple of --kv-heads %ld",

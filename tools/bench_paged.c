@@ -656,8 +656,8 @@ static int parse(int argc, char **argv, popts *o)
             o->shape_given = 1;
             break;
         case DTYPE:
-            if (cli_parse_dtype(v, &o->dtype))
-                return cli_usage_error("bench", "--dtype needs f16, bf16 or f32");
+            if (cli_parse_dtype(v, &o->dtype) || o->dtype == FA_DTYPE_E4M3)
+                return cli_usage_error("bench", "--dtype needs f16, bf16 or f32 (paged calls take no fp8)");
             o->dtype_given = 1;
             break;
         case REPS:

@@ -41,6 +41,9 @@ int cli_parse_matvec(const char *s, fa_matvec *out); /* auto, own, blas */
 int cli_parse_graphs(const char *s, int *no_graphs);  /* on, off: the CUDA engine's decode graphs */
 int cli_parse_dtype(const char *s, fa_dtype *out);
 const char *cli_dtype_name(fa_dtype t);
+/* Bytes of an element; o's dtype for inputs of dtype in (bf16 for fp8, else in). */
+int64_t cli_dtype_bytes(fa_dtype t);
+fa_dtype cli_out_dtype(fa_dtype in);
 
 /* One option of a command: its name ("--seq") and whether a value follows it. */
 typedef struct cli_option {

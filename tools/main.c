@@ -121,6 +121,8 @@ int cli_parse_dtype(const char *s, fa_dtype *out)
         *out = FA_DTYPE_F16;
     else if (strcmp(s, "bf16") == 0)
         *out = FA_DTYPE_BF16;
+    else if (strcmp(s, "e4m3") == 0)
+        *out = FA_DTYPE_E4M3;
     else
         return -1;
     return 0;
@@ -128,8 +130,12 @@ int cli_parse_dtype(const char *s, fa_dtype *out)
 
 const char *cli_dtype_name(fa_dtype t)
 {
-    return t == FA_DTYPE_F32 ? "f32" : t == FA_DTYPE_F16 ? "f16" : "bf16";
+    return t == FA_DTYPE_F32 ? "f32" : t == FA_DTYPE_F16 ? "f16" : t == FA_DTYPE_E4M3 ? "e4m3" : "bf16";
 }
+
+int64_t cli_dtype_bytes(fa_dtype t) { return t == FA_DTYPE_F32 ? 4 : t == FA_DTYPE_E4M3 ? 1 : 2; }
+
+fa_dtype cli_out_dtype(fa_dtype in) { return in == FA_DTYPE_E4M3 ? FA_DTYPE_BF16 : in; }
 
 int cli_next_option(cli_args *a, int *which, const char **value)
 {
@@ -206,13 +212,14 @@ static void *plan_range(uintptr_t *at, int64_t rows, int64_t cols, int64_t esz)
 
 void cli_plan_tensors(fa_attention_desc *d, fa_dtype dt, fa_backward_desc *bd)
 {
-    const int64_t esz = dt == FA_DTYPE_F32 ? 4 : 2, b = d->batch, sq = d->seqlen_q,
+    const int64_t esz = cli_dtype_bytes(dt), b = d->batch, sq = d->seqlen_q,
                   sk = d->seqlen_k, hq = d->num_heads_q, hk = d->num_heads_kv, dim = d->head_dim;
     uintptr_t at = 1u << 20;
     d->q = fa_tensor_contiguous(plan_range(&at, b * sq, hq * dim, esz), dt, FA_LAYOUT_BSHD,
                                 d->seqlen_q, d->num_heads_q, d->head_dim);
     d->o = d->q;
-    d->o.data = plan_range(&at, b * sq, hq * dim, esz);
+    d->o.dtype = cli_out_dtype(dt);
+    d->o.data = plan_range(&at, b * sq, hq * dim, cli_dtype_bytes(d->o.dtype));
     d->k = fa_tensor_contiguous(plan_range(&at, b * sk, hk * dim, esz), dt, FA_LAYOUT_BSHD,
                                 d->seqlen_k, d->num_heads_kv, d->head_dim);
     d->v = d->k;

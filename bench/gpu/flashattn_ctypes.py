@@ -3,7 +3,7 @@
 import ctypes as C
 import os
 
-FA_DTYPE_F32, FA_DTYPE_F16, FA_DTYPE_BF16 = 0, 1, 2
+FA_DTYPE_F32, FA_DTYPE_F16, FA_DTYPE_BF16, FA_DTYPE_E4M3 = 0, 1, 2, 3
 FA_BACKEND_CUDA = 2
 FA_ALGORITHM_FLASH, FA_ALGORITHM_STANDARD = 0, 1
 
@@ -11,6 +11,10 @@ FA_ALGORITHM_FLASH, FA_ALGORITHM_STANDARD = 0, 1
 class Tensor(C.Structure):
     _fields_ = [("data", C.c_void_p), ("dtype", C.c_int), ("stride_batch", C.c_int64),
                 ("stride_seq", C.c_int64), ("stride_head", C.c_int64)]
+
+
+class Descale(C.Structure):
+    _fields_ = [("data", C.c_void_p), ("stride_batch", C.c_int64), ("stride_head", C.c_int64)]
 
 
 class AttentionDesc(C.Structure):
@@ -21,7 +25,8 @@ class AttentionDesc(C.Structure):
                 ("lse_stride_seq", C.c_int64), ("scale", C.c_float), ("causal", C.c_int32),
                 ("window_left", C.c_int32), ("window_right", C.c_int32), ("softcap", C.c_float),
                 ("cu_seqlens_q", C.c_void_p), ("cu_seqlens_k", C.c_void_p), ("dropout_p", C.c_float),
-                ("dropout_seed", C.c_uint64), ("dropout_offset", C.c_uint64), ("algorithm", C.c_int)]
+                ("dropout_seed", C.c_uint64), ("dropout_offset", C.c_uint64), ("algorithm", C.c_int),
+                ("q_descale", Descale), ("k_descale", Descale), ("v_descale", Descale)]
 
 
 class BackwardDesc(C.Structure):

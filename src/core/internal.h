@@ -58,6 +58,12 @@ typedef struct fa_problem {
     int64_t lse_sb, lse_sh, lse_ss; /* resolved LSE strides */
 } fa_problem;
 
+/* Factor (batch b, kv head g) of a descale view, 1 without one (host memory only). */
+static inline float fa_descale_at(const fa_descale *s, int32_t b, int32_t g)
+{
+    return s->data ? s->data[(int64_t)b * s->stride_batch + (int64_t)g * s->stride_head] : 1.0f;
+}
+
 /* Sequence b's extents and offsets (paged: from the host-side lengths, keys from 0). */
 fa_seq fa_problem_seq(const fa_problem *p, int32_t b);
 

@@ -126,6 +126,10 @@ static fa_status check_types(fa_context_t ctx, const fa_paged_desc *d, int appen
     if (!fa_dtype_valid(d->cache.dtype))
         return fa_error(ctx, FA_ERR_INVALID_DTYPE, "cache.dtype (%d) is not a fa_dtype",
                         (int)d->cache.dtype);
+    if (d->cache.dtype == FA_DTYPE_E4M3 || (mode != CHECK_APPEND && d->q.dtype == FA_DTYPE_E4M3))
+        return fa_error(ctx, FA_ERR_INVALID_DTYPE,
+                        "%s.dtype: paged calls take f32, f16 or bf16, not fp8 (FA_DTYPE_E4M3)",
+                        d->cache.dtype == FA_DTYPE_E4M3 ? "cache" : "q");
     if (d->cache.k_scale || d->cache.v_scale)
         return fa_error(ctx, FA_ERR_UNSUPPORTED,
                         "cache.%s: quantised caches with scales are not supported yet (set NULL)",
@@ -705,6 +709,9 @@ fa_status fa_merge_states(fa_context_t ctx, const fa_merge_desc *d)
     if (!fa_dtype_valid(d->o_in.dtype) || !fa_dtype_valid(d->o.dtype))
         return fa_error(ctx, FA_ERR_INVALID_DTYPE, "%s.dtype is not a fa_dtype",
                         fa_dtype_valid(d->o_in.dtype) ? "o" : "o_in");
+    if (d->o_in.dtype == FA_DTYPE_E4M3 || d->o.dtype == FA_DTYPE_E4M3)
+        return fa_error(ctx, FA_ERR_INVALID_DTYPE, "%s.dtype: states are f32, f16 or bf16, not fp8",
+                        d->o_in.dtype == FA_DTYPE_E4M3 ? "o_in" : "o");
     if (d->o.dtype != d->o_in.dtype && d->o.dtype != FA_DTYPE_F32)
         return fa_error(ctx, FA_ERR_INVALID_DTYPE,
                         "o.dtype (%d) must equal o_in.dtype (%d) or be FA_DTYPE_F32", (int)d->o.dtype,

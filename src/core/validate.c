@@ -122,10 +122,53 @@ static fa_status check_dtypes(fa_context_t ctx, const fa_attention_desc *d)
     if (d->v.dtype != d->q.dtype)
         return fa_error(ctx, FA_ERR_INVALID_DTYPE, "v.dtype (%d) must equal q.dtype (%d)",
                         (int)d->v.dtype, (int)d->q.dtype);
-    if (d->o.dtype != d->q.dtype && d->o.dtype != FA_DTYPE_F32)
+    if (d->q.dtype == FA_DTYPE_E4M3 && d->o.dtype != FA_DTYPE_BF16 && d->o.dtype != FA_DTYPE_F32)
+        return fa_error(ctx, FA_ERR_INVALID_DTYPE,
+                        "o.dtype (%d) must be FA_DTYPE_BF16 or FA_DTYPE_F32 for fp8 (FA_DTYPE_E4M3) inputs",
+                        (int)d->o.dtype);
+    if (d->q.dtype != FA_DTYPE_E4M3 && d->o.dtype != d->q.dtype && d->o.dtype != FA_DTYPE_F32)
         return fa_error(ctx, FA_ERR_INVALID_DTYPE,
                         "o.dtype (%d) must equal q.dtype (%d) or be FA_DTYPE_F32",
                         (int)d->o.dtype, (int)d->q.dtype);
+    return FA_OK;
+}
+
+/* The descale factors of fp8 inputs: absent for other dtypes, strides >= 0, their extent in
+ * range; each present one's bytes as an input view in *v (count in *n). */
+static fa_status check_descales(fa_context_t ctx, const fa_attention_desc *d, fa_byte_view *v, int *n)
+{
+    const struct {
+        const char *name, *data_name;
+        const fa_descale *s;
+    } ds[] = { { "q_descale", "q_descale.data", &d->q_descale },
+               { "k_descale", "k_descale.data", &d->k_descale },
+               { "v_descale", "v_descale.data", &d->v_descale } };
+    *n = 0;
+    for (size_t i = 0; i < 3; i++) {
+        const fa_descale *s = ds[i].s;
+        if (!s->data)
+            continue;
+        if (d->q.dtype != FA_DTYPE_E4M3)
+            return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                            "%s.data must be NULL: descale factors are for fp8 (FA_DTYPE_E4M3) inputs, "
+                            "q.dtype is %d",
+                            ds[i].name, (int)d->q.dtype);
+        if (s->stride_batch < 0 || s->stride_head < 0)
+            return fa_error(ctx, FA_ERR_INVALID_STRIDE, "%s.%s (%lld) must be >= 0", ds[i].name,
+                            s->stride_batch < 0 ? "stride_batch" : "stride_head",
+                            (long long)(s->stride_batch < 0 ? s->stride_batch : s->stride_head));
+        /* a stride of 0 reads one factor for the whole axis */
+        const int64_t stride[3] = { s->stride_head, s->stride_batch, 0 };
+        const int64_t count[3] = { s->stride_head ? d->num_heads_kv : 1, s->stride_batch ? d->batch : 1, 1 };
+        fa_axis ax[2] = { { "stride_head", stride[0], count[0] }, { "stride_batch", stride[1], count[1] } };
+        int64_t last = fa_max_offset(ax, 2), bytes;
+        if (last < 0 || !fa_add_ok(last, 1, &last) || !fa_mul_ok(last, 4, &bytes))
+            return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "%s spans more than 2^63 bytes", ds[i].name);
+        fa_status st = fa_byte_view_make(ctx, &v[*n], ds[i].data_name, s->data, 4, stride, count, 4);
+        if (st != FA_OK)
+            return st;
+        (*n)++;
+    }
     return FA_OK;
 }
 
@@ -200,11 +243,18 @@ fa_status fa_validate_forward(fa_context_t ctx, const fa_attention_desc *d, fa_p
         return st;
     if ((st = check_lse(ctx, d, p)) != FA_OK)
         return st;
-    fa_byte_view views[5];
-    const int nv = d->lse ? 5 : 4;
-    if ((st = tensor_views(ctx, views, d, p)) != FA_OK ||
-        (d->lse && (st = lse_view(ctx, &views[4], d, p)) != FA_OK) ||
-        (st = fa_check_disjoint(ctx, views, 3, nv)) != FA_OK)
+    /* inputs q, k, v and the descales, then the outputs o and lse */
+    fa_byte_view views[8], o_view;
+    int nds;
+    if ((st = tensor_views(ctx, views, d, p)) != FA_OK)
+        return st;
+    o_view = views[3];
+    if ((st = check_descales(ctx, d, &views[3], &nds)) != FA_OK)
+        return st;
+    views[3 + nds] = o_view;
+    const int nv = 4 + nds + (d->lse ? 1 : 0);
+    if ((d->lse && (st = lse_view(ctx, &views[4 + nds], d, p)) != FA_OK) ||
+        (st = fa_check_disjoint(ctx, views, 3 + nds, nv)) != FA_OK)
         return st;
 
     p->desc = d;
@@ -275,6 +325,9 @@ fa_status fa_validate_backward(fa_context_t ctx, const fa_backward_desc *bd, fa_
     if (st != FA_OK)
         return st;
     const fa_attention_desc *d = bd->forward;
+    if (d->q.dtype == FA_DTYPE_E4M3)
+        return fa_error(ctx, FA_ERR_INVALID_DTYPE,
+                        "forward->q.dtype: the backward takes f32, f16 or bf16 inputs, not fp8 (FA_DTYPE_E4M3)");
     if (!d->lse)
         return fa_error(ctx, FA_ERR_NULL_POINTER,
                         "forward->lse must be set: the backward needs the forward's log-sum-exp");

@@ -4,11 +4,11 @@
 
 #include <string.h>
 
-int64_t fa_dtype_bytes(fa_dtype t) { return t == FA_DTYPE_F32 ? 4 : 2; }
+int64_t fa_dtype_bytes(fa_dtype t) { return t == FA_DTYPE_F32 ? 4 : t == FA_DTYPE_E4M3 ? 1 : 2; }
 
 int fa_dtype_valid(fa_dtype t)
 {
-    return t == FA_DTYPE_F32 || t == FA_DTYPE_F16 || t == FA_DTYPE_BF16;
+    return t == FA_DTYPE_F32 || t == FA_DTYPE_F16 || t == FA_DTYPE_BF16 || t == FA_DTYPE_E4M3;
 }
 
 /* Largest element offset of a strided view (all strides positive), or -1 on overflow. */

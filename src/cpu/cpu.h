@@ -4,6 +4,7 @@
 #define FA_CPU_H
 
 #include "../core/internal.h"
+#include "../core/views.h"
 #include "kernels/kernels.h"
 
 #include <float.h>
@@ -120,7 +121,7 @@ static inline int64_t fa_row_offset(const fa_problem *p, const fa_tensor *t, int
 
 static inline const char *fa_elem_ptr(const fa_tensor *t, int64_t off)
 {
-    return (const char *)t->data + off * (t->dtype == FA_DTYPE_F32 ? 4 : 2);
+    return (const char *)t->data + off * fa_dtype_bytes(t->dtype);
 }
 
 /* Query columns of a task: column c is position r0 + c / group of query head hk*group + c % group. */

@@ -93,8 +93,10 @@ void fa_cpu_plan_columns(const fa_cpu_state *s, const fa_problem *p, fa_cpu_plan
     }
     pl->block_k = bk < p->max_k || p->max_k == 0 ? bk : p->max_k;
     /* Decode: every query row of a sequence in one task (the split-KV path
-     * takes whole sequences), and at most half a register block of them. */
-    pl->use_dot = pos >= p->max_q && pos * p->group * 2 <= nr;
+     * takes whole sequences), and at most half a register block of them. Its kernels read K
+     * and V in place in 16- and 32-bit dtypes; fp8 keys take the tiles, which widen as they
+     * load. */
+    pl->use_dot = pos >= p->max_q && pos * p->group * 2 <= nr && p->in_dtype != FA_DTYPE_E4M3;
     /* Enough tasks for every thread to stay busy: at least 3 per thread. This
      * only regroups rows; each row's arithmetic is the same either way. */
     while (!pl->use_dot && pos > 1 && pos * p->group > nr &&

@@ -42,16 +42,18 @@ void fa_cpu_pack_cols(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
 void fa_cpu_pack_q(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
                    int32_t cols_pad, int transposed, float mul, float *dst, float *tmp)
 {
-    fa_cpu_pack_cols(kern, p, &p->desc->q, cc, transposed ? cols_pad : cc->ncols, transposed, p->dim,
-                     mul, dst, tmp);
+    const fa_attention_desc *d = p->desc; /* fp8: the factors of q and k scale the scores */
+    mul *= fa_descale_at(&d->q_descale, cc->b, cc->hk) * fa_descale_at(&d->k_descale, cc->b, cc->hk);
+    fa_cpu_pack_cols(kern, p, &d->q, cc, transposed ? cols_pad : cc->ncols, transposed, p->dim, mul, dst,
+                     tmp);
 }
 
 void fa_cpu_load_rows(const fa_cpu_kernels *kern, const fa_problem *p, const fa_tensor *t,
                       const fa_cpu_cols *cc, int64_t j0, int32_t n, int32_t ld, float *dst)
 {
     const int32_t dim = p->dim;
-    const int64_t row_bytes = (int64_t)dim * (t->dtype == FA_DTYPE_F32 ? 4 : 2);
-    const int64_t step = t->stride_seq * (t->dtype == FA_DTYPE_F32 ? 4 : 2);
+    const int64_t row_bytes = (int64_t)dim * fa_dtype_bytes(t->dtype);
+    const int64_t step = t->stride_seq * fa_dtype_bytes(t->dtype);
     for (int32_t j = 0; j < n;) {
         int32_t run;
         const char *src = fa_cpu_kv_row(p, t, cc, j0 + j, &run);
@@ -110,6 +112,7 @@ void fa_cpu_store_out(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
 {
     const fa_attention_desc *d = p->desc;
     const float *sinks = p->paged ? p->paged->desc->sinks : NULL;
+    const float vmul = fa_descale_at(&d->v_descale, cc->b, cc->hk); /* fp8: v's factor */
     for (int32_t c = 0; c < cc->ncols; c++) {
         int64_t row = cc->seq.q_start + cc->r0 + c / p->group;
         int32_t h = cc->hk * p->group + c % p->group;
@@ -123,9 +126,9 @@ void fa_cpu_store_out(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
             lse = sinks[h];
         }
         if (l[c] > 0.0f) /* else no visible key: exact zeros, whatever the accumulator holds */
-            kern->store(d->o.dtype, acc + (int64_t)c * ld, dst, p->dim, 1.0f / sum);
+            kern->store(d->o.dtype, acc + (int64_t)c * ld, dst, p->dim, vmul / sum);
         else
-            memset(dst, 0, (size_t)p->dim * (d->o.dtype == FA_DTYPE_F32 ? 4 : 2));
+            memset(dst, 0, (size_t)p->dim * (size_t)fa_dtype_bytes(d->o.dtype));
         if (d->lse) {
             int64_t at = (p->varlen ? 0 : (int64_t)cc->b * p->lse_sb) + (int64_t)h * p->lse_sh +
                          row * p->lse_ss;

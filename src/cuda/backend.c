@@ -267,10 +267,11 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
 {
     const fa_attention_desc *d = p->desc;
     memset(c, 0, sizeof(*c));
-    if (p->in_dtype == FA_DTYPE_F32)
+    if (p->in_dtype == FA_DTYPE_F32 || p->in_dtype == FA_DTYPE_E4M3)
         return fa_error(ctx, FA_ERR_UNSUPPORTED,
-                        "q.dtype is f32: the CUDA backend runs on tensor cores from f16 or bf16 "
-                        "inputs (convert them, or use the CPU backend)");
+                        "q.dtype is %s: the CUDA backend runs on tensor cores from f16 or bf16 "
+                        "inputs (convert them, or use the CPU backend)",
+                        p->in_dtype == FA_DTYPE_F32 ? "f32" : "fp8 (FA_DTYPE_E4M3)");
     c->tl = tiles_for(p->dim);
     if (!c->tl)
         return fa_error(ctx, FA_ERR_UNSUPPORTED, "head_dim (%d) exceeds the largest CUDA tile (%d)",

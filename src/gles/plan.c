@@ -293,6 +293,10 @@ static void buffer_bytes(const fa_problem *p, gles_plan *pl)
 fa_status gles_plan_call(fa_context_t ctx, const gles_state *s, const fa_problem *p, gles_plan *pl)
 {
     memset(pl, 0, sizeof(*pl));
+    if (p->in_dtype == FA_DTYPE_E4M3)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "q.dtype is fp8 (FA_DTYPE_E4M3): the GLES backend takes f32, f16 and bf16 "
+                        "inputs (use the CPU backend for fp8)");
     if (p->dropout_p > 0.0f)
         return fa_error(ctx, FA_ERR_UNSUPPORTED,
                         "dropout_p (%g) > 0: the GLES backend has no dropout (use the CPU or CUDA "

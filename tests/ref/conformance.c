@@ -14,12 +14,12 @@
 
 static const char *dtype_name(fa_dtype t)
 {
-    return t == FA_DTYPE_F32 ? "f32" : t == FA_DTYPE_F16 ? "f16" : "bf16";
+    return t == FA_DTYPE_F32 ? "f32" : t == FA_DTYPE_F16 ? "f16" : t == FA_DTYPE_E4M3 ? "e4m3" : "bf16";
 }
 
 double fa_unit_roundoff(fa_dtype t)
 {
-    return t == FA_DTYPE_F32 ? 0x1p-24 : t == FA_DTYPE_F16 ? 0x1p-11 : 0x1p-8;
+    return t == FA_DTYPE_F32 ? 0x1p-24 : t == FA_DTYPE_F16 ? 0x1p-11 : t == FA_DTYPE_E4M3 ? 0x1p-4 : 0x1p-8;
 }
 
 double fa_output_tolerance(double err_standard, double ref_max, fa_dtype in, fa_dtype out)
@@ -32,9 +32,10 @@ void fa_case_format(const fa_case *c, char *buf, size_t cap)
 {
     static const char *layouts[] = { "bshd", "bhsd", "qkv-packed" };
     snprintf(buf, cap,
-             "%s%s b%d sq%d sk%d hq%d hkv%d d%d causal%d window(%d,%d) softcap%g scale%g %s%s%s "
+             "%s%s%s b%d sq%d sk%d hq%d hkv%d d%d causal%d window(%d,%d) softcap%g scale%g %s%s%s "
              "logits%g dropout%g seed=%llu",
-             dtype_name(c->dtype), c->o_f32 ? "->f32" : "", (int)c->batch, (int)c->seqlen_q,
+             dtype_name(c->dtype), c->o_f32 ? "->f32" : "",
+             c->descale == 1 ? " descale/tensor" : c->descale == 2 ? " descale/(b,hkv)" : "", (int)c->batch, (int)c->seqlen_q,
              (int)c->seqlen_k, (int)c->heads_q, (int)c->heads_kv, (int)c->head_dim,
              (int)c->causal, (int)c->window_left, (int)c->window_right, (double)c->softcap,
              (double)c->scale, layouts[c->layout], c->varlen ? " varlen" : "",
@@ -142,6 +143,7 @@ void fa_case_unstage(fa_context_t ctx, fa_case_staged *st)
     fa_memory_free(ctx, st->kv);
     fa_memory_free(ctx, st->o);
     fa_memory_free(ctx, st->lse);
+    fa_memory_free(ctx, st->ds);
     memset(st, 0, sizeof(*st));
 }
 
@@ -167,7 +169,8 @@ int fa_case_stage(fa_context_t ctx, const fa_case_inputs *in, fa_case_staged *st
     if (stage_one(ctx, in->q, in->q_bytes, 1, &st->q, msg, cap) ||
         stage_one(ctx, in->kv, in->kv_bytes, 1, &st->kv, msg, cap) ||
         stage_one(ctx, in->o, in->o_bytes, 0, &st->o, msg, cap) ||
-        stage_one(ctx, in->lse, in->lse_bytes, 0, (void **)&st->lse, msg, cap)) {
+        stage_one(ctx, in->lse, in->lse_bytes, 0, (void **)&st->lse, msg, cap) ||
+        stage_one(ctx, in->ds, in->ds_bytes, 1, (void **)&st->ds, msg, cap)) {
         fa_case_unstage(ctx, st);
         return -1;
     }
@@ -181,6 +184,9 @@ int fa_case_stage(fa_context_t ctx, const fa_case_inputs *in, fa_case_staged *st
     }
     d->o.data = fa_case_translate(in->d.o.data, in->o, st->o, in->o_bytes);
     d->lse = fa_case_translate(in->d.lse, in->lse, st->lse, in->lse_bytes);
+    fa_descale *ds[3] = { &d->q_descale, &d->k_descale, &d->v_descale };
+    for (int i = 0; i < 3; i++)
+        ds[i]->data = fa_case_translate(ds[i]->data, in->ds, st->ds, in->ds_bytes);
     return 0;
 }
 
@@ -239,6 +245,7 @@ void fa_case_inputs_free(fa_case_inputs *in)
     free(in->lse);
     free(in->cu_q);
     free(in->cu_k);
+    free(in->ds);
     memset(in, 0, sizeof(*in));
 }
 
@@ -247,8 +254,8 @@ int fa_case_inputs_make(const fa_case *c, int with_lse, fa_case_inputs *in)
     memset(in, 0, sizeof(*in));
     fa_rng rng = { c->seed };
     const int64_t dim = c->head_dim, hq = c->heads_q, hk = c->heads_kv, B = c->batch;
-    const int64_t esz = c->dtype == FA_DTYPE_F32 ? 4 : 2;
-    const fa_dtype odt = c->o_f32 ? FA_DTYPE_F32 : c->dtype;
+    const int64_t esz = fa_ref_dtype_bytes(c->dtype);
+    const fa_dtype odt = c->o_f32 ? FA_DTYPE_F32 : c->dtype == FA_DTYPE_E4M3 ? FA_DTYPE_BF16 : c->dtype;
 
     /* Sequence extents: per-batch (fixed) or packed totals (varlen). */
     int64_t tq = c->seqlen_q, tk = c->seqlen_k, nb = B;
@@ -338,7 +345,19 @@ int fa_case_inputs_make(const fa_case *c, int with_lse, fa_case_inputs *in)
         }
     }
     fa_ref_v_first_nonneg(c->dtype, d->v.data, nb, d->v.stride_batch, tk, d->v.stride_seq, hk, d->v.stride_head);
-    in->o_bytes = q_n * (odt == FA_DTYPE_F32 ? 4 : 2);
+    in->o_bytes = q_n * fa_ref_dtype_bytes(odt);
+    if (c->descale) { /* factors in [0.5, 2): one a tensor (strides 0), or per (batch, kv head) */
+        const int64_t per = c->descale == 2 ? B * hk : 1;
+        in->ds_bytes = 3 * per * (int64_t)sizeof(float);
+        in->ds = malloc((size_t)in->ds_bytes);
+        if (!in->ds)
+            goto oom;
+        for (int64_t i = 0; i < 3 * per; i++)
+            in->ds[i] = (float)exp2(fa_rng_uniform(&rng));
+        fa_descale *ds[3] = { &d->q_descale, &d->k_descale, &d->v_descale };
+        for (int i = 0; i < 3; i++)
+            *ds[i] = (fa_descale){ in->ds + i * per, c->descale == 2 ? hk : 0, c->descale == 2 ? 1 : 0 };
+    }
     in->o = malloc((size_t)(in->o_bytes ? in->o_bytes : 1));
     if (with_lse) {
         in->lse_bytes = (int64_t)sizeof(float) * in->rows * hq;
@@ -392,7 +411,11 @@ int fa_case_run_staged(fa_context_t ctx, fa_case_inputs *in, fa_case_staged *st,
     res->err_standard = es.o;
     res->lse_err_flash = ef.lse;
     res->lse_err_standard = es.lse;
-    res->tolerance = fa_output_tolerance(es.o, ef.ref_max, d->q.dtype, odt);
+    /* fp8 inputs are exact values: the floor follows what P is multiplied in (float32 on the
+     * CPU, the input type on GPU tensor cores) */
+    const fa_dtype p_in =
+        d->q.dtype == FA_DTYPE_E4M3 && fa_context_backend(ctx) == FA_BACKEND_CPU ? FA_DTYPE_F32 : d->q.dtype;
+    res->tolerance = fa_output_tolerance(es.o, ef.ref_max, p_in, odt);
     /* lse = max + log(sum) in float32: its rounding follows the larger of |lse| and the
      * scores it was taken over (raw scores in the thousands round at ~1e-4 before any cap
      * brings the logits down) */
@@ -466,7 +489,8 @@ int fa_test_case_every(void)
 
 const char *fa_backend_refuses(fa_backend b, const fa_case *c)
 {
-    if (b == FA_BACKEND_CUDA && c->dtype == FA_DTYPE_F32)
+    if ((b == FA_BACKEND_CUDA && c->dtype == FA_DTYPE_F32) ||
+        (b != FA_BACKEND_CPU && c->dtype == FA_DTYPE_E4M3))
         return "dtype";
     if (b == FA_BACKEND_GLES && c->dropout_p > 0.0f)
         return "dropout_p";
@@ -598,5 +622,39 @@ int fa_grid_build(int level, uint64_t seed, fa_case *out, int cap)
             c.seed = fa_rng_next(&rng);
             out[n++] = c;
         }
+
+    /* fp8 (e4m3) inputs, o bf16 or float32, without descale factors, with one a tensor or one
+     * per (batch, kv head): prefill shapes, then decode rows (a few query rows, many keys) */
+    static const int32_t f8_dims[] = { 8, 64, 80, 128 };
+    for (int i = 0; i < 24; i++) {
+        if (n >= cap)
+            return n;
+        fa_case c;
+        memset(&c, 0, sizeof(c));
+        c.dtype = FA_DTYPE_E4M3;
+        c.head_dim = f8_dims[i % 4];
+        c.seqlen_q = i < 16 ? seqs[(i * 5 + 1) % 8] : 1 + i % 4;
+        c.seqlen_k = i < 16 ? seqs[(i * 3 + 2) % 8] : dec_keys[i % 5];
+        const feature *f = &feats[(i + i / 8) % 8];
+        c.causal = f->causal;
+        c.window_left = f->wl;
+        c.window_right = f->wr;
+        c.softcap = f->softcap;
+        const int32_t g = groups[(i / 2) % 3];
+        c.heads_kv = 1 + (int32_t)(fa_rng_next(&rng) % 2);
+        c.heads_q = c.heads_kv * g;
+        c.batch = 1 + (int32_t)(fa_rng_next(&rng) % 3);
+        c.layout = (fa_case_layout)(i % 3);
+        c.varlen = i % 5 == 2;
+        c.with_lse = i % 4 != 3;
+        c.o_f32 = i % 4 == 1;
+        c.scale = i % 7 == 5 ? 0.5f : 0.0f;
+        c.logit_scale = i % 9 == 4 ? 300.0f : 1.0f;
+        c.dropout_p = i == 7 ? 0.17f : 0.0f;
+        c.descale = i % 3;
+        bound_work(&c);
+        c.seed = fa_rng_next(&rng);
+        out[n++] = c;
+    }
     return n;
 }

@@ -6,10 +6,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+int64_t fa_ref_dtype_bytes(fa_dtype t) { return t == FA_DTYPE_F32 ? 4 : t == FA_DTYPE_E4M3 ? 1 : 2; }
+
 double fa_ref_decode(fa_dtype t, const void *base, int64_t index)
 {
     if (t == FA_DTYPE_F32)
         return ((const float *)base)[index];
+    if (t == FA_DTYPE_E4M3) { /* s eeee mmm, bias 7: (8 + m) 2^(e-10), e = 0: m 2^-9 */
+        const uint8_t x = ((const uint8_t *)base)[index];
+        const int e = (x >> 3) & 15, m = x & 7;
+        const double v = e == 15 && m == 7 ? NAN : e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10);
+        return x & 0x80 ? -v : v;
+    }
     uint16_t h = ((const uint16_t *)base)[index];
     if (t == FA_DTYPE_BF16) {
         uint32_t x = (uint32_t)h << 16;
@@ -32,6 +40,15 @@ void fa_ref_encode(fa_dtype t, void *base, int64_t index, double x)
 {
     if (t == FA_DTYPE_F32) {
         ((float *)base)[index] = (float)x;
+        return;
+    }
+    if (t == FA_DTYPE_E4M3) { /* toward zero, to at most 448 */
+        const double a = fmin(fabs(x), 448.0);
+        int e;
+        const double fr = frexp(a, &e); /* a = fr 2^e: exponent e - 1, mantissa (2 fr - 1) */
+        uint8_t out = a < 0x1p-6 ? (uint8_t)floor(a * 512.0)
+                                 : (uint8_t)(((e - 1 + 7) << 3) | (int)floor((fr * 2.0 - 1.0) * 8.0));
+        ((uint8_t *)base)[index] = (uint8_t)(out | (x < 0 ? 0x80 : 0));
         return;
     }
     uint16_t out;
@@ -69,6 +86,12 @@ uint64_t fa_rng_next(fa_rng *r)
 
 double fa_rng_uniform(fa_rng *r) { return (double)(fa_rng_next(r) >> 11) * 0x1.0p-52 - 1.0; }
 
+/* fp8 inputs: the factor of (sequence b, kv head g), 1 without one */
+static double descale(const fa_descale *s, int32_t b, int32_t g)
+{
+    return s->data ? s->data[(int64_t)b * s->stride_batch + (int64_t)g * s->stride_head] : 1.0;
+}
+
 static int64_t elem(const fa_attention_desc *d, const fa_tensor *t, int32_t b, int64_t row, int32_t h)
 {
     return (d->cu_seqlens_q ? 0 : (int64_t)b * t->stride_batch) + row * t->stride_seq +
@@ -98,6 +121,8 @@ int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, 
         int64_t sk = d->cu_seqlens_k ? d->cu_seqlens_k[b + 1] - k0 : d->seqlen_k;
         for (int32_t h = 0; h < hq; h++) {
             int32_t hk = h / group;
+            const double qk_ds = descale(&d->q_descale, b, hk) * descale(&d->k_descale, b, hk);
+            const double v_ds = descale(&d->v_descale, b, hk);
             for (int64_t i = 0; i < sq; i++) {
                 int64_t row = q0 + i;
                 if (rows_every > 1 && row % rows_every != 0)
@@ -114,7 +139,7 @@ int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, 
                     for (int32_t x = 0; x < dim; x++)
                         acc += fa_ref_decode(d->q.dtype, d->q.data, qa + x) *
                                fa_ref_decode(d->k.dtype, d->k.data, ka + x);
-                    acc *= scale;
+                    acc *= scale * qk_ds;
                     if (fabs(acc) > smax)
                         smax = fabs(acc);
                     if (d->softcap > 0.0f)
@@ -152,7 +177,7 @@ int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, 
                         continue;
                     int64_t va = elem(d, &d->v, b, k0 + j, hk);
                     for (int32_t x = 0; x < dim; x++)
-                        orow[x] += pj * kept * fa_ref_decode(d->v.dtype, d->v.data, va + x);
+                        orow[x] += pj * kept * v_ds * fa_ref_decode(d->v.dtype, d->v.data, va + x);
                 }
                 for (int32_t x = 0; x < dim; x++)
                     orow[x] /= l;

@@ -12,6 +12,9 @@
 
 /* ---- values ---- */
 
+/* Bytes of an element of dtype t. */
+int64_t fa_ref_dtype_bytes(fa_dtype t);
+
 /* Exact decode of one element of dtype t. */
 double fa_ref_decode(fa_dtype t, const void *base, int64_t index);
 
@@ -64,6 +67,7 @@ typedef struct fa_case {
     int with_lse;
     float logit_scale; /* inputs drawn in [-logit_scale, logit_scale) for q (large logits) */
     float dropout_p;   /* 0 = off */
+    int descale;       /* fp8 inputs: 0 no factors, 1 one a tensor, 2 one per (batch, kv head) */
     uint64_t seed;
 } fa_case;
 
@@ -82,9 +86,10 @@ typedef struct fa_case_inputs {
     fa_attention_desc d;
     void *q, *kv, *o;
     float *lse;
+    float *ds; /* fp8: the descale factors of q, k and v, [3][batch][heads_kv] */
     int32_t *cu_q, *cu_k;
     int64_t rows, krows; /* packed query / key rows */
-    int64_t q_bytes, kv_bytes, o_bytes, lse_bytes;
+    int64_t q_bytes, kv_bytes, o_bytes, lse_bytes, ds_bytes;
 } fa_case_inputs;
 
 /* A case's buffers mirrored in the memory ctx's backend computes on (device memory for
@@ -92,7 +97,7 @@ typedef struct fa_case_inputs {
 typedef struct fa_case_staged {
     fa_attention_desc d;
     void *q, *kv, *o;
-    float *lse;
+    float *lse, *ds;
 } fa_case_staged;
 
 /* Allocate and upload in's tensors (o and lse uninitialised). 0, or -1 with msg filled. */
@@ -174,5 +179,8 @@ int fa_test_case_every(void);
  * 1, 4 and 8, short and long keys). Returns the number of cases written (at most cap, 240 in
  * all), derived from seed. */
 int fa_grid_build(int level, uint64_t seed, fa_case *out, int cap);
+
+/* Room for every case fa_grid_build makes. */
+#define FA_GRID_MAX 320
 
 #endif

@@ -135,4 +135,22 @@ uint16_t fa_f32_to_f16(float f);
 float fa_bf16_to_f32(uint16_t h);
 uint16_t fa_f32_to_bf16(float f);
 
+/* An FA_DTYPE_E4M3 byte's value (exact in float32): exponent field e biased by 7, e = 0
+ * subnormal (m / 8 * 2^-6), S.1111.111 NaN. */
+static inline float fa_e4m3_to_f32(uint8_t x)
+{
+    const uint32_t e = (x >> 3) & 15u, m = x & 7u;
+    union {
+        uint32_t u;
+        float f;
+    } v;
+    if (e == 0)
+        v.f = (float)m * 0x1p-9f;
+    else if (e == 15 && m == 7)
+        v.u = 0x7fc00000u;
+    else
+        v.u = ((e + 120u) << 23) | (m << 20);
+    return x & 0x80 ? -v.f : v.f;
+}
+
 #endif

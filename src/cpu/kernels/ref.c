@@ -167,7 +167,11 @@ static void ref_axpy(fa_dtype t, const fa_cpu_heads *hs, int m, int n, int dim, 
 
 static void ref_load(fa_dtype t, const void *src, float *dst, int n, float mul)
 {
-    if (t == FA_DTYPE_F32) {
+    if (t == FA_DTYPE_E4M3) {
+        const uint8_t *s = src;
+        for (int i = 0; i < n; i++)
+            dst[i] = mul * fa_e4m3_to_f32(s[i]);
+    } else if (t == FA_DTYPE_F32) {
         const float *s = src;
         for (int i = 0; i < n; i++)
             dst[i] = mul * s[i];
