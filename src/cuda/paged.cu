@@ -28,22 +28,32 @@
 namespace fa {
 namespace {
 
-// A block per (new row, kv head): its key (rotated) and value into the page slot after the
-// cache. One head a block: a decode step's few rows still spread over as many blocks as heads.
-template <typename T> __global__ void __launch_bounds__(128) append_kernel(const fa_cuda_paged p)
+// The row kernels below: a block per (row, kElemsPerBlock elements of its heads x dim), each
+// thread kRowElems of them a warp's width apart (coalesced, independent loads). A decode step's
+// few rows still spread over a block per 8 heads of 128, and a prefill's thousands of rows
+// take a few blocks each, the row's lookups made once a block.
+constexpr int kRowThreads = 128, kRowElems = 8, kElemsPerBlock = kRowThreads * kRowElems;
+
+// Each new row's keys (rotated) and values into the page slot after the cache, every kv head.
+template <typename T> __global__ void __launch_bounds__(kRowThreads) append_kernel(const fa_cuda_paged p)
 {
-    const int row = blockIdx.x, g = blockIdx.y, b = seq_of_row(p, row);
+    const int row = blockIdx.x, b = seq_of_row(p, row), dim = p.a.dim;
     const pseq_t s = pseq_of(p, b);
     const int i = row - s.q0;
     if (i < 0 || i >= s.qn || s.cached + i >= s.keys)
         return;
     const int pos = p.rope_dim ? rope_pos(p, row, i, s) : 0;
     const page_slot_t at = kv_slot(p, s, s.cached + i);
-    const int64_t ko = slot_off(at, g, p.a.pg.k_sp, p.a.pg.k_st, p.a.k.sh);
-    const int64_t vo = slot_off(at, g, p.a.pg.v_sp, p.a.pg.v_st, p.a.v.sh);
-    const T *ks = (const T *)p.kn.p + row * p.kn.ss + g * p.kn.sh;
-    const T *vs = (const T *)p.vn.p + row * p.vn.ss + g * p.vn.sh;
-    for (int e = threadIdx.x; e < p.a.dim; e += blockDim.x) {
+    const int n = p.a.heads_kv * dim;
+#pragma unroll
+    for (int x = 0; x < kRowElems; x++) {
+        const int f = blockIdx.y * kElemsPerBlock + x * kRowThreads + threadIdx.x, g = f / dim, e = f % dim;
+        if (f >= n)
+            break;
+        const int64_t ko = slot_off(at, g, p.a.pg.k_sp, p.a.pg.k_st, p.a.k.sh);
+        const int64_t vo = slot_off(at, g, p.a.pg.v_sp, p.a.pg.v_st, p.a.v.sh);
+        const T *ks = (const T *)p.kn.p + row * p.kn.ss + g * p.kn.sh;
+        const T *vs = (const T *)p.vn.p + row * p.vn.ss + g * p.vn.sh;
         if (ko >= 0)
             ((T *)p.a.k.p)[ko + e] = p.rope_dim ? from_float<T>(rope_elem(p, ks, e, pos)) : ks[e];
         if (vo >= 0)
@@ -51,20 +61,24 @@ template <typename T> __global__ void __launch_bounds__(128) append_kernel(const
     }
 }
 
-// A block per (query row, head): the head rotated at the row's position into out [total_q,
-// heads_q, dim] (rounded to T as load_q rounds them), for kernels that copy query rows as they
-// are.
-template <typename T> __global__ void __launch_bounds__(128) rotate_q_kernel(const fa_cuda_paged p, T *out)
+// Each query row's heads rotated at the row's position into out [total_q, heads_q, dim]
+// (rounded to T as load_q rounds them), for kernels that copy query rows as they are.
+template <typename T> __global__ void __launch_bounds__(kRowThreads) rotate_q_kernel(const fa_cuda_paged p, T *out)
 {
-    const int row = blockIdx.x, h = blockIdx.y, b = seq_of_row(p, row);
+    const int row = blockIdx.x, b = seq_of_row(p, row), dim = p.a.dim;
     const pseq_t s = pseq_of(p, b);
     const int i = row - s.q0;
     if (i < 0 || i >= s.qn)
         return;
-    const int pos = rope_pos(p, row, i, s), dim = p.a.dim;
-    const T *q = (const T *)p.a.q.p + (int64_t)row * p.a.q.ss + (int64_t)h * p.a.q.sh;
-    for (int e = threadIdx.x; e < dim; e += blockDim.x)
-        out[((int64_t)row * p.a.heads_q + h) * dim + e] = from_float<T>(rope_elem(p, q, e, pos));
+    const int pos = rope_pos(p, row, i, s), n = p.a.heads_q * dim;
+#pragma unroll
+    for (int x = 0; x < kRowElems; x++) {
+        const int f = blockIdx.y * kElemsPerBlock + x * kRowThreads + threadIdx.x, h = f / dim, e = f % dim;
+        if (f >= n)
+            break;
+        const T *q = (const T *)p.a.q.p + (int64_t)row * p.a.q.ss + (int64_t)h * p.a.q.sh;
+        out[(int64_t)row * n + f] = from_float<T>(rope_elem(p, q, e, pos));
+    }
 }
 
 template <int D, int WM, int KT, int STAGES> struct shape {
@@ -473,11 +487,12 @@ extern "C" cudaError_t fa_cuda_paged_append(const fa_cuda_paged *p, int bf16, cu
 {
     if (p->a.pg.total_q == 0)
         return cudaSuccess;
-    const dim3 rows((unsigned)p->a.pg.total_q, (unsigned)p->a.heads_kv);
+    const int n = p->a.heads_kv * p->a.dim;
+    const dim3 rows((unsigned)p->a.pg.total_q, (unsigned)((n + fa::kElemsPerBlock - 1) / fa::kElemsPerBlock));
     if (bf16)
-        fa::append_kernel<__nv_bfloat16><<<rows, 128, 0, stream>>>(*p);
+        fa::append_kernel<__nv_bfloat16><<<rows, fa::kRowThreads, 0, stream>>>(*p);
     else
-        fa::append_kernel<__half><<<rows, 128, 0, stream>>>(*p);
+        fa::append_kernel<__half><<<rows, fa::kRowThreads, 0, stream>>>(*p);
     return cudaGetLastError();
 }
 
@@ -485,11 +500,12 @@ extern "C" cudaError_t fa_cuda_paged_rotate_q(const fa_cuda_paged *p, int bf16, 
 {
     if (p->a.pg.total_q == 0)
         return cudaSuccess;
-    const dim3 rows((unsigned)p->a.pg.total_q, (unsigned)p->a.heads_q);
+    const int n = p->a.heads_q * p->a.dim;
+    const dim3 rows((unsigned)p->a.pg.total_q, (unsigned)((n + fa::kElemsPerBlock - 1) / fa::kElemsPerBlock));
     if (bf16)
-        fa::rotate_q_kernel<<<rows, 128, 0, stream>>>(*p, (__nv_bfloat16 *)out);
+        fa::rotate_q_kernel<<<rows, fa::kRowThreads, 0, stream>>>(*p, (__nv_bfloat16 *)out);
     else
-        fa::rotate_q_kernel<<<rows, 128, 0, stream>>>(*p, (__half *)out);
+        fa::rotate_q_kernel<<<rows, fa::kRowThreads, 0, stream>>>(*p, (__half *)out);
     return cudaGetLastError();
 }
 

@@ -57,16 +57,18 @@ __global__ void rmsnorm_kernel(__nv_bfloat16 *out, const float *x, const int32_t
         out[(size_t)r * dim + j] = __float2bfloat16_rn(g[j] * (inv * xr[j]));
 }
 
-// out[t, j] = silu(gate[t, j]) * up[t, j]; gate_up [T, 2 hid] holds gate then up
-__global__ void swiglu_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gate_up, int T, int hid)
+// out[t, j] = silu(gate[t, j]) * up[t, j]; gate_up [T, 2 hid] holds gate then up. Row t is
+// blockIdx.x, its columns kSwigluThreads a block along y: no index division per element.
+constexpr int kSwigluThreads = 256;
+__global__ void swiglu_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gate_up, int hid)
 {
-    const size_t n = (size_t)T * hid;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const size_t t = i / hid, j = i % hid;
-        const float g = __bfloat162float(gate_up[t * 2 * hid + j]);
-        const float u = __bfloat162float(gate_up[t * 2 * hid + hid + j]);
-        out[i] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
-    }
+    const size_t t = blockIdx.x;
+    const int j = blockIdx.y * kSwigluThreads + threadIdx.x;
+    if (j >= hid)
+        return;
+    const float g = __bfloat162float(gate_up[t * 2 * hid + j]);
+    const float u = __bfloat162float(gate_up[t * 2 * hid + hid + j]);
+    out[t * hid + j] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
 }
 
 __global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n)
@@ -239,8 +241,11 @@ cudaError_t fa_layers_rmsnorm(uint16_t *out, const float *x, const int32_t *rows
 
 cudaError_t fa_layers_swiglu(uint16_t *out, const uint16_t *gate_up, int T, int hid, cudaStream_t s)
 {
-    swiglu_kernel<<<grid_for((size_t)T * hid, 256), 256, 0, s>>>(
-        reinterpret_cast<__nv_bfloat16 *>(out), reinterpret_cast<const __nv_bfloat16 *>(gate_up), T, hid);
+    if (T == 0)
+        return cudaSuccess;
+    const dim3 grid((unsigned)T, (unsigned)((hid + kSwigluThreads - 1) / kSwigluThreads));
+    swiglu_kernel<<<grid, kSwigluThreads, 0, s>>>(reinterpret_cast<__nv_bfloat16 *>(out),
+                                                  reinterpret_cast<const __nv_bfloat16 *>(gate_up), hid);
     return cudaGetLastError();
 }
 
