@@ -250,6 +250,7 @@ def main():
                                         "heads_kv": hkv, "page": page, "layout": args.layout, "paged_ms": t_paged, "contig_ms": t_contig,
                                         "cudnn_ms": t_peer, "dense_ms": t_dense, "dense_kernel": dense_kernel, "kv_bytes": nbytes, "hbm_tbs": hbm,
                                         "cudnn_gqa": gqa_mode, "kernel": paged.kernel, "split": paged.split,
+                                        "env": {k: v for k, v in os.environ.items() if k.startswith("FLASHATTN_")},
                                         "max_err": err}) + "\n")
             lib.fa_paged_plan_destroy(paged.plan)
             lib.fa_paged_plan_destroy(contig.plan)

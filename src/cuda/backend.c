@@ -106,6 +106,9 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
     const char *pb = getenv("FLASHATTN_CUDA_PERSISTENT_BLOCKS");
     if (pb && atoi(pb) > 0)
         s->persistent_blocks = atoi(pb);
+    /* FLASHATTN_CUDA_PDL=0: the decode kernels launched plainly (for comparison) */
+    const char *pdl = getenv("FLASHATTN_CUDA_PDL");
+    s->pdl = s->hopper && !(pdl && strcmp(pdl, "0") == 0);
     *state = s;
     return FA_OK;
 }

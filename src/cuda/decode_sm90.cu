@@ -57,6 +57,8 @@ __global__ void __launch_bounds__(256, 2) decode_sm90_kernel(const __grid_consta
     T *ring = reinterpret_cast<T *>(smem), *sQ = reinterpret_cast<T *>(smem + S::RING);
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + S::RING + S::Q), *empty = full + STAGES;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    pdl_wait(); // everything read here (lengths, tables, q, pages) written by earlier kernels
+    pdl_release();
     const split_block_t blk = split_block(p, S::BM);
     if (!blk.ok)
         return;
@@ -177,8 +179,7 @@ template <typename T, int D, int NQ, int STAGES> cudaError_t launch(const fa_cud
         cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
         if (err != cudaSuccess)
             return err;
-        kernel<<<grid, 256, bytes, stream>>>(p);
-        return cudaGetLastError();
+        return launch_dependent(kernel, grid, dim3(256), bytes, stream, p.pdl, p);
     };
     if (p.a.pg.tma_rows)
         return go(decode_sm90_kernel<T, D, NQ, STAGES, true>, d90shape<D, NQ, STAGES, true>::BYTES);

@@ -305,6 +305,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const fa_cuda_paged p)
 constexpr int kCombineWarps = 8;
 template <typename T> __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(const fa_cuda_paged p)
 {
+    pdl_wait(); // the partials, and anything earlier kernels wrote
     constexpr int NW = kCombineWarps;
     __shared__ float st[NW][2 + 256];
     __shared__ float wmax[NW];
@@ -427,8 +428,8 @@ template <typename T> cudaError_t finish_launch(const fa_cuda_paged &p, cudaStre
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess || p.max_splits == 1 || p.a.pg.total_q == 0)
         return err;
-    combine_kernel<T><<<dim3((unsigned)p.a.pg.total_q, (unsigned)p.a.heads_q), 32 * kCombineWarps, 0, stream>>>(p);
-    return cudaGetLastError();
+    return launch_dependent(combine_kernel<T>, dim3((unsigned)p.a.pg.total_q, (unsigned)p.a.heads_q),
+                            dim3(32 * kCombineWarps), 0, stream, p.pdl && p.decode_sm90, p);
 }
 
 template <typename T, int D, int WM, int KT, int STAGES>

@@ -7,6 +7,39 @@
 
 namespace fa {
 
+// Programmatic dependent launch (sm_90; no-ops elsewhere and in plain launches). A kernel
+// launched with launch_dependent may start while the one before it on the stream runs, and
+// waits in pdl_wait until that kernel has finished and its writes are visible: nothing it reads
+// that an earlier kernel writes may be read before. pdl_release lets the next such kernel's
+// blocks start (each block of this one having started).
+__device__ __forceinline__ void pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_release()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, smem, stream>>>(p), as a programmatic dependent of the kernel before it
+// where pdl is set (p.pdl: Hopper).
+template <typename K>
+cudaError_t launch_dependent(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+                             const fa_cuda_paged &p)
+{
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
+    cfg.attrs = &at, cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
 // One sequence (b): its query rows [q0, q0 + qn) of the packed rows (which the partials and
 // the merge count in), tokens cached before the call and keys now, and `at`, where its rows
 // sit in the tensors (q, o and lse through row_off and lse_index; a dense call's keys through

@@ -294,6 +294,7 @@ cudaError_t fa_cuda_dense_decode(const cuda_state *s, const fa_cuda_params *a, i
     k.kv_aligned = a->dim % 8 == 0 && aligned16(a->k.p, a->k.sb, a->k.ss, a->k.sh) &&
                    aligned16(a->v.p, a->v.sb, a->v.ss, a->v.sh);
     k.decode_sm90 = sm90 && k.kv_aligned;
+    k.pdl = s->pdl;
     if (k.decode_sm90)
         fa_cuda_tma_dense(s->tma_encode, &k.a, bf16, FA_CUDA_DECODE_SM90_KEYS);
     ordering_test(&k);
@@ -318,6 +319,7 @@ fa_status fa_cuda_paged_run(fa_context_t ctx, void *state, void *plan, const fa_
                         "to have it choose a kernel for them",
                         pl->sm90 ? "paged-sm90" : "paged-decode-sm90");
     k.decode_sm90 = pl->decode_sm90;
+    k.pdl = s->pdl;
     k.split = pl->split;
     k.split_grow = pl->grow;
     k.max_splits = pl->max_splits;

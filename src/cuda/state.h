@@ -12,6 +12,8 @@ typedef struct cuda_state {
     cudaStream_t stream;
     int hopper; /* compute capability 9.0: the sm_90a forward */
     int persistent_blocks; /* the Hopper forward's persistent grid: one block per multiprocessor */
+    int pdl;               /* Hopper: the decode kernel and its split combine as programmatic
+                            * dependents of the kernels before them */
     cudaMemPool_t pool;    /* the calls' workspace, stream-ordered; keeps POOL_KEEP_BYTES bytes */
     void *tma_encode;      /* Hopper: the driver's tensor-map encoder (tma.c), NULL without one */
 } cuda_state;
