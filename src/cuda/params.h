@@ -125,8 +125,8 @@ typedef struct fa_cuda_paged {
     int32_t max_splits; /* splits of the longest sequence the grid covers */
     int kv_aligned;     /* 16-byte cp.async of cache rows */
     int decode_sm90;    /* decode on the Hopper kernel (rows by bulk copies; needs kv_aligned) */
-    int pdl;               /* Hopper: that kernel and the split combine after it launched as
-                            * programmatic dependents (paged.cuh: pdl_wait) */
+    int pdl;            /* Hopper: that kernel and the split combine after it launched as
+                         * programmatic dependents (paged.cuh: pdl_wait) */
 #ifdef FA_CUDA_ORDERING_TEST
     int drop_ordering; /* 1: its loaders skip the empty waits, 2: its consumers the full waits */
 #endif
