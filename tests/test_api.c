@@ -408,6 +408,23 @@ static void test_fp8_validation(void **state)
     expect_error(f, &d, FA_ERR_SIZE_OVERFLOW, "v_descale");
     d = e, d.v_descale.data = (const float *)f->o + 3; /* o written over v's factors */
     expect_error(f, &d, FA_ERR_INVALID_STRIDE, "v_descale.data");
+    d = e, d.q_descale.data = (const float *)((const char *)ds[0][0] + 2);
+    expect_error(f, &d, FA_ERR_INVALID_ARGUMENT, "q_descale.data");
+    /* factors whose product passes float's range (1e40) while the scores do not (1.3e12 x
+     * scale 1e-30): equal scores, o = v's 2 x 2^-10 everywhere */
+    static const float big = 1e20f, small = 0x1p-10f;
+    d = e, d.scale = 1e-30f, d.o.dtype = FA_DTYPE_F32;
+    d.q_descale = d.k_descale = (fa_descale){ &big, 0, 0 };
+    d.v_descale = (fa_descale){ &small, 0, 0 };
+    assert_int_equal(fa_forward(f->ctx, &d), FA_OK);
+    for (int i = 0; i < B * SQ * HQ * D; i++)
+        assert_true(((const float *)f->o)[i] == 0x1p-9f);
+    /* v's factor FLT_MIN over 7 keys would be subnormal: o = 2 x FLT_MIN still exact */
+    static const float tiny = 0x1p-126f;
+    d.v_descale = (fa_descale){ &tiny, 0, 0 };
+    assert_int_equal(fa_forward(f->ctx, &d), FA_OK);
+    for (int i = 0; i < B * SQ * HQ * D; i++)
+        assert_true(((const float *)f->o)[i] == 0x1p-125f);
     fa_backward_desc bd;
     backward_desc(f, &bd);
     bd.forward = &e;

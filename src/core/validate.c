@@ -153,6 +153,9 @@ static fa_status check_descales(fa_context_t ctx, const fa_attention_desc *d, fa
                             "%s.data must be NULL: descale factors are for fp8 (FA_DTYPE_E4M3) inputs, "
                             "q.dtype is %d",
                             ds[i].name, (int)d->q.dtype);
+        if ((uintptr_t)s->data % sizeof(float))
+            return fa_error(ctx, FA_ERR_INVALID_ARGUMENT, "%s (%p) must be 4-byte aligned (float32 factors)",
+                            ds[i].data_name, (const void *)s->data);
         if (s->stride_batch < 0 || s->stride_head < 0)
             return fa_error(ctx, FA_ERR_INVALID_STRIDE, "%s.%s (%lld) must be >= 0", ds[i].name,
                             s->stride_batch < 0 ? "stride_batch" : "stride_head",

@@ -2,6 +2,7 @@
 /* Moving tiles between the caller's tensors and the kernels' float32 buffers. */
 #include "cpu.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,8 +43,10 @@ void fa_cpu_pack_cols(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
 void fa_cpu_pack_q(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
                    int32_t cols_pad, int transposed, float mul, float *dst, float *tmp)
 {
-    const fa_attention_desc *d = p->desc; /* fp8: the factors of q and k scale the scores */
-    mul *= fa_descale_at(&d->q_descale, cc->b, cc->hk) * fa_descale_at(&d->k_descale, cc->b, cc->hk);
+    const fa_attention_desc *d = p->desc; /* fp8: the factors of q and k scale the scores (in
+                                           * double: their product alone may pass float's range) */
+    mul = (float)((double)mul * fa_descale_at(&d->q_descale, cc->b, cc->hk) *
+                  fa_descale_at(&d->k_descale, cc->b, cc->hk));
     fa_cpu_pack_cols(kern, p, &d->q, cc, transposed ? cols_pad : cc->ncols, transposed, p->dim, mul, dst,
                      tmp);
 }
@@ -107,6 +110,22 @@ void fa_cpu_dropout(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cp
                         p->dropout_threshold, p->dropout_scale);
 }
 
+/* o = acc * vmul / sum into dst; where vmul / sum would be subnormal (a tiny fp8 factor over many
+ * keys), acc * vmul first, so the output keeps float's precision while it is a normal number. */
+static void store_row(const fa_cpu_kernels *kern, const fa_problem *p, const float *acc, void *dst, float vmul,
+                      float sum)
+{
+    const float f = vmul / sum;
+    if (f >= FLT_MIN || vmul == 0.0f) {
+        kern->store(p->desc->o.dtype, acc, dst, p->dim, f);
+        return;
+    }
+    float row[FA_MAX_HEAD_DIM];
+    for (int32_t i = 0; i < p->dim; i++)
+        row[i] = acc[i] * vmul;
+    kern->store(p->desc->o.dtype, row, dst, p->dim, 1.0f / sum);
+}
+
 void fa_cpu_store_out(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,
                       const float *acc, int32_t ld, const float *m, const float *l)
 {
@@ -126,7 +145,7 @@ void fa_cpu_store_out(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
             lse = sinks[h];
         }
         if (l[c] > 0.0f) /* else no visible key: exact zeros, whatever the accumulator holds */
-            kern->store(d->o.dtype, acc + (int64_t)c * ld, dst, p->dim, vmul / sum);
+            store_row(kern, p, acc + (int64_t)c * ld, dst, vmul, sum);
         else
             memset(dst, 0, (size_t)p->dim * (size_t)fa_dtype_bytes(d->o.dtype));
         if (d->lse) {
