@@ -4,13 +4,14 @@
  * unrounded inputs: q, k, v drawn from N(0, 1) with 0.1% of the elements outliers from
  * N(0, 10^2), then rounded to bf16, or quantised to e4m3 with one descale factor a tensor or
  * one per head (amax / 448, round to nearest), the last also with q and k rotated by a
- * random-sign Hadamard transform first (rotate below). Each runs fa_forward on the CPU (o float32,
- * accumulated in float32 from the exact input values), so the figures are those of the inputs'
- * rounding alone; a GPU kernel that also rounds P to fp8 adds its own on top. Prints the RMSE
- * and the largest error of o per variant and shape, seeds given.
+ * random-sign Hadamard transform first (rotate below). Each runs fa_forward on the chosen
+ * backend, o float32. The CPU accumulates in float32 from the exact input values, so its
+ * figures are those of the inputs' rounding alone; the CUDA fp8 kernel also rounds P to e4m3
+ * for its second product. Prints the RMSE and the largest error of o per variant and shape,
+ * seeds given.
  *
  *   cc -O2 -Iinclude -Itests/ref -o fp8_error bench/fp8_error.c tests/ref/ref.c \
- *      -Lbuild -lflashattn -lm -Wl,-rpath,$PWD/build && ./fp8_error [seed]
+ *      -Lbuild -lflashattn -lm -Wl,-rpath,$PWD/build && ./fp8_error [--backend cpu|cuda] [seed]
  */
 #include "flashattn.h"
 #include "ref.h"
@@ -18,6 +19,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* N(0, 1) by Box-Muller from the reference's generator, one element in 1000 times 10. */
 static double normal(fa_rng *r)
@@ -80,6 +82,19 @@ static void rotate(double *x, int s, int h, int d, uint64_t seed)
     }
 }
 
+/* bytes of src in a new buffer of ctx's backend (device memory on CUDA); NULL on failure. */
+static void *stage(fa_context_t ctx, const void *src, size_t bytes)
+{
+    void *p = NULL;
+    if (fa_memory_alloc(ctx, bytes, &p) != FA_OK)
+        return NULL;
+    if (src && fa_memory_upload(ctx, p, src, bytes) != FA_OK) {
+        fa_memory_free(ctx, p);
+        return NULL;
+    }
+    return p;
+}
+
 static int run(fa_context_t ctx, int s, int h, int d, int causal, uint64_t seed)
 {
     const size_t n = (size_t)s * h * d;
@@ -139,17 +154,32 @@ static int run(fa_context_t ctx, int s, int h, int d, int causal, uint64_t seed)
                 in[k] = x8[k];
             }
         }
-        dv.q = fa_tensor_contiguous(in[0], t, FA_LAYOUT_BSHD, s, h, d);
-        dv.k = fa_tensor_contiguous(in[1], t, FA_LAYOUT_BSHD, s, h, d);
-        dv.v = fa_tensor_contiguous(in[2], t, FA_LAYOUT_BSHD, s, h, d);
-        dv.o = fa_tensor_contiguous(o, FA_DTYPE_F32, FA_LAYOUT_BSHD, s, h, d);
-        if (variant) {
-            const int64_t sh = variant >= 2 ? 1 : 0;
-            dv.q_descale = (fa_descale){ sc[0][slot], 0, sh };
-            dv.k_descale = (fa_descale){ sc[1][slot], 0, sh };
-            dv.v_descale = (fa_descale){ sc[2][slot], 0, sh };
+        /* everything in the backend's memory: q, k, v, their factors, o */
+        void *buf[7] = { NULL };
+        const size_t eb = variant ? 1 : 2;
+        int ok = 1;
+        for (int k = 0; k < 3; k++)
+            ok = ok && (buf[k] = stage(ctx, in[k], n * eb)) != NULL;
+        for (int k = 0; variant && k < 3; k++)
+            ok = ok && (buf[3 + k] = stage(ctx, sc[k][slot], sizeof(sc[k][slot]))) != NULL;
+        ok = ok && (buf[6] = stage(ctx, NULL, n * sizeof(float))) != NULL;
+        if (ok) {
+            dv.q = fa_tensor_contiguous(buf[0], t, FA_LAYOUT_BSHD, s, h, d);
+            dv.k = fa_tensor_contiguous(buf[1], t, FA_LAYOUT_BSHD, s, h, d);
+            dv.v = fa_tensor_contiguous(buf[2], t, FA_LAYOUT_BSHD, s, h, d);
+            dv.o = fa_tensor_contiguous(buf[6], FA_DTYPE_F32, FA_LAYOUT_BSHD, s, h, d);
+            if (variant) {
+                const int64_t sh = variant >= 2 ? 1 : 0;
+                dv.q_descale = (fa_descale){ buf[3], 0, sh };
+                dv.k_descale = (fa_descale){ buf[4], 0, sh };
+                dv.v_descale = (fa_descale){ buf[5], 0, sh };
+            }
+            ok = fa_forward(ctx, &dv) == FA_OK && fa_memory_download(ctx, o, buf[6], n * sizeof(float)) == FA_OK;
         }
-        if (fa_forward(ctx, &dv) != FA_OK) {
+        for (int k = 0; k < 7; k++)
+            if (buf[k])
+                fa_memory_free(ctx, buf[k]);
+        if (!ok) {
             fprintf(stderr, "fp8_error: %s\n", fa_context_last_error(ctx));
             return -1;
         }
@@ -171,14 +201,27 @@ static int run(fa_context_t ctx, int s, int h, int d, int causal, uint64_t seed)
 
 int main(int argc, char **argv)
 {
-    const uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : 20261205;
+    fa_backend backend = FA_BACKEND_CPU;
+    int a = 1;
+    if (argc > 2 && strcmp(argv[1], "--backend") == 0) {
+        if (strcmp(argv[2], "cuda") == 0)
+            backend = FA_BACKEND_CUDA;
+        else if (strcmp(argv[2], "cpu") != 0) {
+            fprintf(stderr, "fp8_error: --backend takes cpu or cuda, not '%s'\n", argv[2]);
+            return 2;
+        }
+        a = 3;
+    }
+    const uint64_t seed = argc > a ? strtoull(argv[a], NULL, 10) : 20261205;
     fa_context_t ctx;
-    fa_context_options opts = { sizeof(opts), FA_BACKEND_CPU, 0 };
-    if (fa_context_create(&opts, &ctx) != FA_OK)
+    fa_context_options opts = { sizeof(opts), backend, 0 };
+    if (fa_context_create(&opts, &ctx) != FA_OK) {
+        fprintf(stderr, "fp8_error: %s\n", fa_last_create_error());
         return 1;
+    }
     printf("fp8 and bf16 inputs against float64 of the unrounded inputs (N(0,1), 0.1%% outliers "
-           "from N(0,100)), seed %llu, CPU\n",
-           (unsigned long long)seed);
+           "from N(0,100)), seed %llu, %s\n",
+           (unsigned long long)seed, fa_backend_name(backend));
     int rc = run(ctx, 1024, 4, 128, 0, seed) || run(ctx, 1024, 4, 128, 1, seed + 1) ||
              run(ctx, 2048, 2, 64, 0, seed + 2);
     fa_context_destroy(ctx);

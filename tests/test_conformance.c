@@ -42,7 +42,7 @@ static void run_dtype(fa_dtype dt)
     if (st != FA_OK)
         fail_msg("context: %s", fa_last_create_error());
     static fa_case cases[MAX_CASES];
-    int n = fa_grid_build(level, seed, cases, MAX_CASES), ran = 0, failed = 0, decode = 0;
+    int n = fa_grid_build(level, seed, cases, MAX_CASES), ran = 0, failed = 0, decode = 0, fp8 = 0;
     const int cuda = fa_context_backend(ctx) == FA_BACKEND_CUDA;
     const int every = fa_test_case_every();
     const char *md = getenv("FLASHATTN_TEST_MAX_DIM");
@@ -59,6 +59,8 @@ static void run_dtype(fa_dtype dt)
         } else if (!r.passed) {
             print_error("case %d FAILED: %s\n", i, r.message);
             failed++;
+        } else if (cuda && dt == FA_DTYPE_E4M3 && r.kernel && fp8++ == 0) {
+            print_message("case %d ran %s\n", i, r.kernel);
         } else if (cuda && cuda_decode_shaped(&cases[i])) {
             char desc[256];
             fa_case_format(&cases[i], desc, sizeof(desc));

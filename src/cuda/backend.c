@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* The CUDA backend's host side: device probe, pointer checks, tile choice, workspace and launches. */
 #include "../core/internal.h"
+#include "../core/views.h"
 #include "state.h"
 
 #include <math.h>
@@ -26,9 +27,12 @@ typedef struct sm90_tiles {
 } sm90_tiles;
 
 #define FA_SM90_ROW(D, BN, NWG, ST, NQ) { D, BN, NWG, ST, NQ },
+#define FA_SM90_ROW_VALUE(D, BN, NWG, ST, NQ) { D, BN, NWG, ST, NQ }
 static const sm90_tiles sm90_table[] = { FA_CUDA_SM90_TILES(FA_SM90_ROW) };
 #undef FA_SM90_ROW
 #define N_SM90 (sizeof(sm90_table) / sizeof(sm90_table[0]))
+static const sm90_tiles sm90_fp8_tiles = FA_CUDA_SM90_FP8_TILES(FA_SM90_ROW_VALUE);
+#undef FA_SM90_ROW_VALUE
 
 typedef struct sm90_bwd_tiles {
     int dim, q_step, stages;
@@ -160,6 +164,12 @@ static void cuda_info(void *state, char *buf, size_t cap, size_t *len)
                    "2 consumer warpgroups + 1 loading), dQ added in key-tile order\n",
                    t->dim, t->q_step, t->stages);
     }
+    if (s->hopper)
+        fa_appendf(buf, cap, len,
+                   "cuda.tiles.sm90.fp8: forward of e4m3 inputs up to head_dim %d, %dx%d (%d consumer "
+                   "warpgroups + 1 loading and transposing V, %d K/V stages), P in e4m3\n",
+                   sm90_fp8_tiles.dim, 64 * sm90_fp8_tiles.warpgroups, sm90_fp8_tiles.keys,
+                   sm90_fp8_tiles.warpgroups, sm90_fp8_tiles.stages);
     for (size_t i = 0; s->hopper && i < N_SM90; i++)
         fa_appendf(buf, cap, len,
                    "cuda.tiles.sm90.d%d: forward %dx%d (%d consumer warpgroups + 1 loading, %d "
@@ -204,6 +214,13 @@ fa_status fa_cuda_check_ptr(fa_context_t ctx, const cuda_state *s, const void *p
     return FA_OK;
 }
 
+static void descale_of(fa_cuda_descale *d, const fa_descale *s)
+{
+    d->p = s->data;
+    d->sb = s->stride_batch;
+    d->sh = s->stride_head;
+}
+
 static void view_of(fa_cuda_view *v, const fa_tensor *t, int varlen)
 {
     v->p = t->data;
@@ -216,8 +233,9 @@ static void view_of(fa_cuda_view *v, const fa_tensor *t, int varlen)
 /* 16-byte vector loads need every row start aligned: base pointer and every stride. */
 static int view_aligned(const fa_tensor *t, int varlen)
 {
-    return ((uintptr_t)t->data % 16 == 0) && t->stride_seq % 8 == 0 && t->stride_head % 8 == 0 &&
-           (varlen || t->stride_batch % 8 == 0);
+    const int64_t n = 16 / fa_dtype_bytes(t->dtype);
+    return ((uintptr_t)t->data % 16 == 0) && t->stride_seq % n == 0 && t->stride_head % n == 0 &&
+           (varlen || t->stride_batch % n == 0);
 }
 
 typedef struct call {
@@ -230,6 +248,7 @@ typedef struct call {
     int bf16;
     int64_t krows;
     int decode_sm90; /* the decode route on the Hopper decode kernel */
+    int fp8;         /* e4m3 inputs: the Hopper fp8 forward (or the standard algorithm) */
     size_t acc_bytes, sem_bytes, cu_bytes, dsum_bytes, std_bytes, sched_bytes, part_bytes; /* workspace parts */
 } call;
 
@@ -238,6 +257,8 @@ typedef struct call {
  * seqlen_k read as zeros), else row copies. */
 static cudaError_t forward_sm90(const cuda_state *s, const call *c, fa_cuda_params *k)
 {
+    if (c->fp8)
+        return fa_cuda_flash_forward_e4m3_sm90(k, s->stream);
     if (k->aligned)
         fa_cuda_tma_dense(s->tma_encode, k, c->bf16, c->h->keys);
     return fa_cuda_flash_forward_sm90(k, c->bf16, c->h->dim, s->stream);
@@ -270,18 +291,27 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
 {
     const fa_attention_desc *d = p->desc;
     memset(c, 0, sizeof(*c));
-    if (p->in_dtype == FA_DTYPE_F32 || p->in_dtype == FA_DTYPE_E4M3)
+    if (p->in_dtype == FA_DTYPE_F32)
         return fa_error(ctx, FA_ERR_UNSUPPORTED,
-                        "q.dtype is %s: the CUDA backend runs on tensor cores from f16 or bf16 "
-                        "inputs (convert them, or use the CPU backend)",
-                        p->in_dtype == FA_DTYPE_F32 ? "f32" : "fp8 (FA_DTYPE_E4M3)");
+                        "q.dtype is f32: the CUDA backend runs on tensor cores from f16, bf16 or fp8 "
+                        "inputs (convert them, or use the CPU backend)");
+    c->fp8 = p->in_dtype == FA_DTYPE_E4M3;
+    if (c->fp8 && d->algorithm != FA_ALGORITHM_STANDARD && !s->hopper)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "q.dtype is fp8 (FA_DTYPE_E4M3): the CUDA backend runs it on Hopper (compute "
+                        "capability 9.0) only; convert the inputs to bf16, or use the CPU backend");
+    if (c->fp8 && d->algorithm != FA_ALGORITHM_STANDARD && p->dim > sm90_fp8_tiles.dim)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "head_dim (%d) with fp8 (FA_DTYPE_E4M3) inputs: the CUDA backend runs them up to "
+                        "head_dim %d; use the CPU backend",
+                        (int)p->dim, sm90_fp8_tiles.dim);
     c->tl = tiles_for(p->dim);
     if (!c->tl)
         return fa_error(ctx, FA_ERR_UNSUPPORTED, "head_dim (%d) exceeds the largest CUDA tile (%d)",
                         (int)p->dim, tile_table[N_TILES - 1].dim);
-    c->bf16 = p->in_dtype == FA_DTYPE_BF16;
+    c->bf16 = p->in_dtype == FA_DTYPE_BF16 || c->fp8; /* fp8: o bf16 (or float32) */
     const int64_t rows = p->varlen ? d->cu_seqlens_q[p->batch] : (int64_t)p->batch * d->seqlen_q;
-    c->nq = backward ? 0 : decode_route(p, rows);
+    c->nq = backward || c->fp8 ? 0 : decode_route(p, rows);
     if (c->nq) {
         /* partials for every row times the longest sequence's splits: where that passes
          * FA_CUDA_DECODE_PARTS_MAX (one very long sequence among many short ones), or the grid
@@ -293,6 +323,8 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
         c->decode_sm90 = c->nq && s->hopper && fa_cuda_decode_sm90_fits(p->dim) &&
                          view_aligned(&d->k, p->varlen) && view_aligned(&d->v, p->varlen);
     }
+    if (c->fp8)
+        c->h = &sm90_fp8_tiles;
     for (size_t i = 0; s->hopper && !backward && !c->nq && !c->h && i < N_SM90; i++)
         if (sm90_takes(sm90_table[i].dim, c->tl, p->dim))
             c->h = &sm90_table[i];
@@ -305,8 +337,13 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
     view_of(&k->k, &d->k, p->varlen);
     view_of(&k->v, &d->v, p->varlen);
     view_of(&k->o, &d->o, p->varlen);
-    k->aligned = p->dim % 8 == 0 && view_aligned(&d->q, p->varlen) &&
+    k->aligned = p->dim % (c->fp8 ? 16 : 8) == 0 && view_aligned(&d->q, p->varlen) &&
                  view_aligned(&d->k, p->varlen) && view_aligned(&d->v, p->varlen);
+    if (c->fp8) {
+        descale_of(&k->q_ds, &d->q_descale);
+        descale_of(&k->k_ds, &d->k_descale);
+        descale_of(&k->v_ds, &d->v_descale);
+    }
     if (backward) {
         view_of(&k->dout, &p->bwd->d_o, p->varlen);
         view_of(&k->dq, &p->bwd->d_q, p->varlen);
@@ -435,7 +472,7 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
         info->block_k = 16 * c->tl->kv_warps / c->tl->kv_split;
         info->threads = 32 * c->tl->kv_warps;
     } else if (c->h) {
-        info->kernel = sm90_names[c->h - sm90_table];
+        info->kernel = c->fp8 ? "cuda-flash-wgmma-fp8-d128" : sm90_names[c->h - sm90_table];
         info->block_q = 64 * c->h->warpgroups;
         info->block_k = c->h->keys;
         info->threads = 128 * (c->h->warpgroups + 1);
@@ -475,9 +512,15 @@ static fa_status check_pointers(fa_context_t ctx, const cuda_state *s, const fa_
     struct {
         const void *ptr;
         const char *name;
-    } list[9] = { { d->q.data, "q.data" }, { d->k.data, "k.data" }, { d->v.data, "v.data" },
-                  { d->o.data, "o.data" }, { d->lse, "lse" } };
-    int n = 5;
+    } list[12] = { { d->q.data, "q.data" },
+                  { d->k.data, "k.data" },
+                  { d->v.data, "v.data" },
+                  { d->o.data, "o.data" },
+                  { d->lse, "lse" },
+                  { d->q_descale.data, "q_descale.data" },
+                  { d->k_descale.data, "k_descale.data" },
+                  { d->v_descale.data, "v_descale.data" } };
+    int n = 8;
     if (backward) {
         list[n++] = (typeof(list[0])){ p->bwd->d_o.data, "d_o.data" };
         list[n++] = (typeof(list[0])){ p->bwd->d_q.data, "d_q.data" };
@@ -557,7 +600,8 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
         err = fa_cuda_dense_decode(s, k, c.nq, c.decode_sm90, c.split, c.splits, part, c.bf16, s->stream);
     else if (p->desc->algorithm == FA_ALGORITHM_STANDARD)
         err = backward ? fa_cuda_standard_backward(k, c.bf16, c.krows, s->stream)
-                       : fa_cuda_standard_forward(k, c.bf16, s->stream);
+                  : c.fp8 ? fa_cuda_standard_forward_e4m3(k, s->stream)
+                          : fa_cuda_standard_forward(k, c.bf16, s->stream);
     else
         err = backward ? (c.hb ? fa_cuda_flash_backward_sm90(k, c.bf16, c.hb->dim, s->stream)
                                : fa_cuda_flash_backward(k, c.bf16, c.tl->dim, s->stream))

@@ -20,6 +20,10 @@ cudaError_t fa_cuda_flash_forward(const fa_cuda_params *p, int bf16, int dpad, c
 cudaError_t fa_cuda_flash_forward_sm90(const fa_cuda_params *p, int bf16, int dpad,
                                        cudaStream_t stream);
 
+/* The fp8 (e4m3) forward on Hopper (sm_90a image) for head_dim up to FA_CUDA_SM90_FP8_TILES'
+ * dim: o bf16 or float32 (p->o.f32), descale factors in p->q_ds, k_ds, v_ds. */
+cudaError_t fa_cuda_flash_forward_e4m3_sm90(const fa_cuda_params *p, cudaStream_t stream);
+
 /* The backward on Hopper's warpgroup tensor cores, one pass (dK, dV and dQ; dQ through
  * p->dq_acc and p->dq_sem, zeroed here) for the head dims of FA_CUDA_SM90_BWD_TILES;
  * cudaErrorInvalidValue for others. */
@@ -37,6 +41,9 @@ cudaError_t fa_cuda_flash_backward(const fa_cuda_params *p, int bf16, int dpad, 
  * unfused baseline: p->s_ws holds [heads_q, rows, max_k] floats, p->p_ws and p->ds_ws
  * as many elements of the input dtype; krows = packed key rows. heads <= 65535. */
 cudaError_t fa_cuda_standard_forward(const fa_cuda_params *p, int bf16, cudaStream_t stream);
+/* The same for fp8 (e4m3) inputs, o bf16 or float32: P rounded to e4m3 before its normalisation
+ * (as the flash kernel rounds it), the products in float32 through the bf16 tensor cores. */
+cudaError_t fa_cuda_standard_forward_e4m3(const fa_cuda_params *p, cudaStream_t stream);
 cudaError_t fa_cuda_standard_backward(const fa_cuda_params *p, int bf16, int64_t krows,
                                       cudaStream_t stream);
 

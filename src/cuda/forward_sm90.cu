@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
-// The Hopper forward's instantiations: one per row of FA_CUDA_SM90_TILES.
+// The Hopper forward's instantiations: one per row of FA_CUDA_SM90_TILES, and the fp8 one of
+// FA_CUDA_SM90_FP8_TILES.
 #include "cuda.h"
-#include "forward_sm90.cuh"
+#include "forward_sm90_e4m3.cuh"
 
 extern "C" cudaError_t fa_cuda_flash_forward_sm90(const fa_cuda_params *p, int bf16, int dpad,
                                                   cudaStream_t stream)
@@ -15,4 +16,12 @@ extern "C" cudaError_t fa_cuda_flash_forward_sm90(const fa_cuda_params *p, int b
     }
 #undef FA_SM90_CASE
     return cudaErrorInvalidValue;
+}
+
+extern "C" cudaError_t fa_cuda_flash_forward_e4m3_sm90(const fa_cuda_params *p, cudaStream_t stream)
+{
+#define FA_SM90_FP8(D, BN, NWG, ST, NQ) \
+    return fa::launch_sm90_mainloop<fa::sm90_e4m3_mainloop<D, BN, NWG, ST, NQ>>(*p, stream);
+    FA_CUDA_SM90_FP8_TILES(FA_SM90_FP8)
+#undef FA_SM90_FP8
 }

@@ -29,14 +29,14 @@ template <int D, int BN> struct sm90_rows {
     uint32_t pa[1][NS / 2][4];
 };
 
-// S(n) (raw scores in r.sc) -> P(n) and the rescale of the running statistics; alpha gets the
-// factor O must be scaled by once P(n-1) V(n-1) is done.
+// S(n) (raw scores in r.sc) -> P(n) and the rescale of the running statistics (cap_in and
+// scale_log2: to_logits'); alpha gets the factor O must be scaled by once P(n-1) V(n-1) is done.
 template <int D, int BN>
 __device__ __forceinline__ void softmax_step(const fa_cuda_params &p, const mask_t &mk,
                                              sm90_rows<D, BN> &r, int64_t wr0, int64_t c0, int g,
-                                             int t, float (&alpha)[1][2])
+                                             int t, float (&alpha)[1][2], float cap_in, float scale_log2)
 {
-    to_logits(p, r.sc);
+    to_logits(p, r.sc, cap_in, scale_log2);
     if (!mk.all_visible(wr0, wr0 + 16, c0, c0 + BN))
         apply_mask(mk, r.sc, wr0 + g, c0 + 2 * t);
     softmax_update(r.sc, r.m, r.l, alpha);
@@ -296,7 +296,7 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
         if (lane == 0)
             mbar_arrive(&ring.empty_k[st]);
         float alpha[1][2];
-        softmax_step(p, qt.mk, r, wr0, (int64_t)n * BN, g, t, alpha);
+        softmax_step(p, qt.mk, r, wr0, (int64_t)n * BN, g, t, alpha, p.cap_in, p.scale_log2);
         wgmma_wait<0>(); // P(n-1) V(n-1) done: o and pa are ours again
         reg_fence(of);
         reg_fence(r.pa[0]);
@@ -317,19 +317,39 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
     store_rows<T, D, BM, BN>(p, r, s, qt.blk.h, r0, wg, warp, g, t, sQ);
 }
 
-// NWG consumer warpgroups and one loading warpgroup; K/V STAGES deep, NQ Q buffers. One query
-// tile per block, or (p.sched) persistent blocks taking tiles until none is left.
-template <typename T, int D, int BN, int NWG, int STAGES, int NQ, bool TMA>
-__global__ void __launch_bounds__((NWG + 1) * 128, 1) flash_forward_sm90_ws(const __grid_constant__ fa_cuda_params p)
+// The f16 / bf16 mainloop the kernel below runs: its shared memory (Q buffers, then the K and
+// V rings), the loading warpgroup's part and a consumer warpgroup's.
+template <typename T, int D, int BN_, int NWG_, int STAGES_, int NQ_, bool TMA> struct sm90_mainloop {
+    static constexpr int BN = BN_, NWG = NWG_, STAGES = STAGES_, NQ = NQ_, BM = 64 * NWG;
+    using L = sm90_smem<BM, BN, D, STAGES, NQ>;
+    static constexpr size_t smem = L::bytes;
+    static_assert(D % 64 == 0 && BN % 64 == 0, "tiles are whole 64-element swizzle blocks");
+    static __device__ __forceinline__ void load(const fa_cuda_params &p, int items, kv_ring<STAGES, NQ> &ring,
+                                                unsigned char *sQ, int tid)
+    {
+        unsigned char *sK = sQ + NQ * L::q;
+        load_tiles<T, D, BN, NWG, STAGES, NQ, TMA>(p, items, ring, sQ, sK, sK + STAGES * L::kv, tid);
+    }
+    static __device__ __forceinline__ void attend(const fa_cuda_params &p, const query_tile_t &qt,
+                                                  kv_ring<STAGES, NQ> &ring, unsigned char *sQ, int qb, int wg,
+                                                  int it)
+    {
+        unsigned char *sK = sQ + NQ * L::q;
+        attend_rows<T, D, BN, NWG, STAGES, NQ>(p, qt, ring, sQ + qb * L::q, sK, sK + STAGES * L::kv, wg, it);
+    }
+};
+
+// The warp-specialised forward around a mainloop M: M::NWG consumer warpgroups and one loading
+// warpgroup, K/V M::STAGES deep, M::NQ Q buffers. One query tile per block, or (p.sched)
+// persistent blocks taking tiles until none is left.
+template <typename M>
+__global__ void __launch_bounds__((M::NWG + 1) * 128, 1) flash_forward_sm90_ws(const __grid_constant__ fa_cuda_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int BM = 64 * NWG;
-    using L = sm90_smem<BM, BN, D, STAGES, NQ>;
-    static_assert(D % 64 == 0 && BN % 64 == 0, "tiles are whole 64-element swizzle blocks");
+    constexpr int NWG = M::NWG, STAGES = M::STAGES, NQ = M::NQ, BM = M::BM, BN = M::BN;
     extern __shared__ unsigned char smem_raw[];
     __shared__ kv_ring<STAGES, NQ> ring;
     unsigned char *sQ = align1024(smem_raw);
-    unsigned char *sK = sQ + NQ * L::q, *sV = sK + STAGES * L::kv;
     const int items = (int)((int64_t)((p.max_q + BM - 1) / BM) * p.heads_q * p.batch);
 
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0); // uniform to the compiler
@@ -349,7 +369,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1) flash_forward_sm90_ws(cons
     __syncthreads();
     if (wg == NWG) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-        load_tiles<T, D, BN, NWG, STAGES, NQ, TMA>(p, items, ring, sQ, sK, sV, threadIdx.x % 128);
+        M::load(p, items, ring, sQ, threadIdx.x % 128);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<NWG>::value));
@@ -362,7 +382,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1) flash_forward_sm90_ws(cons
             return;
         query_tile_t qt;
         if (query_tile<BM, BN, true>(p, qt, x)) {
-            attend_rows<T, D, BN, NWG, STAGES, NQ>(p, qt, ring, sQ + qb * L::q, sK, sV, wg, it);
+            M::attend(p, qt, ring, sQ, qb, wg, it);
             it += qt.n_hi - qt.n_lo;
         }
         __syncwarp();
@@ -372,24 +392,27 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1) flash_forward_sm90_ws(cons
 #endif
 }
 
-template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
-cudaError_t launch_sm90_ws(const fa_cuda_params &p, cudaStream_t stream)
+template <typename M> cudaError_t launch_sm90_mainloop(const fa_cuda_params &p, cudaStream_t stream)
 {
-    constexpr int BM = 64 * NWG;
-    const size_t smem = sm90_smem<BM, BN, D, STAGES, NQ>::bytes;
-    // K/V by TMA (p.pg.tma_rows) or by row copies: two kernels (one holding both loaders spilled
-    // the producer's registers and ran the dense d128 forward 3-12% slower either way)
-    auto kern = p.pg.tma_rows ? flash_forward_sm90_ws<T, D, BN, NWG, STAGES, NQ, true>
-                              : flash_forward_sm90_ws<T, D, BN, NWG, STAGES, NQ, false>;
-    cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t err =
+        cudaFuncSetAttribute(flash_forward_sm90_ws<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)M::smem);
     if (err != cudaSuccess)
         return err;
-    const int64_t blocks = (int64_t)((p.max_q + BM - 1) / BM) * p.heads_q * p.batch;
+    const int64_t blocks = (int64_t)((p.max_q + M::BM - 1) / M::BM) * p.heads_q * p.batch;
     if (blocks == 0)
         return cudaSuccess;
     const int64_t grid = p.sched && p.sched_blocks < blocks ? p.sched_blocks : blocks;
-    kern<<<(unsigned)grid, (NWG + 1) * 128, smem, stream>>>(p);
+    flash_forward_sm90_ws<M><<<(unsigned)grid, (M::NWG + 1) * 128, M::smem, stream>>>(p);
     return cudaGetLastError();
+}
+
+template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
+cudaError_t launch_sm90_ws(const fa_cuda_params &p, cudaStream_t stream)
+{
+    // K/V by TMA (p.pg.tma_rows) or by row copies: two kernels (one holding both loaders spilled
+    // the producer's registers and ran the dense d128 forward 3-12% slower either way)
+    return p.pg.tma_rows ? launch_sm90_mainloop<sm90_mainloop<T, D, BN, NWG, STAGES, NQ, true>>(p, stream)
+                         : launch_sm90_mainloop<sm90_mainloop<T, D, BN, NWG, STAGES, NQ, false>>(p, stream);
 }
 
 } // namespace fa

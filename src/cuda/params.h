@@ -71,8 +71,15 @@ typedef struct fa_cuda_pages {
     fa_cuda_tmap tk, tv;
 } fa_cuda_pages;
 
+/* fp8 inputs: the descale factor of (sequence b, kv head g) at p[b * sb + g * sh]; p NULL: 1. */
+typedef struct fa_cuda_descale {
+    const float *p;
+    int64_t sb, sh;
+} fa_cuda_descale;
+
 typedef struct fa_cuda_params {
     fa_cuda_view q, k, v, o;
+    fa_cuda_descale q_ds, k_ds, v_ds; /* fp8 (e4m3) inputs only */
     fa_cuda_pages pg; /* Hopper forward: pg.table set when the keys are paged */
     fa_cuda_view dout, dq, dk, dv; /* backward only */
     float *lse;                    /* NULL when not asked for (forward) */
@@ -95,7 +102,7 @@ typedef struct fa_cuda_params {
     float cap_in;     /* scale / softcap */
     float cap_out;    /* softcap * log2(e) */
     int64_t win_left, win_right; /* resolved; causal folded in */
-    int aligned;      /* every row start 16-byte aligned and head_dim % 8 == 0: vector loads */
+    int aligned;      /* every row start 16-byte aligned and head_dim % 8 == 0 (fp8: % 16): vector loads */
     int o_vec;        /* the same for o, stored in the input dtype: vector stores */
     int dq_vec;       /* the same for dq (backward) */
     float dropout_p, dropout_scale;
@@ -152,6 +159,10 @@ typedef struct fa_cuda_paged {
     X(64, 128, 2, 3, 2)       \
     X(128, 128, 2, 3, 1)      \
     X(256, 64, 2, 2, 1)
+
+/* The Hopper fp8 (e4m3) forward's tiles, one row: X(dim, keys per step, consumer warpgroups,
+ * K/V stages, Q buffers). Head dims up to dim run it, their columns past head_dim zeros. */
+#define FA_CUDA_SM90_FP8_TILES(X) X(128, 128, 2, 3, 2)
 
 /* The Hopper backward's tiles: X(dim, query rows per step, Q/dO ring stages). Two consumer
  * warpgroups of 64 keys each; dQ added in key-tile order through p.dq_acc. */

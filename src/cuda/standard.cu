@@ -7,6 +7,8 @@
 #include "cuda.h"
 #include "tile.cuh"
 
+#include <type_traits>
+
 namespace fa {
 
 constexpr int kStdThreads = 128;
@@ -55,9 +57,10 @@ __device__ __forceinline__ row_t query_row(const fa_cuda_params &p)
 // The sums run through the tensor cores as the flash kernels' do (m16n8k16, 16 keys a step
 // into a float accumulator, whose additions the hardware rounds its own way): w is the A
 // operand's row 0, eight columns of m the B operand; warp w takes column tiles w, w + 4, ...
-template <typename T>
+// m's elements are M (T, or e4m3 for fp8 inputs: exact in bf16).
+template <typename T, typename M = T>
 __device__ void weighted_key_rows(const fa_cuda_params &p, const row_t &row, const T *w,
-                                  const fa_cuda_view &m, const fa_cuda_view &out, float mult)
+                                  const fa_cuda_view &m, const fa_cuda_view &out, float mult, float mult2 = 1.0f)
 {
     const int64_t oo = row_off(out, row.s, false, row.h, row.i);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane / 4, t = lane % 4;
@@ -67,7 +70,7 @@ __device__ void weighted_key_rows(const fa_cuda_params &p, const row_t &row, con
     for (int n0 = warp * 8; n0 < p.dim; n0 += kStdThreads / 4) {
         const int x = n0 + c; // this lane's column of the B operand
         auto mt = [&](int64_t j) {
-            return j < sk && x < p.dim ? ((const T *)m.p)[row_off(m, row.s, true, row.hk, j) + x] : zero;
+            return j < sk && x < p.dim ? to_float<M>(((const M *)m.p)[row_off(m, row.s, true, row.hk, j) + x]) : 0.0f;
         };
         float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
         for (int64_t j0 = 0; j0 < sk; j0 += 16) {
@@ -77,14 +80,14 @@ __device__ void weighted_key_rows(const fa_cuda_params &p, const row_t &row, con
                 a[0] = pack2<T>(to_float<T>(wt(j)), to_float<T>(wt(j + 1)));
                 a[2] = pack2<T>(to_float<T>(wt(j + 8)), to_float<T>(wt(j + 9)));
             }
-            const uint32_t b0 = pack2<T>(to_float<T>(mt(j)), to_float<T>(mt(j + 1)));
-            const uint32_t b1 = pack2<T>(to_float<T>(mt(j + 8)), to_float<T>(mt(j + 9)));
+            const uint32_t b0 = pack2<T>(mt(j), mt(j + 1));
+            const uint32_t b1 = pack2<T>(mt(j + 8), mt(j + 9));
             mma16816<T>::run(acc, a, b0, b1);
         }
         if (c == 0) // row 0 of the accumulator: columns n0 + 2t, n0 + 2t + 1
             for (int e = 0; e < 2; e++)
                 if (n0 + 2 * t + e < p.dim)
-                    store<T>(out, oo + n0 + 2 * t + e, acc[e] * mult);
+                    store<T>(out, oo + n0 + 2 * t + e, acc[e] * mult * mult2);
     }
 }
 
@@ -115,22 +118,27 @@ __device__ float dot_rows(const T *a, const T *b, int dim)
     return acc;
 }
 
-// Scores of row (r, h) into s_ws, the softmax into p_ws (rounded to T), lse out.
-template <typename T> __global__ void __launch_bounds__(kStdThreads) std_softmax(const fa_cuda_params p)
+// Scores of row (r, h) into s_ws, the softmax into p_ws (rounded to T), lse out. fp8 inputs
+// (IN e4m3, T bf16): the scores times the descale factors, P rounded to e4m3 before its
+// normalisation (max 1, as the flash kernel has it), 1 / sum into the row's s_ws[0] for std_pv.
+template <typename T, typename IN = T>
+__global__ void __launch_bounds__(kStdThreads) std_softmax(const fa_cuda_params p)
 {
+    constexpr bool F8 = std::is_same<IN, e4m3_t>::value;
     const row_t row = query_row(p);
     const seq_t &s = row.s;
     const int h = row.h, hk = row.hk, b = row.b;
     const int64_t i = row.i;
     const mask_t mk = mask_of(p, s.sq, s.sk);
-    const T *q = (const T *)p.q.p + row_off(p.q, s, false, h, i);
+    const IN *q = (const IN *)p.q.p + row_off(p.q, s, false, h, i);
+    const double qk = F8 ? (double)descale_at(p.q_ds, b, hk) * descale_at(p.k_ds, b, hk) : 1.0;
     float *srow = p.s_ws + row.ws;
     T *prow = (T *)p.p_ws + row.ws;
     // every score, masked ones too; the mask is applied after, as an unfused framework's
     // Q K^T, masked softmax, P V (each thread reads back only the scores it wrote)
     for (int j = threadIdx.x; j < s.sk; j += kStdThreads) {
-        const T *k = (const T *)p.k.p + row_off(p.k, s, true, hk, j);
-        srow[j] = logit2(p, dot_rows(q, k, p.dim));
+        const IN *k = (const IN *)p.k.p + row_off(p.k, s, true, hk, j);
+        srow[j] = logit2(p, F8 ? (float)(dot_rows(q, k, p.dim) * qk) : dot_rows(q, k, p.dim));
     }
 #define MASKED(j) (mk.visible(i, j) ? srow[j] : -INFINITY)
     float mx = -INFINITY;
@@ -144,7 +152,11 @@ template <typename T> __global__ void __launch_bounds__(kStdThreads) std_softmax
     sum = block_reduce(sum, false);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     for (int j = threadIdx.x; j < s.sk; j += kStdThreads) {
-        float pr = exp2f(MASKED(j) - base) * inv;
+        float pr = exp2f(MASKED(j) - base);
+        if (F8)
+            pr = to_float(e4m3_t{ __nv_cvt_float_to_fp8(pr, __NV_SATFINITE, __NV_E4M3) });
+        else
+            pr *= inv;
         if (p.dropout_p > 0.0f) {
             uint32_t w[4];
             dropout_words(p, b, h, i, j, w);
@@ -153,6 +165,8 @@ template <typename T> __global__ void __launch_bounds__(kStdThreads) std_softmax
         prow[j] = from_float<T>(pr);
     }
 #undef MASKED
+    if (F8 && threadIdx.x == 0 && s.sk > 0) // its own score slot, read back above
+        srow[0] = inv;
     if (p.lse && threadIdx.x == 0)
         p.lse[lse_index(p, s, h, i)] =
             sum > 0.0f ? (mx + log2f(sum)) * kLn2 : -INFINITY;
@@ -163,6 +177,13 @@ template <typename T> __global__ void __launch_bounds__(kStdThreads) std_pv(cons
 {
     const row_t row = query_row(p);
     weighted_key_rows<T>(p, row, (const T *)p.p_ws + row.ws, p.v, p.o, p.dropout_scale);
+}
+__global__ void __launch_bounds__(kStdThreads) std_pv_e4m3(const fa_cuda_params p)
+{
+    const row_t row = query_row(p);
+    const float inv = row.s.sk > 0 ? p.s_ws[row.ws] : 0.0f;
+    weighted_key_rows<__nv_bfloat16, e4m3_t>(p, row, (const __nv_bfloat16 *)p.p_ws + row.ws, p.v, p.o,
+                                             p.dropout_scale * inv, descale_at(p.v_ds, row.b, row.hk));
 }
 
 // Backward, per row: the dropped P and dS (both rounded to T) from the forward's lse.
@@ -263,6 +284,16 @@ template <typename T> static cudaError_t backward(const fa_cuda_params &p, int64
 extern "C" cudaError_t fa_cuda_standard_forward(const fa_cuda_params *p, int bf16, cudaStream_t stream)
 {
     return bf16 ? fa::forward<__nv_bfloat16>(*p, stream) : fa::forward<__half>(*p, stream);
+}
+
+extern "C" cudaError_t fa_cuda_standard_forward_e4m3(const fa_cuda_params *p, cudaStream_t stream)
+{
+    if (p->rows == 0 || p->heads_q == 0)
+        return cudaSuccess;
+    const dim3 grid((unsigned)p->rows, (unsigned)p->heads_q);
+    fa::std_softmax<__nv_bfloat16, fa::e4m3_t><<<grid, fa::kStdThreads, 0, stream>>>(*p);
+    fa::std_pv_e4m3<<<grid, fa::kStdThreads, 0, stream>>>(*p);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t fa_cuda_standard_backward(const fa_cuda_params *p, int bf16, int64_t krows,

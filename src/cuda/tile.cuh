@@ -10,6 +10,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 extern "C" {
@@ -68,6 +69,19 @@ template <> __device__ __forceinline__ __half from_float<__half>(float x) { retu
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x)
 {
     return __float2bfloat16_rn(x);
+}
+
+// An fp8 (e4m3) input element, and its descale factors (1 where the call gave none).
+struct e4m3_t {
+    uint8_t x;
+};
+template <> __device__ __forceinline__ float to_float<e4m3_t>(e4m3_t v)
+{
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(v.x, __NV_E4M3)));
+}
+__device__ __forceinline__ float descale_at(const fa_cuda_descale &d, int b, int g)
+{
+    return d.p ? d.p[b * d.sb + g * d.sh] : 1.0f;
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p)
@@ -357,9 +371,11 @@ __device__ __forceinline__ float logit2(const fa_cuda_params &p, float s)
     return p.softcap > 0.0f ? p.cap_out * tanhf(s * p.cap_in) : s * p.scale_log2;
 }
 
-// Raw scores -> log2-domain logits, the cap's branch taken once for the whole tile.
+// Raw scores -> log2-domain logits, the cap's branch taken once for the whole tile; cap_in and
+// scale_log2 are p's, or (fp8) p's times the descale factors of q and k.
 template <int MT, int NT>
-__device__ __forceinline__ void to_logits(const fa_cuda_params &p, float (&c)[MT][NT][4])
+__device__ __forceinline__ void to_logits(const fa_cuda_params &p, float (&c)[MT][NT][4], float cap_in,
+                                          float scale_log2)
 {
     if (p.softcap > 0.0f) {
 #pragma unroll
@@ -368,7 +384,7 @@ __device__ __forceinline__ void to_logits(const fa_cuda_params &p, float (&c)[MT
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    c[i][j][e] = p.cap_out * tanhf(c[i][j][e] * p.cap_in);
+                    c[i][j][e] = p.cap_out * tanhf(c[i][j][e] * cap_in);
     } else {
 #pragma unroll
         for (int i = 0; i < MT; i++)
@@ -376,8 +392,13 @@ __device__ __forceinline__ void to_logits(const fa_cuda_params &p, float (&c)[MT
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    c[i][j][e] *= p.scale_log2;
+                    c[i][j][e] *= scale_log2;
     }
+}
+template <int MT, int NT>
+__device__ __forceinline__ void to_logits(const fa_cuda_params &p, float (&c)[MT][NT][4])
+{
+    to_logits(p, c, p.cap_in, p.scale_log2);
 }
 
 // Zero the dropped probabilities (same element placement as apply_mask; col0 even, so each

@@ -193,6 +193,34 @@ FA_WGMMA(__nv_bfloat16, "bf16", 128, FA_R64, FA_F64, 64, 65, 66, 67, 68, 69)
 FA_WGMMA(__half, "f16", 256, FA_R128, FA_F128, 128, 129, 130, 131, 132, 133)
 FA_WGMMA(__nv_bfloat16, "bf16", 256, FA_R128, FA_F128, 128, 129, 130, 131, 132, 133)
 #undef FA_WGMMA
+
+// The same for fp8 (e4m3) operands, k32 a step: both K-major (fp8 takes no transposed
+// operand), A from shared memory (ss) or registers (rs: 16 elements a thread, mma.sync's
+// m16n8k32 layout per warp: a[0] row g columns 4t..4t+3, a[1] row g + 8, a[2] and a[3] the
+// same 16 columns on).
+template <int N> struct wgmma_e4m3;
+#define FA_WGMMA_E4M3(N, RN, FN, A0, A1, A2, A3, A4, A5)                                              \
+    template <> struct wgmma_e4m3<N> {                                                               \
+        static __device__ __forceinline__ void ss(float (&d)[N / 2], uint64_t da, uint64_t db, int sc) \
+        {                                                                                            \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2 ", 0;\n"                           \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 " RN               \
+                         ", %" #A0 ", %" #A1 ", p, 1, 1;\n}\n"                                        \
+                         : FN(d)                                                                     \
+                         : "l"(da), "l"(db), "r"(sc));                                               \
+        }                                                                                            \
+        static __device__ __forceinline__ void rs(float (&d)[N / 2], const uint32_t (&a)[4],         \
+                                                  uint64_t db, int sc)                               \
+        {                                                                                            \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A5 ", 0;\n"                           \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 " RN               \
+                         ", {%" #A0 ",%" #A1 ",%" #A2 ",%" #A3 "}, %" #A4 ", p, 1, 1;\n}\n"          \
+                         : FN(d)                                                                     \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(sc));            \
+        }                                                                                            \
+    };
+FA_WGMMA_E4M3(128, FA_R64, FA_F64, 64, 65, 66, 67, 68, 69)
+#undef FA_WGMMA_E4M3
 #undef FA_F8
 #undef FA_F16
 #undef FA_F32
@@ -238,6 +266,29 @@ __device__ __forceinline__ void wg_gemm_sn(float (&acc)[N / 2], uint32_t a, uint
     for (int kk = 0; kk < KP / 16; kk++)
         wgmma<T, N>::template ss<1>(acc, sw_desc_at(da, (kk / 4) * AP * 128 + (kk % 4) * 32),
                                     sw_desc_at(db, kk * 2048), kk > 0);
+    wgmma_commit();
+}
+
+// fp8: acc[64 x N] (+)= A B^T with B K-major (N rows of KB bytes from b, 128-byte column
+// blocks NP * 128 bytes apart) and A K-major in shared memory (64 rows from a, column blocks
+// AP * 128 bytes apart; acc overwritten) or in registers (a[KB / 32], added to acc).
+template <int N, int KB, int AP, int NP>
+__device__ __forceinline__ void wg_gemm_e4m3_ss(float (&acc)[N / 2], uint32_t a, uint32_t b)
+{
+    const uint32_t da = sw_desc_lo(a, 16), db = sw_desc_lo(b, 16);
+#pragma unroll
+    for (int kk = 0; kk < KB / 32; kk++)
+        wgmma_e4m3<N>::ss(acc, sw_desc_at(da, (kk / 4) * AP * 128 + (kk % 4) * 32),
+                          sw_desc_at(db, (kk / 4) * NP * 128 + (kk % 4) * 32), kk > 0);
+    wgmma_commit();
+}
+template <int N, int KB, int NP>
+__device__ __forceinline__ void wg_gemm_e4m3_rs(float (&acc)[N / 2], const uint32_t (&a)[KB / 32][4], uint32_t b)
+{
+    const uint32_t db = sw_desc_lo(b, 16);
+#pragma unroll
+    for (int kk = 0; kk < KB / 32; kk++)
+        wgmma_e4m3<N>::rs(acc, a[kk], sw_desc_at(db, (kk / 4) * NP * 128 + (kk % 4) * 32), 1);
     wgmma_commit();
 }
 

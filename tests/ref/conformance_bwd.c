@@ -64,7 +64,7 @@ static int stage_grads(fa_context_t ctx, void *const host[4], const int64_t byte
 int fa_case_run_backward(fa_context_t ctx, const fa_case *c, fa_bwd_result *res)
 {
     memset(res, 0, sizeof(*res));
-    const char *refused = fa_backend_refuses(fa_context_backend(ctx), c);
+    const char *refused = fa_backend_refuses(ctx, c);
     if (refused) {
         res->passed = fa_case_check_refused(ctx, c, refused, res->message, sizeof(res->message)) == 0;
         return 0;

@@ -163,11 +163,12 @@ int fa_case_run_backward(fa_context_t ctx, const fa_case *c, fa_bwd_result *res)
 /* The backend a test runs on: FLASHATTN_TEST_BACKEND = cpu (default), cuda or gles. */
 fa_backend fa_test_backend(void);
 
-/* The field a backend refuses case c for, NULL when it runs it: CUDA refuses f32
- * ("dtype"), GLES dropout ("dropout_p"). fa_case_run and fa_case_run_backward then check
- * instead that the case is refused with FA_ERR_UNSUPPORTED naming that field
- * (fa_case_check_refused: 0 when that refusal is right, -1 with msg filled when not). */
-const char *fa_backend_refuses(fa_backend b, const fa_case *c);
+/* The field ctx's backend refuses case c for, NULL when it runs it: CUDA refuses f32
+ * ("dtype") and fp8 where it is not Hopper ("dtype"), GLES fp8 ("dtype") and dropout
+ * ("dropout_p"). fa_case_run and fa_case_run_backward then check instead that the case is
+ * refused with FA_ERR_UNSUPPORTED naming that field (fa_case_check_refused: 0 when that
+ * refusal is right, -1 with msg filled when not). */
+const char *fa_backend_refuses(fa_context_t ctx, const fa_case *c);
 int fa_case_check_refused(fa_context_t ctx, const fa_case *c, const char *field, char *msg,
                           size_t cap);
 

@@ -1,0 +1,283 @@
+// SPDX-License-Identifier: MIT
+// The fp8 (e4m3) mainloop of the Hopper forward (forward_sm90.cuh's kernel around it): both
+// products on the tensor cores in fp8, k32 a step, fp32 accumulators. fp8 wgmma takes K-major
+// operands only, so V goes in transposed: the loading warpgroup copies each V tile into a
+// staging buffer, then writes it into the V^T ring (keys contiguous) with byte permutes. P is
+// rounded to e4m3 in registers, where the S accumulator's columns (m16n8) lie in another order
+// than an fp8 A fragment's (m16n8k32); the transpose writes V^T's keys in the A fragment's order
+// instead, so P needs no shuffle. Descale factors: q's and k's scale the scores before the
+// softmax, v's the output. Rows are D bytes (D a multiple of 128), tiles 128-byte swizzled.
+#pragma once
+
+#include "forward_sm90.cuh"
+
+namespace fa {
+
+// Byte col of row r in a tile of 1-byte elements, 128-byte swizzled: 128-byte column blocks of
+// pitch rows, one after the other; in each, row r's 16-byte chunk c sits at chunk c ^ (r % 8).
+__device__ __forceinline__ int sw8_offset(int r, int col, int pitch)
+{
+    return (col / 128) * pitch * 128 + r * 128 + ((((col % 128) / 16) ^ (r & 7)) << 4) + (col % 16);
+}
+
+template <int BM, int BN, int D, int STAGES, int NQ> struct e4m3_smem {
+    static constexpr int q = BM * D, kv = BN * D;
+    // Q buffers, the K ring, the V^T ring, V's two staging tiles (+ alignment slack)
+    static constexpr size_t bytes = 1024 + NQ * (size_t)q + (2 * STAGES + 2) * (size_t)kv;
+};
+
+// ROWS x D bytes of a strided [seq, head_dim] e4m3 slab into the swizzled layout; rows >=
+// valid_rows and columns >= dim read as zero. The loading warpgroup's 128 threads take part:
+// 16-byte copies where rows are aligned, else byte by byte.
+template <int ROWS, int D>
+__device__ __forceinline__ void load_tile_e4m3(unsigned char *s, const uint8_t *g, int64_t row_stride,
+                                               int valid_rows, int dim, bool aligned, int tid)
+{
+    constexpr int CHUNKS = D / 16, RP = 128 / CHUNKS;
+    static_assert(RP % 8 == 0, "a thread keeps its column and swizzle phase");
+    if (aligned) {
+        const int col = (tid % CHUNKS) * 16, r0 = tid / CHUNKS;
+        const bool col_ok = col < dim;
+#pragma unroll 4
+        for (int r = r0; r < ROWS; r += RP) {
+            const bool ok = col_ok && r < valid_rows;
+            cp_async16(s + sw8_offset(r, col, ROWS), ok ? g + r * row_stride + col : g, ok ? 16 : 0);
+        }
+    } else {
+        for (int c = tid; c < ROWS * D; c += 128) {
+            const int r = c / D, col = c % D;
+            s[sw8_offset(r, col, ROWS)] = r < valid_rows && col < dim ? g[r * row_stride + col] : 0;
+        }
+    }
+}
+
+// A staged V tile (BN keys x D bytes) into V^T (D rows of BN bytes, one a column of V), the
+// keys of each 16 in the A fragment's order: slot 4t + i holds the key S's thread t has at
+// column 2t + i (i < 2) or 8 + 2t + i - 2. Lane (t, u = lane / 4) takes 4 keys x 4 columns at
+// a time: four words (one a key) read, transposed by byte permutes into four (one a column).
+// Lanes rotate their words by (u / 2) % 4 bytes first, so that the 8 lanes writing one slot
+// word write rows of 8 different swizzle phases (no bank conflicts either way).
+template <int BN, int D>
+__device__ __forceinline__ void transpose_v(unsigned char *vt, const unsigned char *st, int tid)
+{
+    const int warp = tid / 32, lane = tid % 32, t = lane % 4, u = lane / 4, rot = (u >> 1) & 3;
+#pragma unroll 2
+    for (int x = warp; x < (BN / 16) * (D / 32); x += 4) {
+        const int kh = x / (D / 32), col = (x % (D / 32)) * 32 + 4 * u, key = kh * 16 + 2 * t;
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w[k] = *reinterpret_cast<const uint32_t *>(st + sw8_offset(key + (k & 1) + (k >> 1) * 8, col, BN));
+            w[k] = __funnelshift_r(w[k], w[k], 8 * rot); // byte i: column col + (i + rot) % 4
+        }
+        const uint32_t x0 = __byte_perm(w[0], w[1], 0x5140), x1 = __byte_perm(w[0], w[1], 0x7362);
+        const uint32_t y0 = __byte_perm(w[2], w[3], 0x5140), y1 = __byte_perm(w[2], w[3], 0x7362);
+        const uint32_t o[4] = { __byte_perm(x0, y0, 0x5410), __byte_perm(x0, y0, 0x7632),
+                                __byte_perm(x1, y1, 0x5410), __byte_perm(x1, y1, 0x7632) };
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            *reinterpret_cast<uint32_t *>(vt + sw8_offset(col + ((i + rot) & 3), kh * 16 + 4 * t, D)) = o[i];
+    }
+}
+
+// Four floats rounded to e4m3 (nearest, saturating), the first in the low byte.
+__device__ __forceinline__ uint32_t pack4_e4m3(float a, float b, float c, float d)
+{
+    uint16_t lo, hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;\n" : "=h"(lo) : "f"(a), "f"(b));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;\n" : "=h"(hi) : "f"(c), "f"(d));
+    return (uint32_t)lo | ((uint32_t)hi << 16);
+}
+
+// P (the S accumulator's NS column tiles of 8) into fp8 A fragments of 32 keys each, in the
+// key order transpose_v gives V^T.
+template <int NS>
+__device__ __forceinline__ void to_a_e4m3(uint32_t (&a)[NS / 4][4], const float (&c)[1][NS][4])
+{
+#pragma unroll
+    for (int j = 0; j < NS / 4; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) { // keys 32 j + 16 h ..: rows g (e 0, 1) and g + 8 (e 2, 3)
+            const float(&l)[4] = c[0][4 * j + 2 * h], (&r)[4] = c[0][4 * j + 2 * h + 1];
+            a[j][2 * h] = pack4_e4m3(l[0], l[1], r[0], r[1]);
+            a[j][2 * h + 1] = pack4_e4m3(l[2], l[3], r[2], r[3]);
+        }
+}
+
+// The loading warpgroup: as load_tiles (forward_sm90.cuh) by row copies, with V(n) copied
+// into staging tile n % 2 and transposed into the V^T ring once K(n + 1) is on its way.
+template <int D, int BN, int NWG, int STAGES, int NQ>
+__device__ __forceinline__ void transpose_stage(kv_ring<STAGES, NQ> &ring, unsigned char *sVt,
+                                                const unsigned char *sVs, int j, int tid)
+{
+    constexpr int KV = BN * D;
+    named_barrier(NWG + 1, 128); // every loader's copies of V(j) have landed; tile j - 1 is transposed
+    if (j >= STAGES)
+        mbar_wait(&ring.empty_v[j % STAGES], (j / STAGES - 1) & 1);
+    transpose_v<BN, D>(sVt + (j % STAGES) * KV, sVs + (j % 2) * KV, tid);
+    fence_async_smem();
+    mbar_arrive(&ring.full_v[j % STAGES]);
+}
+
+template <int D, int BN, int NWG, int STAGES, int NQ>
+__device__ __forceinline__ void load_tiles_e4m3(const fa_cuda_params &p, int items, kv_ring<STAGES, NQ> &ring,
+                                                unsigned char *sQ, unsigned char *sK, unsigned char *sVt,
+                                                unsigned char *sVs, int tid)
+{
+    constexpr int BM = 64 * NWG, QB = BM * D, KV = BN * D;
+    int it = 0;
+    for (int k = 0;; k++) {
+        const int qb = k % NQ;
+        if (k >= NQ)
+            mbar_wait(&ring.q_empty[qb], (k / NQ - 1) & 1);
+        int x = own_item(k);
+        if (p.sched) {
+            if (tid == 0)
+                ring.item[qb] = next_item(p, items);
+            named_barrier(NWG + 1, 128);
+            x = ring.item[qb];
+        }
+        query_tile_t qt;
+        if (x < 0 || !query_tile<BM, BN, true>(p, qt, x) || qt.n_lo == qt.n_hi) {
+            mbar_arrive(&ring.q_full[qb]);
+            if (x < 0)
+                return;
+            continue;
+        }
+        const seq_t &s = qt.s;
+        load_tile_e4m3<BM, D>(sQ + qb * QB, (const uint8_t *)p.q.p + row_off(p.q, s, false, qt.blk.h, qt.r0),
+                              p.q.ss, s.sq - qt.r0, p.dim, p.aligned, tid);
+        cp_async_commit();
+        const uint8_t *gK = (const uint8_t *)p.k.p + row_off(p.k, s, true, qt.hk, 0);
+        const uint8_t *gV = (const uint8_t *)p.v.p + row_off(p.v, s, true, qt.hk, 0);
+        for (int n = qt.n_lo; n < qt.n_hi; n++, it++) {
+            const int st = it % STAGES, c = n * BN;
+            if (it >= STAGES)
+                mbar_wait(&ring.empty_k[st], (it / STAGES - 1) & 1);
+            load_tile_e4m3<BN, D>(sK + st * KV, gK + c * p.k.ss, p.k.ss, s.sk - c, p.dim, p.aligned, tid);
+            cp_async_commit();
+            cp_async_wait<1>(); // Q, or V(n-1), has landed
+            fence_async_smem();
+            if (n == qt.n_lo)
+                mbar_arrive(&ring.q_full[qb]);
+            else
+                transpose_stage<D, BN, NWG, STAGES, NQ>(ring, sVt, sVs, it - 1, tid);
+            load_tile_e4m3<BN, D>(sVs + (it % 2) * KV, gV + c * p.v.ss, p.v.ss, s.sk - c, p.dim, p.aligned, tid);
+            cp_async_commit();
+            cp_async_wait<1>(); // K(n) has landed
+            fence_async_smem();
+            mbar_arrive(&ring.full_k[st]);
+        }
+        cp_async_wait<0>();
+        transpose_stage<D, BN, NWG, STAGES, NQ>(ring, sVt, sVs, it - 1, tid);
+    }
+}
+
+// One consumer warpgroup on one query tile, as attend_rows (forward_sm90.cuh) in fp8; the rows
+// go out straight from the accumulators.
+template <int D, int BN, int NWG, int STAGES, int NQ>
+__device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const query_tile_t &qt,
+                                                 kv_ring<STAGES, NQ> &ring, unsigned char *sQ, unsigned char *sK,
+                                                 unsigned char *sVt, int wg, int it)
+{
+    constexpr int BM = 64 * NWG, KV = BN * D;
+    const seq_t &s = qt.s;
+    const int b = qt.blk.b, h = qt.blk.h, n_lo = qt.n_lo, n_hi = qt.n_hi;
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int wr0 = qt.r0 + wg * 64 + warp * 16; // this warp's first row
+    const uint32_t qa = smem_addr(sQ) + wg * 64 * 128, ka = smem_addr(sK), va = smem_addr(sVt);
+    // the factors of q and k folded into the scale in double (their product alone may pass float's range)
+    const double qk = (double)descale_at(p.q_ds, b, qt.hk) * descale_at(p.k_ds, b, qt.hk);
+    const float cap_in = (float)(p.cap_in * qk), scale_log2 = (float)(p.scale_log2 * qk);
+    sm90_rows<D, BN> r;
+    uint32_t pa[BN / 32][4];
+    init_rows(r);
+    float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(r.o);
+    float(&sf)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(r.sc);
+
+    for (int n = n_lo; n < n_hi; n++, it++) {
+        const int st = it % STAGES;
+        mbar_wait(&ring.full_k[st], (it / STAGES) & 1);
+        wgmma_fence();
+        wg_gemm_e4m3_ss<BN, D, BM, BN>(sf, qa, ka + st * KV);
+        if (n > n_lo) {
+            const int sp = (it - 1) % STAGES;
+            mbar_wait(&ring.full_v[sp], ((it - 1) / STAGES) & 1);
+            wg_gemm_e4m3_rs<D, BN, D>(of, pa, va + sp * KV);
+            wgmma_wait<1>();
+        } else {
+            wgmma_wait<0>();
+        }
+        reg_fence(sf);
+        if (lane == 0)
+            mbar_arrive(&ring.empty_k[st]);
+        float alpha[1][2];
+        softmax_step(p, qt.mk, r, wr0, (int64_t)n * BN, g, t, alpha, cap_in, scale_log2);
+        wgmma_wait<0>(); // P(n-1) V(n-1) done: o and pa are ours again
+        reg_fence(of);
+        reg_fence(pa);
+        if (n > n_lo && lane == 0)
+            mbar_arrive(&ring.empty_v[(it - 1) % STAGES]);
+        rescale(r.o, alpha);
+        if (p.dropout_p > 0.0f) // dropped to 0 here; the 1/(1-p) comes in float32 at the end
+            apply_dropout(p, r.sc, b, h, wr0 + g, (int64_t)n * BN + 2 * t);
+        to_a_e4m3<BN / 8>(pa, r.sc);
+    }
+    if (n_lo < n_hi) { // the last P V
+        const int sp = (it - 1) % STAGES;
+        mbar_wait(&ring.full_v[sp], ((it - 1) / STAGES) & 1);
+        wgmma_fence();
+        wg_gemm_e4m3_rs<D, BN, D>(of, pa, va + sp * KV);
+        wgmma_wait<0>();
+        reg_fence(of);
+        if (lane == 0)
+            mbar_arrive(&ring.empty_v[sp]);
+    }
+    const float vd = descale_at(p.v_ds, b, qt.hk); // after 1 / sum: their quotient may be subnormal
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const row_out_t out = softmax_out(r.m[0][hf], r.l[0][hf], p.dropout_scale);
+        const int i = wr0 + g + hf * 8;
+        if (p.lse && t == 0 && i < s.sq)
+            p.lse[lse_index(p, s, h, i)] = out.lse;
+        if (i >= s.sq)
+            continue;
+        const int64_t off = row_off(p.o, s, false, h, i);
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) {
+            const int x = dt * 8 + 2 * t;
+            const float lo = r.o[0][dt][2 * hf] * out.inv * vd, hi = r.o[0][dt][2 * hf + 1] * out.inv * vd;
+            if (p.o_vec && x < p.dim) { // bf16 rows 16-byte aligned, dim % 8 == 0
+                *reinterpret_cast<uint32_t *>((__nv_bfloat16 *)p.o.p + off + x) = pack2<__nv_bfloat16>(lo, hi);
+            } else {
+                if (x < p.dim)
+                    store<__nv_bfloat16>(p.o, off + x, lo);
+                if (x + 1 < p.dim)
+                    store<__nv_bfloat16>(p.o, off + x + 1, hi);
+            }
+        }
+    }
+}
+
+template <int D, int BN_, int NWG_, int STAGES_, int NQ_> struct sm90_e4m3_mainloop {
+    static constexpr int BN = BN_, NWG = NWG_, STAGES = STAGES_, NQ = NQ_, BM = 64 * NWG;
+    using L = e4m3_smem<BM, BN, D, STAGES, NQ>;
+    static constexpr size_t smem = L::bytes;
+    static_assert(D % 128 == 0 && BN % 32 == 0 && (BN * D) % 1024 == 0, "tiles of whole 128-byte swizzle blocks");
+    static_assert(L::bytes + sizeof(kv_ring<STAGES, NQ>) <= 232448, "within Hopper's 227 KiB a block");
+    static __device__ __forceinline__ void load(const fa_cuda_params &p, int items, kv_ring<STAGES, NQ> &ring,
+                                                unsigned char *sQ, int tid)
+    {
+        unsigned char *sK = sQ + NQ * L::q, *sVt = sK + STAGES * L::kv;
+        load_tiles_e4m3<D, BN, NWG, STAGES, NQ>(p, items, ring, sQ, sK, sVt, sVt + STAGES * L::kv, tid);
+    }
+    static __device__ __forceinline__ void attend(const fa_cuda_params &p, const query_tile_t &qt,
+                                                  kv_ring<STAGES, NQ> &ring, unsigned char *sQ, int qb, int wg,
+                                                  int it)
+    {
+        unsigned char *sK = sQ + NQ * L::q;
+        attend_rows_e4m3<D, BN, NWG, STAGES, NQ>(p, qt, ring, sQ + qb * L::q, sK, sK + STAGES * L::kv, wg, it);
+    }
+};
+
+} // namespace fa
