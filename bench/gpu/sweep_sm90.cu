@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
-// Tile sweep for the Hopper forward (keys per step x consumer warpgroups x K/V stages), on
-// FlashAttention's benchmark shapes (batch * seq = 16k, hidden 2048, bf16, BSHD), beside the
-// mma.sync forward. Each variant's output is compared with the mma.sync kernel's.
+// Tile sweep for the Hopper forward (keys per step x consumer warpgroups x K/V stages; a block
+// per query tile, K/V by row copies), on FlashAttention's benchmark shapes (batch * seq = 16k,
+// hidden 2048, bf16, BSHD), beside the mma.sync forward. Each variant's output is compared
+// with the mma.sync kernel's.
 // Build and run on an sm_90 machine:
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude \
 //        bench/gpu/sweep_sm90.cu -o sweep_sm90 && ./sweep_sm90
@@ -85,14 +86,14 @@ int main(int argc, char **argv)
     printf("seed %u, reps %d (median)\n", seed, reps);
     const variant vs[] = {
         { "mma.sync 128x64 8w", 64, fa::launch<bf16, 64, 128, 64, 8> },
-        { "ws bn128 wg2 s2", 64, fa::launch_sm90_ws<bf16, 64, 128, 2, 2> },
-        { "ws bn128 wg2 s3", 64, fa::launch_sm90_ws<bf16, 64, 128, 2, 3> },
-        { "ws bn128 wg2 s4", 64, fa::launch_sm90_ws<bf16, 64, 128, 2, 4> },
-        { "ws bn64 wg3 s3", 64, fa::launch_sm90_ws<bf16, 64, 64, 3, 3> },
+        { "ws bn128 wg2 s2", 64, fa::launch_sm90_ws<bf16, 64, 128, 2, 2, 1> },
+        { "ws bn128 wg2 s3", 64, fa::launch_sm90_ws<bf16, 64, 128, 2, 3, 1> },
+        { "ws bn128 wg2 s4", 64, fa::launch_sm90_ws<bf16, 64, 128, 2, 4, 1> },
+        { "ws bn64 wg3 s3", 64, fa::launch_sm90_ws<bf16, 64, 64, 3, 3, 1> },
         { "mma.sync 128x64 8w", 128, fa::launch<bf16, 128, 128, 64, 8> },
-        { "ws bn128 wg2 s2", 128, fa::launch_sm90_ws<bf16, 128, 128, 2, 2> },
-        { "ws bn128 wg2 s3", 128, fa::launch_sm90_ws<bf16, 128, 128, 2, 3> },
-        { "ws bn64 wg2 s3", 128, fa::launch_sm90_ws<bf16, 128, 64, 2, 3> },
+        { "ws bn128 wg2 s2", 128, fa::launch_sm90_ws<bf16, 128, 128, 2, 2, 1> },
+        { "ws bn128 wg2 s3", 128, fa::launch_sm90_ws<bf16, 128, 128, 2, 3, 1> },
+        { "ws bn64 wg2 s3", 128, fa::launch_sm90_ws<bf16, 128, 64, 2, 3, 1> },
     };
     const int seqs[] = { 1024, 4096, 16384 };
     const size_t total = 16384 * 2048; // batch * seq * hidden
