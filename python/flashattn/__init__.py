@@ -158,12 +158,19 @@ def _trivial(q, k, out_shape, lse_shape, return_lse, zeros_like):
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                    softcap=0.0, return_lse=False, deterministic=True, seed=0):
+                    softcap=0.0, return_lse=False, deterministic=True, seed=0, q_descale=None, k_descale=None,
+                    v_descale=None):
     """Attention over [batch, seqlen, heads, head_dim] tensors (k and v may have fewer heads:
     GQA / MQA). causal is bottom-right aligned when seqlen_q != seqlen_k. Returns out, or
     (out, lse) with lse float32 [batch, heads, seqlen_q] (natural log). torch tensors go
     through torch.ops.flashattn.fwd: differentiable (fa_backward) and traceable by
-    torch.compile."""
+    torch.compile. float8_e4m3fn q, k, v (torch, or numpy through ml_dtypes) take
+    FlashAttention-3's q_descale, k_descale, v_descale (float32 [batch, num_heads_kv], None
+    for 1) and give a bfloat16 out, forward only."""
+    if _is_fp8(q) or q_descale is not None or k_descale is not None or v_descale is not None:
+        scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap, deterministic)
+        return _fp8_forward(q, k, v, None, None, 0, 0, (q_descale, k_descale, v_descale), scale, wl, wr, causal,
+                            softcap, dropout_p, _int("seed", seed, 0, 2 ** 64 - 1), return_lse)
     if _is_torch(q) and _torch():
         return _torch().flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                                         return_lse, deterministic, seed)
@@ -190,6 +197,37 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     return (out, lse) if return_lse else out
 
 
+def _is_fp8(x):
+    """Whether x holds float8_e4m3fn elements (torch, or numpy through ml_dtypes)."""
+    return str(getattr(x, "dtype", "")).endswith("float8_e4m3fn")
+
+
+def _fp8_forward(q, k, v, cu_q, cu_k, max_q, max_k, descales, scale, wl, wr, causal, softcap, dropout_p, seed,
+                 return_lse):
+    """fp8 (e4m3) q, k, v with FlashAttention-3's descale factors: out bfloat16, outside the
+    torch ops (fp8 has no backward). Elements go in as their bits (uint8 views)."""
+    varlen = cu_q is not None
+    if getattr(q, "ndim", None) != (3 if varlen else 4):
+        raise ValueError("flashattn: q must be [total_q, heads, head_dim] for varlen calls" if varlen else
+                         "flashattn: q must be [batch, seqlen, heads, head_dim]")
+    lse_shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+    if _is_torch(q):
+        import torch
+        out = torch.zeros(tuple(q.shape), dtype=torch.bfloat16, device=q.device)
+        lse = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device) if return_lse else None
+        bits, obits = (lambda x: x.view(torch.uint8) if _is_fp8(x) else x), out
+    else:
+        import ml_dtypes
+        import numpy as np
+        out = np.zeros(tuple(q.shape), dtype=ml_dtypes.bfloat16)
+        lse = np.full(lse_shape, -np.inf, dtype=np.float32) if return_lse else None
+        bits, obits = (lambda x: x.view(np.uint8) if _is_fp8(x) else _bf16_numpy(x)[0]), out.view(np.uint16)
+    if not (0 in tuple(q.shape) or (not varlen and getattr(k, "ndim", 0) == 4 and k.shape[1] == 0)):
+        _C.forward_fp8(bits(q), bits(k), bits(v), obits, lse, cu_q, cu_k, max_q, max_k, *descales, scale,
+                       bool(causal), wl, wr, float(softcap), float(dropout_p), seed, _stream(q))
+    return (out, lse) if return_lse else out
+
+
 def _zeros(shape, like, float32=False):
     if _is_torch(like):
         import torch
@@ -200,11 +238,18 @@ def _zeros(shape, like, float32=False):
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           return_lse=False, deterministic=True, seed=0):
+                           return_lse=False, deterministic=True, seed=0, q_descale=None, k_descale=None,
+                           v_descale=None):
     """Attention over packed sequences: q [total_q, heads, head_dim], k and v [total_k,
     kv_heads, head_dim], sequence b's rows cu_seqlens[b] .. cu_seqlens[b + 1] (int32, on the
     CPU on every device); max_seqlen_* are Python ints. Returns out, or (out, lse) with lse
-    float32 [heads, total_q]. torch tensors go through torch.ops.flashattn.varlen_fwd."""
+    float32 [heads, total_q]. torch tensors go through torch.ops.flashattn.varlen_fwd. fp8
+    inputs as flash_attn_func's, descale factors [num_sequences, num_heads_kv]."""
+    if _is_fp8(q) or q_descale is not None or k_descale is not None or v_descale is not None:
+        scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap, deterministic)
+        return _fp8_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, _int("max_seqlen_q", max_seqlen_q, 0, 2 ** 31 - 1),
+                            _int("max_seqlen_k", max_seqlen_k, 0, 2 ** 31 - 1), (q_descale, k_descale, v_descale),
+                            scale, wl, wr, causal, softcap, dropout_p, _int("seed", seed, 0, 2 ** 64 - 1), return_lse)
     if _is_torch(q) and _torch():
         return _torch().flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                dropout_p, softmax_scale, causal, window_size, softcap, return_lse,

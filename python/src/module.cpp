@@ -109,6 +109,8 @@ template <typename A> fa_dtype dtype_of(const A &a, const char *name, bool bf16_
         return FA_DTYPE_BF16;
     if (bf16_bits && t.code == (uint8_t)nb::dlpack::dtype_code::UInt && t.bits == 16 && t.lanes == 1)
         return FA_DTYPE_BF16; // a numpy bfloat16 (ml_dtypes) array's bits
+    if (bf16_bits && t.code == (uint8_t)nb::dlpack::dtype_code::UInt && t.bits == 8 && t.lanes == 1)
+        return FA_DTYPE_E4M3; // a float8_e4m3fn array's bits (numpy ml_dtypes or torch), viewed as uint8
     bad(std::string("flashattn: ") + name + " must be float32, float16 or bfloat16 (got another dtype)");
 }
 
@@ -259,6 +261,40 @@ void forward(in_array q, in_array k, in_array v, array o, std::optional<array> l
     dense_call c;
     describe(c, q, k, v, o, lse ? &*lse : nullptr, cu_q, cu_k, max_q, max_k, scale, causal, window_left,
              window_right, softcap, dropout_p, seed, offset, bf16_bits);
+    run_on(q, stream, [&](fa_context_t ctx) { return fa_forward(ctx, &c.d); });
+}
+
+// fa_forward on fp8 (e4m3) q, k, v (their bits as uint8) into o (bf16 bits as uint16, or
+// float32), with FlashAttention-3's descale factors: float32 [batch, num_heads_kv] each (varlen:
+// batch = sequences), any strides (an expanded scalar is one factor for all), None for 1.
+void forward_fp8(in_array q, in_array k, in_array v, array o, std::optional<array> lse, std::optional<in_array> cu_q,
+                 std::optional<in_array> cu_k, int max_q, int max_k, std::optional<in_array> q_descale,
+                 std::optional<in_array> k_descale, std::optional<in_array> v_descale, float scale, bool causal,
+                 int window_left, int window_right, float softcap, float dropout_p, uint64_t seed, uintptr_t stream)
+{
+    dense_call c;
+    describe(c, q, k, v, o, lse ? &*lse : nullptr, cu_q, cu_k, max_q, max_k, scale, causal, window_left,
+             window_right, softcap, dropout_p, seed, 0, true);
+    if (c.d.q.dtype != FA_DTYPE_E4M3)
+        bad("flashattn: q_descale, k_descale and v_descale are for float8_e4m3fn inputs");
+    const struct {
+        const std::optional<in_array> &a;
+        const char *name;
+        fa_descale *out;
+    } ds[] = { { q_descale, "q_descale", &c.d.q_descale },
+               { k_descale, "k_descale", &c.d.k_descale },
+               { v_descale, "v_descale", &c.d.v_descale } };
+    for (const auto &x : ds) {
+        if (!x.a)
+            continue;
+        const in_array &a = *x.a;
+        same_device(q, a, x.name);
+        if (a.dtype() != nb::dtype<float>() || a.ndim() != 2 || a.shape(0) != (size_t)c.d.batch ||
+            a.shape(1) != (size_t)c.d.num_heads_kv)
+            bad(std::string("flashattn: ") + x.name + " must be float32 [batch, num_heads_kv] ([" +
+                std::to_string(c.d.batch) + ", " + std::to_string(c.d.num_heads_kv) + "] here)");
+        *x.out = fa_descale{ (const float *)a.data(), a.stride(0), a.stride(1) };
+    }
     run_on(q, stream, [&](fa_context_t ctx) { return fa_forward(ctx, &c.d); });
 }
 
@@ -584,6 +620,11 @@ NB_MODULE(_C, m)
           nb::arg("max_seqlen_k"), nb::arg("scale"), nb::arg("causal"), nb::arg("window_left"),
           nb::arg("window_right"), nb::arg("softcap"), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"),
           nb::arg("stream"), nb::arg("bf16_bits"));
+    m.def("forward_fp8", &forward_fp8, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+          nb::arg("lse").none(), nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(),
+          nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("q_descale").none(), nb::arg("k_descale").none(),
+          nb::arg("v_descale").none(), nb::arg("scale"), nb::arg("causal"), nb::arg("window_left"),
+          nb::arg("window_right"), nb::arg("softcap"), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("stream"));
     m.def("paged_forward", &paged_forward, nb::arg("q"), nb::arg("out"), nb::arg("k_cache"), nb::arg("v_cache"),
           nb::arg("block_table"), nb::arg("cu_seqlens_q"), nb::arg("cache_seqlens"), nb::arg("k").none(),
           nb::arg("v").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rope"),

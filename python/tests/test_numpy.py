@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """flashattn from numpy on the CPU against a float64 reference: odd shapes, GQA, masks,
-softcap, lse, 16-bit inputs, strided views, varlen, and bad input raising ValueError."""
+softcap, lse, 16-bit and fp8 inputs, strided views, varlen, and bad input raising ValueError."""
 import os
 
 import numpy as np
@@ -152,6 +152,40 @@ def test_bad_input():
     with pytest.raises(ValueError, match="cu_seqlens"):
         cu = np.array([0, 8], dtype=np.int64)
         flashattn.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_fp8(varlen):
+    """float8_e4m3fn inputs (ml_dtypes) with FlashAttention-3's descale factors, one per (batch,
+    kv head): bfloat16 out and float32 lse against float64 of the exact fp8 values times their
+    factors; the CPU multiplies those values exactly, so out is off by its bf16 rounding."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(SEED + 40)
+    b, sq, sk, hq, hk, d = 2, 19, 37, 6, 2, 64
+    q, k, v = (rand(rng, b, s, h, d).astype(ml_dtypes.float8_e4m3fn) for s, h in ((sq, hq), (sk, hk), (sk, hk)))
+    ds = [rng.uniform(0.5, 2.0, (b, hk)).astype(np.float32) for _ in range(3)]
+    wide = [x.astype(np.float64) * f.astype(np.float64)[:, None, :, None]
+            for x, f in zip((q, k, v), (np.repeat(ds[0], hq // hk, axis=1), ds[1], ds[2]))]
+    ro, rl = reference(*wide, causal=True)
+    if varlen:
+        cu_q, cu_k = (np.array([0, s, 2 * s], dtype=np.int32) for s in (sq, sk))
+        o, lse = flashattn.flash_attn_varlen_func(q.reshape(b * sq, hq, d), k.reshape(b * sk, hk, d),
+                                                  v.reshape(b * sk, hk, d), cu_q, cu_k, sq, sk, causal=True,
+                                                  return_lse=True, q_descale=ds[0], k_descale=ds[1], v_descale=ds[2])
+        o, lse = o.reshape(b, sq, hq, d), lse.reshape(hq, b, sq).transpose(1, 0, 2)
+    else:
+        o, lse = flashattn.flash_attn_func(q, k, v, causal=True, return_lse=True, q_descale=ds[0],
+                                           k_descale=ds[1], v_descale=ds[2])
+    assert o.dtype == ml_dtypes.bfloat16 and o.shape == q.shape
+    assert np.max(np.abs(o.astype(np.float64) - ro)) <= 2 ** -8 * np.max(np.abs(ro)) + 1e-6
+    assert np.max(np.abs(lse - rl)) < 1e-4
+    with pytest.raises(ValueError, match=r"q_descale must be float32 \[batch, num_heads_kv\]"):
+        flashattn.flash_attn_func(q, k, v, q_descale=ds[0][:1])
+    with pytest.raises(ValueError, match="float8_e4m3fn inputs"):
+        x = rand(rng, b, sq, hk, d)
+        flashattn.flash_attn_func(x, x, x, k_descale=ds[1])
+    with pytest.raises(ValueError, match="k.dtype"):
+        flashattn.flash_attn_func(q, k.astype(np.float32), v)
 
 
 def test_threads():

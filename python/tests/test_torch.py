@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: MIT
 """flashattn from torch on the CPU: forward and gradients against a float64 reference and
-against torch's SDPA (GQA, causal, windows, softcap, varlen, strided views, 16-bit),
-deterministic gradients, torch.library.opcheck on every op, torch.compile(fullgraph=True)
-of a small attention module and of a KV-cache decode step, PagedPlan on torch tensors, and
-bad input raising ValueError. Skipped where torch is not installed."""
+against torch's SDPA (GQA, causal, windows, softcap, varlen, strided views, 16-bit), fp8
+inputs with descale factors, deterministic gradients, torch.library.opcheck on every op,
+torch.compile(fullgraph=True) of a small attention module and of a KV-cache decode step,
+PagedPlan on torch tensors, and bad input raising ValueError. Skipped where torch is not
+installed."""
 import os
 
 import pytest
@@ -227,6 +228,26 @@ def test_bad_input():
         flashattn.flash_attn_with_kvcache(q, q, q, k=q)
     with pytest.raises(ValueError, match="cache_batch_idx"):
         flashattn.flash_attn_with_kvcache(q, q, q, cache_batch_idx=torch.tensor([0.5]))
+
+
+def test_fp8():
+    """torch.float8_e4m3fn inputs with descale factors [batch, num_heads_kv] (one expanded from a
+    scalar): bfloat16 out against float64 of the exact fp8 values times their factors."""
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("this torch has no float8_e4m3fn")
+    gen = torch.Generator().manual_seed(SEED + 30)
+    b, sq, sk, hq, hk, d = 2, 9, 40, 4, 2, 32
+    q, k, v = (rand(gen, b, s, h, d).to(torch.float8_e4m3fn) for s, h in ((sq, hq), (sk, hk), (sk, hk)))
+    qd = torch.rand(b, hk, generator=gen) + 0.5
+    kd = torch.tensor(0.75).expand(b, hk)
+    vd = torch.rand(b, hk, generator=gen) + 0.5
+    out = flashattn.flash_attn_func(q, k, v, causal=True, q_descale=qd, k_descale=kd, v_descale=vd)
+    wq = q.double() * qd.double().repeat_interleave(hq // hk, dim=1)[:, None, :, None]
+    ref = standard(wq, k.double() * 0.75, v.double() * vd.double()[:, None, :, None], causal=True)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    assert err(out, ref) <= 2 ** -8 * ref.abs().max().item() + 1e-6
+    with pytest.raises(ValueError, match="v_descale"):
+        flashattn.flash_attn_func(q, k, v, v_descale=vd.double())
 
 
 def test_seed_range():
