@@ -68,7 +68,12 @@ typedef struct fa_cuda_pages {
      * [page][token][head][dim] boxes of tma_rows tokens x 64 columns (a key tile's whole pages
      * copied by TMA) */
     int32_t tma_rows;
-    fa_cuda_tmap tk, tv;
+    /* flat_rows > 0 (the key tile's rows; pages smaller than the tile) where each page's rows
+     * continue into the next page's in memory (page stride = size x token stride): fk / fv map
+     * the pools as [page * size + token][head][dim], so a tile whose pages are consecutive ids
+     * takes one box a 64-column block instead of one a page */
+    int32_t flat_rows;
+    fa_cuda_tmap tk, tv, fk, fv;
 } fa_cuda_pages;
 
 /* fp8 inputs: the descale factor of (sequence b, kv head g) at p[b * sb + g * sh]; p NULL: 1. */

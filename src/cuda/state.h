@@ -59,7 +59,8 @@ void *fa_cuda_tma_encoder(void);
  * a Hopper kernel's TMA loader with key tiles of `keys` rows: boxes of the tile where pages
  * hold whole tiles, of the page where tiles hold whole pages of 8 or more rows, 128-byte
  * swizzled, 64 columns, columns past dim and pages past the pool read as zeros. Sets k->pg.tk,
- * tv and tma_rows and returns 1; 0 (k->pg left as it was: the loader copies rows) where the
+ * tv and tma_rows (and fk, fv and flat_rows where the pages are smaller than the tile and follow
+ * one another in memory) and returns 1; 0 (k->pg left as it was: the loader copies rows) where the
  * page size suits no box, there is no encoder or it refuses (pools or strides off 16 bytes). */
 int fa_cuda_tma_paged(void *encoder, fa_cuda_params *k, int bf16, int32_t keys);
 

@@ -4,6 +4,7 @@
 #include "state.h"
 
 #include <cuda.h>
+#include <stdint.h>
 #include <string.h>
 
 typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
@@ -77,10 +78,48 @@ static int pool_maps(void *encoder, fa_cuda_params *k, int bf16, int32_t size, i
     return 1;
 }
 
+/* *map over a pool as rows [1][head][page * size + token][dim] (element strides per token and
+ * per head; the outer dimension of one keeps the kernel's copies 4-D, as pool_map's): boxes of
+ * `rows` rows x 64 columns. 0 where the encoder refuses. */
+static int flat_map(void *encoder, fa_cuda_tmap *map, const void *pool, int bf16, int32_t dim, int64_t pool_rows,
+                    int32_t heads, int64_t stride_token, int64_t stride_head, int32_t rows)
+{
+    const cuuint64_t extent[4] = { (cuuint64_t)dim, (cuuint64_t)pool_rows, (cuuint64_t)heads, 1 };
+    const cuuint64_t stride[3] = { (cuuint64_t)stride_token * 2, (cuuint64_t)stride_head * 2,
+                                   (cuuint64_t)stride_token * 2 };
+    const cuuint32_t box[4] = { 64, (cuuint32_t)rows, 1, 1 }, step[4] = { 1, 1, 1, 1 };
+    CUtensorMap m;
+    memset(&m, 0, sizeof(m));
+    const CUresult r = ((encode_tiled_fn)encoder)(
+        &m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, (void *)pool, extent,
+        stride, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return 0;
+    memcpy(map, &m, sizeof(m));
+    return 1;
+}
+
 int fa_cuda_tma_paged(void *encoder, fa_cuda_params *k, int bf16, int32_t keys)
 {
-    const fa_cuda_pages *g = &k->pg;
-    return pool_maps(encoder, k, bf16, g->size, g->num, g->k_sp, g->k_st, g->v_sp, g->v_st, tma_rows(g->size, keys));
+    fa_cuda_pages *g = &k->pg;
+    g->flat_rows = 0;
+    const int32_t rows = tma_rows(g->size, keys);
+    if (!pool_maps(encoder, k, bf16, g->size, g->num, g->k_sp, g->k_st, g->v_sp, g->v_st, rows))
+        return 0;
+    /* a tile's rows past the pool read as zeros, as its pages past the pool do, and a run's
+     * first row plus the tile stays an int32 coordinate */
+    const int64_t pool_rows = (int64_t)g->num * g->size;
+    fa_cuda_tmap fk, fv;
+    if (rows < keys && g->k_sp == g->size * g->k_st && g->v_sp == g->size * g->v_st &&
+        pool_rows + keys <= INT32_MAX &&
+        flat_map(encoder, &fk, k->k.p, bf16, k->dim, pool_rows, k->heads_kv, g->k_st, k->k.sh, keys) &&
+        flat_map(encoder, &fv, k->v.p, bf16, k->dim, pool_rows, k->heads_kv, g->v_st, k->v.sh, keys)) {
+        g->fk = fk;
+        g->fv = fv;
+        g->flat_rows = keys;
+    }
+    return 1;
 }
 
 int fa_cuda_tma_dense(void *encoder, fa_cuda_params *k, int bf16, int32_t rows)
@@ -88,6 +127,7 @@ int fa_cuda_tma_dense(void *encoder, fa_cuda_params *k, int bf16, int32_t rows)
     if (k->cu_q || k->cu_k || k->seqlen_k <= 0 ||
         !pool_maps(encoder, k, bf16, k->seqlen_k, k->batch, k->k.sb, k->k.ss, k->v.sb, k->v.ss, rows))
         return 0;
+    k->pg.flat_rows = 0;
     k->pg.size = k->seqlen_k; /* a key's slot in its "page" is the key */
     k->pg.shift = -1;
     return 1;

@@ -417,19 +417,30 @@ template <int NWG> struct consumer_regs {
 // Paged keys by TMA (g.tma_rows = R, R | BN or BN | page size; the Hopper forward and decode
 // kernels): the key tile from key c is BN / R pieces of R rows of one page each. Lane j of the
 // loader's first warp reads the page of piece j / (D / 64) (-1 for other threads and pieces
-// past the sequence), before the ring slot is free, so the table read overlaps the wait.
+// past the sequence), before the ring slot is free, so the table read overlaps the wait. Where
+// the pool's pages follow one another in memory (g.flat_rows == BN) and the tile is whole
+// pages of consecutive ids (the first in the pool), every lane of the warp gets -2 - that
+// first id instead: load_tile_tma then copies the tile as one box a column block from the
+// flat map. Every thread of the warp calls it.
 template <int BN, int D>
 __device__ __forceinline__ int tma_piece_page(const fa_cuda_pages &g, int b, int c, int sk, int tid)
 {
-    const int j = (tid / (D / 64)) * g.tma_rows;
-    return tid < (BN / g.tma_rows) * (D / 64) && c + j < sk ? page_entry(g, b, c + j) : -1;
+    constexpr int CB = D / 64;
+    const int pieces = (BN / g.tma_rows) * CB, j = tid / CB;
+    const int page = tid < pieces && c + j * g.tma_rows < sk ? page_entry(g, b, c + j * g.tma_rows) : -1;
+    if (g.flat_rows != BN || c + BN > sk)
+        return page;
+    const int first = __shfl_sync(0xffffffffu, page, 0);
+    const bool run = page_ok(g, first) && __all_sync(0xffffffffu, tid >= pieces || page == first + j);
+    return run ? -2 - first : page;
 }
 
 // The tile's pieces that lie wholly below the sequence's valid keys as TMA boxes counted on
 // bar (lane j issues box j: piece j / (D / 64), column block j % (D / 64); a page id past the
 // pool reads as zeros), the rest (a last page the sequence fills in part, then zeros) by
-// cp.async from the rows' own pages; returns whether there was such a rest. Swizzled tile
-// layout as load_tile_sw's.
+// cp.async from the rows' own pages; returns whether there was such a rest. A tile of
+// consecutive pages (page < -1 from tma_piece_page) is one box a column block from the flat
+// map of the same pool (g.fk for map g.tk, else g.fv). Swizzled tile layout as load_tile_sw's.
 template <typename T, int BN, int D>
 __device__ __forceinline__ bool load_tile_tma(unsigned char *s, const fa_cuda_tmap *map, const fa_cuda_pages &g,
                                               int page, int b, int hk, const T *pool, int64_t sp, int64_t st,
@@ -442,9 +453,11 @@ __device__ __forceinline__ bool load_tile_tma(unsigned char *s, const fa_cuda_tm
         if (tid == 0 && whole)
             mbar_expect_tx(bar, whole * CB * R * 128);
         __syncwarp();
-        if (tid < whole * CB) {
+        const bool run = page < -1; // one box a column block: piece 0's, from the flat map
+        if (tid < (run ? CB : whole * CB)) {
             const int piece = tid / CB, cb = tid % CB, key = c + piece * R;
-            tma_load_4d(s + (cb * BN + piece * R) * 128, map, cb * 64, slot_in_page(g, key), hk, page, bar);
+            tma_load_4d(s + (cb * BN + piece * R) * 128, run ? (map == &g.tk ? &g.fk : &g.fv) : map, cb * 64,
+                        run ? (-2 - page) * g.size : slot_in_page(g, key), hk, run ? 0 : page, bar);
         }
     }
     if (whole * R == BN)

@@ -31,9 +31,9 @@ static const char *dtype_name(fa_dtype t) { return t == FA_DTYPE_F32 ? "f32" : t
 void fa_paged_case_format(const fa_paged_case *c, char *buf, size_t cap)
 {
     static const char *lay[] = { "nhd", "hnd", "combined" }, *rope[] = { "", " rope-neox", " rope-interleaved" };
-    size_t n = (size_t)snprintf(buf, cap, "paged %s%s b%d hq%d hkv%d d%d page%d %s q/cached", dtype_name(c->dtype),
+    size_t n = (size_t)snprintf(buf, cap, "paged %s%s b%d hq%d hkv%d d%d page%d%s %s q/cached", dtype_name(c->dtype),
                                 c->o_f32 ? "->f32" : "", (int)c->batch, (int)c->heads_q, (int)c->heads_kv,
-                                (int)c->head_dim, (int)c->page_size, lay[c->layout]);
+                                (int)c->head_dim, (int)c->page_size, c->runs ? " runs" : "", lay[c->layout]);
     for (int32_t b = 0; b < c->batch && n < cap; b++)
         n += (size_t)snprintf(buf + n, cap - n, " %d/%d", (int)c->q_lens[b], (int)c->cache_lens[b]);
     if (n < cap)
@@ -131,13 +131,36 @@ static int build(const fa_paged_case *c, built *bl)
         free(perm);
         return -1;
     }
-    /* pages in shuffled order: no sequence's pages are contiguous or ascending */
-    for (int32_t i = 0; i < num_pages; i++)
-        perm[i] = i;
-    for (int32_t i = num_pages - 1; i > 0; i--) {
+    /* pages in shuffled order: no sequence's pages are contiguous or ascending; or (runs) the
+     * ids cut into runs of 1-24 consecutive ones, the runs shuffled, so that a sequence's key
+     * tiles lie in one run, across two, or on single pages */
+    int32_t nruns = 0;
+    for (int32_t i = 0; i < num_pages; nruns++) { /* perm[r]: run r's first id */
+        const int32_t len = c->runs ? 1 + (int32_t)(fa_rng_next(&rng) % 24) : 1;
+        perm[nruns] = i;
+        i += len < num_pages - i ? len : num_pages - i;
+    }
+    for (int32_t i = nruns - 1; i > 0; i--) {
         int32_t j = (int32_t)(fa_rng_next(&rng) % (uint64_t)(i + 1)), t = perm[i];
         perm[i] = perm[j];
         perm[j] = t;
+    }
+    if (c->runs) { /* the runs' ids in their shuffled order (a run ends where an id starts one) */
+        char *starts = calloc((size_t)num_pages + 1, 1);
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)num_pages);
+        if (!starts || !ids) {
+            free(starts), free(ids), free(perm);
+            return -1;
+        }
+        for (int32_t r = 0; r < nruns; r++)
+            starts[perm[r]] = 1;
+        starts[num_pages] = 1;
+        for (int32_t r = 0, at = 0; r < nruns; r++)
+            for (int32_t id = perm[r]; id == perm[r] || !starts[id]; id++)
+                ids[at++] = id;
+        free(starts);
+        free(perm);
+        perm = ids;
     }
     for (int64_t i = 0; i < bt_row * c->batch; i++)
         bt[i] = -1;
@@ -742,6 +765,7 @@ int fa_paged_grid_build(int level, uint64_t seed, fa_paged_case *out, int cap)
         c.rope_dim = c.rope != FA_ROPE_NONE && (i % 2) && c.head_dim >= 16 ? c.head_dim / 2 : 0;
         c.positions = c.rope != FA_ROPE_NONE && i % 6 == 1;
         c.layout = (fa_paged_layout)(i % 3);
+        c.runs = (i / 3) % 2;
         c.causal = i % 2 == 0;
         c.window_left = i % 9 == 4 ? 20 : -1;
         c.window_right = c.causal ? -1 : (i % 9 == 5 ? 3 : -1);
@@ -766,6 +790,25 @@ int fa_paged_grid_build(int level, uint64_t seed, fa_paged_case *out, int cap)
         c.cache_lens[0] = 70000; /* splits of 2048 keys */
         c.cache_lens[1] = 140000; /* 4096 */
         c.append = 1;
+        c.causal = 1;
+        c.window_left = c.window_right = -1;
+        c.with_lse = 1;
+        out[n++] = c;
+    }
+    if (n < cap) { /* chunked prefill over runs of pages: key tiles on consecutive pages and not */
+        fa_paged_case c;
+        memset(&c, 0, sizeof(c));
+        c.seed = fa_rng_next(&rng);
+        c.dtype = FA_DTYPE_BF16;
+        c.page_size = 16;
+        c.head_dim = 128;
+        c.heads_kv = 2;
+        c.heads_q = 8;
+        c.batch = 3;
+        c.q_lens[0] = 40, c.q_lens[1] = 1, c.q_lens[2] = 130;
+        c.cache_lens[0] = 1000, c.cache_lens[1] = 700, c.cache_lens[2] = 300;
+        c.append = 1;
+        c.runs = 1;
         c.causal = 1;
         c.window_left = c.window_right = -1;
         c.with_lse = 1;

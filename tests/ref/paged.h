@@ -27,6 +27,7 @@ typedef struct fa_paged_case {
     int32_t rope_dim;
     int positions; /* give explicit positions (shuffled) instead of the implied ones */
     fa_paged_layout layout;
+    int runs; /* pages handed out in runs of consecutive ids (an allocator's), not shuffled one by one */
     int32_t causal, window_left, window_right;
     float softcap;
     int sinks, with_lse;
