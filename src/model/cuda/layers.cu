@@ -9,7 +9,7 @@
 
 namespace {
 
-constexpr int kNormThreads = 1024; // a decode step's one row: few loads a thread
+constexpr int kNormThreads = 256; // a row's threads: 8 blocks a multiprocessor at prefill
 constexpr int kSampleThreads = 1024;
 
 __device__ float warp_sum(float v)
@@ -41,34 +41,82 @@ __global__ void embed_kernel(float *x, const __nv_bfloat16 *emb, const int32_t *
         x[(size_t)t * dim + j] = __bfloat162float(row[j]);
 }
 
-// out[r] = g * (x[row] / sqrt(mean(x[row]^2) + eps)), row = rows ? rows[r] : r
-__global__ void rmsnorm_kernel(__nv_bfloat16 *out, const float *x, const int32_t *rows, const float *g, int dim,
-                               float eps)
+// out[r] = g * (x[row] / sqrt(mean(x[row]^2) + eps)), row = rows ? rows[r] : r. A row a block
+// of kNormThreads whatever the number of rows, so a row's sum has one order alone or in any
+// batch. V: the row held in registers as up to V float4 a thread (dim % 4 == 0 and dim <=
+// 4 V kNormThreads), read once and written as bf16 quads; V = 0: any dim, element by element.
+template <int V>
+__global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(__nv_bfloat16 *out, const float *x,
+                                                               const int32_t *rows, const float *g, int dim,
+                                                               float eps)
 {
     __shared__ float smem[32];
-    const int r = blockIdx.x;
+    const int r = blockIdx.x, tid = threadIdx.x;
     const float *xr = x + (size_t)(rows ? rows[r] : r) * dim;
+    __nv_bfloat16 *orow = out + (size_t)r * dim;
     float ss = 0.0f;
-    for (int j = threadIdx.x; j < dim; j += kNormThreads)
-        ss += xr[j] * xr[j];
-    ss = block_sum<kNormThreads>(ss, smem);
-    const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-    for (int j = threadIdx.x; j < dim; j += kNormThreads)
-        out[(size_t)r * dim + j] = __float2bfloat16_rn(g[j] * (inv * xr[j]));
+    if constexpr (V > 0) {
+        const int quads = dim / 4;
+        float4 v[V];
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+            const int q = tid + i * kNormThreads;
+            v[i] = q < quads ? reinterpret_cast<const float4 *>(xr)[q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+        }
+        ss = block_sum<kNormThreads>(ss, smem);
+        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+            const int q = tid + i * kNormThreads;
+            if (q >= quads)
+                break;
+            const float4 gq = reinterpret_cast<const float4 *>(g)[q];
+            const __nv_bfloat162 lo = __floats2bfloat162_rn(gq.x * (inv * v[i].x), gq.y * (inv * v[i].y));
+            const __nv_bfloat162 hi = __floats2bfloat162_rn(gq.z * (inv * v[i].z), gq.w * (inv * v[i].w));
+            uint2 w;
+            w.x = *reinterpret_cast<const uint32_t *>(&lo);
+            w.y = *reinterpret_cast<const uint32_t *>(&hi);
+            reinterpret_cast<uint2 *>(orow)[q] = w;
+        }
+    } else {
+        for (int j = tid; j < dim; j += kNormThreads)
+            ss += xr[j] * xr[j];
+        ss = block_sum<kNormThreads>(ss, smem);
+        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        for (int j = tid; j < dim; j += kNormThreads)
+            orow[j] = __float2bfloat16_rn(g[j] * (inv * xr[j]));
+    }
 }
 
 // out[t, j] = silu(gate[t, j]) * up[t, j]; gate_up [T, 2 hid] holds gate then up. Row t is
 // blockIdx.x, its columns kSwigluThreads a block along y: no index division per element.
+// VEC: 8 columns a thread in 16-byte loads and stores (hid % 8 == 0), else one.
 constexpr int kSwigluThreads = 256;
-__global__ void swiglu_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gate_up, int hid)
+template <bool VEC> __global__ void swiglu_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gate_up, int hid)
 {
     const size_t t = blockIdx.x;
-    const int j = blockIdx.y * kSwigluThreads + threadIdx.x;
+    constexpr int W = VEC ? 8 : 1;
+    const int j = (blockIdx.y * kSwigluThreads + threadIdx.x) * W;
     if (j >= hid)
         return;
-    const float g = __bfloat162float(gate_up[t * 2 * hid + j]);
-    const float u = __bfloat162float(gate_up[t * 2 * hid + hid + j]);
-    out[t * hid + j] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+    const __nv_bfloat16 *gr = gate_up + t * 2 * hid + j, *ur = gr + hid;
+    if constexpr (VEC) {
+        const uint4 gv = *reinterpret_cast<const uint4 *>(gr), uv = *reinterpret_cast<const uint4 *>(ur);
+        const __nv_bfloat162 *g2 = reinterpret_cast<const __nv_bfloat162 *>(&gv);
+        const __nv_bfloat162 *u2 = reinterpret_cast<const __nv_bfloat162 *>(&uv);
+        uint4 ov;
+        __nv_bfloat162 *o2 = reinterpret_cast<__nv_bfloat162 *>(&ov);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float2 g = __bfloat1622float2(g2[k]), u = __bfloat1622float2(u2[k]);
+            o2[k] = __floats2bfloat162_rn(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y);
+        }
+        *reinterpret_cast<uint4 *>(out + t * hid + j) = ov;
+    } else {
+        const float g = __bfloat162float(*gr), u = __bfloat162float(*ur);
+        out[t * hid + j] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+    }
 }
 
 __global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n)
@@ -235,7 +283,16 @@ cudaError_t fa_layers_embed(float *x, const uint16_t *emb, const int32_t *tokens
 cudaError_t fa_layers_rmsnorm(uint16_t *out, const float *x, const int32_t *rows, const float *g, int T, int dim,
                               float eps, cudaStream_t s)
 {
-    rmsnorm_kernel<<<T, kNormThreads, 0, s>>>(reinterpret_cast<__nv_bfloat16 *>(out), x, rows, g, dim, eps);
+    if (T == 0)
+        return cudaSuccess;
+    __nv_bfloat16 *o = reinterpret_cast<__nv_bfloat16 *>(out);
+    const int quads = dim % 4 == 0 ? dim / 4 : 0; // rows of whole float4s (buffers from cudaMalloc)
+    if (quads && quads <= 2 * kNormThreads)
+        rmsnorm_kernel<2><<<T, kNormThreads, 0, s>>>(o, x, rows, g, dim, eps);
+    else if (quads && quads <= 8 * kNormThreads)
+        rmsnorm_kernel<8><<<T, kNormThreads, 0, s>>>(o, x, rows, g, dim, eps);
+    else
+        rmsnorm_kernel<0><<<T, kNormThreads, 0, s>>>(o, x, rows, g, dim, eps);
     return cudaGetLastError();
 }
 
@@ -243,9 +300,15 @@ cudaError_t fa_layers_swiglu(uint16_t *out, const uint16_t *gate_up, int T, int 
 {
     if (T == 0)
         return cudaSuccess;
-    const dim3 grid((unsigned)T, (unsigned)((hid + kSwigluThreads - 1) / kSwigluThreads));
-    swiglu_kernel<<<grid, kSwigluThreads, 0, s>>>(reinterpret_cast<__nv_bfloat16 *>(out),
-                                                  reinterpret_cast<const __nv_bfloat16 *>(gate_up), hid);
+    const bool vec = hid % 8 == 0; // 16-byte rows from cudaMalloc'd buffers
+    const int cols = vec ? hid / 8 : hid;
+    const dim3 grid((unsigned)T, (unsigned)((cols + kSwigluThreads - 1) / kSwigluThreads));
+    __nv_bfloat16 *o = reinterpret_cast<__nv_bfloat16 *>(out);
+    const __nv_bfloat16 *gu = reinterpret_cast<const __nv_bfloat16 *>(gate_up);
+    if (vec)
+        swiglu_kernel<true><<<grid, kSwigluThreads, 0, s>>>(o, gu, hid);
+    else
+        swiglu_kernel<false><<<grid, kSwigluThreads, 0, s>>>(o, gu, hid);
     return cudaGetLastError();
 }
 
