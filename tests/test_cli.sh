@@ -236,6 +236,8 @@ expect_rc 2 "gen-model bad config" "$fa" gen-model --config 64x3x5x1x8x8x8 --out
 expect_rc 2 "bench-model bad config" "$fa" bench-model --config 12b
 expect_rc 2 "bench-model --page-size 0" "$fa" bench-model --page-size 0
 expect_rc 2 "bench-model --page-size without the engine" "$fa" bench-model --page-size 32
+expect_rc 2 "bench-model --reps 0" "$fa" bench-model --batch 1 --reps 0
+expect_rc 2 "bench-model --reps without the engine" "$fa" bench-model --reps 2
 # engine rows whose pages an int32 cannot count: refused before any row, saying what to change
 expect_rc 2 "bench-model pages past int32" "$fa" bench-model --config 64x1x2x1x128x64x128 --prompt-len 600000 \
   --decode 0 --batch 1,4096 --page-size 1 --threads 1

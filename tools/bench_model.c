@@ -31,11 +31,12 @@ static const char *help =
     "  --matvec auto|own|blas  one-token projections: own loop or sgemv [auto]\n"
     "  --no-standard         skip the standard-attention run\n"
     "  --backend cpu|cuda    cpu: the float32 runner above; cuda: the engine (bf16, paged KV,\n"
-    "                        cuBLAS), prefill and decode tok/s for each --batch (decode\n"
-    "                        timed from its second step; the first captures the graph) [cpu]\n"
+    "                        cuBLAS), prefill and decode tok/s for each --batch: medians of\n"
+    "                        --reps passes after a warm-up pass (it captures the graphs) [cpu]\n"
     "  --batch LIST          engine batch sizes, comma-separated (with --batch the CPU runs\n"
     "                        the engine too)                                [1,8,32]\n"
     "  --graphs on|off       cuda: decode steps replay a CUDA graph per batch  [on]\n"
+    "  --reps N              engine: timed passes a batch size (1..100)     [3]\n"
     "  --page-size N         engine: tokens a KV page (1..65536)           [16]\n"
     "  --threads N           attention threads, 0 = all cores              [0]\n";
 
@@ -148,19 +149,20 @@ fail:
 int cmd_bench_model(int argc, char **argv)
 {
     const char *spec = "110m", *path = NULL;
-    long prompt_len = 512, decode = 32, seed = 1, threads = 0, page = 16;
-    int no_standard = 0, no_graphs = 0, page_set = 0;
+    long prompt_len = 512, decode = 32, seed = 1, threads = 0, page = 16, reps = 3;
+    int no_standard = 0, no_graphs = 0, page_set = 0, reps_set = 0;
     fa_matvec mv = FA_MATVEC_AUTO;
     fa_backend backend = FA_BACKEND_CPU;
     long batches[16] = { 1, 8, 32 };
     int n_batches = 3, engine = 0;
-    enum { CONFIG, MODEL, PROMPT_LEN, DECODE, SEED, MATVEC, NO_STANDARD, BATCH, GRAPHS, PAGE, N_OPTIONS };
+    enum { CONFIG, MODEL, PROMPT_LEN, DECODE, SEED, MATVEC, NO_STANDARD, BATCH, GRAPHS, PAGE, REPS, N_OPTIONS };
     static const cli_option options[N_OPTIONS] = {
         [CONFIG] = { "--config", 1 }, [MODEL] = { "--model", 1 },
         [PROMPT_LEN] = { "--prompt-len", 1 }, [DECODE] = { "--decode", 1 },
         [SEED] = { "--seed", 1 },     [MATVEC] = { "--matvec", 1 },
         [NO_STANDARD] = { "--no-standard", 0 }, [BATCH] = { "--batch", 1 },
         [GRAPHS] = { "--graphs", 1 }, [PAGE] = { "--page-size", 1 },
+        [REPS] = { "--reps", 1 },
     };
     cli_args args = { "bench-model", help, argc, argv, options, N_OPTIONS, &backend, &threads, 0 };
     int opt, rc;
@@ -212,6 +214,11 @@ int cmd_bench_model(int argc, char **argv)
                 p += k + (p[k] == ',');
             }
             break;
+        case REPS:
+            if (cli_parse_int(v, 1, 100, &reps) != 0)
+                return cli_usage_error("bench-model", "--reps needs an integer in 1..100");
+            reps_set = 1;
+            break;
         case GRAPHS:
             if (cli_parse_graphs(v, &no_graphs) != 0)
                 return cli_usage_error("bench-model", "--graphs needs on or off");
@@ -225,6 +232,8 @@ int cmd_bench_model(int argc, char **argv)
     engine |= backend == FA_BACKEND_CUDA;
     if (page_set && !engine)
         return cli_usage_error("bench-model", "--page-size sizes the engine's KV pages: add --batch or --backend cuda");
+    if (reps_set && !engine)
+        return cli_usage_error("bench-model", "--reps counts the engine's passes: add --batch or --backend cuda");
     char err[FA_MODEL_ERR_LEN];
     fa_model_config c;
     if (!path) {
@@ -304,7 +313,7 @@ int cmd_bench_model(int argc, char **argv)
         ids[i] = i == 0 && m->config.bos_id >= 0 ? m->config.bos_id : (int32_t)(x % (uint64_t)c.vocab_size);
     }
     if (engine) {
-        rc = cli_bench_engine(m, backend, no_graphs, (int32_t)page, ids, n, (int32_t)decode, batches, n_batches);
+        rc = cli_bench_engine(m, backend, no_graphs, (int32_t)page, ids, n, (int32_t)decode, batches, n_batches, (int)reps);
         goto done;
     }
     double params = (double)(wbytes - FA_MODEL_HEADER_BYTES) / 4.0 - (double)c.seq_len * hs;

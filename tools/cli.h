@@ -122,9 +122,9 @@ double cli_now(void);
 fa_context_t cli_context(fa_backend backend, int threads);
 
 /* bench-model's engine rows: prefill and decode tok/s for each batch size, KV pages of `page`
- * tokens (bench_engine.c). */
+ * tokens, medians of `reps` passes after a warm-up (bench_engine.c). */
 struct fa_model;
 int cli_bench_engine(const struct fa_model *m, fa_backend backend, int no_graphs, int32_t page, const int32_t *ids,
-                     int32_t n, int32_t decode, const long *batches, int n_batches);
+                     int32_t n, int32_t decode, const long *batches, int n_batches, int reps);
 
 #endif
