@@ -381,6 +381,84 @@ static void test_merge(void **state)
     fa_context_destroy(ctx);
 }
 
+/* CUDA reads lengths and page ids on the device, where nothing checks them: entries that name
+ * no page (-2, INT32_MIN, past the pool) inside whole key tiles, beside a tile of consecutive
+ * pages (one TMA box a column block), read as zeros on the prefill and decode kernels; the call
+ * completes with finite outputs, and check_tables names the first bad entry. */
+static void test_cuda_bad_tables(void **state)
+{
+    (void)state;
+    if (fa_test_backend() != FA_BACKEND_CUDA) {
+        print_message("CUDA only\n");
+        return;
+    }
+    fa_context_t ctx = make_ctx();
+    enum { PAGES = 24, PS = 16, D = 128, HQ = 2, KEYS = 256, ROWS = 48 };
+    const int64_t pool_n = (int64_t)PAGES * PS * D, q_n = (int64_t)ROWS * HQ * D;
+    uint16_t *hk = malloc(2 * pool_n), *hv = malloc(2 * pool_n), *hq = malloc(2 * q_n), *ho = malloc(2 * q_n);
+    assert_non_null(hk), assert_non_null(hv), assert_non_null(hq), assert_non_null(ho);
+    fa_rng r = { seed };
+    fa_ref_fill(&r, FA_DTYPE_BF16, hk, pool_n, 1.0);
+    fa_ref_fill(&r, FA_DTYPE_BF16, hv, pool_n, 1.0);
+    fa_ref_fill(&r, FA_DTYPE_BF16, hq, q_n, 1.0);
+    const int32_t bt[16] = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, -2, INT32_MIN, PAGES + 3, 13, 14, 15 };
+    void *k, *v, *q, *o, *dbt, *dlen, *dcu;
+    assert_int_equal(fa_memory_alloc(ctx, 2 * pool_n, &k), FA_OK);
+    assert_int_equal(fa_memory_alloc(ctx, 2 * pool_n, &v), FA_OK);
+    assert_int_equal(fa_memory_alloc(ctx, 2 * q_n, &q), FA_OK);
+    assert_int_equal(fa_memory_alloc(ctx, 2 * q_n, &o), FA_OK);
+    assert_int_equal(fa_memory_alloc(ctx, sizeof(bt), &dbt), FA_OK);
+    assert_int_equal(fa_memory_alloc(ctx, 4, &dlen), FA_OK);
+    assert_int_equal(fa_memory_alloc(ctx, 8, &dcu), FA_OK);
+    assert_int_equal(fa_memory_upload(ctx, k, hk, 2 * pool_n), FA_OK);
+    assert_int_equal(fa_memory_upload(ctx, v, hv, 2 * pool_n), FA_OK);
+    assert_int_equal(fa_memory_upload(ctx, q, hq, 2 * q_n), FA_OK);
+    assert_int_equal(fa_memory_upload(ctx, dbt, bt, sizeof(bt)), FA_OK);
+    const int32_t len = KEYS;
+    assert_int_equal(fa_memory_upload(ctx, dlen, &len, 4), FA_OK);
+    for (int rows = ROWS; rows >= 1; rows = rows == 1 ? 0 : 1) { /* the Hopper forward, then decode */
+        const int32_t cu[2] = { 0, rows };
+        assert_int_equal(fa_memory_upload(ctx, dcu, cu, sizeof(cu)), FA_OK);
+        fa_paged_desc d;
+        fa_paged_desc_init(&d);
+        d.batch = 1;
+        d.total_q = rows;
+        d.max_seqlen_q = rows;
+        d.max_seqlen_k = KEYS;
+        d.num_heads_q = HQ;
+        d.head_dim = D;
+        d.causal = 1;
+        d.q = fa_tensor_contiguous(q, FA_DTYPE_BF16, FA_LAYOUT_BSHD, rows, HQ, D);
+        d.o = fa_tensor_contiguous(o, FA_DTYPE_BF16, FA_LAYOUT_BSHD, rows, HQ, D);
+        d.cu_seqlens_q = dcu;
+        d.cache = fa_kv_cache_contiguous(k, v, FA_DTYPE_BF16, FA_LAYOUT_BSHD, PAGES, PS, 1, D);
+        d.block_table = dbt;
+        d.max_pages_per_seq = 16;
+        d.cache_seqlens = dlen;
+        fa_status st = fa_paged_forward(ctx, &d);
+        if (st != FA_OK)
+            fail_msg("%d rows: %s", rows, fa_context_last_error(ctx));
+        fa_run_info ran = { .size = sizeof(ran) };
+        assert_int_equal(fa_context_last_run(ctx, &ran), FA_OK);
+        assert_int_equal(fa_memory_download(ctx, ho, o, 2 * (size_t)rows * HQ * D), FA_OK);
+        for (int64_t i = 0; i < (int64_t)rows * HQ * D; i++)
+            if (!isfinite(fa_ref_decode(FA_DTYPE_BF16, ho, i)))
+                fail_msg("%d rows (%s): o[%lld] is not finite", rows, ran.kernel, (long long)i);
+        print_message("%d rows on %s: finite\n", rows, ran.kernel);
+        d.check_tables = 1;
+        st = fa_paged_forward(ctx, &d);
+        const char *msg = fa_context_last_error(ctx);
+        if (st != FA_ERR_INVALID_VALUE || !strstr(msg, "block_table[0][10]"))
+            fail_msg("check_tables: got %s \"%s\", want FA_ERR_INVALID_VALUE naming block_table[0][10]",
+                     fa_status_string(st), msg);
+    }
+    void *bufs[] = { k, v, q, o, dbt, dlen, dcu };
+    for (int i = 0; i < 7; i++)
+        fa_memory_free(ctx, bufs[i]);
+    free(hk), free(hv), free(hq), free(ho);
+    fa_context_destroy(ctx);
+}
+
 int main(void)
 {
     const char *s = getenv("FLASHATTN_TEST_SEED");
@@ -399,7 +477,7 @@ int main(void)
     fa_context_destroy(probe);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grid),         cmocka_unit_test(test_bad_input), cmocka_unit_test(test_plan_bounds),
-        cmocka_unit_test(test_append_alone), cmocka_unit_test(test_merge),
+        cmocka_unit_test(test_append_alone), cmocka_unit_test(test_merge), cmocka_unit_test(test_cuda_bad_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -417,21 +417,22 @@ template <int NWG> struct consumer_regs {
 // Paged keys by TMA (g.tma_rows = R, R | BN or BN | page size; the Hopper forward and decode
 // kernels): the key tile from key c is BN / R pieces of R rows of one page each. Lane j of the
 // loader's first warp reads the page of piece j / (D / 64) (-1 for other threads and pieces
-// past the sequence), before the ring slot is free, so the table read overlaps the wait. Where
-// the pool's pages follow one another in memory (g.flat_rows == BN) and the tile is whole
-// pages of consecutive ids (the first in the pool), every lane of the warp gets -2 - that
-// first id instead: load_tile_tma then copies the tile as one box a column block from the
-// flat map. Every thread of the warp calls it.
+// past the sequence, and for entries that name no page of the pool: their boxes read zeros),
+// before the ring slot is free, so the table read overlaps the wait. Where the pool's pages
+// follow one another in memory (g.flat_rows == BN) and the tile is whole pages of consecutive
+// ids, every lane of the warp gets -2 - the first id instead: load_tile_tma then copies the
+// tile as one box a column block from the flat map. Every thread of the warp calls it.
 template <int BN, int D>
 __device__ __forceinline__ int tma_piece_page(const fa_cuda_pages &g, int b, int c, int sk, int tid)
 {
     constexpr int CB = D / 64;
     const int pieces = (BN / g.tma_rows) * CB, j = tid / CB;
-    const int page = tid < pieces && c + j * g.tma_rows < sk ? page_entry(g, b, c + j * g.tma_rows) : -1;
+    int page = tid < pieces && c + j * g.tma_rows < sk ? page_entry(g, b, c + j * g.tma_rows) : -1;
+    page = page_ok(g, page) ? page : -1; // below -1 means a run
     if (g.flat_rows != BN || c + BN > sk)
         return page;
     const int first = __shfl_sync(0xffffffffu, page, 0);
-    const bool run = page_ok(g, first) && __all_sync(0xffffffffu, tid >= pieces || page == first + j);
+    const bool run = first >= 0 && __all_sync(0xffffffffu, tid >= pieces || page == first + j);
     return run ? -2 - first : page;
 }
 

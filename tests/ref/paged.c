@@ -764,8 +764,8 @@ int fa_paged_grid_build(int level, uint64_t seed, fa_paged_case *out, int cap)
         c.rope = (fa_rope)(i % 3 == 1 ? FA_ROPE_NEOX : i % 5 == 2 ? FA_ROPE_INTERLEAVED : FA_ROPE_NONE);
         c.rope_dim = c.rope != FA_ROPE_NONE && (i % 2) && c.head_dim >= 16 ? c.head_dim / 2 : 0;
         c.positions = c.rope != FA_ROPE_NONE && i % 6 == 1;
-        c.layout = (fa_paged_layout)(i % 3);
-        c.runs = (i / 3) % 2;
+        c.layout = (fa_paged_layout)((i / 3) % 3); /* every dtype with every layout */
+        c.runs = (i / 9) % 2;
         c.causal = i % 2 == 0;
         c.window_left = i % 9 == 4 ? 20 : -1;
         c.window_right = c.causal ? -1 : (i % 9 == 5 ? 3 : -1);
@@ -795,17 +795,20 @@ int fa_paged_grid_build(int level, uint64_t seed, fa_paged_case *out, int cap)
         c.with_lse = 1;
         out[n++] = c;
     }
-    if (n < cap) { /* chunked prefill over runs of pages: key tiles on consecutive pages and not */
+    /* runs of pages in [page, token, head, dim] pools: key tiles on consecutive pages (one TMA
+     * box a column block on CUDA) and not; chunked prefill at d128, d64 and d256, then decode */
+    static const int32_t run_dims[] = { 128, 64, 256, 128 };
+    for (int v = 0; v < 4 && n < cap; v++) {
         fa_paged_case c;
         memset(&c, 0, sizeof(c));
         c.seed = fa_rng_next(&rng);
-        c.dtype = FA_DTYPE_BF16;
+        c.dtype = v == 1 ? FA_DTYPE_F16 : FA_DTYPE_BF16;
         c.page_size = 16;
-        c.head_dim = 128;
+        c.head_dim = run_dims[v];
         c.heads_kv = 2;
         c.heads_q = 8;
         c.batch = 3;
-        c.q_lens[0] = 40, c.q_lens[1] = 1, c.q_lens[2] = 130;
+        c.q_lens[0] = v == 3 ? 1 : 40, c.q_lens[1] = 1, c.q_lens[2] = v == 3 ? 1 : 130;
         c.cache_lens[0] = 1000, c.cache_lens[1] = 700, c.cache_lens[2] = 300;
         c.append = 1;
         c.runs = 1;
