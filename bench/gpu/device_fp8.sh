@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 # On a Hopper machine, in one go: the fp8 (e4m3) forward. Build the library, tool and
 # conformance test; the CUDA conformance grid (its e4m3 cases beside the rest, quick level), also
-# with three persistent blocks; the error on outlier inputs beside bf16's (bench/fp8_error.c);
+# with three persistent blocks, and every other e4m3 case under compute-sanitizer; the error on outlier inputs beside bf16's (bench/fp8_error.c);
 # then TFLOP/s of e4m3 and bf16 at FlashAttention's shapes (batch x seq = 16k, 16 heads of 128),
 # each the median of the tool's timed runs. Logs to $OUT (or build/). Carry .devdeps
 # (bench/gpu/fetch_debs.sh).
@@ -33,6 +33,12 @@ if [ "$level" != bench ]; then
   FLASHATTN_CUDA_PERSISTENT_BLOCKS=3 timeout 300 ./build/tests/test_conformance > "$out/conformance_fp8_p3.log" 2>&1
   echo "conformance_cuda (3 persistent blocks) rc=$?"
   grep -E "FAILED|cases|could not" "$out/conformance_fp8_p3.log" | head -20
+  # the e4m3 grid under compute-sanitizer: memcheck, then racecheck (shared-memory hazards)
+  for tool in memcheck racecheck; do
+    FLASHATTN_TEST_DTYPE=e4m3 FLASHATTN_TEST_EVERY=2 timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 \
+      ./build/tests/test_conformance > "$out/${tool}_fp8.log" 2>&1
+    echo "$tool e4m3 grid rc=$?"; grep -hE "ERROR SUMMARY|RACECHECK SUMMARY|cases," "$out/${tool}_fp8.log" | head -4
+  done
   unset FLASHATTN_TEST_BACKEND FLASHATTN_TEST_QUICK
   cc -O2 -Iinclude -Itests/ref -o build/fp8_error bench/fp8_error.c tests/ref/ref.c -Lbuild -lflashattn -lm \
     -Wl,-rpath,$PWD/build && ./build/fp8_error --backend cuda | tee "$out/fp8_error_cuda.txt"

@@ -257,10 +257,10 @@ typedef struct call {
  * seqlen_k read as zeros), else row copies. */
 static cudaError_t forward_sm90(const cuda_state *s, const call *c, fa_cuda_params *k)
 {
+    if (k->aligned)
+        fa_cuda_tma_dense(s->tma_encode, k, c->fp8 ? FA_CUDA_TMA_E4M3 : c->bf16, c->h->keys);
     if (c->fp8)
         return fa_cuda_flash_forward_e4m3_sm90(k, s->stream);
-    if (k->aligned)
-        fa_cuda_tma_dense(s->tma_encode, k, c->bf16, c->h->keys);
     return fa_cuda_flash_forward_sm90(k, c->bf16, c->h->dim, s->stream);
 }
 

@@ -20,8 +20,9 @@ extern "C" cudaError_t fa_cuda_flash_forward_sm90(const fa_cuda_params *p, int b
 
 extern "C" cudaError_t fa_cuda_flash_forward_e4m3_sm90(const fa_cuda_params *p, cudaStream_t stream)
 {
-#define FA_SM90_FP8(D, BN, NWG, ST, NQ) \
-    return fa::launch_sm90_mainloop<fa::sm90_e4m3_mainloop<D, BN, NWG, ST, NQ>>(*p, stream);
+#define FA_SM90_FP8(D, BN, NWG, ST, NQ)                                                             \
+    return p->pg.tma_rows ? fa::launch_sm90_mainloop<fa::sm90_e4m3_mainloop<D, BN, NWG, ST, NQ, true>>(*p, stream) \
+                          : fa::launch_sm90_mainloop<fa::sm90_e4m3_mainloop<D, BN, NWG, ST, NQ, false>>(*p, stream);
     FA_CUDA_SM90_FP8_TILES(FA_SM90_FP8)
 #undef FA_SM90_FP8
 }

@@ -20,10 +20,15 @@ __device__ __forceinline__ int sw8_offset(int r, int col, int pitch)
     return (col / 128) * pitch * 128 + r * 128 + ((((col % 128) / 16) ^ (r & 7)) << 4) + (col % 16);
 }
 
-template <int BM, int BN, int D, int STAGES, int NQ> struct e4m3_smem {
+// The TMA loader transposes V(j) kE4m3Lag tiles after issuing its copy (copies of the tiles
+// between in flight meanwhile), from one of kE4m3Lag + 1 staging tiles. The consumers wait for
+// V(j - 1) before releasing K(j)'s stage, so the loader may be at most STAGES - 1 tiles ahead.
+constexpr int kE4m3Lag = 2;
+
+template <int BM, int BN, int D, int STAGES, int NQ, int STAGING> struct e4m3_smem {
     static constexpr int q = BM * D, kv = BN * D;
-    // Q buffers, the K ring, the V^T ring, V's two staging tiles (+ alignment slack)
-    static constexpr size_t bytes = 1024 + NQ * (size_t)q + (2 * STAGES + 2) * (size_t)kv;
+    // Q buffers, the K ring, the V^T ring, V's staging tiles (+ alignment slack)
+    static constexpr size_t bytes = 1024 + NQ * (size_t)q + (2 * STAGES + STAGING) * (size_t)kv;
 };
 
 // ROWS x D bytes of a strided [seq, head_dim] e4m3 slab into the swizzled layout; rows >=
@@ -173,6 +178,89 @@ __device__ __forceinline__ void load_tiles_e4m3(const fa_cuda_params &p, int ite
     }
 }
 
+// The loading warpgroup for fixed-length keys by TMA (p.pg.tk / tv: [batch][key][head][dim]
+// bytes, boxes of BN keys x 128 columns, keys past seqlen_k zeros): K(n) straight into the
+// ring, V(n) into staging tile n % (kE4m3Lag + 1) on its own barrier, both issued by thread 0
+// without waiting; V(n - kE4m3Lag) is transposed meanwhile, and the last ones at the end of a
+// query tile. Q by cp.async, landed before its hand-over.
+template <int D, int BN, int NWG, int STAGES, int NQ>
+__device__ __forceinline__ void load_tiles_e4m3_tma(const fa_cuda_params &p, int items, kv_ring<STAGES, NQ> &ring,
+                                                    unsigned char *sQ, unsigned char *sK, unsigned char *sVt,
+                                                    unsigned char *sVs, int tid)
+{
+    constexpr int BM = 64 * NWG, QB = BM * D, KV = BN * D, CB = D / 128, NS = kE4m3Lag + 1;
+    static_assert(kE4m3Lag < STAGES, "the loader's lead stays within the ring");
+    __shared__ uint64_t staged[NS]; // V(j) landed in staging tile j % NS
+    if (tid == 0) {
+        for (int i = 0; i < NS; i++)
+            mbar_init(&staged[i], 1);
+        fence_mbar_init();
+    }
+    named_barrier(NWG + 1, 128);
+    // V(j) from its staging tile into the V^T ring; every loader thread done with the staging
+    // tile before thread 0 copies V(j + NS) into it
+    auto transpose = [&](int j) {
+        mbar_wait(&staged[j % NS], (j / NS) & 1);
+        if (j >= STAGES)
+            mbar_wait(&ring.empty_v[j % STAGES], (j / STAGES - 1) & 1);
+        transpose_v<BN, D>(sVt + (j % STAGES) * KV, sVs + (j % NS) * KV, tid);
+        fence_async_smem();
+        mbar_arrive(&ring.full_v[j % STAGES]);
+        named_barrier(NWG + 1, 128);
+    };
+    int it = 0;
+    for (int k = 0;; k++) {
+        const int qb = k % NQ;
+        if (k >= NQ)
+            mbar_wait(&ring.q_empty[qb], (k / NQ - 1) & 1);
+        int x = own_item(k);
+        if (p.sched) {
+            if (tid == 0)
+                ring.item[qb] = next_item(p, items);
+            named_barrier(NWG + 1, 128);
+            x = ring.item[qb];
+        }
+        query_tile_t qt;
+        if (x < 0 || !query_tile<BM, BN, true>(p, qt, x) || qt.n_lo == qt.n_hi) {
+            mbar_arrive(&ring.q_full[qb]);
+            if (x < 0)
+                return;
+            continue;
+        }
+        const seq_t &s = qt.s;
+        load_tile_e4m3<BM, D>(sQ + qb * QB, (const uint8_t *)p.q.p + row_off(p.q, s, false, qt.blk.h, qt.r0),
+                              p.q.ss, s.sq - qt.r0, p.dim, p.aligned, tid);
+        cp_async_commit();
+        int pending = it; // the query tile's first V not yet transposed
+        for (int n = qt.n_lo; n < qt.n_hi; n++, it++) {
+            const int st = it % STAGES, c = n * BN;
+            if (it >= STAGES)
+                mbar_wait(&ring.empty_k[st], (it / STAGES - 1) & 1);
+            if (tid == 0) {
+                mbar_expect_tx(&ring.full_k[st], KV);
+                for (int cb = 0; cb < CB; cb++)
+                    tma_load_4d(sK + st * KV + cb * BN * 128, &p.pg.tk, cb * 128, c, qt.hk, qt.blk.b,
+                                &ring.full_k[st]);
+                uint64_t *bar = &staged[it % NS];
+                mbar_expect_tx(bar, KV);
+                for (int cb = 0; cb < CB; cb++)
+                    tma_load_4d(sVs + (it % NS) * KV + cb * BN * 128, &p.pg.tv, cb * 128, c, qt.hk, qt.blk.b, bar);
+                mbar_arrive(bar);
+            }
+            if (n == qt.n_lo) {
+                cp_async_wait<0>();
+                fence_async_smem();
+                mbar_arrive(&ring.q_full[qb]);
+            }
+            mbar_arrive(&ring.full_k[st]);
+            if (it - pending == kE4m3Lag)
+                transpose(pending++);
+        }
+        while (pending < it)
+            transpose(pending++);
+    }
+}
+
 // One consumer warpgroup on one query tile, as attend_rows (forward_sm90.cuh) in fp8; the rows
 // go out straight from the accumulators.
 template <int D, int BN, int NWG, int STAGES, int NQ>
@@ -259,17 +347,21 @@ __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const 
     }
 }
 
-template <int D, int BN_, int NWG_, int STAGES_, int NQ_> struct sm90_e4m3_mainloop {
+// TMA: K and V by TMA boxes (fixed-length keys, p.pg.tma_rows set), else by row copies.
+template <int D, int BN_, int NWG_, int STAGES_, int NQ_, bool TMA> struct sm90_e4m3_mainloop {
     static constexpr int BN = BN_, NWG = NWG_, STAGES = STAGES_, NQ = NQ_, BM = 64 * NWG;
-    using L = e4m3_smem<BM, BN, D, STAGES, NQ>;
+    using L = e4m3_smem<BM, BN, D, STAGES, NQ, TMA ? kE4m3Lag + 1 : 2>;
     static constexpr size_t smem = L::bytes;
     static_assert(D % 128 == 0 && BN % 32 == 0 && (BN * D) % 1024 == 0, "tiles of whole 128-byte swizzle blocks");
-    static_assert(L::bytes + sizeof(kv_ring<STAGES, NQ>) <= 232448, "within Hopper's 227 KiB a block");
+    static_assert(L::bytes + sizeof(kv_ring<STAGES, NQ>) + 64 <= 232448, "within Hopper's 227 KiB a block");
     static __device__ __forceinline__ void load(const fa_cuda_params &p, int items, kv_ring<STAGES, NQ> &ring,
                                                 unsigned char *sQ, int tid)
     {
         unsigned char *sK = sQ + NQ * L::q, *sVt = sK + STAGES * L::kv;
-        load_tiles_e4m3<D, BN, NWG, STAGES, NQ>(p, items, ring, sQ, sK, sVt, sVt + STAGES * L::kv, tid);
+        if constexpr (TMA)
+            load_tiles_e4m3_tma<D, BN, NWG, STAGES, NQ>(p, items, ring, sQ, sK, sVt, sVt + STAGES * L::kv, tid);
+        else
+            load_tiles_e4m3<D, BN, NWG, STAGES, NQ>(p, items, ring, sQ, sK, sVt, sVt + STAGES * L::kv, tid);
     }
     static __device__ __forceinline__ void attend(const fa_cuda_params &p, const query_tile_t &qt,
                                                   kv_ring<STAGES, NQ> &ring, unsigned char *sQ, int qb, int wg,

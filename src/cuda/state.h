@@ -55,19 +55,26 @@ int fa_cuda_decode_sm90_fits(int32_t dim);
 /* TMA (tma.c): the driver's cuTensorMapEncodeTiled, NULL where the driver has none. */
 void *fa_cuda_tma_encoder(void);
 
+/* The element kinds of the tensor maps below: f16 and bf16 (the values of a call's bf16 flag),
+ * and fp8 e4m3 as bytes. */
+#define FA_CUDA_TMA_F16 0
+#define FA_CUDA_TMA_BF16 1
+#define FA_CUDA_TMA_E4M3 2
+
 /* Tensor maps of k's cache pools (k->pg: [page][token][head][dim], any element strides) for
  * a Hopper kernel's TMA loader with key tiles of `keys` rows: boxes of the tile where pages
  * hold whole tiles, of the page where tiles hold whole pages of 8 or more rows, 128-byte
- * swizzled, 64 columns, columns past dim and pages past the pool read as zeros. Sets k->pg.tk,
- * tv and tma_rows (and fk, fv and flat_rows where the pages are smaller than the tile and follow
- * one another in memory) and returns 1; 0 (k->pg left as it was: the loader copies rows) where the
- * page size suits no box, there is no encoder or it refuses (pools or strides off 16 bytes). */
-int fa_cuda_tma_paged(void *encoder, fa_cuda_params *k, int bf16, int32_t keys);
+ * swizzled, 128 bytes of columns, columns past dim and pages past the pool read as zeros. Sets
+ * k->pg.tk, tv and tma_rows (and fk, fv and flat_rows where the pages are smaller than the tile
+ * and follow one another in memory) and returns 1; 0 (k->pg left as it was: the loader copies
+ * rows) where the page size suits no box, there is no encoder or it refuses (pools or strides
+ * off 16 bytes). kind: FA_CUDA_TMA_*. */
+int fa_cuda_tma_paged(void *encoder, fa_cuda_params *k, int kind, int32_t keys);
 
 /* The same for fixed-length dense keys (no cu_seqlens): sequence b is page b of seqlen_k
  * tokens, boxes of `rows` tokens (a tile's rows past seqlen_k read as zeros); also sets the
  * page size. 0 where that cannot be (varlen, no keys, no encoder or a refused map). */
-int fa_cuda_tma_dense(void *encoder, fa_cuda_params *k, int bf16, int32_t rows);
+int fa_cuda_tma_dense(void *encoder, fa_cuda_params *k, int kind, int32_t rows);
 
 /* Paged calls (paged_host.c). */
 fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p, void **plan,

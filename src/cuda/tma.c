@@ -38,9 +38,38 @@ static int32_t tma_rows(int32_t page_size, int32_t keys)
     return keys % page_size == 0 && page_size % 8 == 0 ? page_size : 0;
 }
 
-/* *map for a pool of f16 / bf16 rows ([page][token][head][dim] with any element strides,
- * head_dim dim contiguous): boxes of `rows` tokens x 64 columns. 0 where the encoder refuses. */
-static int pool_map(void *encoder, fa_cuda_tmap *map, const void *pool, int bf16, int32_t dim, int32_t page_size,
+/* The encoder's element type of a FA_CUDA_TMA_* kind, and its bytes. */
+static CUtensorMapDataType tma_type(int kind, cuuint64_t *bytes)
+{
+    *bytes = kind == FA_CUDA_TMA_E4M3 ? 1 : 2;
+    return kind == FA_CUDA_TMA_E4M3   ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+           : kind == FA_CUDA_TMA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
+/* *map over the 4-D tensor of extents e (innermost first; element strides st of e[1..3]):
+ * boxes of `rows` x 128 bytes, 128-byte swizzled. 0 where the encoder refuses. */
+static int map_4d(void *encoder, fa_cuda_tmap *map, const void *base, int kind, const cuuint64_t e[4],
+                  const int64_t st[3], int32_t rows)
+{
+    cuuint64_t esz;
+    const CUtensorMapDataType type = tma_type(kind, &esz);
+    const cuuint64_t stride[3] = { (cuuint64_t)st[0] * esz, (cuuint64_t)st[1] * esz, (cuuint64_t)st[2] * esz };
+    const cuuint32_t box[4] = { (cuuint32_t)(128 / esz), (cuuint32_t)rows, 1, 1 }, step[4] = { 1, 1, 1, 1 };
+    CUtensorMap m;
+    memset(&m, 0, sizeof(m));
+    const CUresult r = ((encode_tiled_fn)encoder)(&m, type, 4, (void *)base, e, stride, box, step,
+                                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return 0;
+    memcpy(map, &m, sizeof(m));
+    return 1;
+}
+
+/* *map for a pool of rows ([page][token][head][dim] with any element strides, head_dim dim
+ * contiguous): boxes of `rows` tokens x 128 bytes. 0 where the encoder refuses. */
+static int pool_map(void *encoder, fa_cuda_tmap *map, const void *pool, int kind, int32_t dim, int32_t page_size,
                     int32_t heads, int32_t pages, int64_t stride_page, int64_t stride_token, int64_t stride_head,
                     int32_t rows)
 {
@@ -48,29 +77,18 @@ static int pool_map(void *encoder, fa_cuda_tmap *map, const void *pool, int bf16
         return 0;
     /* [page][token][head][dim] whatever the strides' order: innermost dim first */
     const cuuint64_t extent[4] = { (cuuint64_t)dim, (cuuint64_t)page_size, (cuuint64_t)heads, (cuuint64_t)pages };
-    const cuuint64_t stride[3] = { (cuuint64_t)stride_token * 2, (cuuint64_t)stride_head * 2,
-                                   (cuuint64_t)stride_page * 2 };
-    const cuuint32_t box[4] = { 64, (cuuint32_t)rows, 1, 1 }, step[4] = { 1, 1, 1, 1 };
-    CUtensorMap m;
-    memset(&m, 0, sizeof(m));
-    const CUresult r = ((encode_tiled_fn)encoder)(
-        &m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, (void *)pool, extent,
-        stride, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        return 0;
-    memcpy(map, &m, sizeof(m));
-    return 1;
+    const int64_t stride[3] = { stride_token, stride_head, stride_page };
+    return map_4d(encoder, map, pool, kind, extent, stride, rows);
 }
 
 /* k's K and V maps over pages of `size` tokens, `num` of them, with those page and token
  * strides (elements; the heads' from the views); set with tma_rows = rows where both encode. */
-static int pool_maps(void *encoder, fa_cuda_params *k, int bf16, int32_t size, int32_t num, int64_t k_sp,
+static int pool_maps(void *encoder, fa_cuda_params *k, int kind, int32_t size, int32_t num, int64_t k_sp,
                      int64_t k_st, int64_t v_sp, int64_t v_st, int32_t rows)
 {
     fa_cuda_tmap tk, tv;
-    if (!rows || !pool_map(encoder, &tk, k->k.p, bf16, k->dim, size, k->heads_kv, num, k_sp, k_st, k->k.sh, rows) ||
-        !pool_map(encoder, &tv, k->v.p, bf16, k->dim, size, k->heads_kv, num, v_sp, v_st, k->v.sh, rows))
+    if (!rows || !pool_map(encoder, &tk, k->k.p, kind, k->dim, size, k->heads_kv, num, k_sp, k_st, k->k.sh, rows) ||
+        !pool_map(encoder, &tv, k->v.p, kind, k->dim, size, k->heads_kv, num, v_sp, v_st, k->v.sh, rows))
         return 0;
     k->pg.tk = tk;
     k->pg.tv = tv;
@@ -80,32 +98,21 @@ static int pool_maps(void *encoder, fa_cuda_params *k, int bf16, int32_t size, i
 
 /* *map over a pool as rows [1][head][page * size + token][dim] (element strides per token and
  * per head; the outer dimension of one keeps the kernel's copies 4-D, as pool_map's): boxes of
- * `rows` rows x 64 columns. 0 where the encoder refuses. */
-static int flat_map(void *encoder, fa_cuda_tmap *map, const void *pool, int bf16, int32_t dim, int64_t pool_rows,
+ * `rows` rows x 128 bytes. 0 where the encoder refuses. */
+static int flat_map(void *encoder, fa_cuda_tmap *map, const void *pool, int kind, int32_t dim, int64_t pool_rows,
                     int32_t heads, int64_t stride_token, int64_t stride_head, int32_t rows)
 {
     const cuuint64_t extent[4] = { (cuuint64_t)dim, (cuuint64_t)pool_rows, (cuuint64_t)heads, 1 };
-    const cuuint64_t stride[3] = { (cuuint64_t)stride_token * 2, (cuuint64_t)stride_head * 2,
-                                   (cuuint64_t)stride_token * 2 };
-    const cuuint32_t box[4] = { 64, (cuuint32_t)rows, 1, 1 }, step[4] = { 1, 1, 1, 1 };
-    CUtensorMap m;
-    memset(&m, 0, sizeof(m));
-    const CUresult r = ((encode_tiled_fn)encoder)(
-        &m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, (void *)pool, extent,
-        stride, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        return 0;
-    memcpy(map, &m, sizeof(m));
-    return 1;
+    const int64_t stride[3] = { stride_token, stride_head, stride_token };
+    return map_4d(encoder, map, pool, kind, extent, stride, rows);
 }
 
-int fa_cuda_tma_paged(void *encoder, fa_cuda_params *k, int bf16, int32_t keys)
+int fa_cuda_tma_paged(void *encoder, fa_cuda_params *k, int kind, int32_t keys)
 {
     fa_cuda_pages *g = &k->pg;
     g->flat_rows = 0;
     const int32_t rows = tma_rows(g->size, keys);
-    if (!pool_maps(encoder, k, bf16, g->size, g->num, g->k_sp, g->k_st, g->v_sp, g->v_st, rows))
+    if (!pool_maps(encoder, k, kind, g->size, g->num, g->k_sp, g->k_st, g->v_sp, g->v_st, rows))
         return 0;
     /* a tile's rows past the pool read as zeros, as its pages past the pool do, and a run's
      * first row plus the tile stays an int32 coordinate */
@@ -113,8 +120,8 @@ int fa_cuda_tma_paged(void *encoder, fa_cuda_params *k, int bf16, int32_t keys)
     fa_cuda_tmap fk, fv;
     if (rows < keys && g->k_sp == g->size * g->k_st && g->v_sp == g->size * g->v_st &&
         pool_rows + keys <= INT32_MAX &&
-        flat_map(encoder, &fk, k->k.p, bf16, k->dim, pool_rows, k->heads_kv, g->k_st, k->k.sh, keys) &&
-        flat_map(encoder, &fv, k->v.p, bf16, k->dim, pool_rows, k->heads_kv, g->v_st, k->v.sh, keys)) {
+        flat_map(encoder, &fk, k->k.p, kind, k->dim, pool_rows, k->heads_kv, g->k_st, k->k.sh, keys) &&
+        flat_map(encoder, &fv, k->v.p, kind, k->dim, pool_rows, k->heads_kv, g->v_st, k->v.sh, keys)) {
         g->fk = fk;
         g->fv = fv;
         g->flat_rows = keys;
@@ -122,10 +129,10 @@ int fa_cuda_tma_paged(void *encoder, fa_cuda_params *k, int bf16, int32_t keys)
     return 1;
 }
 
-int fa_cuda_tma_dense(void *encoder, fa_cuda_params *k, int bf16, int32_t rows)
+int fa_cuda_tma_dense(void *encoder, fa_cuda_params *k, int kind, int32_t rows)
 {
     if (k->cu_q || k->cu_k || k->seqlen_k <= 0 ||
-        !pool_maps(encoder, k, bf16, k->seqlen_k, k->batch, k->k.sb, k->k.ss, k->v.sb, k->v.ss, rows))
+        !pool_maps(encoder, k, kind, k->seqlen_k, k->batch, k->k.sb, k->k.ss, k->v.sb, k->v.ss, rows))
         return 0;
     k->pg.flat_rows = 0;
     k->pg.size = k->seqlen_k; /* a key's slot in its "page" is the key */
