@@ -113,6 +113,10 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
     /* FLASHATTN_CUDA_PDL=0: the decode kernels launched plainly (for comparison) */
     const char *pdl = getenv("FLASHATTN_CUDA_PDL");
     s->pdl = s->hopper && !(pdl && strcmp(pdl, "0") == 0);
+    /* the Hopper forward's consumer warpgroups issue their GEMMs in turns;
+     * FLASHATTN_CUDA_PINGPONG=0: freely (for comparison) */
+    const char *pp = getenv("FLASHATTN_CUDA_PINGPONG");
+    s->pingpong = s->hopper && !(pp && strcmp(pp, "0") == 0);
     *state = s;
     return FA_OK;
 }
@@ -257,6 +261,7 @@ typedef struct call {
  * seqlen_k read as zeros), else row copies. */
 static cudaError_t forward_sm90(const cuda_state *s, const call *c, fa_cuda_params *k)
 {
+    k->pingpong = s->pingpong;
     if (k->aligned)
         fa_cuda_tma_dense(s->tma_encode, k, c->fp8 ? FA_CUDA_TMA_E4M3 : c->bf16, c->h->keys);
     if (c->fp8)

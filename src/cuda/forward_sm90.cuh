@@ -261,6 +261,20 @@ __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, k
     }
 }
 
+// Ping-pong (p.pingpong, two consumer warpgroups): a warpgroup issues a key tile's GEMMs only
+// in its turn and then passes the turn, so that one's softmax runs under the other's GEMMs.
+// Warpgroup 1 passes the first turn once; named barriers NWG + 2 and NWG + 3.
+template <int NWG> __device__ __forceinline__ void take_turn(const fa_cuda_params &p, int wg)
+{
+    if (NWG == 2 && p.pingpong)
+        named_barrier(NWG + 2 + wg, 256);
+}
+template <int NWG> __device__ __forceinline__ void pass_turn(const fa_cuda_params &p, int wg)
+{
+    if (NWG == 2 && p.pingpong)
+        named_barrier_arrive(NWG + 3 - wg, 256);
+}
+
 // One consumer warpgroup on one query tile: its 64 rows of Q (in sQ), every key tile of the
 // ring from position it, then the rows out (staged in sQ).
 template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
@@ -283,13 +297,16 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
         const int st = it % STAGES;
         mbar_wait(&ring.full_k[st], (it / STAGES) & 1);
         wgmma_fence();
+        take_turn<NWG>(p, wg);
         wg_gemm_nt<T, D, BM, BN>(sf, qa, ka + st * KV);
         if (n > n_lo) {
             const int sp = (it - 1) % STAGES;
             mbar_wait(&ring.full_v[sp], ((it - 1) / STAGES) & 1);
             wg_gemm_rn<T, D, BN>(of, r.pa[0], va + sp * KV);
+            pass_turn<NWG>(p, wg);
             wgmma_wait<1>();
         } else {
+            pass_turn<NWG>(p, wg);
             wgmma_wait<0>();
         }
         reg_fence(sf);
@@ -373,6 +390,8 @@ __global__ void __launch_bounds__((M::NWG + 1) * 128, 1) flash_forward_sm90_ws(c
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<NWG>::value));
+    if (wg == 1)
+        pass_turn<NWG>(p, 1); // warpgroup 0 goes first
     int it = 0; // the K/V ring's position
     for (int k = 0;; k++) {
         const int qb = k % NQ;

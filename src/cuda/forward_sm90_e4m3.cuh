@@ -287,13 +287,16 @@ __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const 
         const int st = it % STAGES;
         mbar_wait(&ring.full_k[st], (it / STAGES) & 1);
         wgmma_fence();
+        take_turn<NWG>(p, wg);
         wg_gemm_e4m3_ss<BN, D, BM, BN>(sf, qa, ka + st * KV);
         if (n > n_lo) {
             const int sp = (it - 1) % STAGES;
             mbar_wait(&ring.full_v[sp], ((it - 1) / STAGES) & 1);
             wg_gemm_e4m3_rs<D, BN, D>(of, pa, va + sp * KV);
+            pass_turn<NWG>(p, wg);
             wgmma_wait<1>();
         } else {
+            pass_turn<NWG>(p, wg);
             wgmma_wait<0>();
         }
         reg_fence(sf);

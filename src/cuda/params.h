@@ -97,6 +97,7 @@ typedef struct fa_cuda_params {
     int *sched;           /* Hopper forward: the query tiles handed out so far (zeroed before the
                            * launch) when persistent blocks take them, else NULL (a block a tile) */
     int32_t sched_blocks; /* the persistent blocks: one per multiprocessor */
+    int32_t pingpong;     /* Hopper forward, two consumer warpgroups: their GEMMs take turns */
     int64_t rows;     /* packed query rows: batch * seqlen_q, or the varlen total */
     const int32_t *cu_q, *cu_k; /* device copies of cu_seqlens, NULL for fixed length */
     int32_t batch, heads_q, heads_kv, group, dim, seqlen_q, seqlen_k;

@@ -14,6 +14,7 @@ typedef struct cuda_state {
     int persistent_blocks; /* the Hopper forward's persistent grid: one block per multiprocessor */
     int pdl;               /* Hopper: the decode kernel and its split combine as programmatic
                             * dependents of the kernels before them */
+    int pingpong;          /* Hopper forward: the consumer warpgroups' GEMMs take turns */
     cudaMemPool_t pool;    /* the calls' workspace, stream-ordered; keeps POOL_KEEP_BYTES bytes */
     void *tma_encode;      /* Hopper: the driver's tensor-map encoder (tma.c), NULL without one */
 } cuda_state;
