@@ -261,18 +261,21 @@ __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, k
     }
 }
 
-// Ping-pong (p.pingpong, two consumer warpgroups): a warpgroup issues a key tile's GEMMs only
-// in its turn and then passes the turn, so that one's softmax runs under the other's GEMMs.
-// Warpgroup 1 passes the first turn once; named barriers NWG + 2 and NWG + 3.
-template <int NWG> __device__ __forceinline__ void take_turn(const fa_cuda_params &p, int wg)
+// Ping-pong (p.pingpong; TURNS: a mainloop of two consumer warpgroups at head_dim <= 128, the
+// shapes measured faster with it): a warpgroup issues a key tile's GEMMs only in its turn and
+// then passes the turn, so that one's softmax runs under the other's GEMMs. Warpgroup 1 passes
+// the first turn once, warpgroup 0 takes the last one as the block ends; named barriers 4 and
+// 5 (0: the block's, 1-2: the consumers' row stores, 3: the loader's).
+template <int D, int NWG> constexpr bool sm90_turns = NWG == 2 && D <= 128;
+template <bool TURNS> __device__ __forceinline__ void take_turn(const fa_cuda_params &p, int wg)
 {
-    if (NWG == 2 && p.pingpong)
-        named_barrier(NWG + 2 + wg, 256);
+    if (TURNS && p.pingpong)
+        named_barrier(4 + wg, 256);
 }
-template <int NWG> __device__ __forceinline__ void pass_turn(const fa_cuda_params &p, int wg)
+template <bool TURNS> __device__ __forceinline__ void pass_turn(const fa_cuda_params &p, int wg)
 {
-    if (NWG == 2 && p.pingpong)
-        named_barrier_arrive(NWG + 3 - wg, 256);
+    if (TURNS && p.pingpong)
+        named_barrier_arrive(5 - wg, 256);
 }
 
 // One consumer warpgroup on one query tile: its 64 rows of Q (in sQ), every key tile of the
@@ -293,20 +296,21 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
     float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(r.o);
     float(&sf)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(r.sc);
 
+    constexpr bool TURNS = sm90_turns<D, NWG>;
     for (int n = n_lo; n < n_hi; n++, it++) {
         const int st = it % STAGES;
         mbar_wait(&ring.full_k[st], (it / STAGES) & 1);
         wgmma_fence();
-        take_turn<NWG>(p, wg);
+        take_turn<TURNS>(p, wg);
         wg_gemm_nt<T, D, BM, BN>(sf, qa, ka + st * KV);
         if (n > n_lo) {
             const int sp = (it - 1) % STAGES;
             mbar_wait(&ring.full_v[sp], ((it - 1) / STAGES) & 1);
             wg_gemm_rn<T, D, BN>(of, r.pa[0], va + sp * KV);
-            pass_turn<NWG>(p, wg);
+            pass_turn<TURNS>(p, wg);
             wgmma_wait<1>();
         } else {
-            pass_turn<NWG>(p, wg);
+            pass_turn<TURNS>(p, wg);
             wgmma_wait<0>();
         }
         reg_fence(sf);
@@ -338,6 +342,7 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
 // V rings), the loading warpgroup's part and a consumer warpgroup's.
 template <typename T, int D, int BN_, int NWG_, int STAGES_, int NQ_, bool TMA> struct sm90_mainloop {
     static constexpr int BN = BN_, NWG = NWG_, STAGES = STAGES_, NQ = NQ_, BM = 64 * NWG;
+    static constexpr bool TURNS = sm90_turns<D, NWG>;
     using L = sm90_smem<BM, BN, D, STAGES, NQ>;
     static constexpr size_t smem = L::bytes;
     static_assert(D % 64 == 0 && BN % 64 == 0, "tiles are whole 64-element swizzle blocks");
@@ -391,14 +396,17 @@ __global__ void __launch_bounds__((M::NWG + 1) * 128, 1) flash_forward_sm90_ws(c
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<NWG>::value));
     if (wg == 1)
-        pass_turn<NWG>(p, 1); // warpgroup 0 goes first
+        pass_turn<M::TURNS>(p, 1); // warpgroup 0 goes first
     int it = 0; // the K/V ring's position
     for (int k = 0;; k++) {
         const int qb = k % NQ;
         mbar_wait(&ring.q_full[qb], (k / NQ) & 1);
         const int x = p.sched ? ring.item[qb] : own_item(k);
-        if (x < 0)
+        if (x < 0) {
+            if (wg == 0)
+                take_turn<M::TURNS>(p, 0); // warpgroup 1's last pass: no turn left outstanding
             return;
+        }
         query_tile_t qt;
         if (query_tile<BM, BN, true>(p, qt, x)) {
             M::attend(p, qt, ring, sQ, qb, wg, it);

@@ -287,16 +287,16 @@ __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const 
         const int st = it % STAGES;
         mbar_wait(&ring.full_k[st], (it / STAGES) & 1);
         wgmma_fence();
-        take_turn<NWG>(p, wg);
+        take_turn<sm90_turns<D, NWG>>(p, wg);
         wg_gemm_e4m3_ss<BN, D, BM, BN>(sf, qa, ka + st * KV);
         if (n > n_lo) {
             const int sp = (it - 1) % STAGES;
             mbar_wait(&ring.full_v[sp], ((it - 1) / STAGES) & 1);
             wg_gemm_e4m3_rs<D, BN, D>(of, pa, va + sp * KV);
-            pass_turn<NWG>(p, wg);
+            pass_turn<sm90_turns<D, NWG>>(p, wg);
             wgmma_wait<1>();
         } else {
-            pass_turn<NWG>(p, wg);
+            pass_turn<sm90_turns<D, NWG>>(p, wg);
             wgmma_wait<0>();
         }
         reg_fence(sf);
@@ -353,6 +353,7 @@ __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const 
 // TMA: K and V by TMA boxes (fixed-length keys, p.pg.tma_rows set), else by row copies.
 template <int D, int BN_, int NWG_, int STAGES_, int NQ_, bool TMA> struct sm90_e4m3_mainloop {
     static constexpr int BN = BN_, NWG = NWG_, STAGES = STAGES_, NQ = NQ_, BM = 64 * NWG;
+    static constexpr bool TURNS = sm90_turns<D, NWG>;
     using L = e4m3_smem<BM, BN, D, STAGES, NQ, TMA ? kE4m3Lag + 1 : 2>;
     static constexpr size_t smem = L::bytes;
     static_assert(D % 128 == 0 && BN % 32 == 0 && (BN * D) % 1024 == 0, "tiles of whole 128-byte swizzle blocks");
