@@ -262,6 +262,11 @@ grep -q "truncated" "$tmp/err" || { echo "FAIL: truncation not reported"; cat "$
 [ -s "$tmp/out" ] && { echo "FAIL: output written on error"; fails=$((fails + 1)); }
 expect_rc 0 "bench-model" "$fa" bench-model --config 64x2x4x2x96x512x64 --prompt-len 40 --decode 4
 grep -q "^flash " "$tmp/out" && grep -q "^standard " "$tmp/out" || { echo "FAIL: bench-model rows"; cat "$tmp/out"; fails=$((fails + 1)); }
+# the engine's rows: a row a batch size, medians of --reps passes, every decode step timed
+expect_rc 0 "bench-model --batch" "$fa" bench-model --config 64x2x4x2x96x512x64 --prompt-len 40 --decode 4 \
+  --batch 1,3 --reps 2 --no-standard
+grep -q "medians of 2 passes" "$tmp/out" && grep -qE "^1 .* 0/8 " "$tmp/out" && grep -qE "^3 .* 0/8 " "$tmp/out" ||
+  { echo "FAIL: bench-model --batch rows"; cat "$tmp/out"; fails=$((fails + 1)); }
 # a Hugging Face export of stories260K generates the .bin's text; bad exports are refused
 # (with tokenizer.json, which generate takes from the directory)
 expect_rc 0 "export-hf" "$fa" export-hf --model "$(dirname "$0")/../models/stories260K.bin" --out "$tmp/hf" --shards 2 \
