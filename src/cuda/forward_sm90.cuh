@@ -136,6 +136,32 @@ __device__ __forceinline__ int next_item(const fa_cuda_params &p, int items)
 }
 __device__ __forceinline__ int own_item(int k) { return k == 0 ? (int)blockIdx.x : -1; }
 
+// The loading warpgroup's k-th query tile: once the consumers have given its Q buffer back,
+// the tile (p.sched: taken by thread 0 and passed on in ring.item) into qt. Returns 1 where it
+// has keys to load; 0 where it has none and -1 where no tile is left, the buffer then handed
+// over empty (the consumers see why themselves). The fp8 loaders call it; load_tiles has it
+// written out.
+template <int BM, int BN, int NWG, int STAGES, int NQ>
+__device__ __forceinline__ int loader_next_tile(const fa_cuda_params &p, int items, kv_ring<STAGES, NQ> &ring,
+                                                int k, int tid, query_tile_t &qt)
+{
+    const int qb = k % NQ;
+    if (k >= NQ)
+        mbar_wait(&ring.q_empty[qb], (k / NQ - 1) & 1);
+    int x = own_item(k);
+    if (p.sched) {
+        if (tid == 0)
+            ring.item[qb] = next_item(p, items);
+        named_barrier(NWG + 1, 128);
+        x = ring.item[qb];
+    }
+    if (x < 0 || !query_tile<BM, BN, true>(p, qt, x) || qt.n_lo == qt.n_hi) {
+        mbar_arrive(&ring.q_full[qb]);
+        return x < 0 ? -1 : 0;
+    }
+    return 1;
+}
+
 // The producer's key tiles of query tile qt from whole pages by TMA (p.pg.tma_rows; dense
 // fixed-length keys are pages of one sequence each, p.pg.table NULL), each
 // stage handed over as soon as its copies are issued (the boxes count themselves off the
@@ -195,6 +221,7 @@ __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, k
                   "dynamic and static shared memory within Hopper's 227 KiB a block");
     int it = 0;
     for (int k = 0;; k++) {
+        // loader_next_tile written out: through the helper this loader spilled its registers
         const int qb = k % NQ;
         if (k >= NQ)
             mbar_wait(&ring.q_empty[qb], (k / NQ - 1) & 1);

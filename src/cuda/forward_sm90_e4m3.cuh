@@ -133,22 +133,12 @@ __device__ __forceinline__ void load_tiles_e4m3(const fa_cuda_params &p, int ite
     int it = 0;
     for (int k = 0;; k++) {
         const int qb = k % NQ;
-        if (k >= NQ)
-            mbar_wait(&ring.q_empty[qb], (k / NQ - 1) & 1);
-        int x = own_item(k);
-        if (p.sched) {
-            if (tid == 0)
-                ring.item[qb] = next_item(p, items);
-            named_barrier(NWG + 1, 128);
-            x = ring.item[qb];
-        }
         query_tile_t qt;
-        if (x < 0 || !query_tile<BM, BN, true>(p, qt, x) || qt.n_lo == qt.n_hi) {
-            mbar_arrive(&ring.q_full[qb]);
-            if (x < 0)
-                return;
+        const int got = loader_next_tile<BM, BN, NWG>(p, items, ring, k, tid, qt);
+        if (got < 0)
+            return;
+        if (got == 0)
             continue;
-        }
         const seq_t &s = qt.s;
         load_tile_e4m3<BM, D>(sQ + qb * QB, (const uint8_t *)p.q.p + row_off(p.q, s, false, qt.blk.h, qt.r0),
                               p.q.ss, s.sq - qt.r0, p.dim, p.aligned, tid);
@@ -211,22 +201,12 @@ __device__ __forceinline__ void load_tiles_e4m3_tma(const fa_cuda_params &p, int
     int it = 0;
     for (int k = 0;; k++) {
         const int qb = k % NQ;
-        if (k >= NQ)
-            mbar_wait(&ring.q_empty[qb], (k / NQ - 1) & 1);
-        int x = own_item(k);
-        if (p.sched) {
-            if (tid == 0)
-                ring.item[qb] = next_item(p, items);
-            named_barrier(NWG + 1, 128);
-            x = ring.item[qb];
-        }
         query_tile_t qt;
-        if (x < 0 || !query_tile<BM, BN, true>(p, qt, x) || qt.n_lo == qt.n_hi) {
-            mbar_arrive(&ring.q_full[qb]);
-            if (x < 0)
-                return;
+        const int got = loader_next_tile<BM, BN, NWG>(p, items, ring, k, tid, qt);
+        if (got < 0)
+            return;
+        if (got == 0)
             continue;
-        }
         const seq_t &s = qt.s;
         load_tile_e4m3<BM, D>(sQ + qb * QB, (const uint8_t *)p.q.p + row_off(p.q, s, false, qt.blk.h, qt.r0),
                               p.q.ss, s.sq - qt.r0, p.dim, p.aligned, tid);
