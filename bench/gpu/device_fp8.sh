@@ -12,16 +12,9 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-build}
 level=${1:-all}
 mkdir -p "$out"
-if [ -d .devdeps ] && ! ls /usr/lib/x86_64-linux-gnu/libcmocka.so >/dev/null 2>&1; then
-  for f in .devdeps/*.deb; do dpkg -x "$f" /; done
-  ldconfig
-fi
-blas=/usr/lib/x86_64-linux-gnu/openblas-pthread
-export LD_LIBRARY_PATH=$blas${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+. bench/gpu/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFA_WITH_CUDA=ON -DFA_WITH_GLES=OFF -DFA_BUILD_TOOLS=ON \
-  -DOPENBLAS_LIB=$blas/libopenblas.so -DCBLAS_INCLUDE=/usr/include/x86_64-linux-gnu/openblas-pthread \
-  > "$out/cmake_fp8.log" 2>&1 || { tail -20 "$out/cmake_fp8.log"; exit 1; }
+device_configure "$out/cmake_fp8.log" || exit 1
 cmake --build build -j "$(nproc)" --target flashattn_cli test_conformance > "$out/build_fp8.log" 2>&1 ||
   { grep -E "error" "$out/build_fp8.log" | head -20; exit 1; }
 echo "build ok"

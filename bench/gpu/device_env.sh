@@ -1,0 +1,17 @@
+# SPDX-License-Identifier: MIT
+# Sourced by the device scripts, from the repository root: the debs carried in .devdeps
+# (bench/gpu/fetch_debs.sh) unpacked where the machine lacks them (it has no package manager),
+# OpenBLAS's directory on the library path (no alternatives symlink there), and
+# device_configure LOG: the CUDA build's configuration with the tools (no GLES), its output in
+# LOG, its tail shown when it fails.
+blas=/usr/lib/x86_64-linux-gnu/openblas-pthread
+if [ -d .devdeps ] && ! ls /usr/lib/x86_64-linux-gnu/libcmocka.so >/dev/null 2>&1; then
+  for f in .devdeps/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+fi
+export LD_LIBRARY_PATH=$blas${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+device_configure() {
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFA_WITH_CUDA=ON -DFA_WITH_GLES=OFF -DFA_BUILD_TOOLS=ON \
+    -DOPENBLAS_LIB=$blas/libopenblas.so -DCBLAS_INCLUDE=/usr/include/x86_64-linux-gnu/openblas-pthread \
+    > "$1" 2>&1 || { tail -20 "$1"; return 1; }
+}
