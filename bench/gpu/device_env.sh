@@ -11,7 +11,7 @@ if [ -d .devdeps ] && ! ls /usr/lib/x86_64-linux-gnu/libcmocka.so >/dev/null 2>&
 fi
 export LD_LIBRARY_PATH=$blas${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 device_configure() {
-  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFA_WITH_CUDA=ON -DFA_WITH_GLES=OFF -DFA_BUILD_TOOLS=ON \
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFA_WITH_CUDA=ON -DFA_WITH_GLES=OFF -DFA_BUILD_TOOLS=ON -DFA_BUILD_TESTS=ON \
     -DOPENBLAS_LIB=$blas/libopenblas.so -DCBLAS_INCLUDE=/usr/include/x86_64-linux-gnu/openblas-pthread \
     > "$1" 2>&1 || { tail -20 "$1"; return 1; }
 }
