@@ -4,7 +4,9 @@
  * unrounded inputs: q, k, v drawn from N(0, 1) with 0.1% of the elements outliers from
  * N(0, 10^2), then rounded to bf16, or quantised to e4m3 with one descale factor a tensor or
  * one per head (amax / 448, round to nearest), the last also with q and k rotated by a
- * random-sign Hadamard transform first (rotate below). Each runs fa_forward on the chosen
+ * random-sign Hadamard transform first (rotate below), and then with v rotated as well by a
+ * transform of its own and o rotated back (a model folds the two into its v and output
+ * projections). Each runs fa_forward on the chosen
  * backend, o float32. The CPU accumulates in float32 from the exact input values, so its
  * figures are those of the inputs' rounding alone; the CUDA fp8 kernel also rounds P to e4m3
  * for its second product. Prints the RMSE and the largest error of o per variant and shape,
@@ -82,6 +84,26 @@ static void rotate(double *x, int s, int h, int d, uint64_t seed)
     }
 }
 
+/* rotate's inverse for the same seed: rows times D H / sqrt(d) (H symmetric, H H = d I). */
+static void unrotate(double *x, int s, int h, int d, uint64_t seed)
+{
+    fa_rng r = { seed };
+    double sign[256];
+    for (int j = 0; j < d; j++)
+        sign[j] = fa_rng_next(&r) & 1 ? -1.0 : 1.0;
+    for (size_t row = 0; row < (size_t)s * h; row++) {
+        double *v = x + row * d;
+        for (int len = 1; len < d; len *= 2)
+            for (int i = 0; i < d; i += 2 * len)
+                for (int j = i; j < i + len; j++) {
+                    const double a = v[j], b = v[j + len];
+                    v[j] = a + b, v[j + len] = a - b;
+                }
+        for (int j = 0; j < d; j++)
+            v[j] = v[j] * sign[j] / sqrt((double)d);
+    }
+}
+
 /* bytes of src in a new buffer of ctx's backend (device memory on CUDA); NULL on failure. */
 static void *stage(fa_context_t ctx, const void *src, size_t bytes)
 {
@@ -126,16 +148,17 @@ static int run(fa_context_t ctx, int s, int h, int d, int causal, uint64_t seed)
     for (size_t i = 0; i < n; i++)
         ref_rms += ref[i] * ref[i];
     ref_rms = sqrt(ref_rms / (double)n);
-    double *rot[2] = { malloc(n * sizeof(double)), malloc(n * sizeof(double)) };
-    for (int k = 0; k < 2; k++) {
+    double *rot[3] = { malloc(n * sizeof(double)), malloc(n * sizeof(double)), malloc(n * sizeof(double)) };
+    double *ob = malloc(n * sizeof(double));
+    for (int k = 0; k < 3; k++) {
         for (size_t i = 0; i < n; i++)
             rot[k][i] = x[k][i];
-        rotate(rot[k], s, h, d, seed ^ 0x5eed);
+        rotate(rot[k], s, h, d, k < 2 ? seed ^ 0x5eed : seed ^ 0x7a11); /* v's transform its own */
     }
-    for (int variant = 0; variant < 4; variant++) {
+    for (int variant = 0; variant < 5; variant++) {
         fa_attention_desc dv = d0;
         fa_dtype t = variant == 0 ? FA_DTYPE_BF16 : FA_DTYPE_E4M3;
-        const int slot = variant == 1 ? 0 : 1; /* per-head factors for variants 2 and 3 */
+        const int slot = variant == 1 ? 0 : 1; /* per-head factors for variants 2 to 4 */
         void *in[3];
         for (int k = 0; k < 3; k++) {
             if (variant == 0) {
@@ -150,7 +173,8 @@ static int run(fa_context_t ctx, int s, int h, int d, int causal, uint64_t seed)
                 }
                 in[k] = xb[k];
             } else {
-                quantise(variant == 3 && k < 2 ? rot[k] : x[k], s, h, d, variant >= 2, x8[k], sc[k][slot]);
+                const int rotated = (variant == 3 && k < 2) || variant == 4;
+                quantise(rotated ? rot[k] : x[k], s, h, d, variant >= 2, x8[k], sc[k][slot]);
                 in[k] = x8[k];
             }
         }
@@ -183,19 +207,23 @@ static int run(fa_context_t ctx, int s, int h, int d, int causal, uint64_t seed)
             fprintf(stderr, "fp8_error: %s\n", fa_context_last_error(ctx));
             return -1;
         }
+        for (size_t i = 0; i < n; i++) /* o, or (variant 4) o rotated back */
+            ob[i] = o[i];
+        if (variant == 4)
+            unrotate(ob, s, h, d, seed ^ 0x7a11);
         double se = 0.0, mx = 0.0;
         for (size_t i = 0; i < n; i++) {
-            double e = o[i] - ref[i];
+            double e = ob[i] - ref[i];
             se += e * e, mx = fmax(mx, fabs(e));
         }
         static const char *names[] = { "bf16", "e4m3, a factor a tensor", "e4m3, a factor a head",
-                                       "e4m3, a head, q k rotated" };
+                                       "e4m3, a head, q k rotated", "e4m3, a head, q k v rotated" };
         printf("s%-5d h%d d%d %-7s %-26s rmse %.2e  max %.2e  (rms of o %.3f)\n", s, h, d,
                causal ? "causal" : "", names[variant], sqrt(se / (double)n), mx, ref_rms);
     }
     for (int t = 0; t < 3; t++)
         free(x[t]), free(xf[t]), free(xb[t]), free(x8[t]);
-    free(ref), free(o), free(rot[0]), free(rot[1]);
+    free(ref), free(o), free(ob), free(rot[0]), free(rot[1]), free(rot[2]);
     return 0;
 }
 
