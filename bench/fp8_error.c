@@ -218,7 +218,7 @@ static int run(fa_context_t ctx, int s, int h, int d, int causal, uint64_t seed)
         }
         static const char *names[] = { "bf16", "e4m3, a factor a tensor", "e4m3, a factor a head",
                                        "e4m3, a head, q k rotated", "e4m3, a head, q k v rotated" };
-        printf("s%-5d h%d d%d %-7s %-26s rmse %.2e  max %.2e  (rms of o %.3f)\n", s, h, d,
+        printf("s%-5d h%d d%d %-7s %-27s rmse %.2e  max %.2e  (rms of o %.3f)\n", s, h, d,
                causal ? "causal" : "", names[variant], sqrt(se / (double)n), mx, ref_rms);
     }
     for (int t = 0; t < 3; t++)

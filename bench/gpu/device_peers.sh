@@ -36,4 +36,4 @@ PYTHONPATH=/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages timeout 330
 stamp "attention rc=$?"; cat "$out/attention.log" | tail -40
 FLASHATTN_TEST_QUICK=1 timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 ./build/tests/test_paged \
   > "$out/racecheck_paged.log" 2>&1
-stamp "racecheck paged rc=$?"; grep -hE "RACECHECK SUMMARY|FAILED|Error" "$out/racecheck_paged.log" | head -6
+stamp "racecheck paged rc=$?"; grep -hE "RACECHECK SUMMARY|FAILED|Error" "$out/racecheck_paged.log" | head -6 || true
