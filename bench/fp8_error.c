@@ -60,45 +60,50 @@ static void quantise(const double *src, int s, int h, int d, int per_head, uint8
         dst[at] = to_e4m3(src[at] / scale[at / d % h]);
 }
 
-/* x [s, h, d] rows times H D / sqrt(d): D random signs, H the Walsh-Hadamard matrix (d a power
+/* The random signs D of a rotation's seed, d of them. */
+static void signs(double *sign, int d, uint64_t seed)
+{
+    fa_rng r = { seed };
+    for (int j = 0; j < d; j++)
+        sign[j] = fa_rng_next(&r) & 1 ? -1.0 : 1.0;
+}
+
+/* v times the Walsh-Hadamard matrix H of order d (a power of two), in place. */
+static void wht(double *v, int d)
+{
+    for (int len = 1; len < d; len *= 2)
+        for (int i = 0; i < d; i += 2 * len)
+            for (int j = i; j < i + len; j++) {
+                const double a = v[j], b = v[j + len];
+                v[j] = a + b, v[j + len] = a - b;
+            }
+}
+
+/* x [s, h, d] rows times D H / sqrt(d): D random signs, H the Walsh-Hadamard matrix (d a power
  * of two). Orthogonal, and the same for q and k, so q.k is unchanged while an outlier's weight
  * spreads over the row (FlashAttention-3's incoherent processing). */
 static void rotate(double *x, int s, int h, int d, uint64_t seed)
 {
-    fa_rng r = { seed };
     double sign[256];
-    for (int j = 0; j < d; j++)
-        sign[j] = fa_rng_next(&r) & 1 ? -1.0 : 1.0;
+    signs(sign, d, seed);
     for (size_t row = 0; row < (size_t)s * h; row++) {
         double *v = x + row * d;
         for (int j = 0; j < d; j++)
             v[j] *= sign[j];
-        for (int len = 1; len < d; len *= 2)
-            for (int i = 0; i < d; i += 2 * len)
-                for (int j = i; j < i + len; j++) {
-                    const double a = v[j], b = v[j + len];
-                    v[j] = a + b, v[j + len] = a - b;
-                }
+        wht(v, d);
         for (int j = 0; j < d; j++)
             v[j] /= sqrt((double)d);
     }
 }
 
-/* rotate's inverse for the same seed: rows times D H / sqrt(d) (H symmetric, H H = d I). */
+/* rotate's inverse for the same seed: rows times H D / sqrt(d) (H symmetric, H H = d I). */
 static void unrotate(double *x, int s, int h, int d, uint64_t seed)
 {
-    fa_rng r = { seed };
     double sign[256];
-    for (int j = 0; j < d; j++)
-        sign[j] = fa_rng_next(&r) & 1 ? -1.0 : 1.0;
+    signs(sign, d, seed);
     for (size_t row = 0; row < (size_t)s * h; row++) {
         double *v = x + row * d;
-        for (int len = 1; len < d; len *= 2)
-            for (int i = 0; i < d; i += 2 * len)
-                for (int j = i; j < i + len; j++) {
-                    const double a = v[j], b = v[j + len];
-                    v[j] = a + b, v[j + len] = a - b;
-                }
+        wht(v, d);
         for (int j = 0; j < d; j++)
             v[j] = v[j] * sign[j] / sqrt((double)d);
     }
