@@ -41,6 +41,8 @@ static int left_out(fa_dtype dt)
     const char *name = dt == FA_DTYPE_F32 ? "f32" : dt == FA_DTYPE_F16 ? "f16" : dt == FA_DTYPE_BF16 ? "bf16" : "e4m3";
     if (!only || !*only || strcmp(only, name) == 0)
         return 0;
+    if (strcmp(only, "f32") && strcmp(only, "f16") && strcmp(only, "bf16") && strcmp(only, "e4m3"))
+        fail_msg("FLASHATTN_TEST_DTYPE=%s: not f32, f16, bf16 or e4m3 (a typo would skip every case)", only);
     print_message("%s skipped: FLASHATTN_TEST_DTYPE=%s\n", name, only);
     return 1;
 }
