@@ -29,10 +29,12 @@ namespace fa {
 namespace {
 
 // The row kernels below: a block per (row, kElemsPerBlock elements of its heads x dim), each
-// thread kRowElems of them a warp's width apart (coalesced, independent loads). A decode step's
-// few rows still spread over a block per 8 heads of 128, and a prefill's thousands of rows
-// take a few blocks each, the row's lookups made once a block.
+// thread kRowElems of them: side by side as one 16-byte load and store where every row allows
+// it (p.append_vec, p.rotate_vec), else a warp's width apart (coalesced, independent loads).
+// A decode step's few rows still spread over a block per 8 heads of 128, and a prefill's
+// thousands of rows take a few blocks each, the row's lookups made once a block.
 constexpr int kRowThreads = 128, kRowElems = 8, kElemsPerBlock = kRowThreads * kRowElems;
+static_assert(kRowElems == 8, "append_vec, rotate_vec: a thread's elements are 16 bytes of f16 / bf16");
 
 // Each new row's keys (rotated) and values into the page slot after the cache, every kv head.
 template <typename T> __global__ void __launch_bounds__(kRowThreads) append_kernel(const fa_cuda_paged p)
@@ -45,6 +47,27 @@ template <typename T> __global__ void __launch_bounds__(kRowThreads) append_kern
     const int pos = p.rope_dim ? rope_pos(p, row, i, s) : 0;
     const page_slot_t at = kv_slot(p, s, s.cached + i);
     const int n = p.a.heads_kv * dim;
+    if (p.append_vec) {
+        const int f = blockIdx.y * kElemsPerBlock + threadIdx.x * kRowElems, g = f / dim, e = f % dim;
+        if (f >= n)
+            return;
+        const int64_t ko = slot_off(at, g, p.a.pg.k_sp, p.a.pg.k_st, p.a.k.sh);
+        const int64_t vo = slot_off(at, g, p.a.pg.v_sp, p.a.pg.v_st, p.a.v.sh);
+        const T *ks = (const T *)p.kn.p + row * p.kn.ss + g * p.kn.sh;
+        const T *vs = (const T *)p.vn.p + row * p.vn.ss + g * p.vn.sh;
+        if (ko >= 0) {
+            uint4 u = *reinterpret_cast<const uint4 *>(ks + e);
+            if (p.rope_dim) {
+                float v[8];
+                rope8(p, ks, e, pos, v);
+                u = pack8<T>(v);
+            }
+            *reinterpret_cast<uint4 *>((T *)p.a.k.p + ko + e) = u;
+        }
+        if (vo >= 0)
+            *reinterpret_cast<uint4 *>((T *)p.a.v.p + vo + e) = *reinterpret_cast<const uint4 *>(vs + e);
+        return;
+    }
 #pragma unroll
     for (int x = 0; x < kRowElems; x++) {
         const int f = blockIdx.y * kElemsPerBlock + x * kRowThreads + threadIdx.x, g = f / dim, e = f % dim;
@@ -71,6 +94,15 @@ template <typename T> __global__ void __launch_bounds__(kRowThreads) rotate_q_ke
     if (i < 0 || i >= s.qn)
         return;
     const int pos = rope_pos(p, row, i, s), n = p.a.heads_q * dim;
+    if (p.rotate_vec) {
+        const int f = blockIdx.y * kElemsPerBlock + threadIdx.x * kRowElems, h = f / dim, e = f % dim;
+        if (f >= n)
+            return;
+        float v[8];
+        rope8(p, (const T *)p.a.q.p + (int64_t)row * p.a.q.ss + (int64_t)h * p.a.q.sh, e, pos, v);
+        *reinterpret_cast<uint4 *>(out + (int64_t)row * n + f) = pack8<T>(v);
+        return;
+    }
 #pragma unroll
     for (int x = 0; x < kRowElems; x++) {
         const int f = blockIdx.y * kElemsPerBlock + x * kRowThreads + threadIdx.x, h = f / dim, e = f % dim;

@@ -138,6 +138,13 @@ __device__ __forceinline__ int rope_pos(const fa_cuda_paged &p, int row, int i, 
     return min(max(pos, 0), p.rope_max_pos - 1);
 }
 
+// One rotated element: v with its pair partner, the angle's cosine and sine, the partner's sign;
+// rounded in one way wherever a kernel rotates (one product, then one fused multiply-add).
+__device__ __forceinline__ float rope_mix(float v, float partner, float c, float s, float sign)
+{
+    return __fmaf_rn(v, c, __fmul_rn(sign * partner, s));
+}
+
 // Element e of row x after the rotation at pos (fa_paged_desc's definition; its pair partner
 // read from x too).
 template <typename T>
@@ -159,7 +166,63 @@ __device__ __forceinline__ float rope_elem(const fa_cuda_paged &p, const T *x, i
         sign = (e & 1) ? 1.0f : -1.0f;
     }
     const int64_t at = (int64_t)pos * half + i;
-    return v * p.rope_cos[at] + sign * to_float(x[partner]) * p.rope_sin[at];
+    return rope_mix(v, to_float(x[partner]), p.rope_cos[at], p.rope_sin[at], sign);
+}
+
+// 16 bytes of T at x (16-byte aligned) as 8 floats, and 8 floats rounded to T as 16 bytes.
+template <typename T> __device__ __forceinline__ void load8(const T *x, float (&v)[8])
+{
+    const uint4 u = *reinterpret_cast<const uint4 *>(x);
+    const T *h = reinterpret_cast<const T *>(&u);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        v[j] = to_float(h[j]);
+}
+template <typename T> __device__ __forceinline__ uint4 pack8(const float (&v)[8])
+{
+    uint4 u;
+    T *h = reinterpret_cast<T *>(&u);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        h[j] = from_float<T>(v[j]);
+    return u;
+}
+
+// Elements e..e+7 of row x (e a multiple of 8) rotated at pos, each as rope_elem gives it
+// (p.append_vec, p.rotate_vec: rope_dim a multiple of 16, so the 8 lie on one side of
+// rope_dim and of the NeoX half, and their angles' cosines and sines are whole 16-byte groups
+// of the tables).
+template <typename T>
+__device__ __forceinline__ void rope8(const fa_cuda_paged &p, const T *x, int e, int pos, float (&v)[8])
+{
+    load8(x + e, v);
+    if (e >= p.rope_dim)
+        return;
+    const int half = p.rope_dim / 2;
+    float w[8], c[8], s[8];
+    if (p.rope_neox) {
+        const bool lo = e < half;
+        load8(x + (lo ? e + half : e - half), w);
+        const int64_t at = (int64_t)pos * half + (lo ? e : e - half);
+#pragma unroll
+        for (int j = 0; j < 8; j += 4) {
+            *reinterpret_cast<float4 *>(c + j) = *reinterpret_cast<const float4 *>(p.rope_cos + at + j);
+            *reinterpret_cast<float4 *>(s + j) = *reinterpret_cast<const float4 *>(p.rope_sin + at + j);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = rope_mix(v[j], w[j], c[j], s[j], lo ? -1.0f : 1.0f);
+    } else { // pairs (e + 2i, e + 2i + 1) share angle e / 2 + i
+        const int64_t at = (int64_t)pos * half + e / 2;
+        *reinterpret_cast<float4 *>(c) = *reinterpret_cast<const float4 *>(p.rope_cos + at);
+        *reinterpret_cast<float4 *>(s) = *reinterpret_cast<const float4 *>(p.rope_sin + at);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            w[j] = v[j ^ 1];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = rope_mix(v[j], w[j], c[j / 2], s[j / 2], (j & 1) ? 1.0f : -1.0f);
+    }
 }
 
 // The sink's share and the natural-log lse of a row with statistics (m, l) in log2 units.

@@ -242,6 +242,13 @@ static void fill(const fa_problem *p, fa_cuda_paged *k)
     k->rope_max_pos = d->rope_max_pos;
     k->rope_neox = d->rope == FA_ROPE_NEOX;
     k->kv_aligned = p->dim % 8 == 0 && cache_aligned(c);
+    const int rope_vec = p->dim % 8 == 0 && (!pg->rope_dim || (pg->rope_dim % 16 == 0 &&
+                                                               (uintptr_t)d->rope_cos % 16 == 0 &&
+                                                               (uintptr_t)d->rope_sin % 16 == 0));
+    k->append_vec = rope_vec && k->kv_aligned &&
+                    aligned16(d->k_new.data, d->k_new.stride_seq, d->k_new.stride_head, 0) &&
+                    aligned16(d->v_new.data, d->v_new.stride_seq, d->v_new.stride_head, 0);
+    k->rotate_vec = rope_vec && aligned16(d->q.data, d->q.stride_seq, d->q.stride_head, 0);
 }
 
 /* The Hopper forward over the pages: queries (rotated into the workspace where RoPE is on)

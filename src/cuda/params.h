@@ -137,6 +137,10 @@ typedef struct fa_cuda_paged {
     int32_t split_grow; /* split is the default's base, grown with a sequence's length */
     int32_t max_splits; /* splits of the longest sequence the grid covers */
     int kv_aligned;     /* 16-byte cp.async of cache rows */
+    /* 8 elements (16 bytes) a thread: dim and each rotated half (NeoX) or run of pairs in
+     * whole 16-byte chunks (rope_dim % 16), the cos / sin tables on 16 bytes, and the rows
+     * each kernel touches on 16 bytes: new k / v and the pools (append_vec), q (rotate_vec) */
+    int append_vec, rotate_vec;
     int decode_sm90;    /* decode on the Hopper kernel (rows by bulk copies; needs kv_aligned) */
     int pdl;            /* Hopper: that kernel and the split combine after it launched as
                          * programmatic dependents (paged.cuh: pdl_wait) */
