@@ -6,7 +6,7 @@ median ms of timed runs of --inner calls after warm-up (calls of milliseconds: n
 TFLOP/s (4 * heads * d * visible (query, key) pairs) and the dense / paged time ratio; the
 two outputs' max difference is printed as a sanity check.
 
-  python3 bench/gpu/prefill_paged.py [--lib build/libflashattn.so] [--json FILE] [--page N] [--in-order]
+  python3 bench/gpu/prefill_paged.py [--lib build/libflashattn.so] [--json FILE] [--page N] [--in-order | --shuffle-within G]
 """
 import argparse
 import ctypes as C
@@ -47,6 +47,8 @@ def main():
     ap.add_argument("--inner", type=int, default=5)
     ap.add_argument("--page", type=int, default=16, help="tokens a page (a power of two up to 2048)")
     ap.add_argument("--in-order", action="store_true", help="each sequence's pages in pool order, not shuffled")
+    ap.add_argument("--shuffle-within", type=int, default=0, metavar="G",
+                    help="shuffle pages only within aligned groups of G (a power of two; 0: the whole pool)")
     args = ap.parse_args()
     lib = decode.load(args.lib)
     ctx = C.c_void_p()
@@ -60,13 +62,22 @@ def main():
     d, page, hq = 128, args.page, 32
     if page < 1 or page > 2048 or page & (page - 1):
         sys.exit("--page: a power of two from 1 to 2048")
+    group = args.shuffle_within
+    if group < 0 or group & (group - 1) or (group and args.in_order):
+        sys.exit("--shuffle-within: a power of two, without --in-order")
     torch.manual_seed(0)
     for hkv in (32, 8):
         for b, kv, chunk in ((1, 8192, 2048), (4, 8192, 512), (4, 16384, 2048), (16, 4096, 256)):
             pages = b * kv // page
             kc = torch.randn(pages, page, hkv, d, dtype=torch.bfloat16, device="cuda")
             vc = torch.randn(pages, page, hkv, d, dtype=torch.bfloat16, device="cuda")
-            order = torch.arange(pages, device="cuda") if args.in_order else torch.randperm(pages, device="cuda")
+            if args.in_order:
+                order = torch.arange(pages, device="cuda")
+            elif group and pages % group == 0:  # each group's pages among themselves
+                base = torch.arange(0, pages, group, device="cuda").unsqueeze(1)
+                order = (base + torch.argsort(torch.rand(pages // group, group, device="cuda"), dim=1)).flatten()
+            else:
+                order = torch.randperm(pages, device="cuda")
             table = order.to(torch.int32).view(b, kv // page)
             lens = torch.full((b,), kv, dtype=torch.int32, device="cuda")
             q = torch.randn(b, chunk, hq, d, dtype=torch.bfloat16, device="cuda")
@@ -104,7 +115,7 @@ def main():
                 with open(args.json, "a") as f:
                     f.write(json.dumps({"commit": commit, "case": name, "batch": b, "kv": kv, "chunk": chunk,
                                         "heads_q": hq, "heads_kv": hkv, "page": page,
-                                        "in_order": args.in_order, "paged_ms": t_paged,
+                                        "in_order": args.in_order, "shuffle_within": group, "paged_ms": t_paged,
                                         "dense_ms": t_dense, "flops": flops, "paged_kernel": paged.kernel,
                                         "dense_kernel": kernel, "max_diff": err}) + "\n")
             lib.fa_paged_plan_destroy(paged.plan)
