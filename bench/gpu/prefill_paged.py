@@ -73,7 +73,9 @@ def main():
             vc = torch.randn(pages, page, hkv, d, dtype=torch.bfloat16, device="cuda")
             if args.in_order:
                 order = torch.arange(pages, device="cuda")
-            elif group and pages % group == 0:  # each group's pages among themselves
+            elif group:  # each group's pages among themselves
+                if pages % group:
+                    sys.exit(f"--shuffle-within {group}: does not divide the {pages} pages of b{b} kv{kv}")
                 base = torch.arange(0, pages, group, device="cuda").unsqueeze(1)
                 order = (base + torch.argsort(torch.rand(pages // group, group, device="cuda"), dim=1)).flatten()
             else:

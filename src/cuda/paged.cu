@@ -36,6 +36,21 @@ namespace {
 constexpr int kRowThreads = 128, kRowElems = 8, kElemsPerBlock = kRowThreads * kRowElems;
 static_assert(kRowElems == 8, "append_vec, rotate_vec: a thread's elements are 16 bytes of f16 / bf16");
 
+// Kv head g of new row `row`: its k and v in the call's new rows, and the element offsets of
+// its page slot `at` in the K and V pools (-1 where the table names no page).
+template <typename T> struct new_row {
+    const T *ks, *vs;
+    int64_t ko, vo;
+};
+template <typename T>
+__device__ __forceinline__ new_row<T> new_row_of(const fa_cuda_paged &p, page_slot_t at, int row, int g)
+{
+    return new_row<T>{ (const T *)p.kn.p + row * p.kn.ss + g * p.kn.sh,
+                       (const T *)p.vn.p + row * p.vn.ss + g * p.vn.sh,
+                       slot_off(at, g, p.a.pg.k_sp, p.a.pg.k_st, p.a.k.sh),
+                       slot_off(at, g, p.a.pg.v_sp, p.a.pg.v_st, p.a.v.sh) };
+}
+
 // Each new row's keys (rotated) and values into the page slot after the cache, every kv head.
 template <typename T> __global__ void __launch_bounds__(kRowThreads) append_kernel(const fa_cuda_paged p)
 {
@@ -51,21 +66,18 @@ template <typename T> __global__ void __launch_bounds__(kRowThreads) append_kern
         const int f = blockIdx.y * kElemsPerBlock + threadIdx.x * kRowElems, g = f / dim, e = f % dim;
         if (f >= n)
             return;
-        const int64_t ko = slot_off(at, g, p.a.pg.k_sp, p.a.pg.k_st, p.a.k.sh);
-        const int64_t vo = slot_off(at, g, p.a.pg.v_sp, p.a.pg.v_st, p.a.v.sh);
-        const T *ks = (const T *)p.kn.p + row * p.kn.ss + g * p.kn.sh;
-        const T *vs = (const T *)p.vn.p + row * p.vn.ss + g * p.vn.sh;
-        if (ko >= 0) {
-            uint4 u = *reinterpret_cast<const uint4 *>(ks + e);
+        const new_row<T> r = new_row_of<T>(p, at, row, g);
+        if (r.ko >= 0) {
+            uint4 u = *reinterpret_cast<const uint4 *>(r.ks + e);
             if (p.rope_dim) {
                 float v[8];
-                rope8(p, ks, e, pos, v);
+                rope8(p, r.ks, e, pos, v);
                 u = pack8<T>(v);
             }
-            *reinterpret_cast<uint4 *>((T *)p.a.k.p + ko + e) = u;
+            *reinterpret_cast<uint4 *>((T *)p.a.k.p + r.ko + e) = u;
         }
-        if (vo >= 0)
-            *reinterpret_cast<uint4 *>((T *)p.a.v.p + vo + e) = *reinterpret_cast<const uint4 *>(vs + e);
+        if (r.vo >= 0)
+            *reinterpret_cast<uint4 *>((T *)p.a.v.p + r.vo + e) = *reinterpret_cast<const uint4 *>(r.vs + e);
         return;
     }
 #pragma unroll
@@ -73,14 +85,11 @@ template <typename T> __global__ void __launch_bounds__(kRowThreads) append_kern
         const int f = blockIdx.y * kElemsPerBlock + x * kRowThreads + threadIdx.x, g = f / dim, e = f % dim;
         if (f >= n)
             break;
-        const int64_t ko = slot_off(at, g, p.a.pg.k_sp, p.a.pg.k_st, p.a.k.sh);
-        const int64_t vo = slot_off(at, g, p.a.pg.v_sp, p.a.pg.v_st, p.a.v.sh);
-        const T *ks = (const T *)p.kn.p + row * p.kn.ss + g * p.kn.sh;
-        const T *vs = (const T *)p.vn.p + row * p.vn.ss + g * p.vn.sh;
-        if (ko >= 0)
-            ((T *)p.a.k.p)[ko + e] = p.rope_dim ? from_float<T>(rope_elem(p, ks, e, pos)) : ks[e];
-        if (vo >= 0)
-            ((T *)p.a.v.p)[vo + e] = vs[e];
+        const new_row<T> r = new_row_of<T>(p, at, row, g);
+        if (r.ko >= 0)
+            ((T *)p.a.k.p)[r.ko + e] = p.rope_dim ? from_float<T>(rope_elem(p, r.ks, e, pos)) : r.ks[e];
+        if (r.vo >= 0)
+            ((T *)p.a.v.p)[r.vo + e] = r.vs[e];
     }
 }
 
