@@ -117,6 +117,12 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
      * FLASHATTN_CUDA_PINGPONG=0: freely (for comparison) */
     const char *pp = getenv("FLASHATTN_CUDA_PINGPONG");
     s->pingpong = s->hopper && !(pp && strcmp(pp, "0") == 0);
+    /* FLASHATTN_CUDA_SLACK=x >= 0: the Hopper bf16 / f16 forward keeps a row's softmax
+     * reference until a key tile's largest logit passes it by more than x (log2 units; 8 as
+     * FlashAttention-4), rescaling O only then (softmax_update). Off by default: measured faster
+     * once (docs/perf/h200.md), not yet through the CUDA grids. */
+    const char *sl = getenv("FLASHATTN_CUDA_SLACK");
+    s->rescale_slack = sl ? (float)atof(sl) : -1.0f;
     *state = s;
     return FA_OK;
 }
@@ -262,6 +268,7 @@ typedef struct call {
 static cudaError_t forward_sm90(const cuda_state *s, const call *c, fa_cuda_params *k)
 {
     k->pingpong = s->pingpong;
+    k->rescale_slack = s->rescale_slack;
     if (k->aligned)
         fa_cuda_tma_dense(s->tma_encode, k, c->fp8 ? FA_CUDA_TMA_E4M3 : c->bf16, c->h->keys);
     if (c->fp8)

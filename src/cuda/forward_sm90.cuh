@@ -30,25 +30,33 @@ template <int D, int BN> struct sm90_rows {
 };
 
 // S(n) (raw scores in r.sc) -> P(n) and the rescale of the running statistics (cap_in and
-// scale_log2: to_logits'); alpha gets the factor O must be scaled by once P(n-1) V(n-1) is done.
+// scale_log2: to_logits'; slack: softmax_update's); alpha gets the factor O must be scaled by
+// once P(n-1) V(n-1) is done.
 template <int D, int BN>
 __device__ __forceinline__ void softmax_step(const fa_cuda_params &p, const mask_t &mk,
                                              sm90_rows<D, BN> &r, int64_t wr0, int64_t c0, int g,
-                                             int t, float (&alpha)[1][2], float cap_in, float scale_log2)
+                                             int t, float (&alpha)[1][2], float cap_in, float scale_log2,
+                                             float slack)
 {
     to_logits(p, r.sc, cap_in, scale_log2);
     if (!mk.all_visible(wr0, wr0 + 16, c0, c0 + BN))
         apply_mask(mk, r.sc, wr0 + g, c0 + 2 * t);
-    softmax_update(r.sc, r.m, r.l, alpha);
+    softmax_update(r.sc, r.m, r.l, alpha, slack);
 }
 
-// O rescaled once P(n-1) V(n-1) is done, then P(n) (with dropout) into A fragments.
+// The head dims that take p.rescale_slack (d256, not measured with it, compiles as before).
+template <int D> constexpr bool sm90_slack = D <= 128;
+
+// O rescaled once P(n-1) V(n-1) is done (with p.rescale_slack >= 0 only where a row of the
+// warp moved its reference), then P(n) (with dropout) into A fragments.
 template <typename T, int D, int BN>
 __device__ __forceinline__ void finish_step(const fa_cuda_params &p, sm90_rows<D, BN> &r,
                                             const float (&alpha)[1][2], int b, int h, int64_t row,
                                             int64_t col)
 {
-    rescale(r.o, alpha);
+    if (!sm90_slack<D> || p.rescale_slack < 0.0f ||
+        __any_sync(0xffffffffu, alpha[0][0] != 1.0f || alpha[0][1] != 1.0f))
+        rescale(r.o, alpha);
     if (p.dropout_p > 0.0f) // dropped to 0 here; the 1/(1-p) comes in float32 at the end
         apply_dropout(p, r.sc, b, h, row, col);
     to_a<T, 1, BN / 8>(r.pa, r.sc);
@@ -344,7 +352,8 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
         if (lane == 0)
             mbar_arrive(&ring.empty_k[st]);
         float alpha[1][2];
-        softmax_step(p, qt.mk, r, wr0, (int64_t)n * BN, g, t, alpha, p.cap_in, p.scale_log2);
+        softmax_step(p, qt.mk, r, wr0, (int64_t)n * BN, g, t, alpha, p.cap_in, p.scale_log2,
+                     sm90_slack<D> ? p.rescale_slack : -1.0f);
         wgmma_wait<0>(); // P(n-1) V(n-1) done: o and pa are ours again
         reg_fence(of);
         reg_fence(r.pa[0]);

@@ -283,7 +283,7 @@ __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const 
         if (lane == 0)
             mbar_arrive(&ring.empty_k[st]);
         float alpha[1][2];
-        softmax_step(p, qt.mk, r, wr0, (int64_t)n * BN, g, t, alpha, cap_in, scale_log2);
+        softmax_step(p, qt.mk, r, wr0, (int64_t)n * BN, g, t, alpha, cap_in, scale_log2, -1.0f);
         wgmma_wait<0>(); // P(n-1) V(n-1) done: o and pa are ours again
         reg_fence(of);
         reg_fence(pa);

@@ -257,6 +257,7 @@ static cudaError_t run_sm90(const cuda_state *s, fa_cuda_paged *k, const cuda_pa
 {
     fa_cuda_params a = k->a;
     a.pingpong = s->pingpong;
+    a.rescale_slack = s->rescale_slack;
     fa_cuda_tma_paged(s->tma_encode, &a, pl->bf16, pl->sm90->keys);
     if (k->rope_dim) {
         cudaError_t err = fa_cuda_paged_rotate_q(k, pl->bf16, pl->ws, stream);

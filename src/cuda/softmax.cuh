@@ -47,9 +47,13 @@ template <int MT> __device__ __forceinline__ void softmax_init(float (&m)[MT][2]
 // l move on, and alpha gets the factor the row's O accumulator must be scaled by (rescale).
 // The row's largest logit gives exactly 1, so a one-hot row is exact (folding the scale into
 // the exponent's FMA saved one instruction a score, 1-2%, and lost that: docs/perf/h200.md).
+// With slack >= 0 m is a row's reference rather than its maximum: a tile whose largest logit
+// passes m by no more than slack keeps it, so that alpha is exactly 1 and O needs no rescale
+// (FlashAttention-4's conditional rescale; probabilities reach 2^slack at most, the lse is
+// unchanged as it is m + log2 l). A negative slack (the default) keeps m the row's maximum.
 template <int MT, int NS>
 __device__ __forceinline__ void softmax_update(float (&sc)[MT][NS][4], float (&m)[MT][2],
-                                               float (&l)[MT][2], float (&alpha)[MT][2])
+                                               float (&l)[MT][2], float (&alpha)[MT][2], float slack = -1.0f)
 {
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -60,9 +64,11 @@ __device__ __forceinline__ void softmax_update(float (&sc)[MT][NS][4], float (&m
             for (int nt = 0; nt < NS; nt++)
                 mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * hf], sc[mt][nt][2 * hf + 1]));
             mx = quad_max(mx);
-            const float base = mx == -INFINITY ? 0.0f : mx; // nothing seen yet: keep zeros
-            alpha[mt][hf] = exp2_fast(m[mt][hf] - base);
-            m[mt][hf] = mx;
+            // false while nothing was seen (NaN or inf), and for a negative slack known at compile time
+            const bool keep = slack >= 0.0f && mx - m[mt][hf] <= slack;
+            const float base = keep ? m[mt][hf] : mx == -INFINITY ? 0.0f : mx; // nothing seen yet: keep zeros
+            alpha[mt][hf] = keep ? 1.0f : exp2_fast(m[mt][hf] - base);
+            m[mt][hf] = keep ? m[mt][hf] : mx;
             float sum = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < NS; nt++)
