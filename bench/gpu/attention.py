@@ -64,7 +64,10 @@ def main():
     ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--dims", default="64,128", help="head dims, comma-separated")
     ap.add_argument("--no-peers", action="store_true", help="flashattn alone (A/B runs of its kernels)")
+    ap.add_argument("--peers", default=",".join(PEERS),
+                    help="SDPA backends beside it, comma-separated (torch-flash gives the diff column)")
     args = ap.parse_args()
+    peers = {} if args.no_peers else {n: PEERS[n] for n in args.peers.split(",") if n}
 
     torch.manual_seed(0)
     lib = fa.load(args.lib)
@@ -101,7 +104,7 @@ def main():
 
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
                 ref = None
-                for name, be in ({} if args.no_peers else PEERS).items():
+                for name, be in peers.items():
                     try:
                         with sdpa_kernel(be):
                             y = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Nsight Compute profile of the dense forward: flashattn's Hopper kernel beside cuDNN's (torch
+# SDPA) on the same tensors, with what says where a compute-bound kernel loses: the pipes'
+# utilisation (tensor, MUFU, FMA), shared-memory wavefronts and bank conflicts, L2 throughput,
+# warp stalls and the top stalling instructions. On a CUDA machine:
+#   bench/gpu/profile_forward.sh [CASE ...]   CASE = dDIM-sSEQ[-causal] (default d64-s4096 d128-s4096 d128-s8192-causal)
+# NCU_EXTRA adds ncu options (NCU_EXTRA="--print-details all": the stall reasons and top stalling lines).
+# batch x seq = 16k, hidden 2048 (bench/gpu/attention.py's shapes). Builds the library alone into
+# build/ when build/libflashattn.so is missing; reports go to $OUT (or build/), one file a case.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-build}
+mkdir -p "$out"
+if [ ! -f build/libflashattn.so ]; then
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFA_WITH_CUDA=ON -DFA_WITH_GLES=OFF -DFA_BUILD_TOOLS=OFF \
+    -DFA_BUILD_TESTS=OFF > "$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
+  cmake --build build -j "$(nproc)" --target flashattn > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head; exit 1; }
+fi
+[ $# -gt 0 ] || set -- d64-s4096 d128-s4096 d128-s8192-causal
+# the pipe and shared-memory metrics this ncu knows by these names (names differ between versions)
+metrics=$(ncu --query-metrics --chip gh100 2>/dev/null | awk '{print $1}' |
+  grep -E '^(sm__pipe_(tensor_op_gmma|shared|xu|fma|alu|fmaheavy)_cycles_active|sm__inst_executed_pipe_(xu|fma|alu|lsu|uniform)|l1tex__data_pipe_lsu_wavefronts_mem_shared|l1tex__data_bank_conflicts_pipe_lsu_mem_shared|smsp__inst_executed|sm__cycles_elapsed)$' |
+  sed -E 's/(_cycles_active)$/\1.avg.pct_of_peak_sustained_active/; /pct_of_peak/!s/$/.sum/' | paste -sd, -)
+echo "metrics: $metrics"
+for c in "$@"; do
+  ncu --clock-control none --kernel-name-base demangled -k 'regex:flash_forward_sm90|sdpa|fprop|fmha|cudnn' \
+    --launch-count 2 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats \
+    --section SourceCounters ${metrics:+--metrics "$metrics"} ${NCU_EXTRA:-} \
+    python3 - "$c" > "$out/ncu_fwd_$c.txt" 2>&1 <<'PY'
+import re, sys, torch
+import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel, SDPBackend
+sys.path.insert(0, "bench/gpu")
+import flashattn_ctypes as fa
+m = re.fullmatch(r"d(\d+)-s(\d+)(-causal)?", sys.argv[1])
+d, s, causal = int(m[1]), int(m[2]), bool(m[3])
+b, h = 16384 // s, 2048 // d
+torch.manual_seed(0)
+q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+o = torch.empty_like(q)
+ctx = fa.Context(fa.load("build/libflashattn.so"))
+ctx.forward(ctx.desc(q, k, v, o, None, causal))
+with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+    F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal)
+torch.cuda.synchronize()
+print("kernel:", ctx.last_run().kernel.decode())
+PY
+  echo "== $c: rc=$? -> $out/ncu_fwd_$c.txt"
+  grep -E "^  [A-Za-z_].*\(|kernel:|Duration|Compute \(SM\) Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Issue Slots Busy|Issued Warp Per Scheduler|No Eligible|Warp Cycles Per Issued|cycles_active|inst_executed|mem_shared|bank_conflicts|elapsed.sum|Shared .*Wavefronts" "$out/ncu_fwd_$c.txt" | head -60
+done
