@@ -31,11 +31,13 @@ __device__ __forceinline__ float quad_sum(float x)
 }
 
 // The probability of a logit x (log2 units) against its row's statistic m: the running
-// maximum in the forward (unnormalised), the row's lse in the backward.
+// maximum (or reference, softmax_update) in the forward (unnormalised), the row's lse in the
+// backward.
 __device__ __forceinline__ float prob(float x, float m) { return exp2_fast(x - m); }
 
-// Per row: m the running maximum of its logits (the same in every lane of the quad), l this
-// lane's share of the running sum of exp2(logit - m). Nothing seen: -inf and 0.
+// Per row: m the running maximum of its logits, or the reference softmax_update keeps (the
+// same in every lane of the quad), l this lane's share of the running sum of exp2(logit - m).
+// Nothing seen: -inf and 0.
 template <int MT> __device__ __forceinline__ void softmax_init(float (&m)[MT][2], float (&l)[MT][2])
 {
 #pragma unroll
@@ -50,7 +52,8 @@ template <int MT> __device__ __forceinline__ void softmax_init(float (&m)[MT][2]
 // With slack >= 0 m is a row's reference rather than its maximum: a tile whose largest logit
 // passes m by no more than slack keeps it, so that alpha is exactly 1 and O needs no rescale
 // (FlashAttention-4's conditional rescale; probabilities reach 2^slack at most, the lse is
-// unchanged as it is m + log2 l). A negative slack (the default) keeps m the row's maximum.
+// unchanged as it is m + log2 l; the first visible logit still sets m, so a one-hot row stays
+// exact). A negative slack (the default) keeps m the row's maximum.
 template <int MT, int NS>
 __device__ __forceinline__ void softmax_update(float (&sc)[MT][NS][4], float (&m)[MT][2],
                                                float (&l)[MT][2], float (&alpha)[MT][2], float slack = -1.0f)

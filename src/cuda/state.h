@@ -15,7 +15,7 @@ typedef struct cuda_state {
     int pdl;               /* Hopper: the decode kernel and its split combine as programmatic
                             * dependents of the kernels before them */
     int pingpong;          /* Hopper forward: the consumer warpgroups' GEMMs take turns */
-    float rescale_slack;   /* the Hopper forward's softmax slack (< 0: O rescaled every key tile) */
+    float rescale_slack;   /* the Hopper forward's softmax slack (head_dim <= 128; < 0: off) */
     cudaMemPool_t pool;    /* the calls' workspace, stream-ordered; keeps POOL_KEEP_BYTES bytes */
     void *tma_encode;      /* Hopper: the driver's tensor-map encoder (tma.c), NULL without one */
 } cuda_state;
