@@ -67,6 +67,9 @@ def main():
     ap.add_argument("--peers", default=",".join(PEERS),
                     help="SDPA backends beside it, comma-separated (torch-flash gives the diff column)")
     args = ap.parse_args()
+    unknown = [n for n in args.peers.split(",") if n and n not in PEERS]
+    if unknown:
+        ap.error(f"--peers: unknown {', '.join(unknown)} (known: {', '.join(PEERS)})")
     peers = {} if args.no_peers else {n: PEERS[n] for n in args.peers.split(",") if n}
 
     torch.manual_seed(0)

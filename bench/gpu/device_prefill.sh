@@ -3,9 +3,9 @@
 # On a CUDA machine, in one go: prefill over a paged cache end to end. Build the library, the
 # tool and the tests; the paged and dense grids (also with FLASHATTN_CUDA_SLACK=8) and
 # test_engine on CUDA (quick); chunked prefill at page 16 beside the dense forward, pages
-# shuffled and in order (prefill_paged.py); bench-model's Llama-2-7B prefill at 2048 and 8192 tokens and decode at
-# batch 1 and 32; transformers' prefill beside it (hf_peer.py). Logs and JSON lines go to $OUT
-# (or build/). Carry .devdeps (bench/gpu/fetch_debs.sh).
+# shuffled and in order (prefill_paged.py); bench-model's Llama-2-7B prefill at 2048 and 8192
+# tokens and decode at batch 1 and 32; transformers' prefill beside it (hf_peer.py). Logs and
+# JSON lines go to $OUT (or build/). Carry .devdeps (bench/gpu/fetch_debs.sh).
 #   bench/gpu/device_prefill.sh [check|bench|all]
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -5,7 +5,7 @@
 # utilisation (tensor, MUFU, FMA), shared-memory wavefronts and bank conflicts, L2 throughput,
 # warp stalls and the top stalling instructions. On a CUDA machine:
 #   bench/gpu/profile_forward.sh [CASE ...]   CASE = dDIM-sSEQ[-causal] (default d64-s4096 d128-s4096 d128-s8192-causal)
-# NCU_EXTRA adds ncu options (NCU_EXTRA="--print-details all": the stall reasons and top stalling lines).
+# NCU_EXTRA adds ncu options (for instance "--print-details all": the sections' tables too).
 # batch x seq = 16k, hidden 2048 (bench/gpu/attention.py's shapes). Builds the library alone into
 # build/ when build/libflashattn.so is missing; reports go to $OUT (or build/), one file a case.
 set -uo pipefail
