@@ -3,7 +3,8 @@
 # (bench/gpu/fetch_debs.sh) unpacked where the machine lacks them (it has no package manager),
 # OpenBLAS's directory on the library path (no alternatives symlink there), and
 # device_configure LOG: the CUDA build's configuration with the tools (no GLES), its output in
-# LOG, its tail shown when it fails.
+# LOG, its tail shown when it fails; device_library DIR: the CUDA library alone into build/
+# unless build/libflashattn.so is there, the logs in DIR.
 blas=/usr/lib/x86_64-linux-gnu/openblas-pthread
 if [ -d .devdeps ] && ! ls /usr/lib/x86_64-linux-gnu/libcmocka.so >/dev/null 2>&1; then
   for f in .devdeps/*.deb; do dpkg -x "$f" /; done
@@ -14,4 +15,11 @@ device_configure() {
   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFA_WITH_CUDA=ON -DFA_WITH_GLES=OFF -DFA_BUILD_TOOLS=ON -DFA_BUILD_TESTS=ON \
     -DOPENBLAS_LIB=$blas/libopenblas.so -DCBLAS_INCLUDE=/usr/include/x86_64-linux-gnu/openblas-pthread \
     > "$1" 2>&1 || { tail -20 "$1"; return 1; }
+}
+device_library() {
+  [ -f build/libflashattn.so ] && return 0
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFA_WITH_CUDA=ON -DFA_WITH_GLES=OFF -DFA_BUILD_TOOLS=OFF \
+    -DFA_BUILD_TESTS=OFF > "$1/cmake.log" 2>&1 || { tail -20 "$1/cmake.log"; return 1; }
+  cmake --build build -j "$(nproc)" --target flashattn > "$1/build.log" 2>&1 ||
+    { grep -E "error" "$1/build.log" | head; return 1; }
 }

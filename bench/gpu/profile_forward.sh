@@ -12,11 +12,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-build}
 mkdir -p "$out"
-if [ ! -f build/libflashattn.so ]; then
-  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFA_WITH_CUDA=ON -DFA_WITH_GLES=OFF -DFA_BUILD_TOOLS=OFF \
-    -DFA_BUILD_TESTS=OFF > "$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
-  cmake --build build -j "$(nproc)" --target flashattn > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head; exit 1; }
-fi
+. bench/gpu/device_env.sh
+device_library "$out" || exit 1
 [ $# -gt 0 ] || set -- d64-s4096 d128-s4096 d128-s8192-causal
 # the pipe and shared-memory metrics this ncu knows by these names (names differ between versions)
 metrics=$(ncu --query-metrics --chip gh100 2>/dev/null | awk '{print $1}' |

@@ -44,18 +44,21 @@ __device__ __forceinline__ void softmax_step(const fa_cuda_params &p, const mask
     softmax_update(r.sc, r.m, r.l, alpha, slack);
 }
 
-// The head dims that take p.rescale_slack (d256, not measured with it, compiles as before).
-template <int D> constexpr bool sm90_slack = D <= 128;
+// The softmax slack a head dim takes: p.rescale_slack up to 128; d256, not measured with it,
+// none (-1, known at compile time, so that it compiles as before).
+template <int D> __device__ __forceinline__ float sm90_slack(const fa_cuda_params &p)
+{
+    return D <= 128 ? p.rescale_slack : -1.0f;
+}
 
-// O rescaled once P(n-1) V(n-1) is done (with p.rescale_slack >= 0 only where a row of the
-// warp moved its reference), then P(n) (with dropout) into A fragments.
+// O rescaled once P(n-1) V(n-1) is done (with slack >= 0 only where a row of the warp moved its
+// reference), then P(n) (with dropout) into A fragments.
 template <typename T, int D, int BN>
 __device__ __forceinline__ void finish_step(const fa_cuda_params &p, sm90_rows<D, BN> &r,
-                                            const float (&alpha)[1][2], int b, int h, int64_t row,
-                                            int64_t col)
+                                            const float (&alpha)[1][2], float slack, int b, int h,
+                                            int64_t row, int64_t col)
 {
-    if (!sm90_slack<D> || p.rescale_slack < 0.0f ||
-        __any_sync(0xffffffffu, alpha[0][0] != 1.0f || alpha[0][1] != 1.0f))
+    if (slack < 0.0f || __any_sync(0xffffffffu, alpha[0][0] != 1.0f || alpha[0][1] != 1.0f))
         rescale(r.o, alpha);
     if (p.dropout_p > 0.0f) // dropped to 0 here; the 1/(1-p) comes in float32 at the end
         apply_dropout(p, r.sc, b, h, row, col);
@@ -353,13 +356,13 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
             mbar_arrive(&ring.empty_k[st]);
         float alpha[1][2];
         softmax_step(p, qt.mk, r, wr0, (int64_t)n * BN, g, t, alpha, p.cap_in, p.scale_log2,
-                     sm90_slack<D> ? p.rescale_slack : -1.0f);
+                     sm90_slack<D>(p));
         wgmma_wait<0>(); // P(n-1) V(n-1) done: o and pa are ours again
         reg_fence(of);
         reg_fence(r.pa[0]);
         if (n > n_lo && lane == 0)
             mbar_arrive(&ring.empty_v[(it - 1) % STAGES]);
-        finish_step<T>(p, r, alpha, qt.blk.b, qt.blk.h, wr0 + g, (int64_t)n * BN + 2 * t);
+        finish_step<T>(p, r, alpha, sm90_slack<D>(p), qt.blk.b, qt.blk.h, wr0 + g, (int64_t)n * BN + 2 * t);
     }
     if (n_lo < n_hi) { // the last P V
         const int sp = (it - 1) % STAGES;
