@@ -117,15 +117,17 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
      * FLASHATTN_CUDA_PINGPONG=0: freely (for comparison) */
     const char *pp = getenv("FLASHATTN_CUDA_PINGPONG");
     s->pingpong = s->hopper && !(pp && strcmp(pp, "0") == 0);
-    /* FLASHATTN_CUDA_SLACK=x, 0 <= x <= 8: the Hopper bf16 / f16 forward (head_dim <= 128)
-     * keeps a row's softmax reference until a key tile's largest logit passes it by more than x
-     * (log2 units; 8 as FlashAttention-4), rescaling O only then (softmax_update); probabilities
-     * reach 2^x, so x stays well inside f16's range. Off by default (and for any other value):
-     * measured faster once (docs/perf/h200.md), not yet through the CUDA grids. */
+    /* The Hopper bf16 / f16 forward (head_dim <= 128) keeps a row's softmax reference until a
+     * key tile's largest logit passes it by more than the slack (log2 units; 8 as
+     * FlashAttention-4), rescaling O only then (softmax_update); probabilities reach 2^slack, well
+     * inside f16's range. 8 measured 0-5% faster (docs/perf/h200.md).
+     * FLASHATTN_CUDA_SLACK=x sets it (0 <= x <= 8); a negative x rescales every tile (for
+     * comparison); any other value leaves the default. */
     const char *sl = getenv("FLASHATTN_CUDA_SLACK");
     char *end = NULL;
-    const float slack = sl ? strtof(sl, &end) : -1.0f;
-    s->rescale_slack = sl && end != sl && *end == '\0' && slack >= 0.0f && slack <= 8.0f ? slack : -1.0f;
+    const float slack = sl ? strtof(sl, &end) : 8.0f;
+    const int parsed = sl && end != sl && *end == '\0' && slack <= 8.0f; /* NaN fails too */
+    s->rescale_slack = !parsed ? 8.0f : slack < 0.0f ? -1.0f : slack;
     *state = s;
     return FA_OK;
 }
