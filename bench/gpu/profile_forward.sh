@@ -6,6 +6,8 @@
 # warp stalls and the top stalling instructions. On a CUDA machine:
 #   bench/gpu/profile_forward.sh [CASE ...]   CASE = dDIM-sSEQ[-causal] (default d64-s4096 d128-s4096 d128-s8192-causal)
 # NCU_EXTRA adds ncu options (for instance "--print-details all": the sections' tables too).
+# NCU_SOURCE=1: also our kernel's SASS, instruction by instruction, with its executions and
+# warp-stall samples by reason, as CSV ($OUT/sass_CASE.csv.gz).
 # batch x seq = 16k, hidden 2048 (bench/gpu/attention.py's shapes). Builds the library alone into
 # build/ when build/libflashattn.so is missing; reports go to $OUT (or build/), one file a case.
 set -uo pipefail
@@ -25,7 +27,7 @@ for c in "$@"; do
     --launch-count 2 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats \
     --section SourceCounters ${metrics:+--metrics "$metrics"} ${NCU_EXTRA:-} \
-    python3 - "$c" > "$out/ncu_fwd_$c.txt" 2>&1 <<'PY'
+    ${NCU_SOURCE:+--import-source no -o /tmp/ncu_fwd_$c -f} python3 - "$c" > "$out/ncu_fwd_$c.txt" 2>&1 <<'PY'
 import re, sys, torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
@@ -45,5 +47,14 @@ torch.cuda.synchronize()
 print("kernel:", ctx.last_run().kernel.decode())
 PY
   echo "== $c: rc=$? -> $out/ncu_fwd_$c.txt"
+  if [ -n "${NCU_SOURCE:-}" ]; then
+    ncu -i "/tmp/ncu_fwd_$c.ncu-rep" --page details --print-details all > "$out/ncu_fwd_$c.txt" 2>&1
+    ncu -i "/tmp/ncu_fwd_$c.ncu-rep" --page source --csv --print-source sass -k regex:flash_forward_sm90 \
+      --launch-count 1 2> "$out/sass_$c.err" | gzip > "$out/sass_$c.csv.gz"
+    [ "$(zcat "$out/sass_$c.csv.gz" | wc -l)" -gt 10 ] || # filters this ncu does not take on import
+      ncu -i "/tmp/ncu_fwd_$c.ncu-rep" --page source --csv --print-source sass 2>> "$out/sass_$c.err" |
+        gzip > "$out/sass_$c.csv.gz"
+    echo "sass: $(zcat "$out/sass_$c.csv.gz" | wc -l) lines"; head -c 600 "$out/sass_$c.err"
+  fi
   grep -E "^  [A-Za-z_].*\(|kernel:|Duration|Compute \(SM\) Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Issue Slots Busy|Issued Warp Per Scheduler|No Eligible|Warp Cycles Per Issued|cycles_active|inst_executed|mem_shared|bank_conflicts|elapsed.sum|Shared .*Wavefronts" "$out/ncu_fwd_$c.txt" | head -60
 done
