@@ -50,6 +50,8 @@ python3 - "$out/ab_tree.jsonl" <<'PY'
 import json, sys, collections
 rows = collections.defaultdict(dict)
 for r in (json.loads(l) for l in open(sys.argv[1])):
+    if "flashattn_fwd_tflops" not in r:  # attention.py's memory line
+        continue
     rows[(r["d"], r["causal"], r["seq"])][(r["lib"], r["round"])] = r["flashattn_fwd_tflops"]
 print("d   mask    seq     base 1  base 2   new 1   new 2   new/base")
 for (d, c, s), v in sorted(rows.items()):
