@@ -3,9 +3,10 @@
 # On a Hopper machine, in one go: an A/B of one of the CUDA backend's switches, for instance
 #   bench/gpu/device_ab.sh FLASHATTN_CUDA_PINGPONG 0 1    (the consumer warpgroups' turns)
 #   bench/gpu/device_ab.sh FLASHATTN_CUDA_SLACK -1 8      (the forward's conditional rescale)
-# Build; the dense and paged grids with VAR=B (quick); then TFLOP/s of both settings shape by
-# shape, one right after the other, at FlashAttention's shapes (batch x seq = 16k, hidden 2048):
-# bf16 d64 and d128, e4m3 d128, causal and not. JSON lines to $OUT/ab.jsonl (or build/), each
+# Build; the dense, backward and paged grids with VAR=B (quick; the exit status 1 if one
+# fails); then TFLOP/s of both settings shape by shape, one right after the other, at
+# FlashAttention's shapes (batch x seq = 16k, hidden 2048): bf16 d64 and d128, e4m3 d128,
+# causal and not. JSON lines to $OUT/ab.jsonl (or build/), each
 # with "ab": "VAR=value". Carry .devdeps (bench/gpu/fetch_debs.sh).
 #   bench/gpu/device_ab.sh VAR A B
 set -uo pipefail
@@ -17,19 +18,22 @@ mkdir -p "$out"
 . bench/gpu/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 device_configure "$out/cmake_ab.log" || exit 1
-cmake --build build -j "$(nproc)" --target flashattn_cli test_conformance test_paged > "$out/build_ab.log" 2>&1 ||
+cmake --build build -j "$(nproc)" --target flashattn_cli test_conformance test_backward test_paged > "$out/build_ab.log" 2>&1 ||
   { grep -E "error" "$out/build_ab.log" | head -20; exit 1; }
 echo "build ok"
 export FLASHATTN_TEST_BACKEND=cuda FLASHATTN_TEST_QUICK=1
-env "$var=$b" timeout 200 ./build/tests/test_conformance > "$out/conformance_ab.log" 2>&1
-echo "conformance ($var=$b) rc=$?"; grep -E "FAILED|cases," "$out/conformance_ab.log" | head
-env "$var=$b" timeout 100 ./build/tests/test_paged > "$out/paged_ab.log" 2>&1
-echo "paged ($var=$b) rc=$?"; grep -E "FAILED|cases" "$out/paged_ab.log" | head -3
+fail=0
+for t in conformance backward paged; do
+  env "$var=$b" timeout 200 ./build/tests/test_$t > "$out/${t}_ab.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || fail=1
+  echo "$t ($var=$b) rc=$rc"; grep -E "FAILED|cases" "$out/${t}_ab.log" | head -5
+done
 unset FLASHATTN_TEST_BACKEND FLASHATTN_TEST_QUICK
 rm -f "$out/ab.jsonl"
 for shape in bf16:128:4:4096 bf16:128:1:16384 e4m3:128:4:4096 e4m3:128:1:16384 bf16:64:4:4096 bf16:64:1:16384; do
   IFS=: read -r dt d bt s <<< "$shape"
   for x in "$a" "$b"; do
+    rm -f /tmp/ab_row.jsonl
     env "$var=$x" ./build/flashattn bench --backend cuda --dtype "$dt" --batch "$bt" --seq "$s" \
       --heads $((2048 / d)) --dim "$d" --causal both --no-standard --json /tmp/ab_row.jsonl > /dev/null &&
       sed "s/^{/{\"ab\": \"$var=$x\", /" /tmp/ab_row.jsonl >> "$out/ab.jsonl"
@@ -41,3 +45,4 @@ for r in (json.loads(l) for l in open(sys.argv[1])):
     print(f"{r['ab']:28} {r['dtype']:5} d{r['head_dim']} b{r['batch']} s{r['seq_q']:<6} "
           f"{'causal' if r['causal'] else '      '} {r['gflops'] / 1000:7.1f} TFLOP/s  {r['kernel']}")
 PY
+exit $fail

@@ -7,7 +7,8 @@
 #   bench/gpu/profile_forward.sh [CASE ...]   CASE = dDIM-sSEQ[-causal] (default d64-s4096 d128-s4096 d128-s8192-causal)
 # NCU_EXTRA adds ncu options (for instance "--print-details all": the sections' tables too).
 # NCU_SOURCE=1: also our kernel's SASS, instruction by instruction, with its executions and
-# warp-stall samples by reason, as CSV ($OUT/sass_CASE.csv.gz).
+# warp-stall samples by reason, as CSV ($OUT/sass_CASE.csv.gz; every profiled kernel's where
+# this ncu cannot filter an imported report).
 # batch x seq = 16k, hidden 2048 (bench/gpu/attention.py's shapes). Builds the library alone into
 # build/ when build/libflashattn.so is missing; reports go to $OUT (or build/), one file a case.
 set -uo pipefail
@@ -22,12 +23,16 @@ metrics=$(ncu --query-metrics --chip gh100 2>/dev/null | awk '{print $1}' |
   grep -E '^(sm__pipe_(tensor_op_gmma|shared|xu|fma|alu|fmaheavy)_cycles_active|sm__inst_executed_pipe_(xu|fma|alu|lsu|uniform)|l1tex__data_pipe_lsu_wavefronts_mem_shared|l1tex__data_bank_conflicts_pipe_lsu_mem_shared|smsp__inst_executed|sm__cycles_elapsed)$' |
   sed -E 's/(_cycles_active)$/\1.avg.pct_of_peak_sustained_active/; /pct_of_peak/!s/$/.sum/' | paste -sd, -)
 echo "metrics: $metrics"
+src=0
+[ "${NCU_SOURCE:-0}" = 1 ] && src=1
 for c in "$@"; do
+  rep=/tmp/ncu_fwd_$c.ncu-rep
+  rm -f "$rep"
   ncu --clock-control none --kernel-name-base demangled -k 'regex:flash_forward_sm90|sdpa|fprop|fmha|cudnn' \
     --launch-count 2 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats \
     --section SourceCounters ${metrics:+--metrics "$metrics"} ${NCU_EXTRA:-} \
-    ${NCU_SOURCE:+--import-source no -o /tmp/ncu_fwd_$c -f} python3 - "$c" > "$out/ncu_fwd_$c.txt" 2>&1 <<'PY'
+    $([ $src = 1 ] && echo "--import-source no -o ${rep%.ncu-rep}") python3 - "$c" > "$out/ncu_fwd_$c.txt" 2>&1 <<'PY'
 import re, sys, torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
@@ -46,15 +51,18 @@ with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
 torch.cuda.synchronize()
 print("kernel:", ctx.last_run().kernel.decode())
 PY
-  echo "== $c: rc=$? -> $out/ncu_fwd_$c.txt"
-  if [ -n "${NCU_SOURCE:-}" ]; then
-    ncu -i "/tmp/ncu_fwd_$c.ncu-rep" --page details --print-details all > "$out/ncu_fwd_$c.txt" 2>&1
-    ncu -i "/tmp/ncu_fwd_$c.ncu-rep" --page source --csv --print-source sass -k regex:flash_forward_sm90 \
+  rc=$?
+  echo "== $c: rc=$rc -> $out/ncu_fwd_$c.txt"
+  if [ $src = 1 ] && [ $rc -eq 0 ] && [ -f "$rep" ]; then
+    # the run's own lines (the kernel's name, ncu's notes) first, then the report's sections
+    ncu -i "$rep" --page details --print-details all >> "$out/ncu_fwd_$c.txt" 2>&1
+    ncu -i "$rep" --page source --csv --print-source sass -k regex:flash_forward_sm90 \
       --launch-count 1 2> "$out/sass_$c.err" | gzip > "$out/sass_$c.csv.gz"
-    [ "$(zcat "$out/sass_$c.csv.gz" | wc -l)" -gt 10 ] || # filters this ncu does not take on import
-      ncu -i "/tmp/ncu_fwd_$c.ncu-rep" --page source --csv --print-source sass 2>> "$out/sass_$c.err" |
-        gzip > "$out/sass_$c.csv.gz"
+    [ "$(zcat "$out/sass_$c.csv.gz" | wc -l)" -gt 10 ] || # an ncu without filters on import: every kernel
+      ncu -i "$rep" --page source --csv --print-source sass 2>> "$out/sass_$c.err" | gzip > "$out/sass_$c.csv.gz"
     echo "sass: $(zcat "$out/sass_$c.csv.gz" | wc -l) lines"; head -c 600 "$out/sass_$c.err"
+  elif [ $src = 1 ]; then
+    echo "no report to read the SASS from (rc=$rc)"
   fi
   grep -E "^  [A-Za-z_].*\(|kernel:|Duration|Compute \(SM\) Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Issue Slots Busy|Issued Warp Per Scheduler|No Eligible|Warp Cycles Per Issued|cycles_active|inst_executed|mem_shared|bank_conflicts|elapsed.sum|Shared .*Wavefronts" "$out/ncu_fwd_$c.txt" | head -60
 done

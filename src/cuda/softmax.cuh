@@ -53,7 +53,8 @@ template <int MT> __device__ __forceinline__ void softmax_init(float (&m)[MT][2]
 // passes m by no more than slack keeps it, so that alpha is exactly 1 and O needs no rescale
 // (FlashAttention-4's conditional rescale; probabilities reach 2^slack at most, the lse is
 // unchanged as it is m + log2 l; the first visible logit still sets m, so a one-hot row stays
-// exact). A negative slack (the default) keeps m the row's maximum.
+// exact). A negative slack (the argument's default; the Hopper forward passes 8 up to head_dim
+// 128) keeps m the row's maximum.
 template <int MT, int NS>
 __device__ __forceinline__ void softmax_update(float (&sc)[MT][NS][4], float (&m)[MT][2],
                                                float (&l)[MT][2], float (&alpha)[MT][2], float slack = -1.0f)
