@@ -4,7 +4,7 @@
 // probability the backwards recompute. Logits are in log2 units (exp2, float32 statistics).
 // Fragment layout: element e of fragment (mt, nt) belongs to the lane's row 16 mt + 8 (e / 2)
 // (rows g and g + 8 of each m tile); a row's values are spread over the four lanes of a quad,
-// which quad_max and quad_sum combine.
+// which tile_max's shuffles and quad_sum combine.
 #pragma once
 
 namespace fa {
@@ -19,11 +19,6 @@ __device__ __forceinline__ float exp2_fast(float x)
     return y;
 }
 
-__device__ __forceinline__ float quad_max(float x)
-{
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
 __device__ __forceinline__ float quad_sum(float x)
 {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -45,6 +40,43 @@ template <int MT> __device__ __forceinline__ void softmax_init(float (&m)[MT][2]
         m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.0f;
 }
 
+// Each row's largest logit in a tile (and m), every row of the fragment at once: kMaxChains
+// running maxima a row, then the quads' shuffles side by side. One chain a row left each of its
+// 16 steps waiting on the one before (the Hopper d64 forward's SASS under Nsight Compute). fmaxf
+// is exact, so any order gives the same maximum (a zero's sign aside).
+constexpr int kMaxChains = 4;
+static_assert((kMaxChains & (kMaxChains - 1)) == 0, "the chains combine in halves");
+template <int MT, int NS>
+__device__ __forceinline__ void tile_max(const float (&sc)[MT][NS][4], const float (&m)[MT][2], float (&mx)[MT][2])
+{
+    constexpr int K = NS >= kMaxChains ? kMaxChains : NS >= 2 ? 2 : 1; // a power of two
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float part[K];
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++) {
+                const float x = fmaxf(sc[mt][nt][2 * hf], sc[mt][nt][2 * hf + 1]);
+                part[nt % K] = nt < K ? x : fmaxf(part[nt % K], x);
+            }
+            part[0] = fmaxf(part[0], m[mt][hf]);
+#pragma unroll
+            for (int w = K / 2; w > 0; w /= 2)
+#pragma unroll
+                for (int j = 0; j < w; j++)
+                    part[j] = fmaxf(part[j], part[j + w]);
+            mx[mt][hf] = part[0];
+        }
+#pragma unroll
+    for (int lane_mask = 1; lane_mask <= 2; lane_mask *= 2)
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++)
+                mx[mt][hf] = fmaxf(mx[mt][hf], __shfl_xor_sync(0xffffffffu, mx[mt][hf], lane_mask));
+}
+
 // One key tile: the logits in sc (-inf where masked) become unnormalised probabilities, m and
 // l move on, and alpha gets the factor the row's O accumulator must be scaled by (rescale).
 // The row's largest logit gives exactly 1, so a one-hot row is exact (folding the scale into
@@ -59,15 +91,13 @@ template <int MT, int NS>
 __device__ __forceinline__ void softmax_update(float (&sc)[MT][NS][4], float (&m)[MT][2],
                                                float (&l)[MT][2], float (&alpha)[MT][2], float slack = -1.0f)
 {
+    float mxs[MT][2];
+    tile_max(sc, m, mxs);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
-            float mx = m[mt][hf];
-#pragma unroll
-            for (int nt = 0; nt < NS; nt++)
-                mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * hf], sc[mt][nt][2 * hf + 1]));
-            mx = quad_max(mx);
+            const float mx = mxs[mt][hf];
             // false while nothing was seen (NaN or inf), and for a negative slack known at compile time
             const bool keep = slack >= 0.0f && mx - m[mt][hf] <= slack;
             const float base = keep ? m[mt][hf] : mx == -INFINITY ? 0.0f : mx; // nothing seen yet: keep zeros
