@@ -316,6 +316,11 @@ template <bool TURNS> __device__ __forceinline__ void pass_turn(const fa_cuda_pa
         named_barrier_arrive(5 - wg, 256);
 }
 
+// The lane that makes its warp's arrival on the ring: elect.sync up to head_dim 128 (lane == 0
+// re-read the thread index ahead of each softmax and held it up); lane 0 at 256, whose
+// consumers spilled with elect.sync.
+template <int D> __device__ __forceinline__ bool ring_lead(int lane) { return D <= 128 ? elect_one() : lane == 0; }
+
 // One consumer warpgroup on one query tile: its 64 rows of Q (in sQ), every key tile of the
 // ring from position it, then the rows out (staged in sQ).
 template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
@@ -352,7 +357,7 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
             wgmma_wait<0>();
         }
         reg_fence(sf);
-        if (lane == 0)
+        if (ring_lead<D>(lane))
             mbar_arrive(&ring.empty_k[st]);
         float alpha[1][2];
         softmax_step(p, qt.mk, r, wr0, (int64_t)n * BN, g, t, alpha, p.cap_in, p.scale_log2,
@@ -360,7 +365,7 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
         wgmma_wait<0>(); // P(n-1) V(n-1) done: o and pa are ours again
         reg_fence(of);
         reg_fence(r.pa[0]);
-        if (n > n_lo && lane == 0)
+        if (n > n_lo && ring_lead<D>(lane))
             mbar_arrive(&ring.empty_v[(it - 1) % STAGES]);
         finish_step<T>(p, r, alpha, sm90_slack<D>(p), qt.blk.b, qt.blk.h, wr0 + g, (int64_t)n * BN + 2 * t);
     }
@@ -371,7 +376,7 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
         wg_gemm_rn<T, D, BN>(of, r.pa[0], va + sp * KV);
         wgmma_wait<0>();
         reg_fence(of);
-        if (lane == 0)
+        if (ring_lead<D>(lane))
             mbar_arrive(&ring.empty_v[sp]);
     }
     store_rows<T, D, BM, BN>(p, r, s, qt.blk.h, r0, wg, warp, g, t, sQ);

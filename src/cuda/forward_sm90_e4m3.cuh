@@ -280,14 +280,14 @@ __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const 
             wgmma_wait<0>();
         }
         reg_fence(sf);
-        if (lane == 0)
+        if (ring_lead<D>(lane))
             mbar_arrive(&ring.empty_k[st]);
         float alpha[1][2];
         softmax_step(p, qt.mk, r, wr0, (int64_t)n * BN, g, t, alpha, cap_in, scale_log2, -1.0f);
         wgmma_wait<0>(); // P(n-1) V(n-1) done: o and pa are ours again
         reg_fence(of);
         reg_fence(pa);
-        if (n > n_lo && lane == 0)
+        if (n > n_lo && ring_lead<D>(lane))
             mbar_arrive(&ring.empty_v[(it - 1) % STAGES]);
         rescale(r.o, alpha);
         if (p.dropout_p > 0.0f) // dropped to 0 here; the 1/(1-p) comes in float32 at the end
@@ -301,7 +301,7 @@ __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const 
         wg_gemm_e4m3_rs<D, BN, D>(of, pa, va + sp * KV);
         wgmma_wait<0>();
         reg_fence(of);
-        if (lane == 0)
+        if (ring_lead<D>(lane))
             mbar_arrive(&ring.empty_v[sp]);
     }
     const float vd = descale_at(p.v_ds, b, qt.hk); // after 1 / sum: their quotient may be subnormal
