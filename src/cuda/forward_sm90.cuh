@@ -340,15 +340,16 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
     float(&sf)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(r.sc);
 
     constexpr bool TURNS = sm90_turns<D, NWG>;
-    for (int n = n_lo; n < n_hi; n++, it++) {
-        const int st = it % STAGES;
-        mbar_wait(&ring.full_k[st], (it / STAGES) & 1);
+    // ring position it's stage and phase, stepped along (no division a step); sp, pp: those of
+    // the position before, whose V the step multiplies
+    int st = it % STAGES, ph = (it / STAGES) & 1, sp = 0, pp = 0;
+    for (int n = n_lo; n < n_hi; n++) {
+        mbar_wait(&ring.full_k[st], ph);
         wgmma_fence();
         take_turn<TURNS>(p, wg);
         wg_gemm_nt<T, D, BM, BN>(sf, qa, ka + st * KV);
         if (n > n_lo) {
-            const int sp = (it - 1) % STAGES;
-            mbar_wait(&ring.full_v[sp], ((it - 1) / STAGES) & 1);
+            mbar_wait(&ring.full_v[sp], pp);
             wg_gemm_rn<T, D, BN>(of, r.pa[0], va + sp * KV);
             pass_turn<TURNS>(p, wg);
             wgmma_wait<1>();
@@ -366,12 +367,14 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
         reg_fence(of);
         reg_fence(r.pa[0]);
         if (n > n_lo && ring_lead<D>(lane))
-            mbar_arrive(&ring.empty_v[(it - 1) % STAGES]);
+            mbar_arrive(&ring.empty_v[sp]);
         finish_step<T>(p, r, alpha, sm90_slack<D>(p), qt.blk.b, qt.blk.h, wr0 + g, (int64_t)n * BN + 2 * t);
+        sp = st, pp = ph;
+        if (++st == STAGES)
+            st = 0, ph ^= 1;
     }
     if (n_lo < n_hi) { // the last P V
-        const int sp = (it - 1) % STAGES;
-        mbar_wait(&ring.full_v[sp], ((it - 1) / STAGES) & 1);
+        mbar_wait(&ring.full_v[sp], pp);
         wgmma_fence();
         wg_gemm_rn<T, D, BN>(of, r.pa[0], va + sp * KV);
         wgmma_wait<0>();
