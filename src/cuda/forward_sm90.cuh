@@ -343,14 +343,17 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
     // ring position it's stage and phase, stepped along (no division a step); sp, pp: those of
     // the position before, whose V the step multiplies
     int st = it % STAGES, ph = (it / STAGES) & 1, sp = 0, pp = 0;
+    // the operands' descriptors, built once: stage s is s * KV / 16 further
+    uint32_t dq = sw_desc_lo(qa, 16), dk = sw_desc_lo(ka, 16), dv = sw_desc_lo(va, BN * 128);
+    asm("" : "+r"(dq), "+r"(dk), "+r"(dv)); // opaque: kept, not rebuilt from the shared window each step
     for (int n = n_lo; n < n_hi; n++) {
         mbar_wait(&ring.full_k[st], ph);
         wgmma_fence();
         take_turn<TURNS>(p, wg);
-        wg_gemm_nt<T, D, BM, BN>(sf, qa, ka + st * KV);
+        wg_gemm_nt_d<T, D, BM, BN>(sf, dq, dk + st * (KV >> 4));
         if (n > n_lo) {
             mbar_wait(&ring.full_v[sp], pp);
-            wg_gemm_rn<T, D, BN>(of, r.pa[0], va + sp * KV);
+            wg_gemm_rn_d<T, D, BN>(of, r.pa[0], dv + sp * (KV >> 4));
             pass_turn<TURNS>(p, wg);
             wgmma_wait<1>();
         } else {
@@ -376,7 +379,7 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
     if (n_lo < n_hi) { // the last P V
         mbar_wait(&ring.full_v[sp], pp);
         wgmma_fence();
-        wg_gemm_rn<T, D, BN>(of, r.pa[0], va + sp * KV);
+        wg_gemm_rn_d<T, D, BN>(of, r.pa[0], dv + sp * (KV >> 4));
         wgmma_wait<0>();
         reg_fence(of);
         if (ring_lead<D>(lane))

@@ -235,24 +235,34 @@ FA_WGMMA_E4M3(128, FA_R64, FA_F64, 64, 65, 66, 67, 68, 69)
 // (64 rows from address a, in a tile of AP rows) and B (N rows from b, a tile of N rows)
 // both K-major, K = D deep. rn: acc[64 x N] += A B with A in registers (K = KP deep) and B
 // an MN-major tile of KP rows x N columns from b (column blocks KP * 128 bytes apart).
+// The _d forms take the operands' descriptor low words (sw_desc_lo: lbo 16 for K-major
+// operands, KP * 128 for rn's B), for loops that build them once.
 template <typename T, int D, int AP, int N>
-__device__ __forceinline__ void wg_gemm_nt(float (&acc)[N / 2], uint32_t a, uint32_t b)
+__device__ __forceinline__ void wg_gemm_nt_d(float (&acc)[N / 2], uint32_t da, uint32_t db)
 {
-    const uint32_t da = sw_desc_lo(a, 16), db = sw_desc_lo(b, 16);
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
         wgmma<T, N>::ss(acc, sw_desc_at(da, (kk / 4) * AP * 128 + (kk % 4) * 32),
                         sw_desc_at(db, (kk / 4) * N * 128 + (kk % 4) * 32), kk > 0);
     wgmma_commit();
 }
-template <typename T, int N, int KP>
-__device__ __forceinline__ void wg_gemm_rn(float (&acc)[N / 2], const uint32_t (&a)[KP / 16][4], uint32_t b)
+template <typename T, int D, int AP, int N>
+__device__ __forceinline__ void wg_gemm_nt(float (&acc)[N / 2], uint32_t a, uint32_t b)
 {
-    const uint32_t db = sw_desc_lo(b, KP * 128);
+    wg_gemm_nt_d<T, D, AP, N>(acc, sw_desc_lo(a, 16), sw_desc_lo(b, 16));
+}
+template <typename T, int N, int KP>
+__device__ __forceinline__ void wg_gemm_rn_d(float (&acc)[N / 2], const uint32_t (&a)[KP / 16][4], uint32_t db)
+{
 #pragma unroll
     for (int kk = 0; kk < KP / 16; kk++)
         wgmma<T, N>::rs(acc, a[kk], sw_desc_at(db, kk * 2048), 1);
     wgmma_commit();
+}
+template <typename T, int N, int KP>
+__device__ __forceinline__ void wg_gemm_rn(float (&acc)[N / 2], const uint32_t (&a)[KP / 16][4], uint32_t b)
+{
+    wg_gemm_rn_d<T, N, KP>(acc, a, sw_desc_lo(b, KP * 128));
 }
 
 // acc[64 x N] = A B with A K-major (64 rows from address a, in a tile of AP rows, K = KP
