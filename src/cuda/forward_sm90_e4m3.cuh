@@ -263,16 +263,19 @@ __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const 
     float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(r.o);
     float(&sf)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(r.sc);
 
-    for (int n = n_lo; n < n_hi; n++, it++) {
-        const int st = it % STAGES;
-        mbar_wait(&ring.full_k[st], (it / STAGES) & 1);
+    // the ring position's stage and phase stepped along, and the descriptors built once, as
+    // attend_rows has them
+    int st = it % STAGES, ph = (it / STAGES) & 1, sp = 0, pp = 0;
+    uint32_t dq = sw_desc_lo(qa, 16), dk = sw_desc_lo(ka, 16), dv = sw_desc_lo(va, 16);
+    asm("" : "+r"(dq), "+r"(dk), "+r"(dv));
+    for (int n = n_lo; n < n_hi; n++) {
+        mbar_wait(&ring.full_k[st], ph);
         wgmma_fence();
         take_turn<sm90_turns<D, NWG>>(p, wg);
-        wg_gemm_e4m3_ss<BN, D, BM, BN>(sf, qa, ka + st * KV);
+        wg_gemm_e4m3_ss<BN, D, BM, BN>(sf, dq, dk + st * (KV >> 4));
         if (n > n_lo) {
-            const int sp = (it - 1) % STAGES;
-            mbar_wait(&ring.full_v[sp], ((it - 1) / STAGES) & 1);
-            wg_gemm_e4m3_rs<D, BN, D>(of, pa, va + sp * KV);
+            mbar_wait(&ring.full_v[sp], pp);
+            wg_gemm_e4m3_rs<D, BN, D>(of, pa, dv + sp * (KV >> 4));
             pass_turn<sm90_turns<D, NWG>>(p, wg);
             wgmma_wait<1>();
         } else {
@@ -288,17 +291,19 @@ __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const 
         reg_fence(of);
         reg_fence(pa);
         if (n > n_lo && ring_lead<D>(lane))
-            mbar_arrive(&ring.empty_v[(it - 1) % STAGES]);
+            mbar_arrive(&ring.empty_v[sp]);
         rescale(r.o, alpha);
         if (p.dropout_p > 0.0f) // dropped to 0 here; the 1/(1-p) comes in float32 at the end
             apply_dropout(p, r.sc, b, h, wr0 + g, (int64_t)n * BN + 2 * t);
         to_a_e4m3<BN / 8>(pa, r.sc);
+        sp = st, pp = ph;
+        if (++st == STAGES)
+            st = 0, ph ^= 1;
     }
     if (n_lo < n_hi) { // the last P V
-        const int sp = (it - 1) % STAGES;
-        mbar_wait(&ring.full_v[sp], ((it - 1) / STAGES) & 1);
+        mbar_wait(&ring.full_v[sp], pp);
         wgmma_fence();
-        wg_gemm_e4m3_rs<D, BN, D>(of, pa, va + sp * KV);
+        wg_gemm_e4m3_rs<D, BN, D>(of, pa, dv + sp * (KV >> 4));
         wgmma_wait<0>();
         reg_fence(of);
         if (ring_lead<D>(lane))

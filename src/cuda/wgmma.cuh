@@ -279,13 +279,13 @@ __device__ __forceinline__ void wg_gemm_sn(float (&acc)[N / 2], uint32_t a, uint
     wgmma_commit();
 }
 
-// fp8: acc[64 x N] (+)= A B^T with B K-major (N rows of KB bytes from b, 128-byte column
-// blocks NP * 128 bytes apart) and A K-major in shared memory (64 rows from a, column blocks
-// AP * 128 bytes apart; acc overwritten) or in registers (a[KB / 32], added to acc).
+// fp8: acc[64 x N] (+)= A B^T with B K-major (N rows of KB bytes at descriptor word db,
+// sw_desc_lo(b, 16); 128-byte column blocks NP * 128 bytes apart) and A K-major in shared
+// memory (64 rows at da, column blocks AP * 128 bytes apart; acc overwritten) or in registers
+// (a[KB / 32], added to acc).
 template <int N, int KB, int AP, int NP>
-__device__ __forceinline__ void wg_gemm_e4m3_ss(float (&acc)[N / 2], uint32_t a, uint32_t b)
+__device__ __forceinline__ void wg_gemm_e4m3_ss(float (&acc)[N / 2], uint32_t da, uint32_t db)
 {
-    const uint32_t da = sw_desc_lo(a, 16), db = sw_desc_lo(b, 16);
 #pragma unroll
     for (int kk = 0; kk < KB / 32; kk++)
         wgmma_e4m3<N>::ss(acc, sw_desc_at(da, (kk / 4) * AP * 128 + (kk % 4) * 32),
@@ -293,9 +293,8 @@ __device__ __forceinline__ void wg_gemm_e4m3_ss(float (&acc)[N / 2], uint32_t a,
     wgmma_commit();
 }
 template <int N, int KB, int NP>
-__device__ __forceinline__ void wg_gemm_e4m3_rs(float (&acc)[N / 2], const uint32_t (&a)[KB / 32][4], uint32_t b)
+__device__ __forceinline__ void wg_gemm_e4m3_rs(float (&acc)[N / 2], const uint32_t (&a)[KB / 32][4], uint32_t db)
 {
-    const uint32_t db = sw_desc_lo(b, 16);
 #pragma unroll
     for (int kk = 0; kk < KB / 32; kk++)
         wgmma_e4m3<N>::rs(acc, a[kk], sw_desc_at(db, (kk / 4) * NP * 128 + (kk % 4) * 32), 1);
