@@ -3,6 +3,7 @@
 # On a Hopper machine, in one go: an A/B of one of the CUDA backend's switches, for instance
 #   bench/gpu/device_ab.sh FLASHATTN_CUDA_PINGPONG 0 1    (the consumer warpgroups' turns)
 #   bench/gpu/device_ab.sh FLASHATTN_CUDA_SLACK -1 8      (the forward's conditional rescale)
+#   bench/gpu/device_ab.sh FLASHATTN_CUDA_SLACK_E4M3 -1 8 (the same in the fp8 forward)
 # Build; the dense, backward and paged grids with VAR=B (quick; the exit status 1 if one
 # fails); then TFLOP/s of both settings shape by shape, one right after the other, at
 # FlashAttention's shapes (batch x seq = 16k, hidden 2048): bf16 d64 and d128, e4m3 d128,

@@ -51,15 +51,22 @@ template <int D> __device__ __forceinline__ float sm90_slack(const fa_cuda_param
     return D <= 128 ? p.rescale_slack : -1.0f;
 }
 
-// O rescaled once P(n-1) V(n-1) is done (with slack >= 0 only where a row of the warp moved its
-// reference), then P(n) (with dropout) into A fragments.
+// O rescaled once P(n-1) V(n-1) is done: with slack >= 0 (softmax_update's) only where a row
+// of the warp moved its reference.
+template <int ND>
+__device__ __forceinline__ void rescale_moved(float (&o)[1][ND][4], const float (&alpha)[1][2], float slack)
+{
+    if (slack < 0.0f || __any_sync(0xffffffffu, alpha[0][0] != 1.0f || alpha[0][1] != 1.0f))
+        rescale(o, alpha);
+}
+
+// O rescaled (rescale_moved), then P(n) (with dropout) into A fragments.
 template <typename T, int D, int BN>
 __device__ __forceinline__ void finish_step(const fa_cuda_params &p, sm90_rows<D, BN> &r,
                                             const float (&alpha)[1][2], float slack, int b, int h,
                                             int64_t row, int64_t col)
 {
-    if (slack < 0.0f || __any_sync(0xffffffffu, alpha[0][0] != 1.0f || alpha[0][1] != 1.0f))
-        rescale(r.o, alpha);
+    rescale_moved(r.o, alpha, slack);
     if (p.dropout_p > 0.0f) // dropped to 0 here; the 1/(1-p) comes in float32 at the end
         apply_dropout(p, r.sc, b, h, row, col);
     to_a<T, 1, BN / 8>(r.pa, r.sc);

@@ -286,13 +286,13 @@ __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const 
         if (ring_lead<D>(lane))
             mbar_arrive(&ring.empty_k[st]);
         float alpha[1][2];
-        softmax_step(p, qt.mk, r, wr0, (int64_t)n * BN, g, t, alpha, cap_in, scale_log2, -1.0f);
+        softmax_step(p, qt.mk, r, wr0, (int64_t)n * BN, g, t, alpha, cap_in, scale_log2, p.rescale_slack);
         wgmma_wait<0>(); // P(n-1) V(n-1) done: o and pa are ours again
         reg_fence(of);
         reg_fence(pa);
         if (n > n_lo && ring_lead<D>(lane))
             mbar_arrive(&ring.empty_v[sp]);
-        rescale(r.o, alpha);
+        rescale_moved(r.o, alpha, p.rescale_slack);
         if (p.dropout_p > 0.0f) // dropped to 0 here; the 1/(1-p) comes in float32 at the end
             apply_dropout(p, r.sc, b, h, wr0 + g, (int64_t)n * BN + 2 * t);
         to_a_e4m3<BN / 8>(pa, r.sc);

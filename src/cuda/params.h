@@ -98,9 +98,9 @@ typedef struct fa_cuda_params {
                            * launch) when persistent blocks take them, else NULL (a block a tile) */
     int32_t sched_blocks; /* the persistent blocks: one per multiprocessor */
     int32_t pingpong;     /* Hopper forward, two consumer warpgroups: their GEMMs take turns */
-    float rescale_slack;  /* Hopper bf16 / f16 forward, head_dim <= 128: softmax_update's slack; < 0:
-                           * O rescaled every key tile, else only where a row of the warp moved
-                           * its reference */
+    float rescale_slack;  /* Hopper bf16 / f16 (head_dim <= 128) and fp8 forwards: softmax_update's
+                           * slack; < 0: O rescaled every key tile, else only where a row of the
+                           * warp moved its reference */
     int64_t rows;     /* packed query rows: batch * seqlen_q, or the varlen total */
     const int32_t *cu_q, *cu_k; /* device copies of cu_seqlens, NULL for fixed length */
     int32_t batch, heads_q, heads_kv, group, dim, seqlen_q, seqlen_k;
