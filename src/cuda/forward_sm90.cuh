@@ -29,18 +29,24 @@ template <int D, int BN> struct sm90_rows {
     uint32_t pa[1][NS / 2][4];
 };
 
+// The key tiles of BN that every one of the warp's 16 rows from wr0 sees whole: a step tests
+// its tile against two integers, where all_visible took a dozen 64-bit operations a step.
+template <int BN> __device__ __forceinline__ tiles_t warp_full_tiles(const mask_t &mk, int64_t wr0)
+{
+    return tiles_within<BN>(mk.full_key_range(wr0, wr0 + 16));
+}
+
 // S(n) (raw scores in r.sc) -> P(n) and the rescale of the running statistics (cap_in and
 // scale_log2: to_logits'; slack: softmax_update's); alpha gets the factor O must be scaled by
-// once P(n-1) V(n-1) is done.
+// once P(n-1) V(n-1) is done. full: warp_full_tiles (tile n needs no mask inside it).
 template <int D, int BN>
-__device__ __forceinline__ void softmax_step(const fa_cuda_params &p, const mask_t &mk,
-                                             sm90_rows<D, BN> &r, int64_t wr0, int64_t c0, int g,
-                                             int t, float (&alpha)[1][2], float cap_in, float scale_log2,
-                                             float slack)
+__device__ __forceinline__ void softmax_step(const fa_cuda_params &p, const mask_t &mk, const tiles_t &full,
+                                             sm90_rows<D, BN> &r, int64_t wr0, int n, int g, int t,
+                                             float (&alpha)[1][2], float cap_in, float scale_log2, float slack)
 {
     to_logits(p, r.sc, cap_in, scale_log2);
-    if (!mk.all_visible(wr0, wr0 + 16, c0, c0 + BN))
-        apply_mask(mk, r.sc, wr0 + g, c0 + 2 * t);
+    if (n < full.lo || n >= full.hi)
+        apply_mask(mk, r.sc, wr0 + g, (int64_t)n * BN + 2 * t);
     softmax_update(r.sc, r.m, r.l, alpha, slack);
 }
 
@@ -353,6 +359,7 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
     // the operands' descriptors, built once: stage s is s * KV / 16 further
     uint32_t dq = sw_desc_lo(qa, 16), dk = sw_desc_lo(ka, 16), dv = sw_desc_lo(va, BN * 128);
     asm("" : "+r"(dq), "+r"(dk), "+r"(dv)); // opaque: kept, not rebuilt from the shared window each step
+    const tiles_t full = warp_full_tiles<BN>(qt.mk, wr0);
     for (int n = n_lo; n < n_hi; n++) {
         mbar_wait(&ring.full_k[st], ph);
         wgmma_fence();
@@ -371,8 +378,7 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
         if (ring_lead<D>(lane))
             mbar_arrive(&ring.empty_k[st]);
         float alpha[1][2];
-        softmax_step(p, qt.mk, r, wr0, (int64_t)n * BN, g, t, alpha, p.cap_in, p.scale_log2,
-                     sm90_slack<D>(p));
+        softmax_step(p, qt.mk, full, r, wr0, n, g, t, alpha, p.cap_in, p.scale_log2, sm90_slack<D>(p));
         wgmma_wait<0>(); // P(n-1) V(n-1) done: o and pa are ours again
         reg_fence(of);
         reg_fence(r.pa[0]);

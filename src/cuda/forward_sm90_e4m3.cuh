@@ -268,6 +268,7 @@ __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const 
     int st = it % STAGES, ph = (it / STAGES) & 1, sp = 0, pp = 0;
     uint32_t dq = sw_desc_lo(qa, 16), dk = sw_desc_lo(ka, 16), dv = sw_desc_lo(va, 16);
     asm("" : "+r"(dq), "+r"(dk), "+r"(dv));
+    const tiles_t full = warp_full_tiles<BN>(qt.mk, wr0);
     for (int n = n_lo; n < n_hi; n++) {
         mbar_wait(&ring.full_k[st], ph);
         wgmma_fence();
@@ -286,7 +287,7 @@ __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const 
         if (ring_lead<D>(lane))
             mbar_arrive(&ring.empty_k[st]);
         float alpha[1][2];
-        softmax_step(p, qt.mk, r, wr0, (int64_t)n * BN, g, t, alpha, cap_in, scale_log2, p.rescale_slack);
+        softmax_step(p, qt.mk, full, r, wr0, n, g, t, alpha, cap_in, scale_log2, p.rescale_slack);
         wgmma_wait<0>(); // P(n-1) V(n-1) done: o and pa are ours again
         reg_fence(of);
         reg_fence(pa);

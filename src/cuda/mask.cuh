@@ -53,6 +53,12 @@ struct mask_t {
         const int64_t last = min(c1, (int64_t)sk) - 1;
         return span_t{ max((int64_t)0, first_row(c0)), min((int64_t)sq, last_row(last) + 1) };
     }
+    // The keys every one of rows [r0, r1) sees: all_visible solved for the columns, so that a
+    // loop over key tiles tests two integers instead (not cut at 0: tiles_within is).
+    __device__ __forceinline__ span_t full_key_range(int64_t r0, int64_t r1) const
+    {
+        return span_t{ first_key(r1 - 1), min(last_key(r0) + 1, (int64_t)sk) };
+    }
     // The rows that see every one of keys [c0, c1): all_visible solved for the rows, so that a
     // loop over row tiles tests two integers instead. Not cut at sq, as all_visible is not.
     __device__ __forceinline__ span_t full_query_range(int64_t c0, int64_t c1) const
