@@ -133,7 +133,7 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
     const char *sle = getenv("FLASHATTN_CUDA_SLACK_E4M3");
     const float slack_e4m3 = sle ? strtof(sle, &end) : -1.0f;
     s->rescale_slack_e4m3 =
-        sle && end != sle && *end == '\0' && slack_e4m3 >= 0.0f && slack_e4m3 <= 8.0f ? slack_e4m3 : -1.0f;
+        sle && end != sle && *end == '\0' && !signbit(slack_e4m3) && slack_e4m3 <= 8.0f ? slack_e4m3 : -1.0f;
     *state = s;
     return FA_OK;
 }
