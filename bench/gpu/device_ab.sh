@@ -22,14 +22,8 @@ device_configure "$out/cmake_ab.log" || exit 1
 cmake --build build -j "$(nproc)" --target flashattn_cli test_conformance test_backward test_paged > "$out/build_ab.log" 2>&1 ||
   { grep -E "error" "$out/build_ab.log" | head -20; exit 1; }
 echo "build ok"
-export FLASHATTN_TEST_BACKEND=cuda FLASHATTN_TEST_QUICK=1
 fail=0
-for t in conformance backward paged; do
-  env "$var=$b" timeout 200 ./build/tests/test_$t > "$out/${t}_ab.log" 2>&1
-  rc=$?; [ $rc -eq 0 ] || fail=1
-  echo "$t ($var=$b) rc=$rc"; grep -E "FAILED|cases" "$out/${t}_ab.log" | head -5
-done
-unset FLASHATTN_TEST_BACKEND FLASHATTN_TEST_QUICK
+device_grids "$out" ab "$var=$b" || fail=1
 rm -f "$out/ab.jsonl"
 for shape in bf16:128:4:4096 bf16:128:1:16384 e4m3:128:4:4096 e4m3:128:1:16384 bf16:64:4:4096 bf16:64:1:16384; do
   IFS=: read -r dt d bt s <<< "$shape"

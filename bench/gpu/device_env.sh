@@ -4,7 +4,9 @@
 # OpenBLAS's directory on the library path (no alternatives symlink there), and
 # device_configure LOG: the CUDA build's configuration with the tools (no GLES), its output in
 # LOG, its tail shown when it fails; device_library DIR: the CUDA library alone into build/
-# unless build/libflashattn.so is there, the logs in DIR.
+# unless build/libflashattn.so is there, the logs in DIR; device_grids DIR SUFFIX [VAR=VALUE
+# ...]: build/tests' dense, backward and paged grids on CUDA (quick) with those variables set,
+# the logs in DIR as TEST_SUFFIX.log, status 1 when one fails.
 blas=/usr/lib/x86_64-linux-gnu/openblas-pthread
 if [ -d .devdeps ] && ! ls /usr/lib/x86_64-linux-gnu/libcmocka.so >/dev/null 2>&1; then
   for f in .devdeps/*.deb; do dpkg -x "$f" /; done
@@ -22,4 +24,15 @@ device_library() {
     -DFA_BUILD_TESTS=OFF > "$1/cmake.log" 2>&1 || { tail -20 "$1/cmake.log"; return 1; }
   cmake --build build -j "$(nproc)" --target flashattn > "$1/build.log" 2>&1 ||
     { grep -E "error" "$1/build.log" | head; return 1; }
+}
+device_grids() {
+  local dir=$1 sfx=$2 t rc fail=0
+  shift 2
+  for t in conformance backward paged; do
+    env FLASHATTN_TEST_BACKEND=cuda FLASHATTN_TEST_QUICK=1 "$@" timeout 200 ./build/tests/test_$t \
+      > "$dir/${t}_$sfx.log" 2>&1
+    rc=$?; [ $rc -eq 0 ] || fail=1
+    echo "$t${*:+ ($*)} rc=$rc"; grep -E "FAILED|cases" "$dir/${t}_$sfx.log" | head -5
+  done
+  return $fail
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # On a CUDA machine, in one go: prefill over a paged cache end to end. Build the library, the
-# tool and the tests; the paged and dense grids (also with FLASHATTN_CUDA_SLACK=-1) and
-# test_engine on CUDA (quick); chunked prefill at page 16 beside the dense forward, pages
+# tool and the tests; the dense, backward and paged grids (also with FLASHATTN_CUDA_SLACK=-1)
+# and test_engine on CUDA (quick); chunked prefill at page 16 beside the dense forward, pages
 # shuffled and in order (prefill_paged.py); bench-model's Llama-2-7B prefill at 2048 and 8192
 # tokens and decode at batch 1 and 32; transformers' prefill beside it (hf_peer.py). Logs and
 # JSON lines go to $OUT (or build/). Carry .devdeps (bench/gpu/fetch_debs.sh).
@@ -17,24 +17,18 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 device_configure "$out/cmake_prefill.log" || exit 1
-cmake --build build -j "$(nproc)" --target flashattn flashattn_cli test_paged test_conformance test_engine \
+cmake --build build -j "$(nproc)" --target flashattn flashattn_cli test_paged test_conformance test_backward test_engine \
   > "$out/build_prefill.log" 2>&1 || { grep -E "error" "$out/build_prefill.log" | head -20; exit 1; }
 stamp "build ok"
 F=./build/flashattn
 if [ "$level" != bench ]; then
-  export FLASHATTN_TEST_QUICK=1
-  FLASHATTN_TEST_BACKEND=cuda timeout 300 ./build/tests/test_paged > "$out/paged_cuda.log" 2>&1
-  stamp "paged_cuda rc=$?"; grep -E "FAILED|cases|could not|want" "$out/paged_cuda.log" | head -20
-  FLASHATTN_TEST_BACKEND=cuda timeout 300 ./build/tests/test_conformance > "$out/conformance_cuda.log" 2>&1
-  stamp "conformance_cuda rc=$?"; grep -E "FAILED|cases|could not" "$out/conformance_cuda.log" | head -20
+  device_grids "$out" cuda
+  stamp "grids done"
   # the forward with its O rescaled every key tile (the conditional rescale off)
-  for t in conformance paged; do
-    FLASHATTN_CUDA_SLACK=-1 FLASHATTN_TEST_BACKEND=cuda timeout 300 ./build/tests/test_$t > "$out/${t}_noslack.log" 2>&1
-    stamp "${t}_cuda FLASHATTN_CUDA_SLACK=-1 rc=$?"; grep -E "FAILED|cases" "$out/${t}_noslack.log" | head -8
-  done
-  timeout 300 ./build/tests/test_engine > "$out/engine_cuda.log" 2>&1
+  device_grids "$out" noslack FLASHATTN_CUDA_SLACK=-1
+  stamp "grids with FLASHATTN_CUDA_SLACK=-1 done"
+  FLASHATTN_TEST_QUICK=1 timeout 300 ./build/tests/test_engine > "$out/engine_cuda.log" 2>&1
   stamp "test_engine rc=$?"; grep -E "FAILED|PASSED|ids|logits" "$out/engine_cuda.log" | head -12
-  unset FLASHATTN_TEST_QUICK
 fi
 [ "$level" = check ] && exit 0
 for order in "" --in-order; do

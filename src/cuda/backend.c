@@ -58,6 +58,18 @@ fa_status fa_cuda_fail(fa_context_t ctx, cudaError_t err, const char *what)
                     cudaGetErrorName(err), cudaGetErrorString(err));
 }
 
+/* A softmax slack from the environment: x in [0, 8] sets it, a negative x (-0 too) gives -1
+ * (O rescaled every key tile), anything else (unset, NaN, past 8, not a number) dflt. */
+static float env_slack(const char *name, float dflt)
+{
+    const char *v = getenv(name);
+    char *end = NULL;
+    const float x = v ? strtof(v, &end) : dflt;
+    if (!v || end == v || *end != '\0' || !(x <= 8.0f))
+        return dflt;
+    return signbit(x) ? -1.0f : x;
+}
+
 static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *native, void **state)
 {
     (void)native;
@@ -121,19 +133,10 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
      * key tile's largest logit passes it by more than the slack (log2 units; 8 as
      * FlashAttention-4), rescaling O only then (softmax_update); probabilities reach 2^slack, well
      * inside f16's range. 8 measured -0.4% to +4.8% against every tile (docs/perf/h200.md).
-     * FLASHATTN_CUDA_SLACK=x sets it (0 <= x <= 8); a negative x (-0 too) rescales every tile
-     * (for comparison); any other value leaves 8. */
-    const char *sl = getenv("FLASHATTN_CUDA_SLACK");
-    char *end = NULL;
-    const float slack = sl ? strtof(sl, &end) : 8.0f;
-    const int parsed = sl && end != sl && *end == '\0' && slack <= 8.0f; /* NaN fails too */
-    s->rescale_slack = !parsed ? 8.0f : signbit(slack) ? -1.0f : slack;
-    /* FLASHATTN_CUDA_SLACK_E4M3=x (0 <= x <= 8): the same for the fp8 forward, whose P in e4m3
-     * (largest 448) holds 2^8; off otherwise until measured against rescaling every tile */
-    const char *sle = getenv("FLASHATTN_CUDA_SLACK_E4M3");
-    const float slack_e4m3 = sle ? strtof(sle, &end) : -1.0f;
-    s->rescale_slack_e4m3 =
-        sle && end != sle && *end == '\0' && !signbit(slack_e4m3) && slack_e4m3 <= 8.0f ? slack_e4m3 : -1.0f;
+     * The fp8 forward, whose P in e4m3 (largest 448) holds 2^8 too, rescales every tile unless
+     * FLASHATTN_CUDA_SLACK_E4M3 says otherwise, until measured. */
+    s->rescale_slack = env_slack("FLASHATTN_CUDA_SLACK", 8.0f);
+    s->rescale_slack_e4m3 = env_slack("FLASHATTN_CUDA_SLACK_E4M3", -1.0f);
     *state = s;
     return FA_OK;
 }

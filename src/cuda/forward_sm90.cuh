@@ -334,6 +334,20 @@ template <bool TURNS> __device__ __forceinline__ void pass_turn(const fa_cuda_pa
 // consumers spilled with elect.sync.
 template <int D> __device__ __forceinline__ bool ring_lead(int lane) { return D <= 128 ? elect_one() : lane == 0; }
 
+// A consumer's place in the K/V ring, stepped along a key tile at a time (no division a step):
+// stage st and phase ph of position it, sp and pp those of the position before (whose V the
+// step multiplies).
+template <int STAGES> struct ring_pos {
+    int st, ph, sp = 0, pp = 0;
+    __device__ __forceinline__ explicit ring_pos(int it) : st(it % STAGES), ph((it / STAGES) & 1) {}
+    __device__ __forceinline__ void next()
+    {
+        sp = st, pp = ph;
+        if (++st == STAGES)
+            st = 0, ph ^= 1;
+    }
+};
+
 // One consumer warpgroup on one query tile: its 64 rows of Q (in sQ), every key tile of the
 // ring from position it, then the rows out (staged in sQ).
 template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
@@ -353,21 +367,19 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
     float(&sf)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(r.sc);
 
     constexpr bool TURNS = sm90_turns<D, NWG>;
-    // ring position it's stage and phase, stepped along (no division a step); sp, pp: those of
-    // the position before, whose V the step multiplies
-    int st = it % STAGES, ph = (it / STAGES) & 1, sp = 0, pp = 0;
+    ring_pos<STAGES> rp(it);
     // the operands' descriptors, built once: stage s is s * KV / 16 further
     uint32_t dq = sw_desc_lo(qa, 16), dk = sw_desc_lo(ka, 16), dv = sw_desc_lo(va, BN * 128);
     asm("" : "+r"(dq), "+r"(dk), "+r"(dv)); // opaque: kept, not rebuilt from the shared window each step
     const tiles_t full = warp_full_tiles<BN>(qt.mk, wr0);
     for (int n = n_lo; n < n_hi; n++) {
-        mbar_wait(&ring.full_k[st], ph);
+        mbar_wait(&ring.full_k[rp.st], rp.ph);
         wgmma_fence();
         take_turn<TURNS>(p, wg);
-        wg_gemm_nt_d<T, D, BM, BN>(sf, dq, dk + st * (KV >> 4));
+        wg_gemm_nt_d<T, D, BM, BN>(sf, dq, dk + rp.st * (KV >> 4));
         if (n > n_lo) {
-            mbar_wait(&ring.full_v[sp], pp);
-            wg_gemm_rn_d<T, D, BN>(of, r.pa[0], dv + sp * (KV >> 4));
+            mbar_wait(&ring.full_v[rp.sp], rp.pp);
+            wg_gemm_rn_d<T, D, BN>(of, r.pa[0], dv + rp.sp * (KV >> 4));
             pass_turn<TURNS>(p, wg);
             wgmma_wait<1>();
         } else {
@@ -376,27 +388,25 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
         }
         reg_fence(sf);
         if (ring_lead<D>(lane))
-            mbar_arrive(&ring.empty_k[st]);
+            mbar_arrive(&ring.empty_k[rp.st]);
         float alpha[1][2];
         softmax_step(p, qt.mk, full, r, wr0, n, g, t, alpha, p.cap_in, p.scale_log2, sm90_slack<D>(p));
         wgmma_wait<0>(); // P(n-1) V(n-1) done: o and pa are ours again
         reg_fence(of);
         reg_fence(r.pa[0]);
         if (n > n_lo && ring_lead<D>(lane))
-            mbar_arrive(&ring.empty_v[sp]);
+            mbar_arrive(&ring.empty_v[rp.sp]);
         finish_step<T>(p, r, alpha, sm90_slack<D>(p), qt.blk.b, qt.blk.h, wr0 + g, (int64_t)n * BN + 2 * t);
-        sp = st, pp = ph;
-        if (++st == STAGES)
-            st = 0, ph ^= 1;
+        rp.next();
     }
     if (n_lo < n_hi) { // the last P V
-        mbar_wait(&ring.full_v[sp], pp);
+        mbar_wait(&ring.full_v[rp.sp], rp.pp);
         wgmma_fence();
-        wg_gemm_rn_d<T, D, BN>(of, r.pa[0], dv + sp * (KV >> 4));
+        wg_gemm_rn_d<T, D, BN>(of, r.pa[0], dv + rp.sp * (KV >> 4));
         wgmma_wait<0>();
         reg_fence(of);
         if (ring_lead<D>(lane))
-            mbar_arrive(&ring.empty_v[sp]);
+            mbar_arrive(&ring.empty_v[rp.sp]);
     }
     store_rows<T, D, BM, BN>(p, r, s, qt.blk.h, r0, wg, warp, g, t, sQ);
 }

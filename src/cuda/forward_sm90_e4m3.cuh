@@ -263,20 +263,19 @@ __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const 
     float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(r.o);
     float(&sf)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(r.sc);
 
-    // the ring position's stage and phase stepped along, and the descriptors built once, as
-    // attend_rows has them
-    int st = it % STAGES, ph = (it / STAGES) & 1, sp = 0, pp = 0;
+    // the ring position stepped along, and the descriptors built once, as attend_rows has them
+    ring_pos<STAGES> rp(it);
     uint32_t dq = sw_desc_lo(qa, 16), dk = sw_desc_lo(ka, 16), dv = sw_desc_lo(va, 16);
     asm("" : "+r"(dq), "+r"(dk), "+r"(dv));
     const tiles_t full = warp_full_tiles<BN>(qt.mk, wr0);
     for (int n = n_lo; n < n_hi; n++) {
-        mbar_wait(&ring.full_k[st], ph);
+        mbar_wait(&ring.full_k[rp.st], rp.ph);
         wgmma_fence();
         take_turn<sm90_turns<D, NWG>>(p, wg);
-        wg_gemm_e4m3_ss<BN, D, BM, BN>(sf, dq, dk + st * (KV >> 4));
+        wg_gemm_e4m3_ss<BN, D, BM, BN>(sf, dq, dk + rp.st * (KV >> 4));
         if (n > n_lo) {
-            mbar_wait(&ring.full_v[sp], pp);
-            wg_gemm_e4m3_rs<D, BN, D>(of, pa, dv + sp * (KV >> 4));
+            mbar_wait(&ring.full_v[rp.sp], rp.pp);
+            wg_gemm_e4m3_rs<D, BN, D>(of, pa, dv + rp.sp * (KV >> 4));
             pass_turn<sm90_turns<D, NWG>>(p, wg);
             wgmma_wait<1>();
         } else {
@@ -285,30 +284,28 @@ __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const 
         }
         reg_fence(sf);
         if (ring_lead<D>(lane))
-            mbar_arrive(&ring.empty_k[st]);
+            mbar_arrive(&ring.empty_k[rp.st]);
         float alpha[1][2];
         softmax_step(p, qt.mk, full, r, wr0, n, g, t, alpha, cap_in, scale_log2, p.rescale_slack);
         wgmma_wait<0>(); // P(n-1) V(n-1) done: o and pa are ours again
         reg_fence(of);
         reg_fence(pa);
         if (n > n_lo && ring_lead<D>(lane))
-            mbar_arrive(&ring.empty_v[sp]);
+            mbar_arrive(&ring.empty_v[rp.sp]);
         rescale_moved(r.o, alpha, p.rescale_slack);
         if (p.dropout_p > 0.0f) // dropped to 0 here; the 1/(1-p) comes in float32 at the end
             apply_dropout(p, r.sc, b, h, wr0 + g, (int64_t)n * BN + 2 * t);
         to_a_e4m3<BN / 8>(pa, r.sc);
-        sp = st, pp = ph;
-        if (++st == STAGES)
-            st = 0, ph ^= 1;
+        rp.next();
     }
     if (n_lo < n_hi) { // the last P V
-        mbar_wait(&ring.full_v[sp], pp);
+        mbar_wait(&ring.full_v[rp.sp], rp.pp);
         wgmma_fence();
-        wg_gemm_e4m3_rs<D, BN, D>(of, pa, dv + sp * (KV >> 4));
+        wg_gemm_e4m3_rs<D, BN, D>(of, pa, dv + rp.sp * (KV >> 4));
         wgmma_wait<0>();
         reg_fence(of);
         if (ring_lead<D>(lane))
-            mbar_arrive(&ring.empty_v[sp]);
+            mbar_arrive(&ring.empty_v[rp.sp]);
     }
     const float vd = descale_at(p.v_ds, b, qt.hk); // after 1 / sum: their quotient may be subnormal
 #pragma unroll
