@@ -24,13 +24,19 @@ static const tiles tile_table[] = { FA_CUDA_TILES(FA_TILE_ROW) };
 
 typedef struct sm90_tiles {
     int dim, keys, warpgroups, stages, q_buffers;
+    int min_q; /* FA_CUDA_SM90_WIDE_TILES: the longest query sequence from which the row runs */
+    int wide;  /* a row of FA_CUDA_SM90_WIDE_TILES */
 } sm90_tiles;
 
-#define FA_SM90_ROW(D, BN, NWG, ST, NQ) { D, BN, NWG, ST, NQ },
-#define FA_SM90_ROW_VALUE(D, BN, NWG, ST, NQ) { D, BN, NWG, ST, NQ }
+#define FA_SM90_ROW(D, BN, NWG, ST, NQ) { D, BN, NWG, ST, NQ, 0, 0 },
+#define FA_SM90_ROW_VALUE(D, BN, NWG, ST, NQ) { D, BN, NWG, ST, NQ, 0, 0 }
+#define FA_SM90_WIDE_ROW(D, BN, NWG, ST, NQ, ROWS) { D, BN, NWG, ST, NQ, ROWS, 1 },
 static const sm90_tiles sm90_table[] = { FA_CUDA_SM90_TILES(FA_SM90_ROW) };
+static const sm90_tiles sm90_wide_table[] = { FA_CUDA_SM90_WIDE_TILES(FA_SM90_WIDE_ROW) };
 #undef FA_SM90_ROW
+#undef FA_SM90_WIDE_ROW
 #define N_SM90 (sizeof(sm90_table) / sizeof(sm90_table[0]))
+#define N_SM90_WIDE (sizeof(sm90_wide_table) / sizeof(sm90_wide_table[0]))
 static const sm90_tiles sm90_fp8_tiles = FA_CUDA_SM90_FP8_TILES(FA_SM90_ROW_VALUE);
 #undef FA_SM90_ROW_VALUE
 
@@ -134,9 +140,15 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
      * FlashAttention-4), rescaling O only then (softmax_update); probabilities reach 2^slack, well
      * inside f16's range. 8 measured -0.4% to +4.8% against every tile (docs/perf/h200.md).
      * The fp8 forward, whose P in e4m3 (largest 448) holds 2^8 too, rescales every tile unless
-     * FLASHATTN_CUDA_SLACK_E4M3 says otherwise, until measured. */
+     * FLASHATTN_CUDA_SLACK_E4M3 says otherwise (8: 2-3% faster, its RMSE 2% higher; perf/fp8.md). */
     s->rescale_slack = env_slack("FLASHATTN_CUDA_SLACK", 8.0f);
     s->rescale_slack_e4m3 = env_slack("FLASHATTN_CUDA_SLACK_E4M3", -1.0f);
+    /* FLASHATTN_CUDA_WIDE_MIN_Q=n: the wide Hopper tiles (FA_CUDA_SM90_WIDE_TILES) from n query
+     * rows instead of their table's (0: wherever a row exists; tests run them on small grids) */
+    const char *wq = getenv("FLASHATTN_CUDA_WIDE_MIN_Q");
+    char *wq_end = NULL;
+    const long wq_n = wq ? strtol(wq, &wq_end, 10) : -1;
+    s->wide_min_q = wq && wq_end != wq && *wq_end == '\0' && wq_n >= 0 && wq_n <= INT32_MAX ? (int32_t)wq_n : -1;
     *state = s;
     return FA_OK;
 }
@@ -203,6 +215,15 @@ static void cuda_info(void *state, char *buf, size_t cap, size_t *len)
                    sm90_table[i].q_buffers > 1
                        ? "persistent blocks, one per multiprocessor, taking query tiles in turn"
                        : "a block per query tile");
+    for (size_t i = 0; s->hopper && i < N_SM90_WIDE; i++) {
+        const sm90_tiles *w = &sm90_wide_table[i];
+        fa_appendf(buf, cap, len,
+                   "cuda.tiles.sm90.d%d.wide: forward %dx%d (%d consumer warpgroups + 1 loading, %d K/V "
+                   "stages, %s) where the longest query sequence has %d rows or more\n",
+                   w->dim, 64 * w->warpgroups, w->keys, w->warpgroups, w->stages,
+                   w->q_buffers > 1 ? "persistent blocks" : "a block per query tile",
+                   s->wide_min_q >= 0 ? s->wide_min_q : w->min_q);
+    }
     for (size_t i = 0; i < N_TILES; i++) {
         const tiles *t = &tile_table[i];
         fa_appendf(buf, cap, len,
@@ -287,7 +308,7 @@ static cudaError_t forward_sm90(const cuda_state *s, const call *c, fa_cuda_para
         fa_cuda_tma_dense(s->tma_encode, k, c->fp8 ? FA_CUDA_TMA_E4M3 : c->bf16, c->h->keys);
     if (c->fp8)
         return fa_cuda_flash_forward_e4m3_sm90(k, s->stream);
-    return fa_cuda_flash_forward_sm90(k, c->bf16, c->h->dim, s->stream);
+    return fa_cuda_flash_forward_sm90(k, c->bf16, c->h->dim, c->h->wide, s->stream);
 }
 
 /* fa_forward's decode route: where the query rows of a sequence's kv group fit the decode
@@ -354,6 +375,11 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
     for (size_t i = 0; s->hopper && !backward && !c->nq && !c->h && i < N_SM90; i++)
         if (sm90_takes(sm90_table[i].dim, c->tl, p->dim))
             c->h = &sm90_table[i];
+    /* long queries: the head dim's wide tiles, where it has them */
+    for (size_t i = 0; c->h && !c->fp8 && i < N_SM90_WIDE; i++)
+        if (sm90_wide_table[i].dim == c->h->dim &&
+            p->max_q >= (s->wide_min_q >= 0 ? s->wide_min_q : sm90_wide_table[i].min_q))
+            c->h = &sm90_wide_table[i];
     for (size_t i = 0; s->hopper && backward && !c->hb && i < N_SM90_BWD; i++)
         if (sm90_takes(sm90_bwd_table[i].dim, c->tl, p->dim))
             c->hb = &sm90_bwd_table[i];
@@ -462,16 +488,19 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
 #define FA_FWD_NAME(D, ...) "cuda-flash-mma-d" #D,
 #define FA_BWD_NAME(D, ...) "cuda-flash-bwd-mma-d" #D,
 #define FA_SM90_NAME(D, ...) "cuda-flash-wgmma-d" #D,
+#define FA_SM90_WIDE_NAME(D, ...) "cuda-flash-wgmma-d" #D "-wide",
 #define FA_SM90_BWD_NAME(D, ...) "cuda-flash-bwd-wgmma-d" #D,
     static const char *const fwd_names[] = { FA_CUDA_TILES(FA_FWD_NAME) };
     static const char *const bwd_names[] = { FA_CUDA_TILES(FA_BWD_NAME) };
     static const char *const sm90_names[] = { FA_CUDA_SM90_TILES(FA_SM90_NAME) };
+    static const char *const sm90_wide_names[] = { FA_CUDA_SM90_WIDE_TILES(FA_SM90_WIDE_NAME) };
     static const char *const sm90_bwd_names[] = { FA_CUDA_SM90_BWD_TILES(FA_SM90_BWD_NAME) };
     static const char *const decode_names[] = { "cuda-decode-d64", "cuda-decode-d128", "cuda-decode-d256" };
     static const char *const decode_sm90_names[] = { "cuda-decode-sm90-d64", "cuda-decode-sm90-d128" };
 #undef FA_FWD_NAME
 #undef FA_BWD_NAME
 #undef FA_SM90_NAME
+#undef FA_SM90_WIDE_NAME
 #undef FA_SM90_BWD_NAME
     const size_t row = (size_t)(c->tl - tile_table);
     const int standard = p->desc->algorithm == FA_ALGORITHM_STANDARD;
@@ -498,7 +527,9 @@ static void report(const call *c, const fa_problem *p, int backward, fa_run_info
         info->block_k = 16 * c->tl->kv_warps / c->tl->kv_split;
         info->threads = 32 * c->tl->kv_warps;
     } else if (c->h) {
-        info->kernel = c->fp8 ? "cuda-flash-wgmma-fp8-d128" : sm90_names[c->h - sm90_table];
+        info->kernel = c->fp8    ? "cuda-flash-wgmma-fp8-d128"
+                       : c->h->wide ? sm90_wide_names[c->h - sm90_wide_table]
+                                    : sm90_names[c->h - sm90_table];
         info->block_q = 64 * c->h->warpgroups;
         info->block_k = c->h->keys;
         info->threads = 128 * (c->h->warpgroups + 1);

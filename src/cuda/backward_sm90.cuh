@@ -454,7 +454,7 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
     }
     __syncthreads();
     if (wg == 2) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(producer_regs<2>::value));
         const int tid = threadIdx.x % 128;
         if (tid >= LOADERS) {
             const int w = (tid - LOADERS) / 32;

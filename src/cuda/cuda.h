@@ -16,8 +16,9 @@ extern "C" {
 cudaError_t fa_cuda_flash_forward(const fa_cuda_params *p, int bf16, int dpad, cudaStream_t stream);
 
 /* The same on Hopper's warpgroup tensor cores (compute capability 9.0, sm_90a image) for the
- * head dims of FA_CUDA_SM90_TILES; cudaErrorInvalidValue for others. */
-cudaError_t fa_cuda_flash_forward_sm90(const fa_cuda_params *p, int bf16, int dpad,
+ * head dims of FA_CUDA_SM90_TILES, or with wide set of FA_CUDA_SM90_WIDE_TILES;
+ * cudaErrorInvalidValue for others. */
+cudaError_t fa_cuda_flash_forward_sm90(const fa_cuda_params *p, int bf16, int dpad, int wide,
                                        cudaStream_t stream);
 
 /* The fp8 (e4m3) forward on Hopper (sm_90a image) for head_dim up to FA_CUDA_SM90_FP8_TILES'

@@ -463,7 +463,7 @@ __global__ void __launch_bounds__((M::NWG + 1) * 128, 1) flash_forward_sm90_ws(c
     }
     __syncthreads();
     if (wg == NWG) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(producer_regs<NWG>::value));
         M::load(p, items, ring, sQ, threadIdx.x % 128);
         return;
     }

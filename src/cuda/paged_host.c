@@ -267,7 +267,7 @@ static cudaError_t run_sm90(const cuda_state *s, fa_cuda_paged *k, const cuda_pa
     }
     a.aligned = aligned16(a.q.p, a.q.ss, a.q.sh, a.dim);
     a.o_vec = !a.o.f32 && aligned16(a.o.p, a.o.ss, a.o.sh, a.dim);
-    return fa_cuda_flash_forward_sm90(&a, pl->bf16, pl->dpad, stream);
+    return fa_cuda_flash_forward_sm90(&a, pl->bf16, pl->dpad, 0, stream);
 }
 
 /* Test builds (FA_CUDA_ORDERING_TEST): FLASHATTN_CUDA_DROP_ORDERING=1 or 2 removes one of the

@@ -417,17 +417,20 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity)
                  : "memory");
 }
 
-// Registers a consumer thread gets when a loading warpgroup keeps kProducerRegs
-// (setmaxnreg; the block holds NWG consumer warpgroups and one loading warpgroup). The block
-// keeps the registers it was launched with (__launch_bounds__(threads, 1): the register
-// file over its threads, in steps of 8); a consumer asking for more than the loader gave back
-// would wait for them forever.
-constexpr int kProducerRegs = 40;
+// Registers the loading warpgroup keeps (producer_regs) and a consumer thread gets
+// (consumer_regs) through setmaxnreg, in a block of NWG consumer warpgroups and one loading
+// warpgroup. The block keeps the registers it was launched with (__launch_bounds__(threads,
+// 1): the register file over its threads, in steps of 8); a consumer asking for more than the
+// loader gave back would wait for them forever. Three consumers take 160 each, their loader 32
+// (at 40 the consumers' 152 spilled the P fragments around every P V product).
+template <int NWG> struct producer_regs {
+    static constexpr int value = NWG >= 3 ? 32 : 40;
+};
 template <int NWG> struct consumer_regs {
-    static constexpr int launched = 65536 / (128 * (NWG + 1)) / 8 * 8;
-    static constexpr int free = (launched * (NWG + 1) - kProducerRegs) / NWG / 8 * 8;
+    static constexpr int launched = 65536 / (128 * (NWG + 1)) / 8 * 8, loader = producer_regs<NWG>::value;
+    static constexpr int free = (launched * (NWG + 1) - loader) / NWG / 8 * 8;
     static constexpr int value = free > 240 ? 240 : free;
-    static_assert(kProducerRegs <= launched && 128 * (kProducerRegs + NWG * value) <= 128 * (NWG + 1) * launched,
+    static_assert(loader <= launched && 128 * (loader + NWG * value) <= 128 * (NWG + 1) * launched,
                   "the warpgroups' registers fit in what the block was launched with");
 };
 
