@@ -29,6 +29,11 @@ if [ "$level" != backward ] && [ "$level" != paged ]; then
   FLASHATTN_CUDA_PERSISTENT_BLOCKS=3 timeout 300 ./build/tests/test_conformance > "$out/conformance_cuda_p3.log" 2>&1
   echo "conformance_cuda (3 persistent blocks) rc=$?"
   grep -E "FAILED|cases|could not" "$out/conformance_cuda_p3.log" | head -20
+  # and with the wide d64 tiles (FA_CUDA_SM90_WIDE_TILES) on every case they could take
+  FLASHATTN_CUDA_WIDE_MIN_Q=0 FLASHATTN_CUDA_PERSISTENT_BLOCKS=3 timeout 300 ./build/tests/test_conformance \
+    > "$out/conformance_cuda_wide.log" 2>&1
+  echo "conformance_cuda (wide tiles, 3 persistent blocks) rc=$?"
+  grep -E "FAILED|cases|could not" "$out/conformance_cuda_wide.log" | head -20
 fi
 timeout ${PAGED_TIMEOUT:-300} ./build/tests/test_paged > "$out/paged_cuda.log" 2>&1; echo "paged_cuda rc=$?"
 grep -E "FAILED|cases|could not|want" "$out/paged_cuda.log" | head -20
@@ -43,7 +48,7 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   # memcheck and racecheck on every 8th case of the short grids
   export FLASHATTN_TEST_QUICK=1 FLASHATTN_TEST_EVERY=12
   timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/test_conformance > "$out/memcheck_fwd.log" 2>&1; echo "memcheck forward rc=$?"
-  FLASHATTN_CUDA_PERSISTENT_BLOCKS=2 timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/test_conformance > "$out/memcheck_fwd_p2.log" 2>&1; echo "memcheck forward (2 persistent blocks) rc=$?"
+  FLASHATTN_CUDA_PERSISTENT_BLOCKS=2 FLASHATTN_CUDA_WIDE_MIN_Q=0 timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/test_conformance > "$out/memcheck_fwd_p2.log" 2>&1; echo "memcheck forward (2 persistent blocks, wide tiles) rc=$?"
   timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/test_backward > "$out/memcheck_bwd.log" 2>&1; echo "memcheck backward rc=$?"
   timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 ./build/tests/test_conformance > "$out/racecheck_fwd.log" 2>&1; echo "racecheck forward rc=$?"
   export FLASHATTN_TEST_EVERY=16

@@ -6,7 +6,8 @@
 # LOG, its tail shown when it fails; device_library DIR: the CUDA library alone into build/
 # unless build/libflashattn.so is there, the logs in DIR; device_grids DIR SUFFIX [VAR=VALUE
 # ...]: build/tests' dense, backward and paged grids on CUDA (quick) with those variables set,
-# the logs in DIR as TEST_SUFFIX.log, status 1 when one fails.
+# and the dense one again with the wide d64 tiles on every case, the logs in DIR as
+# TEST_SUFFIX.log, status 1 when one fails.
 blas=/usr/lib/x86_64-linux-gnu/openblas-pthread
 if [ -d .devdeps ] && ! ls /usr/lib/x86_64-linux-gnu/libcmocka.so >/dev/null 2>&1; then
   for f in .devdeps/*.deb; do dpkg -x "$f" /; done
@@ -34,5 +35,9 @@ device_grids() {
     rc=$?; [ $rc -eq 0 ] || fail=1
     echo "$t${*:+ ($*)} rc=$rc"; grep -E "FAILED|cases" "$dir/${t}_$sfx.log" | head -5
   done
+  env FLASHATTN_TEST_BACKEND=cuda FLASHATTN_TEST_QUICK=1 FLASHATTN_CUDA_WIDE_MIN_Q=0 "$@" timeout 200 \
+    ./build/tests/test_conformance > "$dir/conformance_wide_$sfx.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || fail=1
+  echo "conformance (wide tiles${*:+, $*}) rc=$rc"; grep -E "FAILED|cases" "$dir/conformance_wide_$sfx.log" | head -5
   return $fail
 }
