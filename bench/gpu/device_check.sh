@@ -48,9 +48,11 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   # memcheck and racecheck on every 8th case of the short grids
   export FLASHATTN_TEST_QUICK=1 FLASHATTN_TEST_EVERY=12
   timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/test_conformance > "$out/memcheck_fwd.log" 2>&1; echo "memcheck forward rc=$?"
-  FLASHATTN_CUDA_PERSISTENT_BLOCKS=2 FLASHATTN_CUDA_WIDE_MIN_Q=0 timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/test_conformance > "$out/memcheck_fwd_p2.log" 2>&1; echo "memcheck forward (2 persistent blocks, wide tiles) rc=$?"
+  FLASHATTN_CUDA_PERSISTENT_BLOCKS=2 timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/test_conformance > "$out/memcheck_fwd_p2.log" 2>&1; echo "memcheck forward (2 persistent blocks) rc=$?"
+  FLASHATTN_CUDA_PERSISTENT_BLOCKS=2 FLASHATTN_CUDA_WIDE_MIN_Q=0 timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/test_conformance > "$out/memcheck_fwd_wide.log" 2>&1; echo "memcheck forward (wide tiles, 2 persistent blocks) rc=$?"
   timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/tests/test_backward > "$out/memcheck_bwd.log" 2>&1; echo "memcheck backward rc=$?"
   timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 ./build/tests/test_conformance > "$out/racecheck_fwd.log" 2>&1; echo "racecheck forward rc=$?"
+  FLASHATTN_CUDA_WIDE_MIN_Q=0 timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 ./build/tests/test_conformance > "$out/racecheck_fwd_wide.log" 2>&1; echo "racecheck forward (wide tiles) rc=$?"
   export FLASHATTN_TEST_EVERY=16
   timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 ./build/tests/test_backward > "$out/racecheck_bwd.log" 2>&1; echo "racecheck backward rc=$?"
   grep -hE "ERROR SUMMARY|RACECHECK SUMMARY|cases," "$out"/memcheck_*.log "$out"/racecheck_*.log

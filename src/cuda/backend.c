@@ -24,7 +24,7 @@ static const tiles tile_table[] = { FA_CUDA_TILES(FA_TILE_ROW) };
 
 typedef struct sm90_tiles {
     int dim, keys, warpgroups, stages, q_buffers;
-    int min_q; /* FA_CUDA_SM90_WIDE_TILES: the longest query sequence from which the row runs */
+    int min_q; /* FA_CUDA_SM90_WIDE_TILES: the mean query rows a sequence from which the row runs */
     int wide;  /* a row of FA_CUDA_SM90_WIDE_TILES */
 } sm90_tiles;
 
@@ -143,12 +143,15 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
      * FLASHATTN_CUDA_SLACK_E4M3 says otherwise (8: 2-3% faster, its RMSE 2% higher; perf/fp8.md). */
     s->rescale_slack = env_slack("FLASHATTN_CUDA_SLACK", 8.0f);
     s->rescale_slack_e4m3 = env_slack("FLASHATTN_CUDA_SLACK_E4M3", -1.0f);
-    /* FLASHATTN_CUDA_WIDE_MIN_Q=n: the wide Hopper tiles (FA_CUDA_SM90_WIDE_TILES) from n query
-     * rows instead of their table's (0: wherever a row exists; tests run them on small grids) */
+    /* FLASHATTN_CUDA_WIDE_MIN_Q=n: the wide Hopper tiles (FA_CUDA_SM90_WIDE_TILES) from a mean of
+     * n query rows a sequence, whatever the grid (wide_fits; 0: every call, as tests run them on
+     * small grids; past INT32_MAX: none); other values leave the table's bound */
     const char *wq = getenv("FLASHATTN_CUDA_WIDE_MIN_Q");
     char *wq_end = NULL;
     const long wq_n = wq ? strtol(wq, &wq_end, 10) : -1;
-    s->wide_min_q = wq && wq_end != wq && *wq_end == '\0' && wq_n >= 0 && wq_n <= INT32_MAX ? (int32_t)wq_n : -1;
+    s->wide_min_q = !wq || wq_end == wq || *wq_end != '\0' || wq_n < 0 ? -1
+                    : wq_n > INT32_MAX                                 ? INT32_MAX
+                                                                       : (int32_t)wq_n;
     *state = s;
     return FA_OK;
 }
@@ -219,10 +222,14 @@ static void cuda_info(void *state, char *buf, size_t cap, size_t *len)
         const sm90_tiles *w = &sm90_wide_table[i];
         fa_appendf(buf, cap, len,
                    "cuda.tiles.sm90.d%d.wide: forward %dx%d (%d consumer warpgroups + 1 loading, %d K/V "
-                   "stages, %s) where the longest query sequence has %d rows or more\n",
+                   "stages, %s) where the query sequences have %d rows on average",
                    w->dim, 64 * w->warpgroups, w->keys, w->warpgroups, w->stages,
                    w->q_buffers > 1 ? "persistent blocks" : "a block per query tile",
                    s->wide_min_q >= 0 ? s->wide_min_q : w->min_q);
+        if (s->wide_min_q >= 0)
+            fa_appendf(buf, cap, len, " (FLASHATTN_CUDA_WIDE_MIN_Q)\n");
+        else
+            fa_appendf(buf, cap, len, " and the tiles fill the multiprocessors %d times\n", FA_CUDA_WIDE_WAVES);
     }
     for (size_t i = 0; i < N_TILES; i++) {
         const tiles *t = &tile_table[i];
@@ -333,6 +340,20 @@ static int sm90_takes(int32_t hd, const tiles *tl, int32_t dim)
     return hd >= dim && (hd == tl->dim || dim % 8 == 0);
 }
 
+/* Whether a call of `rows` query rows in all runs the wide tiles w (FA_CUDA_SM90_WIDE_TILES):
+ * its sequences' mean length reaches the row's bound (or FLASHATTN_CUDA_WIDE_MIN_Q's, which
+ * drops the waves too, so that tests run them on small grids) and the tiles fill the
+ * multiprocessors FA_CUDA_WIDE_WAVES times. */
+static int wide_fits(const cuda_state *s, const sm90_tiles *w, const fa_problem *p, int64_t rows)
+{
+    if (s->wide_min_q >= 0)
+        return rows >= (int64_t)s->wide_min_q * p->batch;
+    const int64_t per_seq = ((int64_t)p->max_q + 64 * w->warpgroups - 1) / (64 * w->warpgroups);
+    int64_t tiles;
+    return rows >= (int64_t)w->min_q * p->batch && fa_mul_ok(per_seq * p->heads_q, p->batch, &tiles) &&
+           tiles >= (int64_t)FA_CUDA_WIDE_WAVES * s->prop.multiProcessorCount;
+}
+
 static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem *p, int backward,
                          call *c)
 {
@@ -377,8 +398,7 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
             c->h = &sm90_table[i];
     /* long queries: the head dim's wide tiles, where it has them */
     for (size_t i = 0; c->h && !c->fp8 && i < N_SM90_WIDE; i++)
-        if (sm90_wide_table[i].dim == c->h->dim &&
-            p->max_q >= (s->wide_min_q >= 0 ? s->wide_min_q : sm90_wide_table[i].min_q))
+        if (sm90_wide_table[i].dim == c->h->dim && wide_fits(s, &sm90_wide_table[i], p, rows))
             c->h = &sm90_wide_table[i];
     for (size_t i = 0; s->hopper && backward && !c->hb && i < N_SM90_BWD; i++)
         if (sm90_takes(sm90_bwd_table[i].dim, c->tl, p->dim))

@@ -316,7 +316,8 @@ __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, k
 // shapes measured faster with it): a warpgroup issues a key tile's GEMMs only in its turn and
 // then passes the turn, so that one's softmax runs under the other's GEMMs. Warpgroup 1 passes
 // the first turn once, warpgroup 0 takes the last one as the block ends; named barriers 4 and
-// 5 (0: the block's, 1-2: the consumers' row stores, 3: the loader's).
+// 5 (0: the block's, 1-2: the consumers' row stores, 3: the loader's; with three consumer
+// warpgroups, which take no turns, 1-3 and 4).
 template <int D, int NWG> constexpr bool sm90_turns = NWG == 2 && D <= 128;
 template <bool TURNS> __device__ __forceinline__ void take_turn(const fa_cuda_params &p, int wg)
 {

@@ -174,12 +174,15 @@ typedef struct fa_cuda_paged {
     X(256, 64, 2, 2, 1)
 
 /* The Hopper forward's tiles for long queries: X(dim, keys per step, consumer warpgroups, K/V
- * stages, Q buffers, rows). A call whose longest query sequence has at least `rows` rows
- * (FLASHATTN_CUDA_WIDE_MIN_Q=n sets n instead) runs this row instead of its head dim's above:
- * at d64 three consumer warpgroups, two softmax warps a sub-partition where the turns of two
- * leave one, 1.00-1.12x from 2k queries and 0.89-1.00x below (192-row tiles fit short sequences
- * worse; docs/perf/h200.md). */
+ * stages, Q buffers, rows). A call whose query sequences have `rows` rows on average
+ * (FLASHATTN_CUDA_WIDE_MIN_Q=n sets n instead) and whose grid of these tiles fills the
+ * multiprocessors FA_CUDA_WIDE_WAVES times runs this row instead of its head dim's above: at
+ * d64 three consumer warpgroups, two softmax warps a sub-partition where the turns of two leave
+ * one, 1.00-1.12x from 2k queries and 0.89-1.00x below on an H100 (192-row tiles fit short
+ * sequences worse; docs/perf/h200.md). The waves keep small grids, not measured with them, on
+ * the 128-row tiles, whose 1.5x more blocks spread better over the multiprocessors. */
 #define FA_CUDA_SM90_WIDE_TILES(X) X(64, 128, 3, 2, 2, 2048)
+#define FA_CUDA_WIDE_WAVES 4
 
 /* The Hopper fp8 (e4m3) forward's tiles, one row: X(dim, keys per step, consumer warpgroups,
  * K/V stages, Q buffers). Head dims up to dim run it, their columns past head_dim zeros. */

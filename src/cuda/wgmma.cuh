@@ -422,7 +422,8 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity)
 // warpgroup. The block keeps the registers it was launched with (__launch_bounds__(threads,
 // 1): the register file over its threads, in steps of 8); a consumer asking for more than the
 // loader gave back would wait for them forever. Three consumers take 160 each, their loader 32
-// (at 40 the consumers' 152 spilled the P fragments around every P V product).
+// (at 40 the consumers' 152 spilled the P fragments around every P V product; at 32 the
+// loader spills 40-56 bytes instead, measured with it).
 template <int NWG> struct producer_regs {
     static constexpr int value = NWG >= 3 ? 32 : 40;
 };
