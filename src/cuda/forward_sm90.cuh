@@ -312,22 +312,23 @@ __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, k
     }
 }
 
-// Ping-pong (p.pingpong; TURNS: a mainloop of two consumer warpgroups at head_dim <= 128, the
-// shapes measured faster with it): a warpgroup issues a key tile's GEMMs only in its turn and
-// then passes the turn, so that one's softmax runs under the other's GEMMs. Warpgroup 1 passes
-// the first turn once, warpgroup 0 takes the last one as the block ends; named barriers 4 and
-// 5 (0: the block's, 1-2: the consumers' row stores, 3: the loader's; with three consumer
-// warpgroups, which take no turns, 1-3 and 4).
+// Ping-pong (TURNS: a mainloop of two consumer warpgroups at head_dim <= 128, the shapes
+// measured faster with it; at run time bit NWG - 2 of p.pingpong): a warpgroup issues a key
+// tile's GEMMs only in its turn and then passes the turn to the next, so that one's softmax
+// runs under the others' GEMMs. The last warpgroup passes the first turn once, warpgroup 0
+// takes the last one as the block ends. Named barriers: 0 the block's, 1..NWG the consumers'
+// row stores, NWG + 1 the loader's, NWG + 2 + wg warpgroup wg's turn. Three warpgroups (the
+// wide tiles) take none: compiled in, the turns cost their consumers a spilled pair a tile.
 template <int D, int NWG> constexpr bool sm90_turns = NWG == 2 && D <= 128;
-template <bool TURNS> __device__ __forceinline__ void take_turn(const fa_cuda_params &p, int wg)
+template <bool TURNS, int NWG> __device__ __forceinline__ void take_turn(const fa_cuda_params &p, int wg)
 {
-    if (TURNS && p.pingpong)
-        named_barrier(4 + wg, 256);
+    if (TURNS && (p.pingpong >> (NWG - 2) & 1))
+        named_barrier(NWG + 2 + wg, 256);
 }
-template <bool TURNS> __device__ __forceinline__ void pass_turn(const fa_cuda_params &p, int wg)
+template <bool TURNS, int NWG> __device__ __forceinline__ void pass_turn(const fa_cuda_params &p, int wg)
 {
-    if (TURNS && p.pingpong)
-        named_barrier_arrive(5 - wg, 256);
+    if (TURNS && (p.pingpong >> (NWG - 2) & 1))
+        named_barrier_arrive(NWG + 2 + (wg + 1 == NWG ? 0 : wg + 1), 256);
 }
 
 // The lane that makes its warp's arrival on the ring: elect.sync up to head_dim 128 (lane == 0
@@ -376,15 +377,15 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
     for (int n = n_lo; n < n_hi; n++) {
         mbar_wait(&ring.full_k[rp.st], rp.ph);
         wgmma_fence();
-        take_turn<TURNS>(p, wg);
+        take_turn<TURNS, NWG>(p, wg);
         wg_gemm_nt_d<T, D, BM, BN>(sf, dq, dk + rp.st * (KV >> 4));
         if (n > n_lo) {
             mbar_wait(&ring.full_v[rp.sp], rp.pp);
             wg_gemm_rn_d<T, D, BN>(of, r.pa[0], dv + rp.sp * (KV >> 4));
-            pass_turn<TURNS>(p, wg);
+            pass_turn<TURNS, NWG>(p, wg);
             wgmma_wait<1>();
         } else {
-            pass_turn<TURNS>(p, wg);
+            pass_turn<TURNS, NWG>(p, wg);
             wgmma_wait<0>();
         }
         reg_fence(sf);
@@ -469,8 +470,8 @@ __global__ void __launch_bounds__((M::NWG + 1) * 128, 1) flash_forward_sm90_ws(c
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<NWG>::value));
-    if (wg == 1)
-        pass_turn<M::TURNS>(p, 1); // warpgroup 0 goes first
+    if (wg == NWG - 1)
+        pass_turn<M::TURNS, NWG>(p, NWG - 1); // warpgroup 0 goes first
     int it = 0; // the K/V ring's position
     for (int k = 0;; k++) {
         const int qb = k % NQ;
@@ -478,7 +479,7 @@ __global__ void __launch_bounds__((M::NWG + 1) * 128, 1) flash_forward_sm90_ws(c
         const int x = p.sched ? ring.item[qb] : own_item(k);
         if (x < 0) {
             if (wg == 0)
-                take_turn<M::TURNS>(p, 0); // warpgroup 1's last pass: no turn left outstanding
+                take_turn<M::TURNS, NWG>(p, 0); // the last warpgroup's last pass: none left outstanding
             return;
         }
         query_tile_t qt;

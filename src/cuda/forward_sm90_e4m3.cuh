@@ -271,15 +271,15 @@ __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const 
     for (int n = n_lo; n < n_hi; n++) {
         mbar_wait(&ring.full_k[rp.st], rp.ph);
         wgmma_fence();
-        take_turn<sm90_turns<D, NWG>>(p, wg);
+        take_turn<sm90_turns<D, NWG>, NWG>(p, wg);
         wg_gemm_e4m3_ss<BN, D, BM, BN>(sf, dq, dk + rp.st * (KV >> 4));
         if (n > n_lo) {
             mbar_wait(&ring.full_v[rp.sp], rp.pp);
             wg_gemm_e4m3_rs<D, BN, D>(of, pa, dv + rp.sp * (KV >> 4));
-            pass_turn<sm90_turns<D, NWG>>(p, wg);
+            pass_turn<sm90_turns<D, NWG>, NWG>(p, wg);
             wgmma_wait<1>();
         } else {
-            pass_turn<sm90_turns<D, NWG>>(p, wg);
+            pass_turn<sm90_turns<D, NWG>, NWG>(p, wg);
             wgmma_wait<0>();
         }
         reg_fence(sf);

@@ -97,7 +97,8 @@ typedef struct fa_cuda_params {
     int *sched;           /* Hopper forward: the query tiles handed out so far (zeroed before the
                            * launch) when persistent blocks take them, else NULL (a block a tile) */
     int32_t sched_blocks; /* the persistent blocks: one per multiprocessor */
-    int32_t pingpong;     /* Hopper forward, two consumer warpgroups: their GEMMs take turns */
+    int32_t pingpong;     /* Hopper forward: bit NWG - 2, NWG consumer warpgroups' GEMMs take
+                           * turns (forward_sm90.cuh: take_turn; two only, so far) */
     float rescale_slack;  /* Hopper bf16 / f16 (head_dim <= 128) and fp8 forwards: softmax_update's
                            * slack; < 0: O rescaled every key tile, else only where a row of the
                            * warp moved its reference */
