@@ -20,8 +20,8 @@ mkdir -p "$out"
 trees=${AB_TREES:-.ab_base}
 names=()
 for tr in $trees; do
-  case $tr in .ab_*/* | .ab_) tr= ;; .ab_*) ;; *) tr= ;; esac
-  [ -n "$tr" ] || { echo "device_ab_tree.sh: AB_TREES names folders .ab_NAME in the repository root" >&2; exit 2; }
+  case $tr in .ab_*/* | .ab_ | .ab_new) tr= ;; .ab_*) ;; *) tr= ;; esac
+  [ -n "$tr" ] || { echo "device_ab_tree.sh: AB_TREES names folders .ab_NAME (NAME not new) in the repository root" >&2; exit 2; }
   [ -f "$tr/CMakeLists.txt" ] || { echo "device_ab_tree.sh: no source tree in $tr (see the header)" >&2; exit 2; }
   names+=("${tr#.ab_}")
 done

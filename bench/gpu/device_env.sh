@@ -27,17 +27,16 @@ device_library() {
     { grep -E "error" "$1/build.log" | head; return 1; }
 }
 device_grids() {
-  local dir=$1 sfx=$2 t rc fail=0
+  local dir=$1 sfx=$2 run t wide rc fail=0
   shift 2
-  for t in conformance backward paged; do
-    env FLASHATTN_TEST_BACKEND=cuda FLASHATTN_TEST_QUICK=1 "$@" timeout 200 ./build/tests/test_$t \
-      > "$dir/${t}_$sfx.log" 2>&1
+  # conformance_wide: the dense grid with the wide d64 tiles on every case they could take
+  for run in conformance backward paged conformance_wide; do
+    t=${run%_wide} wide=
+    [ "$run" = "$t" ] || wide=FLASHATTN_CUDA_WIDE_MIN_Q=0
+    env FLASHATTN_TEST_BACKEND=cuda FLASHATTN_TEST_QUICK=1 $wide "$@" timeout 200 ./build/tests/test_$t \
+      > "$dir/${run}_$sfx.log" 2>&1
     rc=$?; [ $rc -eq 0 ] || fail=1
-    echo "$t${*:+ ($*)} rc=$rc"; grep -E "FAILED|cases" "$dir/${t}_$sfx.log" | head -5
+    echo "$run${*:+ ($*)} rc=$rc"; grep -E "FAILED|cases" "$dir/${run}_$sfx.log" | head -5
   done
-  env FLASHATTN_TEST_BACKEND=cuda FLASHATTN_TEST_QUICK=1 FLASHATTN_CUDA_WIDE_MIN_Q=0 "$@" timeout 200 \
-    ./build/tests/test_conformance > "$dir/conformance_wide_$sfx.log" 2>&1
-  rc=$?; [ $rc -eq 0 ] || fail=1
-  echo "conformance (wide tiles${*:+, $*}) rc=$rc"; grep -E "FAILED|cases" "$dir/conformance_wide_$sfx.log" | head -5
   return $fail
 }
