@@ -451,6 +451,7 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
     k->dropout_seed = p->dropout_seed;
     k->dropout_offset = p->dropout_offset;
     k->rows = rows;
+    fa_cuda_ordering_test(k);
     if (p->varlen) {
         c->krows = d->cu_seqlens_k[p->batch];
         c->cu_bytes = 2 * sizeof(int32_t) * ((size_t)p->batch + 1);

@@ -35,11 +35,11 @@ __device__ __forceinline__ void ring_init(stage_ring<STAGES> &ring, int loaders,
 // when its copies land, so that no loader waits for its copies and a stage is handed over the
 // moment it is complete (the consumers fence it for the tensor cores after their wait).
 template <int STAGES, typename F>
-__device__ __forceinline__ void fill_ring(stage_ring<STAGES> &ring, int steps, F load)
+__device__ __forceinline__ void fill_ring(stage_ring<STAGES> &ring, int steps, int drop, F load)
 {
     for (int i = 0; i < steps; i++) {
         const int st = i % STAGES;
-        if (i >= STAGES)
+        if (i >= STAGES && !(drop & 1))
             mbar_wait(&ring.empty[st], (i / STAGES - 1) & 1);
         load(i, st);
         cp_async_mbar_arrive(&ring.full[st]);
@@ -277,7 +277,10 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
         const bool all_seen = fs.mi >= full.lo && fs.mi < full.hi;
         const uint32_t qa = ra + st * S::bytes, oa = qa + S::tile;
         const float *sl = stats + st * S::stats;
-        mbar_wait(&ring.full[st], (it / STAGES) & 1);
+        if (!(drop_ordering(p, FA_DROP_BACKWARD) & 2))
+            mbar_wait(&ring.full[st], (it / STAGES) & 1);
+        if (drop_ordering(p, FA_DROP_BACKWARD) & 1) // slow consumers: loaders without their empty waits run ahead
+            __nanosleep(10000);
         fence_async_smem(); // the loaders' writes, seen through the barrier, for the tensor cores
         wgmma_fence();
         wg_gemm_nt<T, D, BN, BQ>(sf, ka, qa);  // S^T = K Q^T
@@ -463,7 +466,7 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
             return;
         }
         bwd_steps fs(blk.h, p.group, m_lo, nm);
-        fill_ring(ring, iters, [&](int, int st) {
+        fill_ring(ring, iters, drop_ordering(p, FA_DROP_BACKWARD), [&](int, int st) {
             const int h = fs.h(), i0 = fs.mi * BQ;
             fs.next();
             unsigned char *base = ring_mem + st * S::bytes;

@@ -67,11 +67,7 @@ __global__ void __launch_bounds__(256, 2) decode_sm90_kernel(const __grid_consta
     const int g = blk.g, split = blk.split, nsplit = blk.nsplit, rows = blk.rows, row0 = blk.row0;
     const int vr1 = blk.vr1, k_lo = blk.k_lo, k_hi = blk.k_hi; // valid rows [row0, vr1): the rest have zero Q
     const int t_lo = k_lo / S::SK, ntiles = k_hi > k_lo ? (k_hi + S::SK - 1) / S::SK - t_lo : 0;
-#ifdef FA_CUDA_ORDERING_TEST
-    const int drop = p.drop_ordering; // a test build's check that both waits below are needed
-#else
-    constexpr int drop = 0;
-#endif
+    const int drop = drop_ordering(p.a, FA_DROP_DECODE); // a test build's check that both waits below are needed
 
     if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; i++) {

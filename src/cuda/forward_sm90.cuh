@@ -170,7 +170,7 @@ __device__ __forceinline__ int loader_next_tile(const fa_cuda_params &p, int ite
                                                 int k, int tid, query_tile_t &qt)
 {
     const int qb = k % NQ;
-    if (k >= NQ)
+    if (k >= NQ && !(drop_ordering(p, FA_DROP_FORWARD) & 1))
         mbar_wait(&ring.q_empty[qb], (k / NQ - 1) & 1);
     int x = own_item(k);
     if (p.sched) {
@@ -247,7 +247,7 @@ __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, k
     for (int k = 0;; k++) {
         // loader_next_tile written out: through the helper this loader spilled its registers
         const int qb = k % NQ;
-        if (k >= NQ)
+        if (k >= NQ && !(drop_ordering(p, FA_DROP_FORWARD) & 1))
             mbar_wait(&ring.q_empty[qb], (k / NQ - 1) & 1);
         int x = own_item(k);
         if (p.sched) {
@@ -475,7 +475,10 @@ __global__ void __launch_bounds__((M::NWG + 1) * 128, 1) flash_forward_sm90_ws(c
     int it = 0; // the K/V ring's position
     for (int k = 0;; k++) {
         const int qb = k % NQ;
-        mbar_wait(&ring.q_full[qb], (k / NQ) & 1);
+        if (!(drop_ordering(p, FA_DROP_FORWARD) & 2))
+            mbar_wait(&ring.q_full[qb], (k / NQ) & 1);
+        if (drop_ordering(p, FA_DROP_FORWARD) & 1) // slow consumers: a loader without its empty waits runs ahead
+            __nanosleep(10000);
         const int x = p.sched ? ring.item[qb] : own_item(k);
         if (x < 0) {
             if (wg == 0)

@@ -270,14 +270,16 @@ static cudaError_t run_sm90(const cuda_state *s, fa_cuda_paged *k, const cuda_pa
     return fa_cuda_flash_forward_sm90(&a, pl->bf16, pl->dpad, 0, stream);
 }
 
-/* Test builds (FA_CUDA_ORDERING_TEST): FLASHATTN_CUDA_DROP_ORDERING=1 or 2 removes one of the
- * Hopper decode kernel's barrier waits, so that bench/gpu/ordering_check.sh can show the grid
- * failing without it. */
-static void ordering_test(fa_cuda_paged *k)
+void fa_cuda_ordering_test(fa_cuda_params *k)
 {
 #ifdef FA_CUDA_ORDERING_TEST
-    const char *e = getenv("FLASHATTN_CUDA_DROP_ORDERING");
+    const char *e = getenv("FLASHATTN_CUDA_DROP_ORDERING"), *in = e ? strchr(e, ':') : NULL;
     k->drop_ordering = e ? atoi(e) : 0;
+    k->drop_in = !in                         ? FA_DROP_DECODE | FA_DROP_FORWARD | FA_DROP_BACKWARD
+                 : strcmp(in, ":decode") == 0  ? FA_DROP_DECODE
+                 : strcmp(in, ":forward") == 0 ? FA_DROP_FORWARD
+                 : strcmp(in, ":backward") == 0 ? FA_DROP_BACKWARD
+                                               : 0;
 #else
     (void)k;
 #endif
@@ -306,7 +308,7 @@ cudaError_t fa_cuda_dense_decode(const cuda_state *s, const fa_cuda_params *a, i
     k.pdl = s->pdl;
     if (k.decode_sm90)
         fa_cuda_tma_dense(s->tma_encode, &k.a, bf16, FA_CUDA_DECODE_SM90_KEYS);
-    ordering_test(&k);
+    fa_cuda_ordering_test(&k.a);
     return fa_cuda_paged_attention(&k, bf16, fa_cuda_paged_dpad(a->dim), nq, stream);
 }
 
@@ -335,7 +337,7 @@ fa_status fa_cuda_paged_run(fa_context_t ctx, void *state, void *plan, const fa_
     k.part = pl->sm90 ? NULL : pl->ws;
     if (pl->decode_sm90 && !pl->sm90)
         fa_cuda_tma_paged(s->tma_encode, &k.a, pl->bf16, FA_CUDA_DECODE_SM90_KEYS);
-    ordering_test(&k);
+    fa_cuda_ordering_test(&k.a);
     cudaError_t err = cudaSuccess;
     if (k.a.pg.append)
         err = fa_cuda_paged_append(&k, pl->bf16, s->stream);

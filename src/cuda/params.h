@@ -82,6 +82,11 @@ typedef struct fa_cuda_descale {
     int64_t sb, sh;
 } fa_cuda_descale;
 
+/* The stage rings a test build's drop_ordering reaches: the Hopper decode kernel's K/V
+ * stages, the Hopper forward's Q buffers (and the query tile passed with them), the Hopper
+ * backward's Q/dO stages. */
+enum { FA_DROP_DECODE = 1, FA_DROP_FORWARD = 2, FA_DROP_BACKWARD = 4 };
+
 typedef struct fa_cuda_params {
     fa_cuda_view q, k, v, o;
     fa_cuda_descale q_ds, k_ds, v_ds; /* fp8 (e4m3) inputs only */
@@ -121,6 +126,12 @@ typedef struct fa_cuda_params {
     /* standard algorithm workspace */
     float *s_ws;
     void *p_ws, *ds_ws;
+#ifdef FA_CUDA_ORDERING_TEST
+    /* a test build's check that the Hopper kernels' mbarrier orderings are needed: in the
+     * kernels of drop_in (FA_DROP_*), 1: the loaders skip their empty waits (the consumers
+     * slowed 10 us a stage), 2: the consumers skip their full waits */
+    int drop_ordering, drop_in;
+#endif
 } fa_cuda_params;
 
 /* A paged call (fa_paged_desc on the device). `a` holds what the dense kernels' helpers read:
@@ -148,9 +159,6 @@ typedef struct fa_cuda_paged {
     int decode_sm90;    /* decode on the Hopper kernel (rows by bulk copies; needs kv_aligned) */
     int pdl;            /* Hopper: that kernel and the split combine after it launched as
                          * programmatic dependents (paged.cuh: pdl_wait) */
-#ifdef FA_CUDA_ORDERING_TEST
-    int drop_ordering; /* 1: its loaders skip the empty waits, 2: its consumers the full waits */
-#endif
     float *part;        /* split partials: [max_splits][total_q][heads_q] (m, l, o[dim]) */
 } fa_cuda_paged;
 

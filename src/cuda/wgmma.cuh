@@ -417,6 +417,18 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity)
                  : "memory");
 }
 
+// A test build's drop_ordering (params.h) in a kernel of ring `in` (FA_DROP_*): the barrier
+// waits it removes; 0, every wait as written, in other builds.
+__device__ __forceinline__ int drop_ordering(const fa_cuda_params &p, int in)
+{
+#ifdef FA_CUDA_ORDERING_TEST
+    return p.drop_in & in ? p.drop_ordering : 0;
+#else
+    (void)p, (void)in;
+    return 0;
+#endif
+}
+
 // Registers the loading warpgroup keeps (producer_regs) and a consumer thread gets
 // (consumer_regs) through setmaxnreg, in a block of NWG consumer warpgroups and one loading
 // warpgroup. The block keeps the registers it was launched with (__launch_bounds__(threads,
