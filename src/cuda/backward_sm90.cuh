@@ -279,7 +279,7 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
         const float *sl = stats + st * S::stats;
         if (!(drop_ordering(p, FA_DROP_BACKWARD) & 2))
             mbar_wait(&ring.full[st], (it / STAGES) & 1);
-        if (drop_ordering(p, FA_DROP_BACKWARD) & 1) // slow consumers: loaders without their empty waits run ahead
+        if (drop_ordering(p, FA_DROP_BACKWARD) & 5) // slow consumers: loaders without their empty waits run ahead
             __nanosleep(10000);
         fence_async_smem(); // the loaders' writes, seen through the barrier, for the tensor cores
         wgmma_fence();

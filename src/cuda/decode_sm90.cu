@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(256, 2) decode_sm90_kernel(const __grid_consta
         const int st = it % STAGES, j0 = (t_lo + it) * S::SK + warp * 16;
         if (!(drop & 2))
             mbar_wait(&full[st], (it / STAGES) & 1);
-        if (drop & 1) // slow consumers, as a busy multiprocessor may have: loaders without their
+        if (drop & 5) // slow consumers, as a busy multiprocessor may have: loaders without their
             __nanosleep(10000); // empty waits then run a ring's length ahead of the reads
         if (j0 + 16 > k_lo && j0 < k_hi) {
             const T *tK = ring + st * S::STAGE;

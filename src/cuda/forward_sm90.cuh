@@ -477,7 +477,7 @@ __global__ void __launch_bounds__((M::NWG + 1) * 128, 1) flash_forward_sm90_ws(c
         const int qb = k % NQ;
         if (!(drop_ordering(p, FA_DROP_FORWARD) & 2))
             mbar_wait(&ring.q_full[qb], (k / NQ) & 1);
-        if (drop_ordering(p, FA_DROP_FORWARD) & 1) // slow consumers: a loader without its empty waits runs ahead
+        if (drop_ordering(p, FA_DROP_FORWARD) & 5) // slow consumers: a loader without its empty waits runs ahead
             __nanosleep(10000);
         const int x = p.sched ? ring.item[qb] : own_item(k);
         if (x < 0) {

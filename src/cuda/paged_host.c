@@ -2,6 +2,7 @@
 /* The CUDA backend's paged calls: the plan (shape, split, workspace), pointer checks, launches. */
 #include "state.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -270,20 +271,29 @@ static cudaError_t run_sm90(const cuda_state *s, fa_cuda_paged *k, const cuda_pa
     return fa_cuda_flash_forward_sm90(&a, pl->bf16, pl->dpad, 0, stream);
 }
 
+#ifdef FA_CUDA_ORDERING_TEST
 void fa_cuda_ordering_test(fa_cuda_params *k)
 {
-#ifdef FA_CUDA_ORDERING_TEST
-    const char *e = getenv("FLASHATTN_CUDA_DROP_ORDERING"), *in = e ? strchr(e, ':') : NULL;
-    k->drop_ordering = e ? atoi(e) : 0;
-    k->drop_in = !in                         ? FA_DROP_DECODE | FA_DROP_FORWARD | FA_DROP_BACKWARD
-                 : strcmp(in, ":decode") == 0  ? FA_DROP_DECODE
-                 : strcmp(in, ":forward") == 0 ? FA_DROP_FORWARD
-                 : strcmp(in, ":backward") == 0 ? FA_DROP_BACKWARD
-                                               : 0;
-#else
-    (void)k;
-#endif
+    static const struct {
+        const char *name;
+        int in;
+    } kernels[] = { { "", FA_DROP_DECODE | FA_DROP_FORWARD | FA_DROP_BACKWARD }, { ":decode", FA_DROP_DECODE },
+                    { ":forward", FA_DROP_FORWARD }, { ":backward", FA_DROP_BACKWARD } };
+    const char *e = getenv("FLASHATTN_CUDA_DROP_ORDERING");
+    k->drop_ordering = k->drop_in = 0;
+    if (!e || !*e)
+        return;
+    for (size_t i = 0; i < sizeof(kernels) / sizeof(kernels[0]); i++)
+        if ((e[0] == '1' || e[0] == '2' || e[0] == '4') && strcmp(e + 1, kernels[i].name) == 0) {
+            k->drop_ordering = e[0] - '0';
+            k->drop_in = kernels[i].in;
+            return;
+        }
+    /* a test build only: a value it cannot take would otherwise pass for a check */
+    fprintf(stderr, "FLASHATTN_CUDA_DROP_ORDERING=%s: takes 1, 2 or 4, optionally :decode, :forward or "
+                    ":backward; nothing dropped\n", e);
 }
+#endif
 
 cudaError_t fa_cuda_dense_decode(const cuda_state *s, const fa_cuda_params *a, int nq, int sm90, int32_t split,
                                  int32_t splits, float *part, int bf16, cudaStream_t stream)

@@ -129,7 +129,8 @@ typedef struct fa_cuda_params {
 #ifdef FA_CUDA_ORDERING_TEST
     /* a test build's check that the Hopper kernels' mbarrier orderings are needed: in the
      * kernels of drop_in (FA_DROP_*), 1: the loaders skip their empty waits (the consumers
-     * slowed 10 us a stage), 2: the consumers skip their full waits */
+     * slowed 10 us a stage, in the forward a query tile), 2: the consumers skip their full
+     * waits, 4: the consumers slowed as for 1 with every wait kept (the control) */
     int drop_ordering, drop_in;
 #endif
 } fa_cuda_params;

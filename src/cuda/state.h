@@ -33,10 +33,14 @@ fa_status fa_cuda_check_ptr(fa_context_t ctx, const cuda_state *s, const void *p
 #define FA_CUDA_DECODE_PARTS_MAX ((size_t)256 << 20)
 
 /* Test builds (FA_CUDA_ORDERING_TEST): FLASHATTN_CUDA_DROP_ORDERING=N[:decode|:forward|
- * :backward] (N = 1 or 2) into k->drop_ordering and k->drop_in (params.h), so that
+ * :backward] (N = 1, 2 or 4) into k->drop_ordering and k->drop_in (params.h), so that
  * bench/gpu/ordering_check.sh can show the grids failing without each of the Hopper kernels'
  * barrier waits; nothing in other builds. */
+#ifdef FA_CUDA_ORDERING_TEST
 void fa_cuda_ordering_test(fa_cuda_params *k);
+#else
+static inline void fa_cuda_ordering_test(fa_cuda_params *k) { (void)k; }
+#endif
 
 /* The paged kernels' head_dim instantiation (64, 128, 256) that holds dim. */
 int32_t fa_cuda_paged_dpad(int32_t dim);
