@@ -66,18 +66,6 @@ __device__ __forceinline__ void rescale_moved(float (&o)[1][ND][4], const float 
         rescale(o, alpha);
 }
 
-// O rescaled (rescale_moved), then P(n) (with dropout) into A fragments.
-template <typename T, int D, int BN>
-__device__ __forceinline__ void finish_step(const fa_cuda_params &p, sm90_rows<D, BN> &r,
-                                            const float (&alpha)[1][2], float slack, int b, int h,
-                                            int64_t row, int64_t col)
-{
-    rescale_moved(r.o, alpha, slack);
-    if (p.dropout_p > 0.0f) // dropped to 0 here; the 1/(1-p) comes in float32 at the end
-        apply_dropout(p, r.sc, b, h, row, col);
-    to_a<T, 1, BN / 8>(r.pa, r.sc);
-}
-
 // Normalise and write this warpgroup's 64 rows (and their lse). With 16-byte-aligned rows the
 // tile goes out through the warpgroup's own rows of the Q tile (its last S has been read) as
 // whole 16-byte row pieces.
@@ -350,38 +338,31 @@ template <int STAGES> struct ring_pos {
     }
 };
 
-// One consumer warpgroup on one query tile: its 64 rows of Q (in sQ), every key tile of the
-// ring from position it, then the rows out (staged in sQ).
-template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
-__device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query_tile_t &qt,
-                                            kv_ring<STAGES, NQ> &ring, unsigned char *sQ,
-                                            unsigned char *sK, unsigned char *sV, int wg, int it)
+// The key-tile loop of a consumer warpgroup, both Hopper forwards' (attend_rows; fp8's
+// attend_rows_e4m3): from ring position it, S(n) = Q K(n)^T, then P(n-1) V(n-1) on the tensor
+// cores while the softmax turns S(n) into P(n), and the last P V after the loop. G holds what
+// the two differ in, the products and P's operand: G::s(sf, stage) and G::pv(of, stage) issue
+// them (the descriptors built once: stage s is s * KV / 16 further), G::fence_p() fences P's
+// fragments and G::to_p(r) makes them from r.sc.
+template <int D, int BN, int NWG, int STAGES, int NQ, typename G>
+__device__ __forceinline__ void key_tiles(const fa_cuda_params &p, const query_tile_t &qt, kv_ring<STAGES, NQ> &ring,
+                                          sm90_rows<D, BN> &r, G &gm, int it, int wg, int wr0, int lane, int g,
+                                          int t, float cap_in, float scale_log2)
 {
-    constexpr int BM = 64 * NWG, KV = BN * D * 2;
-    const seq_t &s = qt.s;
-    const int r0 = qt.r0, n_lo = qt.n_lo, n_hi = qt.n_hi;
-    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int wr0 = r0 + wg * 64 + warp * 16; // this warp's first row
-    const uint32_t qa = smem_addr(sQ) + wg * 64 * 128, ka = smem_addr(sK), va = smem_addr(sV);
-    sm90_rows<D, BN> r;
-    init_rows(r);
+    const int n_lo = qt.n_lo, n_hi = qt.n_hi;
     float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(r.o);
     float(&sf)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(r.sc);
-
     constexpr bool TURNS = sm90_turns<D, NWG>;
     ring_pos<STAGES> rp(it);
-    // the operands' descriptors, built once: stage s is s * KV / 16 further
-    uint32_t dq = sw_desc_lo(qa, 16), dk = sw_desc_lo(ka, 16), dv = sw_desc_lo(va, BN * 128);
-    asm("" : "+r"(dq), "+r"(dk), "+r"(dv)); // opaque: kept, not rebuilt from the shared window each step
     const tiles_t full = warp_full_tiles<BN>(qt.mk, wr0);
     for (int n = n_lo; n < n_hi; n++) {
         mbar_wait(&ring.full_k[rp.st], rp.ph);
         wgmma_fence();
         take_turn<TURNS, NWG>(p, wg);
-        wg_gemm_nt_d<T, D, BM, BN>(sf, dq, dk + rp.st * (KV >> 4));
+        gm.s(sf, rp.st);
         if (n > n_lo) {
             mbar_wait(&ring.full_v[rp.sp], rp.pp);
-            wg_gemm_rn_d<T, D, BN>(of, r.pa[0], dv + rp.sp * (KV >> 4));
+            gm.pv(of, rp.sp);
             pass_turn<TURNS, NWG>(p, wg);
             wgmma_wait<1>();
         } else {
@@ -392,25 +373,65 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
         if (ring_lead<D>(lane))
             mbar_arrive(&ring.empty_k[rp.st]);
         float alpha[1][2];
-        softmax_step(p, qt.mk, full, r, wr0, n, g, t, alpha, p.cap_in, p.scale_log2, sm90_slack<D>(p));
-        wgmma_wait<0>(); // P(n-1) V(n-1) done: o and pa are ours again
+        softmax_step(p, qt.mk, full, r, wr0, n, g, t, alpha, cap_in, scale_log2, sm90_slack<D>(p));
+        wgmma_wait<0>(); // P(n-1) V(n-1) done: o and P are ours again
         reg_fence(of);
-        reg_fence(r.pa[0]);
+        gm.fence_p();
         if (n > n_lo && ring_lead<D>(lane))
             mbar_arrive(&ring.empty_v[rp.sp]);
-        finish_step<T>(p, r, alpha, sm90_slack<D>(p), qt.blk.b, qt.blk.h, wr0 + g, (int64_t)n * BN + 2 * t);
+        rescale_moved(r.o, alpha, sm90_slack<D>(p));
+        if (p.dropout_p > 0.0f) // dropped to 0 here; the 1/(1-p) comes in float32 at the end
+            apply_dropout(p, r.sc, qt.blk.b, qt.blk.h, wr0 + g, (int64_t)n * BN + 2 * t);
+        gm.to_p(r);
         rp.next();
     }
     if (n_lo < n_hi) { // the last P V
         mbar_wait(&ring.full_v[rp.sp], rp.pp);
         wgmma_fence();
-        wg_gemm_rn_d<T, D, BN>(of, r.pa[0], dv + rp.sp * (KV >> 4));
+        gm.pv(of, rp.sp);
         wgmma_wait<0>();
         reg_fence(of);
         if (ring_lead<D>(lane))
             mbar_arrive(&ring.empty_v[rp.sp]);
     }
-    store_rows<T, D, BM, BN>(p, r, s, qt.blk.h, r0, wg, warp, g, t, sQ);
+}
+
+// The f16 / bf16 products of key_tiles: P in r.pa, V (MN-major) read straight from its tile.
+template <typename T, int D, int BN, int BM> struct sm90_products {
+    static constexpr int KV = BN * D * 2;
+    sm90_rows<D, BN> &r;
+    uint32_t dq, dk, dv;
+    __device__ __forceinline__ sm90_products(sm90_rows<D, BN> &r_, uint32_t qa, uint32_t ka, uint32_t va)
+        : r(r_), dq(sw_desc_lo(qa, 16)), dk(sw_desc_lo(ka, 16)), dv(sw_desc_lo(va, BN * 128))
+    {
+        asm("" : "+r"(dq), "+r"(dk), "+r"(dv)); // opaque: kept, not rebuilt from the shared window each step
+    }
+    __device__ __forceinline__ void s(float (&sf)[BN / 2], int st)
+    {
+        wg_gemm_nt_d<T, D, BM, BN>(sf, dq, dk + st * (KV >> 4));
+    }
+    __device__ __forceinline__ void pv(float (&of)[D / 2], int st)
+    {
+        wg_gemm_rn_d<T, D, BN>(of, r.pa[0], dv + st * (KV >> 4));
+    }
+    __device__ __forceinline__ void fence_p() { reg_fence(r.pa[0]); }
+    __device__ __forceinline__ void to_p(sm90_rows<D, BN> &rr) { to_a<T, 1, BN / 8>(rr.pa, rr.sc); }
+};
+
+// One consumer warpgroup on one query tile: its 64 rows of Q (in sQ), every key tile of the
+// ring from position it, then the rows out (staged in sQ).
+template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
+__device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query_tile_t &qt,
+                                            kv_ring<STAGES, NQ> &ring, unsigned char *sQ,
+                                            unsigned char *sK, unsigned char *sV, int wg, int it)
+{
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int wr0 = qt.r0 + wg * 64 + warp * 16; // this warp's first row
+    sm90_rows<D, BN> r;
+    init_rows(r);
+    sm90_products<T, D, BN, 64 * NWG> gm(r, smem_addr(sQ) + wg * 64 * 128, smem_addr(sK), smem_addr(sV));
+    key_tiles<D, BN, NWG, STAGES, NQ>(p, qt, ring, r, gm, it, wg, wr0, lane, g, t, p.cap_in, p.scale_log2);
+    store_rows<T, D, 64 * NWG, BN>(p, r, qt.s, qt.blk.h, qt.r0, wg, warp, g, t, sQ);
 }
 
 // The f16 / bf16 mainloop the kernel below runs: its shared memory (Q buffers, then the K and

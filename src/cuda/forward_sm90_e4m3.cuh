@@ -241,72 +241,48 @@ __device__ __forceinline__ void load_tiles_e4m3_tma(const fa_cuda_params &p, int
     }
 }
 
-// One consumer warpgroup on one query tile, as attend_rows (forward_sm90.cuh) in fp8; the rows
-// go out straight from the accumulators.
+// The fp8 products of key_tiles (forward_sm90.cuh): P in e4m3 fragments of its own, V^T
+// (K-major, transposed by the loader) read from its tile.
+template <int D, int BN, int BM> struct sm90_products_e4m3 {
+    static constexpr int KV = BN * D;
+    uint32_t pa[BN / 32][4];
+    uint32_t dq, dk, dv;
+    __device__ __forceinline__ sm90_products_e4m3(uint32_t qa, uint32_t ka, uint32_t va)
+        : dq(sw_desc_lo(qa, 16)), dk(sw_desc_lo(ka, 16)), dv(sw_desc_lo(va, 16))
+    {
+        asm("" : "+r"(dq), "+r"(dk), "+r"(dv));
+    }
+    __device__ __forceinline__ void s(float (&sf)[BN / 2], int st)
+    {
+        wg_gemm_e4m3_ss<BN, D, BM, BN>(sf, dq, dk + st * (KV >> 4));
+    }
+    __device__ __forceinline__ void pv(float (&of)[D / 2], int st)
+    {
+        wg_gemm_e4m3_rs<D, BN, D>(of, pa, dv + st * (KV >> 4));
+    }
+    __device__ __forceinline__ void fence_p() { reg_fence(pa); }
+    __device__ __forceinline__ void to_p(sm90_rows<D, BN> &r) { to_a_e4m3<BN / 8>(pa, r.sc); }
+};
+
+// One consumer warpgroup on one query tile, as attend_rows (forward_sm90.cuh) in fp8: the
+// factors of q and k folded into the softmax's scale; the rows go out straight from the
+// accumulators, times v's factor.
 template <int D, int BN, int NWG, int STAGES, int NQ>
 __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const query_tile_t &qt,
                                                  kv_ring<STAGES, NQ> &ring, unsigned char *sQ, unsigned char *sK,
                                                  unsigned char *sVt, int wg, int it)
 {
-    constexpr int BM = 64 * NWG, KV = BN * D;
     const seq_t &s = qt.s;
-    const int b = qt.blk.b, h = qt.blk.h, n_lo = qt.n_lo, n_hi = qt.n_hi;
+    const int b = qt.blk.b, h = qt.blk.h;
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int wr0 = qt.r0 + wg * 64 + warp * 16; // this warp's first row
-    const uint32_t qa = smem_addr(sQ) + wg * 64 * 128, ka = smem_addr(sK), va = smem_addr(sVt);
     // the factors of q and k folded into the scale in double (their product alone may pass float's range)
     const double qk = (double)descale_at(p.q_ds, b, qt.hk) * descale_at(p.k_ds, b, qt.hk);
     const float cap_in = (float)(p.cap_in * qk), scale_log2 = (float)(p.scale_log2 * qk);
     sm90_rows<D, BN> r;
-    uint32_t pa[BN / 32][4];
     init_rows(r);
-    float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(r.o);
-    float(&sf)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(r.sc);
-
-    // the ring position stepped along, and the descriptors built once, as attend_rows has them
-    ring_pos<STAGES> rp(it);
-    uint32_t dq = sw_desc_lo(qa, 16), dk = sw_desc_lo(ka, 16), dv = sw_desc_lo(va, 16);
-    asm("" : "+r"(dq), "+r"(dk), "+r"(dv));
-    const tiles_t full = warp_full_tiles<BN>(qt.mk, wr0);
-    for (int n = n_lo; n < n_hi; n++) {
-        mbar_wait(&ring.full_k[rp.st], rp.ph);
-        wgmma_fence();
-        take_turn<sm90_turns<D, NWG>, NWG>(p, wg);
-        wg_gemm_e4m3_ss<BN, D, BM, BN>(sf, dq, dk + rp.st * (KV >> 4));
-        if (n > n_lo) {
-            mbar_wait(&ring.full_v[rp.sp], rp.pp);
-            wg_gemm_e4m3_rs<D, BN, D>(of, pa, dv + rp.sp * (KV >> 4));
-            pass_turn<sm90_turns<D, NWG>, NWG>(p, wg);
-            wgmma_wait<1>();
-        } else {
-            pass_turn<sm90_turns<D, NWG>, NWG>(p, wg);
-            wgmma_wait<0>();
-        }
-        reg_fence(sf);
-        if (ring_lead<D>(lane))
-            mbar_arrive(&ring.empty_k[rp.st]);
-        float alpha[1][2];
-        softmax_step(p, qt.mk, full, r, wr0, n, g, t, alpha, cap_in, scale_log2, p.rescale_slack);
-        wgmma_wait<0>(); // P(n-1) V(n-1) done: o and pa are ours again
-        reg_fence(of);
-        reg_fence(pa);
-        if (n > n_lo && ring_lead<D>(lane))
-            mbar_arrive(&ring.empty_v[rp.sp]);
-        rescale_moved(r.o, alpha, p.rescale_slack);
-        if (p.dropout_p > 0.0f) // dropped to 0 here; the 1/(1-p) comes in float32 at the end
-            apply_dropout(p, r.sc, b, h, wr0 + g, (int64_t)n * BN + 2 * t);
-        to_a_e4m3<BN / 8>(pa, r.sc);
-        rp.next();
-    }
-    if (n_lo < n_hi) { // the last P V
-        mbar_wait(&ring.full_v[rp.sp], rp.pp);
-        wgmma_fence();
-        wg_gemm_e4m3_rs<D, BN, D>(of, pa, dv + rp.sp * (KV >> 4));
-        wgmma_wait<0>();
-        reg_fence(of);
-        if (ring_lead<D>(lane))
-            mbar_arrive(&ring.empty_v[rp.sp]);
-    }
+    sm90_products_e4m3<D, BN, 64 * NWG> gm(smem_addr(sQ) + wg * 64 * 128, smem_addr(sK), smem_addr(sVt));
+    key_tiles<D, BN, NWG, STAGES, NQ>(p, qt, ring, r, gm, it, wg, wr0, lane, g, t, cap_in, scale_log2);
     const float vd = descale_at(p.v_ds, b, qt.hk); // after 1 / sum: their quotient may be subnormal
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
