@@ -249,6 +249,103 @@ const char *fa_tokenizer_decode(const fa_tokenizer *t, int32_t prev, int32_t tok
     return s;
 }
 
+/* A candidate merge: symbols at and after `at` (left and right ids then) into `id`. */
+typedef struct {
+    float score;
+    int32_t at, right, left_id, right_id, id;
+} tok_pair;
+
+/* Whether a comes out of the heap before b: the higher score, then the leftmost. */
+static int pair_before(const tok_pair *a, const tok_pair *b)
+{
+    return a->score > b->score || (a->score == b->score && a->at < b->at);
+}
+
+static void heap_push(tok_pair *h, int32_t *len, tok_pair p)
+{
+    int32_t i = (*len)++;
+    for (; i > 0 && pair_before(&p, &h[(i - 1) / 2]); i = (i - 1) / 2)
+        h[i] = h[(i - 1) / 2];
+    h[i] = p;
+}
+
+static tok_pair heap_pop(tok_pair *h, int32_t *len)
+{
+    const tok_pair top = h[0], last = h[--*len];
+    int32_t i = 0;
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= *len)
+            break;
+        if (c + 1 < *len && pair_before(&h[c + 1], &h[c]))
+            c++;
+        if (!pair_before(&h[c], &last))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*len > 0)
+        h[i] = last;
+    return top;
+}
+
+/* The pair at symbols a, b (b follows a) onto the heap where the vocabulary merges it. */
+static void push_pair(const fa_tokenizer *t, const int32_t *tok, int32_t a, int32_t b, char *buf, tok_pair *h,
+                      int32_t *len)
+{
+    const size_t la = t->offset[tok[a] + 1] - t->offset[tok[a]] - 1, lb = t->offset[tok[b] + 1] - t->offset[tok[b]] - 1;
+    memcpy(buf, t->text + t->offset[tok[a]], la);
+    memcpy(buf + la, t->text + t->offset[tok[b]], lb);
+    const int32_t id = fa_tok_lookup(t, buf, la + lb);
+    if (id >= 0 && t->scores[id] > -INFINITY)
+        heap_push(h, len, (tok_pair){ t->scores[id], a, b, tok[a], tok[b], id });
+}
+
+/* run.c's merges: while some adjacent pair is a token, the one of the highest score (the
+ * leftmost of equals) becomes it. Each merge is taken from a heap of the adjacent pairs
+ * (entries made stale by a merge beside them are skipped) instead of a scan of all pairs:
+ * the same merges in the same order, in O(n log n) rather than O(n^2). Returns the count
+ * left in tokens, or -1 out of memory. */
+static int32_t merge_pairs(const fa_tokenizer *t, int32_t *tokens, int32_t k, char *buf)
+{
+    if (k < 2)
+        return k;
+    /* every merge pushes at most two pairs: k - 1 to start, 2 (k - 1) after */
+    int32_t *next = malloc(sizeof(int32_t) * (size_t)k), *prev = malloc(sizeof(int32_t) * (size_t)k);
+    tok_pair *h = malloc(sizeof(tok_pair) * 3 * (size_t)k);
+    if (!next || !prev || !h) {
+        free(next), free(prev), free(h);
+        return -1;
+    }
+    int32_t len = 0;
+    for (int32_t i = 0; i < k; i++) {
+        next[i] = i + 1 < k ? i + 1 : -1;
+        prev[i] = i - 1;
+    }
+    for (int32_t i = 0; i + 1 < k; i++)
+        push_pair(t, tokens, i, i + 1, buf, h, &len);
+    while (len > 0) {
+        const tok_pair p = heap_pop(h, &len);
+        if (next[p.at] != p.right || tokens[p.at] != p.left_id || tokens[p.right] != p.right_id)
+            continue; /* a merge beside it changed the pair */
+        tokens[p.at] = p.id;
+        next[p.at] = next[p.right];
+        if (next[p.at] >= 0)
+            prev[next[p.at]] = p.at;
+        next[p.right] = -2; /* merged away: no pair starts or ends here any more */
+        tokens[p.right] = -1;
+        if (prev[p.at] >= 0)
+            push_pair(t, tokens, prev[p.at], p.at, buf, h, &len);
+        if (next[p.at] >= 0)
+            push_pair(t, tokens, p.at, next[p.at], buf, h, &len);
+    }
+    int32_t n = 0;
+    for (int32_t i = 0; i >= 0; i = next[i])
+        tokens[n++] = tokens[i];
+    free(next), free(prev), free(h);
+    return n;
+}
+
 fa_status fa_tokenizer_encode(const fa_tokenizer *t, const char *text, int bos, int eos,
                               int32_t *tokens, int32_t cap, int32_t *n, char *err)
 {
@@ -289,28 +386,10 @@ fa_status fa_tokenizer_encode(const fa_tokenizer *t, const char *text, int bos, 
         }
         i += len;
     }
-    for (;;) {
-        float best = -INFINITY;
-        int32_t best_id = -1, best_at = -1;
-        for (int32_t i = 0; i + 1 < k; i++) {
-            size_t la, lb;
-            const char *a = t->text + t->offset[tokens[i]], *b = t->text + t->offset[tokens[i + 1]];
-            la = t->offset[tokens[i] + 1] - t->offset[tokens[i]] - 1;
-            lb = t->offset[tokens[i + 1] + 1] - t->offset[tokens[i + 1]] - 1;
-            memcpy(buf, a, la);
-            memcpy(buf + la, b, lb);
-            int32_t id = fa_tok_lookup(t, buf, la + lb);
-            if (id >= 0 && t->scores[id] > best) {
-                best = t->scores[id];
-                best_id = id;
-                best_at = i;
-            }
-        }
-        if (best_at < 0)
-            break;
-        tokens[best_at] = best_id;
-        memmove(&tokens[best_at + 1], &tokens[best_at + 2], sizeof(int32_t) * (size_t)(k - best_at - 2));
-        k--;
+    k = merge_pairs(t, tokens, k, buf);
+    if (k < 0) {
+        free(buf);
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for encoding");
     }
     if (eos)
         tokens[k++] = FA_TOKEN_EOS;
