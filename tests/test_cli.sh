@@ -243,13 +243,13 @@ expect_rc 2 "bench-model pages past int32" "$fa" bench-model --config 64x1x2x1x1
   --decode 0 --batch 1,4096 --page-size 1 --threads 1
 grep -q "larger --page-size" "$tmp/err" && [ ! -s "$tmp/out" ] ||
   { echo "FAIL: bench-model pages past int32: want the refusal and no rows"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1)); }
-expect_rc 1 "generate missing model" "$fa" generate --model "$tmp/none.bin"
+expect_rc 2 "generate missing model" "$fa" generate --model "$tmp/none.bin"
 grep -q "none.bin" "$tmp/err" || { echo "FAIL: missing model not named"; fails=$((fails + 1)); }
 # a FIFO or a directory as the model or the tokenizer: refused by name at once, never waited on
 mkfifo "$tmp/fifo"
 for args in "generate --model $tmp/fifo" "generate --tokenizer $tmp/fifo" "generate --tokenizer $tmp" \
   "bench-model --model $tmp/fifo --prompt-len 4 --decode 1"; do
-  expect_rc 1 "$args" timeout 20 "$fa" $args
+  expect_rc 2 "$args" timeout 20 "$fa" $args
   grep -q "is not a regular file" "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ] ||
     { echo "FAIL: $args: want one line saying not a regular file"; cat "$tmp/err"; fails=$((fails + 1)); }
 done
@@ -257,7 +257,7 @@ done
 expect_rc 0 "gen-model" "$fa" gen-model --config 32x2x4x2x48x512x64 --seed 3 --out "$tmp/s.bin"
 expect_rc 0 "generate on a synthetic model" "$fa" generate --model "$tmp/s.bin" --prompt "hi" --steps 20 --temperature 0
 head -c 1000 "$tmp/s.bin" >"$tmp/t.bin"
-expect_rc 1 "generate on a truncated model" "$fa" generate --model "$tmp/t.bin"
+expect_rc 2 "generate on a truncated model" "$fa" generate --model "$tmp/t.bin"
 grep -q "truncated" "$tmp/err" || { echo "FAIL: truncation not reported"; cat "$tmp/err"; fails=$((fails + 1)); }
 [ -s "$tmp/out" ] && { echo "FAIL: output written on error"; fails=$((fails + 1)); }
 expect_rc 0 "bench-model" "$fa" bench-model --config 64x2x4x2x96x512x64 --prompt-len 40 --decode 4
@@ -280,14 +280,14 @@ grep "^ids:" "$tmp/err" | cmp -s - "$tmp/hf.ids" || { echo "FAIL: the HF export 
 expect_rc 0 "export-hf of an HF directory" "$fa" export-hf --model "$tmp/hf" --out "$tmp/hf2"
 cmp -s "$tmp/hf/tokenizer.json" "$tmp/hf2/tokenizer.json" || { echo "FAIL: tokenizer.json not carried over"; fails=$((fails + 1)); }
 sed -i 's/"BPE"/"Unigram"/' "$tmp/hf2/tokenizer.json"
-expect_rc 1 "generate with a tokenizer.json it cannot read" "$fa" generate --model "$tmp/hf2"
+expect_rc 2 "generate with a tokenizer.json it cannot read" "$fa" generate --model "$tmp/hf2"
 grep -q "tokenizer.json': model.type" "$tmp/err" || { echo "FAIL: the refused tokenizer.json names no field"; cat "$tmp/err"; fails=$((fails + 1)); }
 expect_rc 0 "generate with --tokenizer over the directory's" "$fa" generate --model "$tmp/hf2" --tokenizer "$(dirname "$0")/../models/tok512.bin" --steps 5
 expect_usage "export-hf without --out" "$fa" export-hf --model x.bin
 expect_usage "export-hf bad dtype" "$fa" export-hf --model x.bin --out "$tmp/y" --dtype f8
-expect_rc 1 "export-hf of a missing model" "$fa" export-hf --model "$tmp/none.bin" --out "$tmp/y"
+expect_rc 2 "export-hf of a missing model" "$fa" export-hf --model "$tmp/none.bin" --out "$tmp/y"
 sed -i 's/"silu"/"gelu"/' "$tmp/hf/config.json"
-expect_rc 1 "generate from a config it cannot run" "$fa" generate --model "$tmp/hf"
+expect_rc 2 "generate from a config it cannot run" "$fa" generate --model "$tmp/hf"
 grep -q "hidden_act" "$tmp/err" || { echo "FAIL: the refused config names no field"; cat "$tmp/err"; fails=$((fails + 1)); }
 
 # continuous batching: a small served workload, its JSON, and its refusals
@@ -298,6 +298,12 @@ grep -q "^time to first token ms: p50" "$tmp/out" && grep -q "^pages in use: mea
 python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["requests"]==12 and r["generated_tok_s"]>0 and len(r["itl_ms"])==3' \
   "$tmp/serve.json" || { echo "FAIL: bench-serve JSON"; fails=$((fails + 1)); }
 expect_usage "bench-serve batch over budget" "$fa" bench-serve --max-batch 20 --token-budget 8
+expect_usage "bench-serve arrivals past an hour" timeout 20 "$fa" bench-serve --requests 2 --arrival poisson --rate 1e-300
+# a prompt longer than the context is refused by its token count (encoded in O(n log n): 0.03 s here)
+head -c 60000 /dev/zero | tr '\0' 'a' >"$tmp/long.txt"
+expect_rc 2 "generate with a prompt past the context" timeout 20 "$fa" generate --steps 5 --prompt "$(cat "$tmp/long.txt")"
+grep -q "more than the model's context of 512" "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ] ||
+  { echo "FAIL: a prompt past the context: want one line naming the context"; cat "$tmp/err"; fails=$((fails + 1)); }
 expect_usage "bench-serve empty range" "$fa" bench-serve --prompt-len 9,3
 expect_usage "bench-serve cache too small" "$fa" bench-serve --pages 2
 expect_usage "bench-serve past the context" "$fa" bench-serve --output-len 600,600

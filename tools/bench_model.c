@@ -91,10 +91,8 @@ static int run(const fa_model *m, fa_context_t ctx, fa_algorithm alg, fa_matvec 
     fa_model_state_options o = { n, alg, mv, n >= 2048 ? progress : NULL, &line, 0 };
     fa_model_state *s = NULL;
     fa_status st = fa_model_state_create(m, ctx, &o, &s, err);
-    if (st != FA_OK) {
-        fprintf(stderr, "flashattn bench-model: %s (%s)\n", err, fa_status_string(st));
-        return CLI_EXIT_FAIL;
-    }
+    if (st != FA_OK)
+        return cli_lib_error("bench-model", err, st);
     float *logits;
     /* warm-up: threads started, pages of the state touched once */
     int32_t warm = n < 16 ? n : 16;
@@ -251,7 +249,7 @@ int cmd_bench_model(int argc, char **argv)
     fa_status st;
     if (path) {
         if ((st = fa_model_open(path, &m, err)) != FA_OK) {
-            fprintf(stderr, "flashattn bench-model: %s (%s)\n", err, fa_status_string(st));
+            rc = cli_lib_error("bench-model", err, st);
             goto done;
         }
         c = m->config;
@@ -264,7 +262,7 @@ int cmd_bench_model(int argc, char **argv)
     }
     uint64_t wbytes = 0;
     if ((st = fa_model_config_check(&c, &wbytes, err)) != FA_OK) {
-        fprintf(stderr, "flashattn bench-model: %s (%s)\n", err, fa_status_string(st));
+        rc = cli_lib_error("bench-model", err, st);
         goto done;
     }
     if (backend == FA_BACKEND_CPU)
@@ -297,7 +295,7 @@ int cmd_bench_model(int argc, char **argv)
                 wbytes / 1048576.0, seed);
         double t0 = cli_now();
         if ((st = fa_model_synth(&c, (uint64_t)seed, &m, err)) != FA_OK) {
-            fprintf(stderr, "flashattn bench-model: %s (%s)\n", err, fa_status_string(st));
+            rc = cli_lib_error("bench-model", err, st);
             goto done;
         }
         fprintf(stderr, "  done in %.1f s\n", cli_now() - t0);

@@ -15,6 +15,9 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The longest span of Poisson arrivals a run takes on (requests / rate, in seconds). */
+#define MAX_ARRIVAL_S 3600
+
 static const char *help =
     "usage: flashattn bench-serve [options]\n"
     "\n"
@@ -183,12 +186,19 @@ static int parse(int argc, char **argv, opts *o, fa_backend *backend)
     if (o->max_batch > o->budget)
         return cli_usage_error(cmd, "--max-batch (%ld) must not exceed --token-budget (%ld): every running "
                                     "request's decode row fits a step", o->max_batch, o->budget);
+    /* the Poisson arrivals span requests / rate seconds on average: at most an hour */
+    if (o->poisson && (double)o->requests / o->rate > MAX_ARRIVAL_S)
+        return cli_usage_error(cmd, "--rate %g: %ld requests would arrive over about %.3g s, more than the %d s a "
+                                    "run may take; raise --rate or lower --requests",
+                               o->rate, o->requests, (double)o->requests / o->rate, MAX_ARRIVAL_S);
     return 0;
 }
 
 static void sleep_until(double t0, double when)
 {
-    const double dt = when - (cli_now() - t0);
+    double dt = when - (cli_now() - t0);
+    if (dt > 1.0) /* a second at most: the caller looks again */
+        dt = 1.0;
     if (dt > 0.0) {
         struct timespec ts = { (time_t)dt, (long)((dt - floor(dt)) * 1e9) };
         nanosleep(&ts, NULL);
@@ -216,10 +226,8 @@ int cmd_bench_serve(int argc, char **argv)
     } else {
         st = fa_model_load(o.model ? o.model : FA_MODELS_DIR "/stories260K.bin", &m, err);
     }
-    if (st != FA_OK) {
-        fprintf(stderr, "flashattn bench-serve: %s (%s)\n", err, fa_status_string(st));
-        return CLI_EXIT_FAIL;
-    }
+    if (st != FA_OK)
+        return cli_lib_error("bench-serve", err, st);
     const fa_model_config *c = &m->config;
     if (o.p_hi + o.o_hi > c->seq_len) {
         const int32_t ctx_len = c->seq_len;
@@ -253,7 +261,7 @@ int cmd_bench_serve(int argc, char **argv)
     const fa_engine_options eo = { backend, so.num_pages, so.page_size, so.max_batch, so.token_budget,
                                    (int32_t)o.threads, 0, o.no_graphs };
     if ((st = fa_engine_create(m, &eo, &e, err)) != FA_OK || (st = fa_sched_create(&so, &sc, err)) != FA_OK) {
-        fprintf(stderr, "flashattn bench-serve: %s (%s)\n", err, fa_status_string(st));
+        rc = cli_lib_error("bench-serve", err, st);
         goto done;
     }
     /* the workload: lengths and arrivals from the seed */

@@ -10,7 +10,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* Exit codes: 0 ok, 1 a check failed or the library reported an error, 2 bad usage. */
+/* Exit codes: 0 ok; 1 a check failed, or the machine could not do what was asked (no device,
+ * out of memory, a backend's runtime error); 2 bad input: usage, and every value or file the
+ * library refuses (cli_lib_error). */
 #define CLI_EXIT_FAIL 1
 #define CLI_EXIT_USAGE 2
 
@@ -26,6 +28,11 @@ int cmd_bench_serve(int argc, char **argv);
 
 /* Print "flashattn <cmd>: <message>" plus a hint to stderr; returns CLI_EXIT_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Print "flashattn <cmd>: <err> (<status>)" to stderr; returns CLI_EXIT_USAGE where st says
+ * the input was bad (a value, shape, dtype, size or file refused, or a request the backend
+ * cannot run), else CLI_EXIT_FAIL. */
+int cli_lib_error(const char *cmd, const char *err, fa_status st);
 
 /* Strict parsers: the whole string must be a number in range (no sign on unsigned, no
  * spaces). 0 on success. */

@@ -122,22 +122,12 @@ static fa_status generate_engine(const fa_model *m, const fa_tokenizer *t, const
     memset(gs, 0, sizeof(*gs));
     if (steps <= 0 || steps > c->seq_len)
         steps = c->seq_len;
-    const size_t cap = strlen(prompt) + 3;
-    int32_t *ids = cap <= (size_t)INT32_MAX ? malloc(cap * sizeof(int32_t)) : NULL;
-    if (!ids) {
-        snprintf(err, FA_MODEL_ERR_LEN, "out of memory for the prompt's tokens");
-        return FA_ERR_OUT_OF_MEMORY;
-    }
+    int32_t *ids, n;
+    fa_status st = fa_generate_prompt(t, c->seq_len, prompt, &ids, &n, err);
+    if (st != FA_OK)
+        return st;
     fa_engine *e = NULL;
     fa_sched *sc = NULL;
-    int32_t n = 0;
-    fa_status st = FA_ERR_UNSUPPORTED;
-    if (fa_tokenizer_bos(t) < 0)
-        snprintf(err, FA_MODEL_ERR_LEN, "%s", FA_GENERATE_NO_BOS);
-    else
-        st = fa_tokenizer_encode(t, prompt, 1, 0, ids, (int32_t)cap, &n, err);
-    if (st != FA_OK)
-        goto done;
     const int32_t np = n < steps ? n : steps, warm = np < FA_GENERATE_WARMUP ? np : FA_GENERATE_WARMUP;
     gs->prompt_tokens = np;
     const int32_t warm_new = warm < c->seq_len ? 2 : 1, page = 16;
@@ -302,7 +292,7 @@ int cmd_generate(int argc, char **argv)
         (s = fa_tokenizer_open(tok_path, m->config.vocab_size, &tok, err)) != FA_OK ||
         (s = fa_sampler_create(m->config.vocab_size, (float)temperature, (float)topp,
                                (uint64_t)seed, &smp, err)) != FA_OK) {
-        fprintf(stderr, "flashattn generate: %s (%s)\n", err, fa_status_string(s));
+        rc = cli_lib_error("generate", err, s);
         goto done;
     }
     k.cap = (int64_t)m->config.seq_len + 1;
@@ -332,7 +322,7 @@ int cmd_generate(int argc, char **argv)
     }
     end_text(&k);
     if (s != FA_OK) {
-        fprintf(stderr, "flashattn generate: %s (%s)\n", err, fa_status_string(s));
+        rc = cli_lib_error("generate", err, s);
         goto done;
     }
     if (print_ids) {
@@ -422,8 +412,7 @@ int cmd_gen_model(int argc, char **argv)
     }
     if (s != FA_OK) {
         remove(out);
-        fprintf(stderr, "flashattn gen-model: %s (%s)\n", err, fa_status_string(s));
-        return CLI_EXIT_FAIL;
+        return cli_lib_error("gen-model", err, s);
     }
     printf("wrote %s: dim %d, layers %d, heads %d, kv heads %d, hidden %d, vocab %d%s, seq %d, "
            "%.1f MiB, seed %ld\n",
@@ -512,8 +501,7 @@ int cmd_export_hf(int argc, char **argv)
     }
     fa_tokenizer_free(t);
     if (s != FA_OK) {
-        fprintf(stderr, "flashattn export-hf: %s (%s)\n", err, fa_status_string(s));
-        return CLI_EXIT_FAIL;
+        return cli_lib_error("export-hf", err, s);
     }
     printf("wrote %s: %s, %ld file%s%s\n", out, dtype == FA_HF_F32 ? "f32" : dtype == FA_HF_F16 ? "f16" : "bf16",
            shards, shards == 1 ? "" : "s and an index", tok_path ? ", tokenizer.json" : "");

@@ -23,7 +23,9 @@ static const char *usage =
     "  bench-model  the Llama runner end to end, flash against standard attention\n"
     "  bench-serve  the runner serving many requests at once (continuous batching, paged KV)\n"
     "\n"
-    "`flashattn <command> --help` describes each command's options.\n";
+    "`flashattn <command> --help` describes each command's options. Exit status: 0 done; 1 a\n"
+    "check failed or the machine could not (no device, out of memory); 2 bad input (an option,\n"
+    "a value or a file refused), with one line on stderr saying which.\n";
 
 int cli_usage_error(const char *cmd, const char *fmt, ...)
 {
@@ -34,6 +36,13 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     fprintf(stderr, " (see `flashattn %s --help`)\n", cmd);
     va_end(ap);
     return CLI_EXIT_USAGE;
+}
+
+int cli_lib_error(const char *cmd, const char *err, fa_status st)
+{
+    fprintf(stderr, "flashattn %s: %s (%s)\n", cmd, err, fa_status_string(st));
+    return st == FA_ERR_BACKEND_UNAVAILABLE || st == FA_ERR_OUT_OF_MEMORY || st == FA_ERR_BACKEND ? CLI_EXIT_FAIL
+                                                                                                    : CLI_EXIT_USAGE;
 }
 
 /* strtol and strtoull skip leading spaces and take a sign; the parsers take neither */

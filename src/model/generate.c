@@ -16,6 +16,33 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+fa_status fa_generate_prompt(const fa_tokenizer *t, int32_t seq_len, const char *prompt, int32_t **ids,
+                             int32_t *n, char *err)
+{
+    *ids = NULL;
+    *n = 0;
+    if (fa_tokenizer_bos(t) < 0)
+        return fa_model_fail(err, FA_ERR_UNSUPPORTED, "%s", FA_GENERATE_NO_BOS);
+    const size_t cap = strlen(prompt) + 3;
+    int32_t *v = cap <= (size_t)INT32_MAX ? malloc(cap * sizeof(int32_t)) : NULL;
+    if (!v)
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the prompt's %zu bytes of tokens",
+                             cap * sizeof(int32_t));
+    int32_t k = 0;
+    fa_status st = fa_tokenizer_encode(t, prompt, 1, 0, v, (int32_t)cap, &k, err);
+    if (st == FA_OK && k > seq_len)
+        st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                           "the prompt is %d tokens with BOS, more than the model's context of %d (seq_len); "
+                           "shorten it", (int)k, (int)seq_len);
+    if (st != FA_OK) {
+        free(v);
+        return st;
+    }
+    *ids = v;
+    *n = k;
+    return FA_OK;
+}
+
 fa_status fa_generate(const fa_model *m, const fa_tokenizer *t, fa_model_state *s, fa_sampler *smp,
                       const char *prompt, int32_t steps, fa_token_fn on_token, void *user,
                       fa_generate_stats *stats, char *err)
@@ -38,18 +65,10 @@ fa_status fa_generate(const fa_model *m, const fa_tokenizer *t, fa_model_state *
     }
     if (steps <= 0 || steps > m->config.seq_len)
         steps = m->config.seq_len;
-    size_t cap = strlen(prompt) + 3;
-    int32_t *ids = cap <= (size_t)INT32_MAX ? malloc(cap * sizeof(int32_t)) : NULL;
-    if (!ids) {
-        if (err)
-            snprintf(err, FA_MODEL_ERR_LEN, "out of memory for the prompt's tokens");
-        return FA_ERR_OUT_OF_MEMORY;
-    }
-    int32_t n = 0;
-    fa_status st = fa_tokenizer_bos(t) < 0 ? fa_model_fail(err, FA_ERR_UNSUPPORTED, "%s", FA_GENERATE_NO_BOS)
-                                           : fa_tokenizer_encode(t, prompt, 1, 0, ids, (int32_t)cap, &n, err);
+    int32_t *ids, n;
+    fa_status st = fa_generate_prompt(t, m->config.seq_len, prompt, &ids, &n, err);
     if (st != FA_OK)
-        goto done;
+        return st;
     int32_t np = n < steps ? n : steps, stop = 0;
     stats->prompt_tokens = np;
     float *logits;

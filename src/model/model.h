@@ -316,6 +316,12 @@ typedef struct fa_generate_stats {
     "the tokenizer adds no BOS (its post_processor has no template with one); generation starts " \
     "every prompt with BOS"
 
+/* The prompt as generation feeds it: BOS, then its tokens, into *ids (malloc'd; the caller
+ * frees it) and *n. Refused with a message: a tokenizer without BOS, and a prompt of more
+ * tokens than the model's context (seq_len). */
+fa_status fa_generate_prompt(const fa_tokenizer *t, int32_t seq_len, const char *prompt, int32_t **ids,
+                             int32_t *n, char *err);
+
 /* Called with each token as it is produced (prompt tokens after BOS too) and
  * its text; a non-zero return stops generation. */
 typedef int (*fa_token_fn)(void *user, int32_t token, const char *text, size_t len);

@@ -38,22 +38,22 @@ static inline fa_status fa_engine_cuda_create(const fa_model *m, const fa_engine
 {
     (void)m, (void)o, (void)info;
     *out = NULL;
-    return fa_model_fail(err, FA_ERR_UNSUPPORTED, "backend cuda: this build has no CUDA (nvcc was not found "
-                                                  "when it was configured)");
+    return fa_model_fail(err, FA_ERR_BACKEND_UNAVAILABLE, "backend cuda: this build has no CUDA (nvcc was not found "
+                                                          "when it was configured)");
 }
 static inline void fa_engine_cuda_free(fa_engine_cuda *g) { (void)g; }
 static inline fa_status fa_engine_cuda_memory(const fa_model *m, const fa_engine_options *o, uint64_t *free_bytes,
                                               uint64_t *fixed_bytes, uint64_t *page_bytes, char *err)
 {
     (void)m, (void)o, (void)free_bytes, (void)fixed_bytes, (void)page_bytes;
-    return fa_model_fail(err, FA_ERR_UNSUPPORTED, "backend cuda: this build has no CUDA");
+    return fa_model_fail(err, FA_ERR_BACKEND_UNAVAILABLE, "backend cuda: this build has no CUDA");
 }
 static inline fa_status fa_engine_cuda_step(fa_engine_cuda *g, const fa_step *st, int32_t ns, const int32_t *rows,
                                             const float *temperature, const float *topp, const float *u,
                                             int32_t *next, float *logits, char *err)
 {
     (void)g, (void)st, (void)ns, (void)rows, (void)temperature, (void)topp, (void)u, (void)next, (void)logits;
-    return fa_model_fail(err, FA_ERR_UNSUPPORTED, "backend cuda: this build has no CUDA");
+    return fa_model_fail(err, FA_ERR_BACKEND_UNAVAILABLE, "backend cuda: this build has no CUDA");
 }
 static inline void fa_engine_cuda_graph_counts(const fa_engine_cuda *g, int *on, int32_t *captured, int64_t *replays,
                                                const char **off)
