@@ -544,6 +544,15 @@ static void set_offsets(cJSON *h, const char *name, double add_begin, double add
 }
 
 static void past_the_file(cJSON *h) { set_offsets(h, "model.norm.weight", 1e6, 1e6); }
+/* q_proj of layer 0 reading the first bytes, which are another tensor's */
+static void overlap(cJSON *h)
+{
+    cJSON *off = cJSON_GetObjectItem(entry(h, "model.layers.0.self_attn.q_proj.weight"), "data_offsets");
+    const double b = cJSON_GetArrayItem(off, 0)->valuedouble, e = cJSON_GetArrayItem(off, 1)->valuedouble;
+    cJSON_ReplaceItemInArray(off, 0, cJSON_CreateNumber(0));
+    cJSON_ReplaceItemInArray(off, 1, cJSON_CreateNumber(e - b));
+}
+static void bad_metadata(cJSON *h) { cJSON_AddItemToObject(h, "__metadata__", cJSON_CreateNumber(5)); }
 static void short_span(cJSON *h) { set_offsets(h, "model.norm.weight", 0, -4); }
 static void wrong_shape(cJSON *h)
 {
@@ -553,7 +562,13 @@ static void bad_dtype(cJSON *h)
 {
     cJSON_ReplaceItemInObject(entry(h, "model.layers.1.self_attn.v_proj.weight"), "dtype", cJSON_CreateString("I64"));
 }
-static void drop_tensor(cJSON *h) { cJSON_DeleteItemFromObject(h, "model.layers.1.mlp.up_proj.weight"); }
+/* up_proj's bytes kept under a name the loader skips: the file whole, the tensor missing */
+static void drop_tensor(cJSON *h)
+{
+    cJSON *e = cJSON_DetachItemFromObject(h, "model.layers.1.mlp.up_proj.weight");
+    cJSON_AddItemToObject(h, "model.layers.1.self_attn.rotary_emb.inv_freq", e);
+}
+static void gap(cJSON *h) { cJSON_DeleteItemFromObject(h, "model.layers.1.mlp.up_proj.weight"); }
 static void rename_tensor(cJSON *h)
 {
     cJSON *e = cJSON_DetachItemFromObject(h, "model.layers.0.self_attn.q_proj.weight");
@@ -670,6 +685,9 @@ static void test_safetensors_refusals(void **state)
         { drop_tensor, FA_ERR_INVALID_ARGUMENT, "model.layers.1.mlp.up_proj.weight", "missing" },
         { rename_tensor, FA_ERR_INVALID_ARGUMENT, "q_proj.bias", "unexpected" },
         { twice, FA_ERR_INVALID_ARGUMENT, "model.norm.weight", "twice" },
+        { overlap, FA_ERR_INVALID_ARGUMENT, "inside the bytes of tensor", "must not overlap" },
+        { gap, FA_ERR_INVALID_ARGUMENT, "belong to no tensor", "model.layers.1.mlp.down_proj.weight" },
+        { bad_metadata, FA_ERR_INVALID_ARGUMENT, "__metadata__", "object of strings" },
     };
     char dir[64], file[128];
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -681,6 +699,17 @@ static void test_safetensors_refusals(void **state)
             expect_hf(dir, bad[i].st, file, NULL); /* the file is named too */
         rm_dir(dir);
     }
+    /* four bytes after the last tensor's: data that no tensor owns */
+    tiny(dir, 1);
+    snprintf(file, sizeof(file), "%s/model.safetensors", dir);
+    size_t nt;
+    char *t = slurp(file, &nt), *t4 = realloc(t, nt + 4);
+    assert_non_null(t4);
+    memset(t4 + nt, 0, 4);
+    spit(file, t4, nt + 4);
+    free(t4);
+    expect_hf(dir, FA_ERR_INVALID_ARGUMENT, file, "after the last tensor, belong to no tensor");
+    rm_dir(dir);
     /* raw bytes: a header length past the end, a file shorter than the length field, no
      * JSON object in the header, and no weights file at all */
     tiny(dir, 1);

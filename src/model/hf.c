@@ -529,6 +529,75 @@ static fa_status read_tensor(loader *ld, const cJSON *e, const char *file, int f
     return FA_OK;
 }
 
+/* A tensor's bytes in the data section, for the layout check. */
+typedef struct {
+    uint64_t begin, end;
+    const char *name;
+} span;
+
+static int cmp_span(const void *a, const void *b)
+{
+    const span *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* The header's layout, as the safetensors format has it: __metadata__ (if any) an object of
+ * strings, and the tensors' data_offsets tiling the data section from 0 to its end, with no
+ * byte shared and none left over. Every tensor counts, those the runner does not read too. */
+static fa_status check_layout(const cJSON *h, const char *file, uint64_t data_len, char *err)
+{
+    int n = 0;
+    for (const cJSON *e = h->child; e; e = e->next)
+        n++;
+    span *v = malloc(sizeof(span) * (size_t)(n ? n : 1));
+    if (!v)
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for '%s''s header", file);
+    int k = 0;
+    fa_status st = FA_OK;
+    for (const cJSON *e = h->child; e && st == FA_OK; e = e->next) {
+        if (strcmp(e->string, "__metadata__") == 0) {
+            int strings = cJSON_IsObject(e);
+            for (const cJSON *m = e->child; strings && m; m = m->next)
+                strings = cJSON_IsString(m);
+            if (!strings)
+                st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': __metadata__ must be an object of strings",
+                                   file);
+            continue;
+        }
+        const cJSON *off = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "data_offsets") : NULL;
+        span *x = &v[k++];
+        x->name = e->string;
+        if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2 || !json_u64(cJSON_GetArrayItem(off, 0), &x->begin) ||
+            !json_u64(cJSON_GetArrayItem(off, 1), &x->end) || x->begin > x->end)
+            st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                               "'%s': tensor '%.80s' data_offsets must be two integers [begin, end]", file, e->string);
+    }
+    if (st == FA_OK) {
+        qsort(v, (size_t)k, sizeof(span), cmp_span);
+        uint64_t at = 0;
+        for (int i = 0; i < k && st == FA_OK; i++) {
+            if (v[i].begin < at)
+                st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                                   "'%s': tensor '%.80s' data_offsets begin at %llu, inside the bytes of tensor "
+                                   "'%.80s' (up to %llu): tensors must not overlap",
+                                   file, v[i].name, (unsigned long long)v[i].begin, v[i - 1].name,
+                                   (unsigned long long)at);
+            else if (v[i].begin > at)
+                st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                                   "'%s': data bytes %llu..%llu, before tensor '%.80s', belong to no tensor (one "
+                                   "missing from the header?)",
+                                   file, (unsigned long long)at, (unsigned long long)v[i].begin, v[i].name);
+            at = v[i].end;
+        }
+        if (st == FA_OK && at != data_len)
+            st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                               "'%s': data bytes %llu..%llu, after the last tensor, belong to no tensor", file,
+                               (unsigned long long)at, (unsigned long long)data_len);
+    }
+    free(v);
+    return st;
+}
+
 /* One safetensors image: 8-byte little-endian header length, the JSON header, the data. */
 static fa_status read_safetensors(loader *ld, const unsigned char *p, uint64_t size, const char *file,
                                   int file_index, const char *shard, char *err)
@@ -558,6 +627,8 @@ static fa_status read_safetensors(loader *ld, const unsigned char *p, uint64_t s
     for (const cJSON *e = h->child; e && st == FA_OK; e = e->next)
         if (strcmp(e->string, "__metadata__") != 0)
             st = read_tensor(ld, e, file, file_index, shard, p + 8 + n, size - 8 - n, err);
+    if (st == FA_OK) /* after each tensor's own checks, which name what is wrong more closely */
+        st = check_layout(h, file, size - 8 - n, err);
     cJSON_Delete(h);
     return st;
 }
