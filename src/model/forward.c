@@ -139,7 +139,8 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
         fa_model_state_free(s);
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY,
                     "out of memory for the state (KV cache of %d layers x %d positions x %d, "
-                    "activations of %d tokens)",
+                    "activations of %d tokens): the cache covers the model's whole context (seq_len, "
+                    "max_position_embeddings), which a config may lower",
                     (int)c->n_layers, (int)c->seq_len, (int)kvd, (int)o.max_tokens);
     }
     s->stats.kv_cache_bytes = kv_bytes;

@@ -647,8 +647,10 @@ static fa_status check_complete(const loader *ld, const char *where, char *err)
     return FA_OK;
 }
 
-/* The llama2.c image of config c: the header written and the legacy RoPE tables zeroed (nothing
- * reads them); every other float is a tensor's, written by read_tensor. */
+/* The llama2.c image of config c: the header written; every float is a tensor's, written by
+ * read_tensor, but the legacy RoPE tables' (max_position_embeddings x head_dim), which
+ * nothing reads or writes out and which are left untouched, so that a long context costs
+ * them no memory. */
 static fa_status new_image(const fa_model_config *c, unsigned char **img, uint64_t *bytes, char *err)
 {
     fa_status st = fa_model_config_check(c, bytes, err);
@@ -656,14 +658,13 @@ static fa_status new_image(const fa_model_config *c, unsigned char **img, uint64
         return st;
     *img = aligned_alloc(64, (size_t)((*bytes + 63) & ~(uint64_t)63));
     if (!*img)
-        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for %.2f GiB of float32 weights",
-                             (double)*bytes / (1u << 30));
+        return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY,
+                             "out of memory for the %.2f GiB float32 image of the weights (with llama2.c's RoPE "
+                             "tables of max_position_embeddings %d x head_dim %d)",
+                             (double)*bytes / (1u << 30), (int)c->seq_len, (int)(c->dim / c->n_heads));
     int32_t h[7] = { c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads,
                      c->shared_classifier ? c->vocab_size : -c->vocab_size, c->seq_len };
     memcpy(*img, h, sizeof(h));
-    uint64_t rope = fa_hf_slot(c, 1).offset + (uint64_t)c->dim;
-    memset((float *)(*img + FA_MODEL_HEADER_BYTES) + rope, 0,
-           sizeof(float) * (size_t)c->seq_len * (size_t)(c->dim / c->n_heads));
     return FA_OK;
 }
 
