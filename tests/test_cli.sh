@@ -298,6 +298,15 @@ grep -q "^time to first token ms: p50" "$tmp/out" && grep -q "^pages in use: mea
 python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["requests"]==12 and r["generated_tok_s"]>0 and len(r["itl_ms"])==3' \
   "$tmp/serve.json" || { echo "FAIL: bench-serve JSON"; fails=$((fails + 1)); }
 expect_usage "bench-serve batch over budget" "$fa" bench-serve --max-batch 20 --token-budget 8
+expect_usage "bench-serve --json in a missing directory" "$fa" bench-serve --requests 2 --json "$tmp/none/x.json"
+expect_usage "bench --plot in a missing directory" "$fa" bench --seq 64 --plot "$tmp/none/x.svg"
+if [ -c /dev/full ]; then # a full disk under standard output and under --json: exit 1, saying so
+  "$fa" generate --steps 8 --temperature 0 >/dev/full 2>"$tmp/err"
+  rc=$?
+  if [ $rc -eq 1 ] && grep -q "writing the standard output failed" "$tmp/err"; then pass=$((pass + 1)); else
+    echo "FAIL: generate into a full disk: exit $rc"; cat "$tmp/err"; fails=$((fails + 1)); fi
+  expect_rc 1 "bench --json into a full disk" "$fa" bench --seq 64 --heads 2 --dim 16 --reps 1 --json /dev/full
+fi
 expect_usage "bench-serve arrivals past an hour" timeout 20 "$fa" bench-serve --requests 2 --arrival poisson --rate 1e-300
 # a prompt longer than the context is refused by its token count (encoded in O(n log n): 0.03 s here)
 head -c 60000 /dev/zero | tr '\0' 'a' >"$tmp/long.txt"

@@ -690,6 +690,8 @@ int cmd_bench(int argc, char **argv)
     int rc = parse(argc, argv, &o);
     if (rc != 0)
         return rc == CLI_HELP ? 0 : rc;
+    if (o.plot && (rc = cli_output_ok("bench", "--plot", o.plot)) != 0)
+        return rc;
     fa_context_t ctx = cli_context(o.backend, (int)o.threads);
     if (!ctx)
         return CLI_EXIT_FAIL;
@@ -766,8 +768,10 @@ int cmd_bench(int argc, char **argv)
             fprintf(out, "plot written to %s\n", o.plot);
         }
     }
-    if (jf && jf != stdout)
-        fclose(jf);
+    if (jf && jf != stdout && (ferror(jf) | fclose(jf)) != 0) {
+        fprintf(stderr, "flashattn bench: writing --json file '%s' failed\n", o.json);
+        rc = CLI_EXIT_FAIL;
+    }
     fa_context_destroy(ctx);
     return rc;
 }

@@ -814,8 +814,10 @@ int cmd_bench_paged(int argc, char **argv)
     }
 out_bw:
     bw_free(&bw);
-    if (jf && jf != stdout)
-        fclose(jf);
+    if (jf && jf != stdout && (ferror(jf) | fclose(jf)) != 0) {
+        fprintf(stderr, "flashattn bench --paged: writing --json file '%s' failed\n", o.json);
+        rc = CLI_EXIT_FAIL;
+    }
 out:
     fa_context_destroy(ctx);
     return rc;

@@ -213,6 +213,8 @@ int cmd_bench_serve(int argc, char **argv)
     int rc = parse(argc, argv, &o, &backend);
     if (rc != 0)
         return rc < 0 ? 0 : rc;
+    if (o.json && (rc = cli_output_ok("bench-serve", "--json", o.json)) != 0)
+        return rc;
     char err[FA_MODEL_ERR_LEN];
     fa_model *m = NULL;
     fa_status st;
@@ -406,8 +408,10 @@ int cmd_bench_serve(int argc, char **argv)
                     quantile(e2e, (size_t)o.requests, 0.9), quantile(e2e, (size_t)o.requests, 0.99),
                     pages_sum / (double)steps, pages_peak, o.seed, fa_backend_name(ei.backend), (int)ei.graphs,
                     (long long)ei.graph_replays);
-            if (f != stdout)
-                fclose(f);
+            if (f != stdout && (ferror(f) | fclose(f)) != 0) {
+                fprintf(stderr, "flashattn bench-serve: writing %s failed\n", o.json);
+                rc = CLI_EXIT_FAIL;
+            }
         }
     }
     free(ttft), free(e2e);

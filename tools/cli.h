@@ -29,6 +29,11 @@ int cmd_bench_serve(int argc, char **argv);
 /* Print "flashattn <cmd>: <message>" plus a hint to stderr; returns CLI_EXIT_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Whether the file at path can be written at the end of a run (it exists and is writable, or
+ * its directory is): checked before the run, so that a bad output path costs no run. 0, or
+ * CLI_EXIT_USAGE after naming the option and the reason. */
+int cli_output_ok(const char *cmd, const char *option, const char *path);
+
 /* Print "flashattn <cmd>: <err> (<status>)" to stderr; returns CLI_EXIT_USAGE where st says
  * the input was bad (a value, shape, dtype, size or file refused, or a request the backend
  * cannot run), else CLI_EXIT_FAIL. */

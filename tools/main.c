@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *usage =
     "usage: flashattn <command> [options]\n"
@@ -36,6 +37,20 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     fprintf(stderr, " (see `flashattn %s --help`)\n", cmd);
     va_end(ap);
     return CLI_EXIT_USAGE;
+}
+
+int cli_output_ok(const char *cmd, const char *option, const char *path)
+{
+    if (strcmp(path, "-") == 0 || access(path, W_OK) == 0)
+        return 0;
+    if (errno == ENOENT) { /* a new file: its directory must take it */
+        const char *slash = strrchr(path, '/');
+        char dir[4096];
+        snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) + (slash == path) : 1, slash ? path : ".");
+        if (access(dir, W_OK | X_OK) == 0)
+            return 0;
+    }
+    return cli_usage_error(cmd, "%s: cannot write '%s': %s", option, path, strerror(errno));
 }
 
 int cli_lib_error(const char *cmd, const char *err, fa_status st)
@@ -281,22 +296,23 @@ int main(int argc, char **argv)
         printf("flashattn %s\n", fa_version_string());
         return 0;
     }
-    if (strcmp(cmd, "bench") == 0)
-        return cmd_bench(argc - 1, argv + 1);
-    if (strcmp(cmd, "check") == 0)
-        return cmd_check(argc - 1, argv + 1);
-    if (strcmp(cmd, "info") == 0)
-        return cmd_info(argc - 1, argv + 1);
-    if (strcmp(cmd, "generate") == 0)
-        return cmd_generate(argc - 1, argv + 1);
-    if (strcmp(cmd, "bench-model") == 0)
-        return cmd_bench_model(argc - 1, argv + 1);
-    if (strcmp(cmd, "bench-serve") == 0)
-        return cmd_bench_serve(argc - 1, argv + 1);
-    if (strcmp(cmd, "gen-model") == 0)
-        return cmd_gen_model(argc - 1, argv + 1);
-    if (strcmp(cmd, "export-hf") == 0)
-        return cmd_export_hf(argc - 1, argv + 1);
+    static const struct {
+        const char *name;
+        int (*run)(int, char **);
+    } commands[] = { { "bench", cmd_bench },           { "check", cmd_check },
+                     { "info", cmd_info },             { "generate", cmd_generate },
+                     { "bench-model", cmd_bench_model }, { "bench-serve", cmd_bench_serve },
+                     { "gen-model", cmd_gen_model },   { "export-hf", cmd_export_hf } };
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (strcmp(cmd, commands[i].name) == 0) {
+            int rc = commands[i].run(argc - 1, argv + 1);
+            /* standard output that could not be written (a full disk, a closed pipe) is a failure */
+            if (fflush(stdout) != 0 || ferror(stdout)) {
+                fprintf(stderr, "flashattn %s: writing the standard output failed: %s\n", cmd, strerror(errno));
+                return rc ? rc : CLI_EXIT_FAIL;
+            }
+            return rc;
+        }
     fprintf(stderr, "flashattn: unknown command '%s' (see `flashattn --help`)\n", cmd);
     return CLI_EXIT_USAGE;
 }

@@ -91,5 +91,5 @@ int fa_plot_write_svg(const fa_plot *p, const char *path, const char *title, con
 #undef PX
 #undef PY
     fprintf(f, "</svg>\n");
-    return fclose(f) == 0 ? 0 : -1;
+    return (ferror(f) | fclose(f)) == 0 ? 0 : -1;
 }
