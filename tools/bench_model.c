@@ -24,7 +24,7 @@ static const char *help =
     "\n"
     "  --config 110m|1b|7b|llama3-8b|DIMxLAYERSxHEADSxKVHEADSxHIDDENxVOCABxSEQ  [110m]\n"
     "                        (see `flashattn gen-model --help`); seq grows to fit the run\n"
-    "  --model PATH          a checkpoint file instead of --config\n"
+    "  --model PATH          a checkpoint file or HF directory instead of --config\n"
     "  --prompt-len N        prompt tokens, one prefill                    [512]\n"
     "  --decode N            decode steps after the prompt                 [32]\n"
     "  --seed S              weights and prompt ids                        [1]\n"
@@ -248,7 +248,7 @@ int cmd_bench_model(int argc, char **argv)
     rc = CLI_EXIT_FAIL;
     fa_status st;
     if (path) {
-        if ((st = fa_model_open(path, &m, err)) != FA_OK) {
+        if ((st = fa_model_load(path, &m, err)) != FA_OK) { /* a llama2.c file or an HF directory */
             rc = cli_lib_error("bench-model", err, st);
             goto done;
         }

@@ -88,7 +88,7 @@ static double quantile(const double *v, size_t n, double q)
 typedef struct opts {
     const char *model, *config, *json;
     long requests, p_lo, p_hi, o_lo, o_hi, pages, page_size, max_batch, budget, seed, threads;
-    int poisson, no_graphs;
+    int poisson, no_graphs, budget_given;
     double rate, temperature, topp;
 } opts;
 
@@ -157,6 +157,7 @@ static int parse(int argc, char **argv, opts *o, fa_backend *backend)
         case BUDGET:
             if (cli_parse_int(v, 1, 1 << 20, &o->budget) != 0)
                 return cli_usage_error(cmd, "--token-budget needs an integer in 1..%d", 1 << 20);
+            o->budget_given = 1;
             break;
         case TEMP:
             if (cli_parse_float(v, &o->temperature) != 0 || !(o->temperature >= 0.0) || o->temperature > 100.0)
@@ -236,6 +237,16 @@ int cmd_bench_serve(int argc, char **argv)
         fa_model_free(m);
         return cli_usage_error("bench-serve", "the longest request (%ld prompt + %ld output tokens) exceeds the "
                                               "model's context of %d", o.p_hi, o.o_hi, (int)ctx_len);
+    }
+    if (o.budget > c->seq_len) { /* a step's rows lie in one context: the default fits itself to it */
+        const int32_t ctx_len = c->seq_len;
+        if (o.budget_given || o.max_batch > ctx_len) {
+            fa_model_free(m);
+            return cli_usage_error("bench-serve", "%s (%ld) exceeds the model's context of %d",
+                                   o.budget_given ? "--token-budget" : "--max-batch",
+                                   o.budget_given ? o.budget : o.max_batch, (int)ctx_len);
+        }
+        o.budget = ctx_len;
     }
     const long per = (o.p_hi + o.o_hi + o.page_size - 1) / o.page_size;
     if (o.pages == 0)

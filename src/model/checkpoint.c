@@ -251,8 +251,14 @@ fa_status fa_model_adopt(const void *data, size_t bytes, int owner, fa_model **o
     int32_t vocab = read_i32(p + 20);
     c.seq_len = read_i32(p + 24);
     /* a negative vocab_size marks a separate classifier; INT32_MIN has no magnitude */
+    if (vocab == INT32_MIN) {
+        st = fa_model_fail(err, FA_ERR_INVALID_SHAPE,
+                           "vocab_size (-2147483648) has no magnitude: the header's sign marks a separate "
+                           "classifier");
+        goto bad;
+    }
     c.shared_classifier = vocab > 0;
-    c.vocab_size = vocab == INT32_MIN ? 0 : vocab < 0 ? -vocab : vocab;
+    c.vocab_size = vocab < 0 ? -vocab : vocab;
     c.rope_theta = FA_MODEL_ROPE_THETA; /* the format has no field for them */
     c.norm_eps = FA_MODEL_NORM_EPS;
     c.bos_id = c.vocab_size > FA_TOKEN_BOS ? FA_TOKEN_BOS : -1; /* llama2.c's ids */

@@ -219,10 +219,18 @@ fa_status fa_tokenizer_open(const char *path, int32_t vocab_size, fa_tokenizer *
     if (st != FA_OK)
         return st;
     size_t pl = strlen(path);
-    if (pl >= 5 && strcmp(path + pl - 5, ".json") == 0)
+    if (pl >= 5 && strcmp(path + pl - 5, ".json") == 0) {
         st = fa_tokenizer_from_json(path, (const char *)buf, n, vocab_size, out, err);
-    else
+    } else {
         st = fa_tokenizer_from_memory(buf, n, vocab_size, out, err);
+        size_t i = 0;
+        while (i < n && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t'))
+            i++;
+        if (st != FA_OK && i < n && buf[i] == '{') /* read as llama2.c's format by its name */
+            st = fa_model_fail(err, st, "tokenizer '%s' is not llama2.c's tokenizer.bin and looks like JSON: a "
+                                        "Hugging Face tokenizer.json is read from a name ending in .json",
+                               path);
+    }
     free(buf);
     return st;
 }
