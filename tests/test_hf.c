@@ -664,6 +664,9 @@ static void test_config_refusals(void **state)
     expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "not valid JSON");
     spit(p, "[1, 2]", 6);
     expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "object");
+    const char *twice = "{\"model_type\": \"llama\", \"rope_scaling\": {\"factor\": 2, \"factor\": 4}}";
+    spit(p, twice, strlen(twice));
+    expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "'factor' appears twice");
     unlink(p);
     expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", dir);
     rm_dir(dir);

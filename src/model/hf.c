@@ -192,6 +192,21 @@ static fa_status parse_rope_scaling(const cJSON *rs, const char *file, fa_rope_s
     return FA_OK;
 }
 
+/* A key that appears twice in one object of j (at any depth), or NULL. cJSON keeps the first
+ * and Python's json, which writes and reads these files in Hugging Face's tools, the last. */
+static const char *twice_in(const cJSON *j)
+{
+    for (const cJSON *a = j ? j->child : NULL; a; a = a->next) {
+        for (const cJSON *b = a->next; cJSON_IsObject(j) && b; b = b->next)
+            if (strcmp(a->string, b->string) == 0)
+                return a->string;
+        const char *in = cJSON_IsObject(a) || cJSON_IsArray(a) ? twice_in(a) : NULL;
+        if (in)
+            return in;
+    }
+    return NULL;
+}
+
 fa_status fa_hf_parse_config(const char *text, size_t n, const char *file, fa_model_config *out,
                              char *err)
 {
@@ -199,6 +214,13 @@ fa_status fa_hf_parse_config(const char *text, size_t n, const char *file, fa_mo
     cJSON *j = parse_json(text, n, file, "", &st, err);
     if (!j)
         return st;
+    const char *twice = twice_in(j);
+    if (twice) {
+        st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': key '%.80s' appears twice in one object", file,
+                           twice);
+        cJSON_Delete(j);
+        return st;
+    }
     fa_model_config c = { 0 };
     int32_t hd = 0, window = 0;
     int tied = 0, bias = 0, mlp_bias = 0;
