@@ -12,6 +12,7 @@ too); outputs are allocated by the caller's framework (numpy or torch), on q's d
 calls run on torch's current stream. Calls from several threads take turns per device. Bad
 arguments raise ValueError with the library's message naming the field.
 """
+import math
 import numbers
 import operator
 import struct
@@ -109,6 +110,8 @@ def _check_float(name, x):
         raise ValueError(f"flashattn: {name} must be a number, not {type(x).__name__}")
     if x != 0 and struct.unpack("f", struct.pack("f", float(x)))[0] == 0:
         raise ValueError(f"flashattn: {name} ({x}) rounds to 0 in float32, which means 'off' or 'default'")
+    if not math.isfinite(x) or abs(x) > 3.4028234663852886e38:
+        raise ValueError(f"flashattn: {name} ({x}) must be finite in float32")
 
 
 def _int(name, x, lo, hi):
@@ -275,10 +278,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 
 def _arange_i32(n, step, like):
+    """[0, step, ..., n * step], int32 (n + 1 zeros for step 0: sequences without queries)."""
     if _is_torch(like):
         import torch
+        if step == 0:
+            return torch.zeros(n + 1, dtype=torch.int32, device=like.device)
         return torch.arange(0, n * step + 1, step, dtype=torch.int32, device=like.device)
     import numpy as np
+    if step == 0:
+        return np.zeros(n + 1, dtype=np.int32)
     return np.arange(0, n * step + 1, step, dtype=np.int32)
 
 

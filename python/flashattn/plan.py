@@ -11,7 +11,15 @@ _I32 = 2 ** 31 - 1
 
 
 def _dtype_code(dtype):
-    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or str(dtype)
+    name = None
+    if not isinstance(dtype, str):
+        try:  # numpy scalar types (np.float16, ml_dtypes.bfloat16) and dtypes
+            import numpy as np
+            name = np.dtype(dtype).name
+        except (ImportError, TypeError):
+            pass
+    if name is None:
+        name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or str(dtype)
     name = name.replace("torch.", "")
     if name not in _DTYPES:
         raise ValueError(f"flashattn: dtype ({dtype!r}) must be float32, float16 or bfloat16")

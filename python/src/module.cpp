@@ -120,16 +120,26 @@ template <typename A> fa_tensor view_of(const A &a, const char *name, int ndim, 
     if ((int)a.ndim() != ndim)
         bad(std::string("flashattn: ") + name + " must have " + std::to_string(ndim) + " dimensions, not " +
             std::to_string(a.ndim()));
-    if (a.shape(ndim - 1) > 1 && a.stride(ndim - 1) != 1)
+    // The stride of an axis of one element, or of any axis of an empty array, addresses nothing:
+    // such axes get the contiguous stride (numpy gives 0 to an axis inserted by x[:, None]).
+    bool empty = false;
+    for (int i = 0; i < ndim; i++)
+        empty |= a.shape(i) == 0;
+    int64_t st[4] = { 0, 0, 0, 0 }, run = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        st[i] = empty || a.shape(i) <= 1 ? run : (int64_t)a.stride(i);
+        run *= a.shape(i) > 1 ? (int64_t)a.shape(i) : 1;
+    }
+    if (st[ndim - 1] != 1)
         bad(std::string("flashattn: ") + name +
             "'s last dimension is strided; flashattn reads head_dim contiguously: pass a contiguous copy "
             "(x.contiguous() in torch, np.ascontiguousarray in numpy)");
     fa_tensor t;
     t.data = (void *)a.data();
     t.dtype = dtype_of(a, name, bf16_bits);
-    t.stride_batch = ndim == 4 ? a.stride(0) : 0;
-    t.stride_seq = a.stride(ndim - 3);
-    t.stride_head = a.stride(ndim - 2);
+    t.stride_batch = ndim == 4 ? st[0] : 0;
+    t.stride_seq = st[ndim - 3];
+    t.stride_head = st[ndim - 2];
     return t;
 }
 
@@ -376,6 +386,8 @@ void describe_paged(paged_call &c, const in_array &q, const array &o, const arra
     if (k_cache.shape(3) != q.shape(2))
         bad("flashattn: k_cache must have q's head_dim");
     const fa_tensor kc = view_of(k_cache, "k_cache", 4, bf16_bits), vc = view_of(v_cache, "v_cache", 4, bf16_bits);
+    if (vc.dtype != kc.dtype) /* the library takes one dtype for both pools */
+        bad("flashattn: v_cache's dtype must equal k_cache's");
     d.batch = dim_of(cache_seqlens, 0, "batch");
     d.total_q = dim_of(q, 0, "total_q");
     d.max_seqlen_q = max_q;
@@ -429,6 +441,9 @@ void describe_paged(paged_call &c, const in_array &q, const array &o, const arra
         }
         if (rope_cos->shape(0) != rope_sin->shape(0) || rope_cos->shape(1) != rope_sin->shape(1))
             bad("flashattn: rotary_cos and rotary_sin must have one shape");
+        if (rope_cos->shape(1) == 0) /* rope_dim 0 would mean the whole head_dim to the library */
+            bad("flashattn: rotary_cos and rotary_sin have no columns: they are [max_pos, rotary_dim / 2], "
+                "rotary_dim at least 2");
         d.rope = rope == 1 ? FA_ROPE_NEOX : FA_ROPE_INTERLEAVED;
         d.rope_dim = 2 * dim_of(*rope_cos, 1, "rotary_dim");
         d.rope_max_pos = dim_of(*rope_cos, 0, "rotary positions");

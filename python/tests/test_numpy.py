@@ -105,6 +105,10 @@ def test_strided_views():
     sliced = rand(rng, 2, 21, 4, 64)[:, :, :, :32]  # head_dim padded in memory
     o2 = flashattn.flash_attn_func(sliced, sliced, sliced)
     assert np.max(np.abs(o2 - reference(sliced, sliced, sliced)[0])) < 2e-5
+    q1 = rand(rng, 2, 4, 32)[:, None]  # decode's one query a sequence, an inserted axis (stride 0)
+    assert q1.strides[1] == 0
+    o3 = flashattn.flash_attn_func(q1, k, v)
+    assert np.max(np.abs(o3 - reference(q1, k, v)[0])) < 2e-5
 
 
 def test_varlen():
@@ -143,6 +147,10 @@ def test_bad_input():
         flashattn.flash_attn_func(q, q, q, window_size=(-2, 0))
     with pytest.raises(ValueError, match="window_size"):
         flashattn.flash_attn_func(q, q, q, window_size=5)
+    with pytest.raises(ValueError, match=r"softcap \(1e\+300\) must be finite"):
+        flashattn.flash_attn_func(q, q, q, softcap=1e300)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        flashattn.flash_attn_func(q, q, q, softmax_scale=float("nan"))
     with pytest.raises(ValueError, match=r"must be \[batch, seqlen, heads, head_dim\]"):
         flashattn.flash_attn_func(q[0], q[0], q[0])
     with pytest.raises(ValueError, match="k's batch"):
@@ -299,6 +307,17 @@ def test_kvcache_contiguous():
     qs = rand(rng, 2, 2, 4, 16).transpose(1, 0, 2, 3)  # [2, 2, ...] whose rows are not one run
     with pytest.raises(ValueError, match="one run of rows"):
         flashattn.flash_attn_with_kvcache(qs, kc, vc, cache_seqlens=20)
+    # one dtype for both pools (a float16 v_cache beside a float32 k_cache was read as float32)
+    with pytest.raises(ValueError, match="v_cache's dtype"):
+        flashattn.flash_attn_with_kvcache(q, kc, vc.astype(np.float16), cache_seqlens=20)
+    # rotary tables without columns (rotary_dim 0 would mean the whole head_dim)
+    z = np.ones((64, 0), np.float32)
+    with pytest.raises(ValueError, match="no columns"):
+        flashattn.flash_attn_with_kvcache(q, kc, vc, k=rand(rng, 2, 1, 4, 16), v=rand(rng, 2, 1, 4, 16),
+                                          cache_seqlens=20, rotary_cos=z, rotary_sin=z)
+    # no query rows: an empty output
+    out = flashattn.flash_attn_with_kvcache(rand(rng, 2, 0, 4, 16), kc, vc, cache_seqlens=20)
+    assert out.shape == (2, 0, 4, 16)
 
 
 def test_merge_states():

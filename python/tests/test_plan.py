@@ -104,6 +104,7 @@ def test_bounds_refused():
     (dict(page_size=0), "page_size"),
     (dict(max_seqlen_k=-1), "max_seqlen_k"),
     (dict(dtype="int8"), "dtype"),
+    (dict(dtype=np.int16), "dtype"),
     (dict(device="tpu"), "device"),
     (dict(rotary="yarn"), "rotary"),
     (dict(rotary="neox", rotary_dim=3), "rope_dim"),
@@ -118,3 +119,11 @@ def test_bad_plan(bad, match):
     args.update(bad)
     with pytest.raises(ValueError, match=match):
         flashattn.PagedPlan(**args)
+
+
+def test_plan_dtype_forms():
+    """dtype as a string, a numpy dtype or a numpy scalar type alike."""
+    for dt in ("float16", np.dtype(np.float16), np.float16):
+        plan = flashattn.PagedPlan(batch=1, total_q=1, max_seqlen_q=1, max_seqlen_k=16, num_heads_q=2,
+                                   num_heads_kv=2, head_dim=16, page_size=16, dtype=dt)
+        plan.close()
