@@ -374,7 +374,7 @@ static void test_checkpoint_refusals(void **state)
         { 3, 0, FA_ERR_INVALID_SHAPE, "n_heads" },       { 3, 5, FA_ERR_INVALID_SHAPE, "n_heads" },
         { 3, 32, FA_ERR_INVALID_SHAPE, "head_size" },    { 4, 3, FA_ERR_INVALID_SHAPE, "n_kv_heads" },
         { 4, 8, FA_ERR_INVALID_SHAPE, "n_kv_heads" },    { 4, -2, FA_ERR_INVALID_SHAPE, "n_kv_heads" },
-        { 5, 0, FA_ERR_INVALID_SHAPE, "vocab_size" },    { 5, INT32_MIN, FA_ERR_INVALID_SHAPE, "vocab_size" },
+        { 5, 0, FA_ERR_INVALID_SHAPE, "vocab_size" },    { 5, INT32_MIN, FA_ERR_INVALID_SHAPE, "no magnitude" },
         { 5, -40, FA_ERR_INVALID_SHAPE, "truncated" }, /* a separate classifier the file lacks */
         { 6, 0, FA_ERR_INVALID_SHAPE, "seq_len" },       { 6, 17, FA_ERR_INVALID_SHAPE, "truncated" },
         { 1, INT32_MAX, FA_ERR_INVALID_SHAPE, "truncated" },

@@ -9,9 +9,11 @@
  * message naming the field. FLASHATTN_TEST_SEED=N replays.
  */
 #include "model.h"
+#include "tokenizer.h"
 #include "tok_json.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -657,6 +659,98 @@ static void test_write(void **state)
     rmdir(dir);
 }
 
+/* run.c's merges, the reference: while some adjacent pair is a piece, the pair of the highest
+ * score (the leftmost of equals) becomes it, found by a scan of every pair. */
+static int32_t scan_merges(const fa_tokenizer *t, int32_t *ids, int32_t k, char *buf)
+{
+    for (;;) {
+        float best = -INFINITY;
+        int32_t best_id = -1, best_at = -1;
+        for (int32_t i = 0; i + 1 < k; i++) {
+            const size_t la = t->offset[ids[i] + 1] - t->offset[ids[i]] - 1;
+            const size_t lb = t->offset[ids[i + 1] + 1] - t->offset[ids[i + 1]] - 1;
+            memcpy(buf, t->text + t->offset[ids[i]], la);
+            memcpy(buf + la, t->text + t->offset[ids[i + 1]], lb);
+            const int32_t id = fa_tok_lookup(t, buf, la + lb);
+            if (id >= 0 && t->scores[id] > best)
+                best = t->scores[id], best_id = id, best_at = i;
+        }
+        if (best_at < 0)
+            return k;
+        ids[best_at] = best_id;
+        memmove(&ids[best_at + 1], &ids[best_at + 2], sizeof(int32_t) * (size_t)(k - best_at - 2));
+        k--;
+    }
+}
+
+/* The encoder's merges against the scan on random llama2.c vocabularies whose scores take two
+ * or three values (ties everywhere), with pieces of letters and spaces, sometimes an empty one,
+ * over random texts of those letters and spaces. */
+static void test_merge_order(void **state)
+{
+    (void)state;
+    uint64_t r = seed ^ 0x5eedull;
+    unsigned char *blob = malloc(1 << 16);
+    char piece[16], text[64], buf[64], err[FA_MODEL_ERR_LEN];
+    assert_non_null(blob);
+    for (int v = 0; v < 200; v++) {
+        size_t at = 4;
+        const int32_t max_len = 16, letters = 2 + (int)(next(&r) % 3), scores = 2 + (int)(next(&r) % 2);
+        int32_t n = 0;
+        memcpy(blob, &max_len, 4);
+#define PIECE(s, l)                                                                             \
+    do {                                                                                        \
+        const float sc = (float)(next(&r) % (uint64_t)scores);                                  \
+        const int32_t len_ = (l);                                                               \
+        memcpy(blob + at, &sc, 4), memcpy(blob + at + 4, &len_, 4), memcpy(blob + at + 8, s, (size_t)len_); \
+        at += 8 + (size_t)len_, n++;                                                            \
+    } while (0)
+        PIECE("<unk>", 5);
+        PIECE("<s>", 3);
+        PIECE("</s>", 4);
+        for (int b = 0; b < 256; b++) {
+            snprintf(piece, sizeof(piece), "<0x%02X>", b);
+            PIECE(piece, 6);
+        }
+        PIECE(" ", 1);
+        for (int c = 0; c < letters; c++) {
+            piece[0] = (char)('a' + c);
+            PIECE(piece, 1);
+        }
+        if (next(&r) % 4 == 0)
+            PIECE("", 0);
+        for (int e = 5 + (int)(next(&r) % 60); e > 0; e--) {
+            const int len = 2 + (int)(next(&r) % 5);
+            for (int j = 0; j < len; j++)
+                piece[j] = next(&r) % 6 == 0 ? ' ' : (char)('a' + next(&r) % (uint64_t)letters);
+            PIECE(piece, len);
+        }
+#undef PIECE
+        fa_tokenizer *t = NULL;
+        assert_int_equal(fa_tokenizer_from_memory(blob, at, n, &t, err), FA_OK);
+        for (int k = 0; k < 100; k++) {
+            const int len = (int)(next(&r) % 60);
+            for (int j = 0; j < len; j++)
+                text[j] = next(&r) % 6 == 0 ? ' ' : (char)('a' + next(&r) % (uint64_t)letters);
+            text[len] = 0;
+            int32_t got[64], want[64], ng = encode(t, text, got), nw = 0;
+            want[nw++] = FA_TOKEN_BOS; /* BOS, the dummy prefix's space, then a piece a character */
+            if (len > 0)
+                want[nw++] = fa_tok_lookup(t, " ", 1);
+            for (int j = 0; j < len; j++)
+                want[nw++] = fa_tok_lookup(t, text + j, 1);
+            nw = scan_merges(t, want, nw, buf);
+            if (ng != nw || memcmp(got, want, sizeof(int32_t) * (size_t)ng) != 0) {
+                fprintf(stderr, "vocabulary %d, text '%s': the encoder's %d ids differ from the scan's %d\n", v,
+                        text, (int)ng, (int)nw);
+                fail();
+            }
+        }
+        fa_tokenizer_free(t);
+    }
+    free(blob);
+}
+
 int main(void)
 {
     const char *s = getenv("FLASHATTN_TEST_SEED");
@@ -685,6 +779,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories_prompts),
         cmocka_unit_test(test_stories_random),
+        cmocka_unit_test(test_merge_order),
         cmocka_unit_test(test_hand),
         cmocka_unit_test(test_hf_reference),
         cmocka_unit_test(test_refusals),

@@ -226,10 +226,13 @@ fa_status fa_tokenizer_open(const char *path, int32_t vocab_size, fa_tokenizer *
         size_t i = 0;
         while (i < n && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t'))
             i++;
-        if (st != FA_OK && i < n && buf[i] == '{') /* read as llama2.c's format by its name */
-            st = fa_model_fail(err, st, "tokenizer '%s' is not llama2.c's tokenizer.bin and looks like JSON: a "
-                                        "Hugging Face tokenizer.json is read from a name ending in .json",
-                               path);
+        if (st != FA_OK && st != FA_ERR_OUT_OF_MEMORY && i < n && buf[i] == '{' && err) {
+            /* read as llama2.c's format by its name: say what else it may be */
+            const size_t len = strlen(err);
+            snprintf(err + len, FA_MODEL_ERR_LEN > len ? FA_MODEL_ERR_LEN - len : 0,
+                     "; '%s' begins like JSON: a Hugging Face tokenizer.json is read from a name ending in .json",
+                     path);
+        }
     }
     free(buf);
     return st;
@@ -269,20 +272,20 @@ static int pair_before(const tok_pair *a, const tok_pair *b)
     return a->score > b->score || (a->score == b->score && a->at < b->at);
 }
 
-static void heap_push(tok_pair *h, int32_t *len, tok_pair p)
+static void heap_push(tok_pair *h, int64_t *len, tok_pair p)
 {
-    int32_t i = (*len)++;
+    int64_t i = (*len)++;
     for (; i > 0 && pair_before(&p, &h[(i - 1) / 2]); i = (i - 1) / 2)
         h[i] = h[(i - 1) / 2];
     h[i] = p;
 }
 
-static tok_pair heap_pop(tok_pair *h, int32_t *len)
+static tok_pair heap_pop(tok_pair *h, int64_t *len)
 {
     const tok_pair top = h[0], last = h[--*len];
-    int32_t i = 0;
+    int64_t i = 0;
     for (;;) {
-        int32_t c = 2 * i + 1;
+        int64_t c = 2 * i + 1;
         if (c >= *len)
             break;
         if (c + 1 < *len && pair_before(&h[c + 1], &h[c]))
@@ -299,7 +302,7 @@ static tok_pair heap_pop(tok_pair *h, int32_t *len)
 
 /* The pair at symbols a, b (b follows a) onto the heap where the vocabulary merges it. */
 static void push_pair(const fa_tokenizer *t, const int32_t *tok, int32_t a, int32_t b, char *buf, tok_pair *h,
-                      int32_t *len)
+                      int64_t *len)
 {
     const size_t la = t->offset[tok[a] + 1] - t->offset[tok[a]] - 1, lb = t->offset[tok[b] + 1] - t->offset[tok[b]] - 1;
     memcpy(buf, t->text + t->offset[tok[a]], la);
@@ -318,14 +321,14 @@ static int32_t merge_pairs(const fa_tokenizer *t, int32_t *tokens, int32_t k, ch
 {
     if (k < 2)
         return k;
-    /* every merge pushes at most two pairs: k - 1 to start, 2 (k - 1) after */
+    /* k - 1 pairs to start; each merge takes one off and pushes at most two: 2 (k - 1) at most */
     int32_t *next = malloc(sizeof(int32_t) * (size_t)k), *prev = malloc(sizeof(int32_t) * (size_t)k);
-    tok_pair *h = malloc(sizeof(tok_pair) * 3 * (size_t)k);
+    tok_pair *h = malloc(sizeof(tok_pair) * 2 * (size_t)k);
     if (!next || !prev || !h) {
         free(next), free(prev), free(h);
         return -1;
     }
-    int32_t len = 0;
+    int64_t len = 0;
     for (int32_t i = 0; i < k; i++) {
         next[i] = i + 1 < k ? i + 1 : -1;
         prev[i] = i - 1;
