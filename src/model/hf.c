@@ -192,15 +192,36 @@ static fa_status parse_rope_scaling(const cJSON *rs, const char *file, fa_rope_s
     return FA_OK;
 }
 
-/* A key that appears twice in one object of j (at any depth), or NULL. cJSON keeps the first
- * and Python's json, which writes and reads these files in Hugging Face's tools, the last. */
-static const char *twice_in(const cJSON *j)
+static int cmp_key(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* A key that appears twice in one object of j (at any depth), or NULL; *oom set where the
+ * sort's memory was not there. cJSON keeps the first and Python's json, which writes and
+ * reads these files in Hugging Face's tools, the last. Each object's keys sorted: n log n. */
+static const char *twice_in(const cJSON *j, int *oom)
 {
-    for (const cJSON *a = j ? j->child : NULL; a; a = a->next) {
-        for (const cJSON *b = a->next; cJSON_IsObject(j) && b; b = b->next)
-            if (strcmp(a->string, b->string) == 0)
-                return a->string;
-        const char *in = cJSON_IsObject(a) || cJSON_IsArray(a) ? twice_in(a) : NULL;
+    int n = 0;
+    for (const cJSON *a = j->child; a; a = a->next)
+        n++;
+    if (cJSON_IsObject(j) && n > 1) {
+        const char **keys = malloc(sizeof(char *) * (size_t)n);
+        if (!keys) {
+            *oom = 1;
+            return NULL;
+        }
+        int k = 0;
+        for (const cJSON *a = j->child; a; a = a->next)
+            keys[k++] = a->string;
+        qsort(keys, (size_t)n, sizeof(char *), cmp_key);
+        const char *dup = NULL;
+        for (int i = 1; i < n && !dup; i++)
+            if (strcmp(keys[i - 1], keys[i]) == 0)
+                dup = keys[i];
+        free(keys);
+        if (dup)
+            return dup;
+    }
+    for (const cJSON *a = j->child; a && !*oom; a = a->next) {
+        const char *in = cJSON_IsObject(a) || cJSON_IsArray(a) ? twice_in(a, oom) : NULL;
         if (in)
             return in;
     }
@@ -214,10 +235,12 @@ fa_status fa_hf_parse_config(const char *text, size_t n, const char *file, fa_mo
     cJSON *j = parse_json(text, n, file, "", &st, err);
     if (!j)
         return st;
-    const char *twice = twice_in(j);
-    if (twice) {
-        st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': key '%.80s' appears twice in one object", file,
-                           twice);
+    int oom = 0;
+    const char *twice = twice_in(j, &oom);
+    if (twice || oom) {
+        st = oom ? fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for '%s''s keys", file)
+                 : fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': key '%.80s' appears twice in one object",
+                                 file, twice);
         cJSON_Delete(j);
         return st;
     }
