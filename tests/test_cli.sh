@@ -282,6 +282,10 @@ cmp -s "$tmp/hf/tokenizer.json" "$tmp/hf2/tokenizer.json" || { echo "FAIL: token
 sed -i 's/"BPE"/"Unigram"/' "$tmp/hf2/tokenizer.json"
 expect_rc 2 "generate with a tokenizer.json it cannot read" "$fa" generate --model "$tmp/hf2"
 grep -q "tokenizer.json': model.type" "$tmp/err" || { echo "FAIL: the refused tokenizer.json names no field"; cat "$tmp/err"; fails=$((fails + 1)); }
+cp "$tmp/hf/tokenizer.json" "$tmp/tok.bin" # a tokenizer.json under another name: both readings said
+expect_rc 2 "generate with a tokenizer.json named .bin" "$fa" generate --tokenizer "$tmp/tok.bin" --steps 3
+grep -q "begins like JSON" "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ] ||
+  { echo "FAIL: a tokenizer.json named .bin: want one line saying it looks like JSON"; cat "$tmp/err"; fails=$((fails + 1)); }
 expect_rc 0 "generate with --tokenizer over the directory's" "$fa" generate --model "$tmp/hf2" --tokenizer "$(dirname "$0")/../models/tok512.bin" --steps 5
 expect_usage "export-hf without --out" "$fa" export-hf --model x.bin
 expect_usage "export-hf bad dtype" "$fa" export-hf --model x.bin --out "$tmp/y" --dtype f8
@@ -300,6 +304,9 @@ python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["requests"
 expect_usage "bench-serve batch over budget" "$fa" bench-serve --max-batch 20 --token-budget 8
 expect_usage "bench-serve --json in a missing directory" "$fa" bench-serve --requests 2 --json "$tmp/none/x.json"
 expect_usage "bench --plot in a missing directory" "$fa" bench --seq 64 --plot "$tmp/none/x.svg"
+expect_usage "bench --plot naming a directory" "$fa" bench --seq 64 --plot "$tmp"
+expect_usage "bench --json in a missing directory" "$fa" bench --seq 64 --json "$tmp/none/x.json"
+expect_usage "gen-model --out in a missing directory" "$fa" gen-model --config 8x1x1x1x8x512x16 --out "$tmp/none/x.bin"
 if [ -c /dev/full ]; then # a full disk under standard output and under --json: exit 1, saying so
   "$fa" generate --steps 8 --temperature 0 >/dev/full 2>"$tmp/err"
   rc=$?

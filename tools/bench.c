@@ -690,7 +690,8 @@ int cmd_bench(int argc, char **argv)
     int rc = parse(argc, argv, &o);
     if (rc != 0)
         return rc == CLI_HELP ? 0 : rc;
-    if (o.plot && (rc = cli_output_ok("bench", "--plot", o.plot)) != 0)
+    if ((o.plot && (rc = cli_output_ok("bench", "--plot", o.plot, 0)) != 0) ||
+        (o.json && (rc = cli_output_ok("bench", "--json", o.json, 1)) != 0))
         return rc;
     fa_context_t ctx = cli_context(o.backend, (int)o.threads);
     if (!ctx)
@@ -768,7 +769,7 @@ int cmd_bench(int argc, char **argv)
             fprintf(out, "plot written to %s\n", o.plot);
         }
     }
-    if (jf && jf != stdout && (ferror(jf) | fclose(jf)) != 0) {
+    if (jf && jf != stdout && cli_close(jf) != 0) {
         fprintf(stderr, "flashattn bench: writing --json file '%s' failed\n", o.json);
         rc = CLI_EXIT_FAIL;
     }

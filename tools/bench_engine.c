@@ -113,7 +113,7 @@ static int one(const fa_model *m, fa_backend backend, int no_graphs, int32_t pag
         goto done;
     }
     if ((st = fa_engine_create(m, &eo, &e, err)) != FA_OK) {
-        fprintf(stderr, "flashattn bench-model: %s (%s)\n", err, fa_status_string(st));
+        rc = cli_lib_error("bench-model", err, st);
         goto done;
     }
     pass_times t;

@@ -753,6 +753,8 @@ int cmd_bench_paged(int argc, char **argv)
     int rc = parse(argc, argv, &o);
     if (rc != 0)
         return rc == CLI_HELP ? 0 : rc;
+    if (o.json && (rc = cli_output_ok("bench --paged", "--json", o.json, 1)) != 0)
+        return rc;
     fa_context_t ctx = cli_context(o.backend, (int)o.threads);
     if (!ctx)
         return CLI_EXIT_FAIL;
@@ -814,7 +816,7 @@ int cmd_bench_paged(int argc, char **argv)
     }
 out_bw:
     bw_free(&bw);
-    if (jf && jf != stdout && (ferror(jf) | fclose(jf)) != 0) {
+    if (jf && jf != stdout && cli_close(jf) != 0) {
         fprintf(stderr, "flashattn bench --paged: writing --json file '%s' failed\n", o.json);
         rc = CLI_EXIT_FAIL;
     }

@@ -214,7 +214,7 @@ int cmd_bench_serve(int argc, char **argv)
     int rc = parse(argc, argv, &o, &backend);
     if (rc != 0)
         return rc < 0 ? 0 : rc;
-    if (o.json && (rc = cli_output_ok("bench-serve", "--json", o.json)) != 0)
+    if (o.json && (rc = cli_output_ok("bench-serve", "--json", o.json, 1)) != 0)
         return rc;
     char err[FA_MODEL_ERR_LEN];
     fa_model *m = NULL;
@@ -242,9 +242,10 @@ int cmd_bench_serve(int argc, char **argv)
         const int32_t ctx_len = c->seq_len;
         if (o.budget_given || o.max_batch > ctx_len) {
             fa_model_free(m);
-            return cli_usage_error("bench-serve", "%s (%ld) exceeds the model's context of %d",
+            return cli_usage_error("bench-serve", "%s (%ld) exceeds the model's context of %d%s",
                                    o.budget_given ? "--token-budget" : "--max-batch",
-                                   o.budget_given ? o.budget : o.max_batch, (int)ctx_len);
+                                   o.budget_given ? o.budget : o.max_batch, (int)ctx_len,
+                                   o.budget_given ? "" : " (the default: give a smaller one)");
         }
         o.budget = ctx_len;
     }
@@ -419,7 +420,7 @@ int cmd_bench_serve(int argc, char **argv)
                     quantile(e2e, (size_t)o.requests, 0.9), quantile(e2e, (size_t)o.requests, 0.99),
                     pages_sum / (double)steps, pages_peak, o.seed, fa_backend_name(ei.backend), (int)ei.graphs,
                     (long long)ei.graph_replays);
-            if (f != stdout && (ferror(f) | fclose(f)) != 0) {
+            if (f != stdout && cli_close(f) != 0) {
                 fprintf(stderr, "flashattn bench-serve: writing %s failed\n", o.json);
                 rc = CLI_EXIT_FAIL;
             }

@@ -29,10 +29,14 @@ int cmd_bench_serve(int argc, char **argv);
 /* Print "flashattn <cmd>: <message>" plus a hint to stderr; returns CLI_EXIT_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Whether the file at path can be written at the end of a run (it exists and is writable, or
- * its directory is): checked before the run, so that a bad output path costs no run. 0, or
- * CLI_EXIT_USAGE after naming the option and the reason. */
-int cli_output_ok(const char *cmd, const char *option, const char *path);
+/* Whether the file at path can be written at the end of a run (a writable file, or a new one
+ * in a writable directory; "-", standard output, where dash is set): checked before the run,
+ * so that a bad output path costs no run. 0, or CLI_EXIT_USAGE after naming the option and
+ * the reason. */
+int cli_output_ok(const char *cmd, const char *option, const char *path, int dash);
+
+/* fclose(f), non-zero also where a write to f had failed before. */
+int cli_close(FILE *f);
 
 /* Print "flashattn <cmd>: <err> (<status>)" to stderr; returns CLI_EXIT_USAGE where st says
  * the input was bad (a value, shape, dtype, size or file refused, or a request the backend

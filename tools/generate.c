@@ -400,6 +400,8 @@ int cmd_gen_model(int argc, char **argv)
     if (fa_model_config_parse(spec, &c, err) != FA_OK)
         return cli_usage_error("gen-model", "--config: %s", err);
     fa_model_config_check(&c, &bytes, NULL);
+    if ((rc = cli_output_ok("gen-model", "--out", out, 0)) != 0)
+        return rc;
     FILE *f = fopen(out, "wb");
     if (!f) {
         fprintf(stderr, "flashattn gen-model: cannot create '%s'\n", out);

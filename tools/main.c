@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -39,18 +40,33 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     return CLI_EXIT_USAGE;
 }
 
-int cli_output_ok(const char *cmd, const char *option, const char *path)
+int cli_output_ok(const char *cmd, const char *option, const char *path, int dash)
 {
-    if (strcmp(path, "-") == 0 || access(path, W_OK) == 0)
+    struct stat sb;
+    if (dash && strcmp(path, "-") == 0)
         return 0;
-    if (errno == ENOENT) { /* a new file: its directory must take it */
-        const char *slash = strrchr(path, '/');
-        char dir[4096];
-        snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) + (slash == path) : 1, slash ? path : ".");
-        if (access(dir, W_OK | X_OK) == 0)
+    if (stat(path, &sb) == 0) {
+        if (S_ISDIR(sb.st_mode))
+            return cli_usage_error(cmd, "%s: '%s' is a directory; give a file name", option, path);
+        if (access(path, W_OK) == 0)
             return 0;
+    } else if (errno == ENOENT) { /* a new file: its directory must take it */
+        const char *slash = strrchr(path, '/');
+        char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+        const int ok = dir && access(dir, W_OK | X_OK) == 0;
+        const int e = errno;
+        free(dir);
+        if (ok)
+            return 0;
+        errno = e;
     }
     return cli_usage_error(cmd, "%s: cannot write '%s': %s", option, path, strerror(errno));
+}
+
+int cli_close(FILE *f)
+{
+    const int bad = ferror(f); /* before the close, which frees f */
+    return fclose(f) != 0 || bad ? -1 : 0;
 }
 
 int cli_lib_error(const char *cmd, const char *err, fa_status st)
@@ -307,8 +323,10 @@ int main(int argc, char **argv)
         if (strcmp(cmd, commands[i].name) == 0) {
             int rc = commands[i].run(argc - 1, argv + 1);
             /* standard output that could not be written (a full disk, a closed pipe) is a failure */
+            errno = 0;
             if (fflush(stdout) != 0 || ferror(stdout)) {
-                fprintf(stderr, "flashattn %s: writing the standard output failed: %s\n", cmd, strerror(errno));
+                fprintf(stderr, "flashattn %s: writing the standard output failed%s%s\n", cmd, errno ? ": " : "",
+                        errno ? strerror(errno) : "");
                 return rc ? rc : CLI_EXIT_FAIL;
             }
             return rc;

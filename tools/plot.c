@@ -91,5 +91,6 @@ int fa_plot_write_svg(const fa_plot *p, const char *path, const char *title, con
 #undef PX
 #undef PY
     fprintf(f, "</svg>\n");
-    return (ferror(f) | fclose(f)) == 0 ? 0 : -1;
+    const int bad = ferror(f); /* before the close, which frees f */
+    return fclose(f) == 0 && !bad ? 0 : -1;
 }
