@@ -108,10 +108,16 @@ def _stream(q):
 def _check_float(name, x):
     if not isinstance(x, numbers.Real) or isinstance(x, bool):
         raise ValueError(f"flashattn: {name} must be a number, not {type(x).__name__}")
-    if x != 0 and struct.unpack("f", struct.pack("f", float(x)))[0] == 0:
+    if not math.isfinite(x):
+        raise ValueError(f"flashattn: {name} ({x}) must be finite")
+    try:
+        x32 = struct.unpack("f", struct.pack("f", float(x)))[0]
+    except OverflowError:
+        x32 = math.inf
+    if not math.isfinite(x32):  # past float32's largest value after rounding
+        raise ValueError(f"flashattn: {name} ({x}) does not fit in float32")
+    if x != 0 and x32 == 0:
         raise ValueError(f"flashattn: {name} ({x}) rounds to 0 in float32, which means 'off' or 'default'")
-    if not math.isfinite(x) or abs(x) > 3.4028234663852886e38:
-        raise ValueError(f"flashattn: {name} ({x}) must be finite in float32")
 
 
 def _int(name, x, lo, hi):
