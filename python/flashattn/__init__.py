@@ -198,6 +198,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     lse_shape = (q.shape[0], q.shape[2], q.shape[1])
     if 0 in tuple(q.shape) or (getattr(k, "ndim", 0) == 4 and k.shape[1] == 0):
         return _trivial(q, k, tuple(q.shape), lse_shape, return_lse, _zeros)
+    _same_dtype(q, k=k, v=v)
     out = _empty(tuple(q.shape), q)
     lse = _empty(lse_shape, q, float32=True) if return_lse else None
     (qq, bf), (kk, _), (vv, _), (oo, _) = (_bf16_numpy(x) for x in (q, k, v, out))
@@ -211,11 +212,24 @@ def _is_fp8(x):
     return str(getattr(x, "dtype", "")).endswith("float8_e4m3fn")
 
 
+def _same_dtype(q, **others):
+    """Each array of others has q's dtype, by name: the bits of bfloat16 and float8 go to the
+    library as integers, so an integer array in their place would pass for them."""
+    want = str(getattr(q, "dtype", ""))
+    for name, x in others.items():
+        got = str(getattr(x, "dtype", ""))
+        if x is not None and hasattr(x, "dtype") and got != want:
+            raise ValueError(f"flashattn: {name}'s dtype ({got}) must equal q's ({want})")
+
+
 def _fp8_forward(q, k, v, cu_q, cu_k, max_q, max_k, descales, scale, wl, wr, causal, softcap, dropout_p, seed,
                  return_lse):
     """fp8 (e4m3) q, k, v with FlashAttention-3's descale factors: out bfloat16, outside the
     torch ops (fp8 has no backward). Elements go in as their bits (uint8 views)."""
     varlen = cu_q is not None
+    if not _is_fp8(q):
+        raise ValueError(f"flashattn: descale factors are for float8_e4m3fn inputs; q is {getattr(q, 'dtype', type(q))}")
+    _same_dtype(q, k=k, v=v)
     if getattr(q, "ndim", None) != (3 if varlen else 4):
         raise ValueError("flashattn: q must be [total_q, heads, head_dim] for varlen calls" if varlen else
                          "flashattn: q must be [batch, seqlen, heads, head_dim]")
@@ -277,6 +291,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if return_lse:
         lse = _zeros((q.shape[1], q.shape[0]), q, float32=True)
         lse[...] = float("-inf")
+    _same_dtype(q, k=k, v=v)
     (qq, bf), (kk, _), (vv, _), (oo, _) = (_bf16_numpy(x) for x in (q, k, v, out))
     _C.forward(qq, kk, vv, oo, lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, bool(causal), wl, wr,
                float(softcap), float(dropout_p), seed, 0, _stream(q), bf)
@@ -356,6 +371,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if return_softmax_lse:
         lse = _zeros((hq, b * sq), q, float32=True)
     bf = False
+    _same_dtype(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
     qq, bf = _bf16_numpy(q.reshape(b * sq, hq, d))
     oo, _ = _bf16_numpy(out)
     kc, _ = _bf16_numpy(k_cache)

@@ -151,6 +151,19 @@ def test_bad_input():
         flashattn.flash_attn_func(q, q, q, softcap=1e300)
     with pytest.raises(ValueError, match="softmax_scale"):
         flashattn.flash_attn_func(q, q, q, softmax_scale=float("nan"))
+    with pytest.raises(ValueError, match=r"k's dtype \(float16\) must equal q's \(float32\)"):
+        flashattn.flash_attn_func(q, q.astype(np.float16), q)
+    try:
+        import ml_dtypes
+    except ImportError:
+        ml_dtypes = None
+    if ml_dtypes is not None:  # integers are no stand-in for bfloat16 or float8 elements
+        qb = q.astype(ml_dtypes.bfloat16)
+        with pytest.raises(ValueError, match=r"k's dtype \(uint16\) must equal q's \(bfloat16\)"):
+            flashattn.flash_attn_func(qb, qb.view(np.uint16), qb)
+        q8 = q.astype(np.uint8)
+        with pytest.raises(ValueError, match="float8_e4m3fn inputs"):
+            flashattn.flash_attn_func(q8, q8, q8, q_descale=np.ones((1, 4), np.float32))
     with pytest.raises(ValueError, match=r"must be \[batch, seqlen, heads, head_dim\]"):
         flashattn.flash_attn_func(q[0], q[0], q[0])
     with pytest.raises(ValueError, match="k's batch"):
@@ -192,7 +205,7 @@ def test_fp8(varlen):
     with pytest.raises(ValueError, match="float8_e4m3fn inputs"):
         x = rand(rng, b, sq, hk, d)
         flashattn.flash_attn_func(x, x, x, k_descale=ds[1])
-    with pytest.raises(ValueError, match="k.dtype"):
+    with pytest.raises(ValueError, match=r"k's dtype \(float32\) must equal q's \(float8_e4m3fn\)"):
         flashattn.flash_attn_func(q, k.astype(np.float32), v)
 
 
