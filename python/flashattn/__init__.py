@@ -157,8 +157,21 @@ def _common(dropout_p, softmax_scale, window_size, softcap, deterministic):
     return float(softmax_scale or 0.0), wl, wr
 
 
-def _trivial(q, k, out_shape, lse_shape, return_lse, zeros_like):
-    """Calls with nothing to attend: empty outputs, or (no keys) zeros and lse -inf."""
+def _trivial(q, k, v, out_shape, lse_shape, return_lse, zeros_like):
+    """Calls with nothing to attend: empty outputs, or (no keys) zeros and lse -inf, once the
+    arrays are what a call with work would take (the library, never reached, checks no more)."""
+    nd = len(out_shape)
+    if str(getattr(q, "dtype", "")).replace("torch.", "") not in ("float32", "float16", "bfloat16"):
+        raise ValueError(f"flashattn: q must be float32, float16 or bfloat16, not {getattr(q, 'dtype', type(q))}")
+    for name, x in (("k", k), ("v", v)):
+        if getattr(x, "ndim", None) != nd:
+            raise ValueError(f"flashattn: {name} must be an array of {nd} dimensions like q")
+    _same_dtype(q, k=k, v=v)
+    if tuple(v.shape) != tuple(k.shape) or k.shape[-1] != q.shape[-1] or (nd == 4 and k.shape[0] != q.shape[0]):
+        raise ValueError(f"flashattn: k {tuple(k.shape)} and v {tuple(v.shape)} do not go with q {tuple(q.shape)}")
+    hq, hk = q.shape[-2], k.shape[-2]
+    if hk == 0 or hq % hk:
+        raise ValueError(f"flashattn: q's heads ({hq}) must be a multiple of k's ({hk})")
     out = zeros_like(out_shape, q)
     lse = zeros_like(lse_shape, q, float32=True) if return_lse else None
     if lse is not None:
@@ -197,7 +210,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         return (out, lse) if return_lse else out
     lse_shape = (q.shape[0], q.shape[2], q.shape[1])
     if 0 in tuple(q.shape) or (getattr(k, "ndim", 0) == 4 and k.shape[1] == 0):
-        return _trivial(q, k, tuple(q.shape), lse_shape, return_lse, _zeros)
+        return _trivial(q, k, v, tuple(q.shape), lse_shape, return_lse, _zeros)
     _same_dtype(q, k=k, v=v)
     out = _empty(tuple(q.shape), q)
     lse = _empty(lse_shape, q, float32=True) if return_lse else None
@@ -284,7 +297,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     max_q = _int("max_seqlen_q", max_seqlen_q, 0, 2 ** 31 - 1)
     max_k = _int("max_seqlen_k", max_seqlen_k, 0, 2 ** 31 - 1)
     if 0 in tuple(q.shape):
-        return _trivial(q, k, tuple(q.shape), (q.shape[1], q.shape[0]), return_lse, _zeros)
+        return _trivial(q, k, v, tuple(q.shape), (q.shape[1], q.shape[0]), return_lse, _zeros)
     # rows past cu_seqlens_q[-1] are not written: zeros (and lse -inf) rather than stale memory
     out = _zeros(tuple(q.shape), q)
     lse = None
