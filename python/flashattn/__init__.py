@@ -143,6 +143,8 @@ def _common(dropout_p, softmax_scale, window_size, softcap, deterministic):
         if softmax_scale == 0:
             raise ValueError("flashattn: softmax_scale 0 is not supported (the library reads 0 as 1/sqrt(head_dim)); "
                              "pass None for that")
+        if softmax_scale < 0:
+            raise ValueError(f"flashattn: softmax_scale ({softmax_scale}) must be positive")
     if type(window_size) is not tuple or len(window_size) != 2 or type(window_size[0]) is not int or \
             type(window_size[1]) is not int:
         try:
@@ -154,6 +156,8 @@ def _common(dropout_p, softmax_scale, window_size, softcap, deterministic):
     wl, wr = window_size
     if not (-(2 ** 31) <= wl < 2 ** 31 and -(2 ** 31) <= wr < 2 ** 31):
         raise ValueError("flashattn: window_size's entries must fit in 32 bits")
+    if wl < -1 or wr < -1:
+        raise ValueError(f"flashattn: window_size ({wl}, {wr}): each entry is -1 (unbounded) or a count of keys >= 0")
     return float(softmax_scale or 0.0), wl, wr
 
 

@@ -143,8 +143,10 @@ def test_bad_input():
     with pytest.raises(ValueError, match="num_heads"):
         k3 = rand(rng, 1, 8, 3, 32)
         flashattn.flash_attn_func(q, k3, k3)
-    with pytest.raises(ValueError, match="window"):
+    with pytest.raises(ValueError, match=r"window_size \(-2, 0\): each entry is -1"):
         flashattn.flash_attn_func(q, q, q, window_size=(-2, 0))
+    with pytest.raises(ValueError, match=r"softmax_scale \(-0.5\) must be positive"):
+        flashattn.flash_attn_func(q, q, q, softmax_scale=-0.5)
     with pytest.raises(ValueError, match="window_size"):
         flashattn.flash_attn_func(q, q, q, window_size=5)
     with pytest.raises(ValueError, match=r"softcap \(1e\+300\) does not fit in float32"):
