@@ -433,6 +433,13 @@ def merge_states(o, lse):
         dl = _torch()._dl
         _C.merge(dl(o), dl(lse), dl(out), dl(lse_out), _stream(o), False)
         return out, lse_out
+    np = sys.modules.get("numpy")  # numpy arrays mean numpy is loaded; anything else goes to the library as is
+    if np is not None and isinstance(lse, np.ndarray) and lse.dtype == np.float32:
+        bad = np.isnan(lse) | (lse == np.inf)  # -inf is a state without keys; NaN and +inf are no state
+        if bad.any():
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"flashattn: merge_states' lse{list(at)} is {lse[at]}: each entry is finite, or -inf "
+                             "for a state that saw no key")
     oo, bf = _bf16_numpy(o)
     ot, _ = _bf16_numpy(out)
     _C.merge(oo, lse, ot, lse_out, _stream(o), bf)

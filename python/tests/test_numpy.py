@@ -355,6 +355,10 @@ def test_merge_states():
     assert np.max(np.abs(o - ro[0])) < 2e-5 and np.max(np.abs(lse - rl[0])) < 2e-5
     with pytest.raises(ValueError, match="lse"):
         flashattn.merge_states(np.stack([oa[0], ob[0]]), np.stack([la[0], lb[0]])[:, :3])
+    bad = np.stack([la[0], lb[0]])
+    bad[1, 2, 3] = np.nan  # it read as a state without keys, and o came out NaN
+    with pytest.raises(ValueError, match=r"lse\[1, 2, 3\] is nan"):
+        flashattn.merge_states(np.stack([oa[0], ob[0]]), bad)
 
 
 def test_backends_and_info():
