@@ -3,7 +3,8 @@
 layer) on tensors alone, over fa_paged_plan_create / fa_paged_run."""
 import sys
 
-from . import _C, _bf16_numpy, _common, _device, _empty, _int, _is_torch, _same_dtype, _stream, _torch, _zeros
+from . import (_C, _arrays, _bf16_numpy, _common, _device, _empty, _int, _is_torch, _same_dtype, _stream,
+               _torch, _zeros)
 
 _DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
 _ROPES = {None: 0, "neox": 1, "interleaved": 2}
@@ -104,6 +105,8 @@ class PagedPlan:
         if self._lse:
             lse = _empty((q.shape[1], q.shape[0]), q, float32=True)
             lse[...] = float("-inf")
+        _arrays(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, cache_seqlens=cache_seqlens,
+                cu_seqlens_q=cu_seqlens_q, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
         _same_dtype(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
         args = (q, out, k_cache, v_cache, block_table, cu_seqlens_q, cache_seqlens, k, v, rotary_cos, rotary_sin, lse)
         if _is_torch(q) and _torch():  # as DLPack capsules: the fast way in

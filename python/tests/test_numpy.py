@@ -155,10 +155,14 @@ def test_bad_input():
         flashattn.flash_attn_func(q, q, q, softmax_scale=float("nan"))
     with pytest.raises(ValueError, match=r"k's dtype \(float16\) must equal q's \(float32\)"):
         flashattn.flash_attn_func(q, q.astype(np.float16), q)
+    with pytest.raises(ValueError, match="k must be a numpy array or a torch tensor, not list"):
+        flashattn.flash_attn_func(q, q.tolist(), q)
+    with pytest.raises(ValueError, match="cu_seqlens_q must be a numpy array or a torch tensor, not list"):
+        flashattn.flash_attn_varlen_func(q[0], q[0], q[0], [0, 8], [0, 8], 8, 8)
     # empty calls check their arrays as calls with work do
     q0 = rand(rng, 0, 5, 4, 32)
     assert flashattn.flash_attn_func(q0, q0, q0).shape == q0.shape
-    with pytest.raises(ValueError, match="k must be an array of 4 dimensions"):
+    with pytest.raises(ValueError, match="k must be a numpy array or a torch tensor, not str"):
         flashattn.flash_attn_func(q0, "garbage", None)
     with pytest.raises(ValueError, match="do not go with q"):
         flashattn.flash_attn_func(q, rand(rng, 1, 0, 4, 32), rand(rng, 1, 0, 4, 16))
