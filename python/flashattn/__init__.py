@@ -193,7 +193,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     torch.compile. float8_e4m3fn q, k, v (torch, or numpy through ml_dtypes) take
     FlashAttention-3's q_descale, k_descale, v_descale (float32 [batch, num_heads_kv], None
     for 1) and give a bfloat16 out, forward only."""
-    _arrays(q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    if not _is_torch(q):  # torch tensors: the torch ops check them, in code torch.compile traces
+        _arrays(q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+        _flags(causal=causal, return_lse=return_lse)
     if _is_fp8(q) or q_descale is not None or k_descale is not None or v_descale is not None:
         scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap, deterministic)
         return _fp8_forward(q, k, v, None, None, 0, 0, (q_descale, k_descale, v_descale), scale, wl, wr, causal,
@@ -237,6 +239,16 @@ def _arrays(**named):
     for name, x in named.items():
         if x is not None and not (hasattr(x, "shape") and hasattr(x, "dtype")):
             raise ValueError(f"flashattn: {name} must be a numpy array or a torch tensor, not {type(x).__name__}")
+
+
+def _flags(**named):
+    """Each value is a bool (or an integer 0 or 1): a string such as 'no' would be true."""
+    for name, x in named.items():
+        if x is True or x is False:  # the usual case, first (and plain for torch.compile to trace)
+            continue
+        numpy_bool = type(x).__module__ == "numpy" and type(x).__name__ in ("bool_", "bool")
+        if not (numpy_bool or (isinstance(x, numbers.Integral) and x in (0, 1))):
+            raise ValueError(f"flashattn: {name} must be True or False, not {x!r}")
 
 
 def _same_dtype(q, **others):
@@ -295,8 +307,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     CPU on every device); max_seqlen_* are Python ints. Returns out, or (out, lse) with lse
     float32 [heads, total_q]. torch tensors go through torch.ops.flashattn.varlen_fwd. fp8
     inputs as flash_attn_func's, descale factors [num_sequences, num_heads_kv]."""
-    _arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, q_descale=q_descale,
-            k_descale=k_descale, v_descale=v_descale)
+    if not _is_torch(q):
+        _arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, q_descale=q_descale,
+                k_descale=k_descale, v_descale=v_descale)
+        _flags(causal=causal, return_lse=return_lse)
     if _is_fp8(q) or q_descale is not None or k_descale is not None or v_descale is not None:
         scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap, deterministic)
         return _fp8_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, _int("max_seqlen_q", max_seqlen_q, 0, 2 ** 31 - 1),
@@ -373,8 +387,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_seqlens: an int or int32 [batch] of tokens already cached (default: none). causal
     is bottom-right aligned. Returns out, or (out, softmax_lse [batch, heads, seqlen_q]).
     torch tensors go through torch.ops.flashattn.kvcache, which declares the cache write."""
-    _arrays(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-            block_table=block_table)
+    if not _is_torch(q):
+        _arrays(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                block_table=block_table)
+        _flags(causal=causal, rotary_interleaved=rotary_interleaved, return_softmax_lse=return_softmax_lse)
     if _is_torch(q) and _torch():
         return _torch().flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                                 cache_batch_idx, block_table, softmax_scale, causal, window_size,
@@ -436,7 +452,8 @@ def merge_states(o, lse):
     head_dim] and lse float32 [states, heads, rows] (natural log, as the calls here return it,
     -inf for a state that saw no key) become (o [rows, heads, head_dim], lse [heads, rows]),
     in state order (deterministic). No gradient flows through it."""
-    _arrays(o=o, lse=lse)
+    if not _is_torch(o):
+        _arrays(o=o, lse=lse)
     if getattr(o, "ndim", None) != 4 or getattr(lse, "ndim", None) != 3:
         raise ValueError("flashattn: merge_states takes o [states, rows, heads, head_dim] and lse "
                          "[states, heads, rows]")

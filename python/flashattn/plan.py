@@ -105,9 +105,10 @@ class PagedPlan:
         if self._lse:
             lse = _empty((q.shape[1], q.shape[0]), q, float32=True)
             lse[...] = float("-inf")
-        _arrays(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, cache_seqlens=cache_seqlens,
-                cu_seqlens_q=cu_seqlens_q, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
-        _same_dtype(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
+        if not _is_torch(q):  # torch tensors: the bindings check them, in code torch.compile may trace
+            _arrays(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, cache_seqlens=cache_seqlens,
+                    cu_seqlens_q=cu_seqlens_q, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
+            _same_dtype(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
         args = (q, out, k_cache, v_cache, block_table, cu_seqlens_q, cache_seqlens, k, v, rotary_cos, rotary_sin, lse)
         if _is_torch(q) and _torch():  # as DLPack capsules: the fast way in
             bf, args = False, tuple(map(_torch()._dlo, args))

@@ -155,6 +155,8 @@ def test_bad_input():
         flashattn.flash_attn_func(q, q, q, softmax_scale=float("nan"))
     with pytest.raises(ValueError, match=r"k's dtype \(float16\) must equal q's \(float32\)"):
         flashattn.flash_attn_func(q, q.astype(np.float16), q)
+    with pytest.raises(ValueError, match="causal must be True or False, not 'no'"):
+        flashattn.flash_attn_func(q, q, q, causal="no")
     with pytest.raises(ValueError, match="k must be a numpy array or a torch tensor, not list"):
         flashattn.flash_attn_func(q, q.tolist(), q)
     with pytest.raises(ValueError, match="cu_seqlens_q must be a numpy array or a torch tensor, not list"):
