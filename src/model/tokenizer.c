@@ -2,6 +2,7 @@
 /* llama2.c's tokenizer: byte-level BPE with byte fallback, encoded as run.c does; the
  * vocabulary table and decoding that tokenizer.json's reader (tokenizer_json.c) shares. */
 #include "fail.h"
+#include "tok_heap.h"
 #include "tokenizer.h"
 
 #include <errno.h>
@@ -260,56 +261,23 @@ const char *fa_tokenizer_decode(const fa_tokenizer *t, int32_t prev, int32_t tok
     return s;
 }
 
-/* A candidate merge: symbols at and after `at` (left and right ids then) into `id`. */
-typedef struct {
-    float score;
-    int32_t at, right, left_id, right_id, id;
-} tok_pair;
-
-/* Whether a comes out of the heap before b: the higher score, then the leftmost. */
-static int pair_before(const tok_pair *a, const tok_pair *b)
-{
-    return a->score > b->score || (a->score == b->score && a->at < b->at);
-}
-
-static void heap_push(tok_pair *h, int64_t *len, tok_pair p)
-{
-    int64_t i = (*len)++;
-    for (; i > 0 && pair_before(&p, &h[(i - 1) / 2]); i = (i - 1) / 2)
-        h[i] = h[(i - 1) / 2];
-    h[i] = p;
-}
-
-static tok_pair heap_pop(tok_pair *h, int64_t *len)
-{
-    const tok_pair top = h[0], last = h[--*len];
-    int64_t i = 0;
-    for (;;) {
-        int64_t c = 2 * i + 1;
-        if (c >= *len)
-            break;
-        if (c + 1 < *len && pair_before(&h[c + 1], &h[c]))
-            c++;
-        if (!pair_before(&h[c], &last))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (*len > 0)
-        h[i] = last;
-    return top;
-}
-
-/* The pair at symbols a, b (b follows a) onto the heap where the vocabulary merges it. */
-static void push_pair(const fa_tokenizer *t, const int32_t *tok, int32_t a, int32_t b, char *buf, tok_pair *h,
-                      int64_t *len)
+/* The piece the pair at symbols a, b (b follows a) merges into, or -1. */
+static int32_t pair_id(const fa_tokenizer *t, const int32_t *tok, int32_t a, int32_t b, char *buf)
 {
     const size_t la = t->offset[tok[a] + 1] - t->offset[tok[a]] - 1, lb = t->offset[tok[b] + 1] - t->offset[tok[b]] - 1;
     memcpy(buf, t->text + t->offset[tok[a]], la);
     memcpy(buf + la, t->text + t->offset[tok[b]], lb);
     const int32_t id = fa_tok_lookup(t, buf, la + lb);
-    if (id >= 0 && t->scores[id] > -INFINITY)
-        heap_push(h, len, (tok_pair){ t->scores[id], a, b, tok[a], tok[b], id });
+    return id >= 0 && t->scores[id] > -INFINITY ? id : -1;
+}
+
+/* That pair into the queue where it merges: its score negated, the highest first. */
+static void push_pair(const fa_tokenizer *t, const int32_t *tok, int32_t a, int32_t b, char *buf, fa_tok_cand *h,
+                      int64_t *len)
+{
+    const int32_t id = pair_id(t, tok, a, b, buf);
+    if (id >= 0)
+        fa_tok_heap_push(h, len, (fa_tok_cand){ -(double)t->scores[id], a, id });
 }
 
 /* run.c's merges: while some adjacent pair is a token, the one of the highest score (the
@@ -323,7 +291,7 @@ static int32_t merge_pairs(const fa_tokenizer *t, int32_t *tokens, int32_t k, ch
         return k;
     /* k - 1 pairs to start; each merge takes one off and pushes at most two: 2 (k - 1) at most */
     int32_t *next = malloc(sizeof(int32_t) * (size_t)k), *prev = malloc(sizeof(int32_t) * (size_t)k);
-    tok_pair *h = malloc(sizeof(tok_pair) * 2 * (size_t)k);
+    fa_tok_cand *h = malloc(sizeof(fa_tok_cand) * 2 * (size_t)k);
     if (!next || !prev || !h) {
         free(next), free(prev), free(h);
         return -1;
@@ -336,19 +304,19 @@ static int32_t merge_pairs(const fa_tokenizer *t, int32_t *tokens, int32_t k, ch
     for (int32_t i = 0; i + 1 < k; i++)
         push_pair(t, tokens, i, i + 1, buf, h, &len);
     while (len > 0) {
-        const tok_pair p = heap_pop(h, &len);
-        if (next[p.at] != p.right || tokens[p.at] != p.left_id || tokens[p.right] != p.right_id)
-            continue; /* a merge beside it changed the pair */
-        tokens[p.at] = p.id;
-        next[p.at] = next[p.right];
-        if (next[p.at] >= 0)
-            prev[next[p.at]] = p.at;
-        next[p.right] = -2; /* merged away: no pair starts or ends here any more */
-        tokens[p.right] = -1;
-        if (prev[p.at] >= 0)
-            push_pair(t, tokens, prev[p.at], p.at, buf, h, &len);
-        if (next[p.at] >= 0)
-            push_pair(t, tokens, p.at, next[p.at], buf, h, &len);
+        const fa_tok_cand p = fa_tok_heap_pop(h, &len);
+        const int32_t at = p.pos, right = next[at];
+        if (right < 0 || pair_id(t, tokens, at, right, buf) != p.id)
+            continue; /* merged away, or a merge beside it changed the pair */
+        tokens[at] = p.id;
+        next[at] = next[right];
+        if (next[at] >= 0)
+            prev[next[at]] = at;
+        next[right] = -2; /* merged away: no pair starts or ends here any more */
+        if (prev[at] >= 0)
+            push_pair(t, tokens, prev[at], at, buf, h, &len);
+        if (next[at] >= 0)
+            push_pair(t, tokens, at, next[at], buf, h, &len);
     }
     int32_t n = 0;
     for (int32_t i = 0; i >= 0; i = next[i])

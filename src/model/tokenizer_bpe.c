@@ -4,6 +4,7 @@
  * first, then each segment normalized, pre-tokenized and merged by rank.
  */
 #include "fail.h"
+#include "tok_heap.h"
 #include "tokenizer_bpe.h"
 
 #include <stdlib.h>
@@ -80,58 +81,18 @@ typedef struct sym {
     int32_t id, prev, next, alive;
 } sym;
 
-typedef struct cand {
-    int32_t rank, pos, id;
-} cand;
-
-/* The heap orders candidates by rank, then position: HF's BPE takes the lowest rank first,
- * the leftmost among equal ranks. */
-static int before(const cand *a, const cand *b)
-{
-    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
-}
-
-static void heap_push(cand *h, int32_t *n, cand c)
-{
-    int32_t i = (*n)++;
-    while (i > 0 && before(&c, &h[(i - 1) / 2])) {
-        h[i] = h[(i - 1) / 2];
-        i = (i - 1) / 2;
-    }
-    h[i] = c;
-}
-
-static cand heap_pop(cand *h, int32_t *n)
-{
-    cand top = h[0], last = h[--*n];
-    int32_t i = 0;
-    for (;;) {
-        int32_t c = 2 * i + 1;
-        if (c >= *n)
-            break;
-        if (c + 1 < *n && before(&h[c + 1], &h[c]))
-            c++;
-        if (!before(&h[c], &last))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (*n > 0)
-        h[i] = last;
-    return top;
-}
-
 typedef struct work {
     sym *s;                 /* [bytes of the longest word] */
-    cand *heap;             /* [3 x that] */
+    fa_tok_cand *heap;      /* [3 x that] */
     fa_tok_matcher *match;  /* byte-level files with a pattern: this call's match state */
 } work;
 
-static void push_pair(const fa_tok_bpe *b, const sym *s, int32_t pos, cand *h, int32_t *n)
+/* HF's BPE takes the lowest rank first, the leftmost among equal ranks. */
+static void push_pair(const fa_tok_bpe *b, const sym *s, int32_t pos, fa_tok_cand *h, int64_t *n)
 {
     int64_t m = fa_tok_merge_find(b, s[pos].id, s[s[pos].next].id);
     if (m >= 0)
-        heap_push(h, n, (cand){ b->rank[m], pos, b->merged[m] });
+        fa_tok_heap_push(h, n, (fa_tok_cand){ (double)b->rank[m], pos, b->merged[m] });
 }
 
 /* HF's BPE of one word (w[0..n), n > 0): its characters as pieces, byte-fallback pieces or
@@ -173,11 +134,11 @@ static void bpe_word(const fa_tokenizer *t, const char *w, size_t n, work *wk, s
         s[ns++].id = b->unk;
     for (int32_t i = 0; i < ns; i++)
         s[i].prev = i - 1, s[i].next = i + 1 < ns ? i + 1 : -1, s[i].alive = 1;
-    int32_t nh = 0;
+    int64_t nh = 0;
     for (int32_t i = 0; i + 1 < ns; i++)
         push_pair(b, s, i, wk->heap, &nh);
     while (nh > 0) {
-        const cand c = heap_pop(wk->heap, &nh);
+        const fa_tok_cand c = fa_tok_heap_pop(wk->heap, &nh);
         if (!s[c.pos].alive || s[c.pos].next < 0)
             continue;
         const int32_t r = s[c.pos].next;
@@ -291,7 +252,7 @@ fa_status fa_tok_bpe_encode(const fa_tokenizer *t, const char *text, int bos, in
                                                            "pattern matches characters)");
     /* a segment grows by at most "▁" for each space and two prefixes */
     char *buf = malloc(3 * tl + 2 * META_LEN + 1);
-    work wk = { malloc(sizeof(sym) * (3 * tl + 2 * META_LEN + 1)), malloc(sizeof(cand) * 3 * (3 * tl + 2 * META_LEN + 1)),
+    work wk = { malloc(sizeof(sym) * (3 * tl + 2 * META_LEN + 1)), malloc(sizeof(fa_tok_cand) * 3 * (3 * tl + 2 * META_LEN + 1)),
                 t->bpe->split ? fa_tok_matcher_new(t->bpe->split) : NULL };
     if (!buf || !wk.s || !wk.heap || (t->bpe->split && !wk.match)) {
         free(buf), free(wk.s), free(wk.heap), fa_tok_matcher_free(wk.match);
