@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+#include "cli.h"
 #include "plot.h"
 
 #include <math.h>
@@ -91,6 +92,5 @@ int fa_plot_write_svg(const fa_plot *p, const char *path, const char *title, con
 #undef PX
 #undef PY
     fprintf(f, "</svg>\n");
-    const int bad = ferror(f); /* before the close, which frees f */
-    return fclose(f) == 0 && !bad ? 0 : -1;
+    return cli_close(f);
 }
