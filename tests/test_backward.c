@@ -50,6 +50,34 @@ static void test_grid_f32(void **state) { (void)state; run_dtype(FA_DTYPE_F32); 
 static void test_grid_f16(void **state) { (void)state; run_dtype(FA_DTYPE_F16); }
 static void test_grid_bf16(void **state) { (void)state; run_dtype(FA_DTYPE_BF16); }
 
+/* Head dims between the grid's (the CUDA backward runs 129-255 at 256 with zero columns; 161
+ * has rows of no whole 16 bytes), f16 and bf16, causal or not, GQA, dropout once, a second
+ * key tile and a ragged end, against float64. */
+static void test_between_dims(void **state)
+{
+    (void)state;
+    fa_context_t ctx;
+    fa_context_options opts = { sizeof(opts), fa_test_backend(), 0 };
+    if (fa_context_create(&opts, &ctx) != FA_OK)
+        fail_msg("context: %s", fa_last_create_error());
+    static const int32_t dims[] = { 136, 161, 200, 248 };
+    for (int i = 0; i < 8; i++) {
+        fa_case c;
+        memset(&c, 0, sizeof(c));
+        c.dtype = i % 2 ? FA_DTYPE_BF16 : FA_DTYPE_F16;
+        c.head_dim = dims[i / 2];
+        c.batch = 2, c.seqlen_q = 150, c.seqlen_k = 211, c.heads_q = 4, c.heads_kv = 2;
+        c.causal = (i / 2) % 2, c.window_left = c.window_right = -1;
+        c.layout = (fa_case_layout)(i % 2), c.with_lse = 1, c.logit_scale = 1.0f;
+        c.dropout_p = i == 5 ? 0.17f : 0.0f, c.seed = seed + 100 + (uint64_t)i;
+        fa_bwd_result r;
+        if (fa_case_run_backward(ctx, &c, &r) != 0 || !r.passed)
+            fail_msg("d%d %s causal %d: %s", c.head_dim, c.dtype == FA_DTYPE_BF16 ? "bf16" : "f16", c.causal,
+                     r.message);
+    }
+    fa_context_destroy(ctx);
+}
+
 /* L = sum(o * G) in float64 through the reference forward. */
 static double loss(const fa_attention_desc *d, const double *g, size_t n)
 {
@@ -174,8 +202,8 @@ static void test_backward_deterministic_backend(void **state)
     fa_context_t ctx;
     if (fa_context_create(&o, &ctx) != FA_OK)
         fail_msg("context: %s", fa_last_create_error());
-    const int dims[2] = { 64, 128 };
-    for (int v = 0; v < 4; v++) {
+    const int dims[3] = { 64, 128, 256 };
+    for (int v = 0; v < 6; v++) {
         fa_case c;
         memset(&c, 0, sizeof(c));
         c.dtype = FA_DTYPE_BF16, c.batch = 2, c.seqlen_q = 1000, c.seqlen_k = 1100;
@@ -250,6 +278,7 @@ int main(void)
         cmocka_unit_test(test_reference_finite_differences),
         cmocka_unit_test(test_backward_deterministic),
         cmocka_unit_test(test_backward_deterministic_backend),
+        cmocka_unit_test(test_between_dims),
         cmocka_unit_test(test_grid_f32),
         cmocka_unit_test(test_grid_f16),
         cmocka_unit_test(test_grid_bf16),

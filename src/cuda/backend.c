@@ -41,10 +41,10 @@ static const sm90_tiles sm90_fp8_tiles = FA_CUDA_SM90_FP8_TILES(FA_SM90_ROW_VALU
 #undef FA_SM90_ROW_VALUE
 
 typedef struct sm90_bwd_tiles {
-    int dim, q_step, stages;
+    int dim, keys, q_step, stages;
 } sm90_bwd_tiles;
 
-#define FA_SM90_BWD_ROW(D, BQ, ST) { D, BQ, ST },
+#define FA_SM90_BWD_ROW(D, BN, BQ, ST) { D, BN, BQ, ST },
 static const sm90_bwd_tiles sm90_bwd_table[] = { FA_CUDA_SM90_BWD_TILES(FA_SM90_BWD_ROW) };
 #undef FA_SM90_BWD_ROW
 #define N_SM90_BWD (sizeof(sm90_bwd_table) / sizeof(sm90_bwd_table[0]))
@@ -199,9 +199,10 @@ static void cuda_info(void *state, char *buf, size_t cap, size_t *len)
     for (size_t i = 0; s->hopper && i < N_SM90_BWD; i++) {
         const sm90_bwd_tiles *t = &sm90_bwd_table[i];
         fa_appendf(buf, cap, len,
-                   "cuda.tiles.sm90.d%d: backward 128 keys x %d queries a step (%d Q/dO stages; "
-                   "2 consumer warpgroups + 1 loading), dQ added in key-tile order\n",
-                   t->dim, t->q_step, t->stages);
+                   "cuda.tiles.sm90.d%d: backward %d keys x %d queries a step (%d Q/dO stages; "
+                   "2 consumer warpgroups %s + 1 loading), dQ added in key-tile order\n",
+                   t->dim, t->keys, t->q_step, t->stages,
+                   t->keys == 128 ? "of 64 keys" : "taking half the queries, then half the columns");
     }
     if (s->hopper)
         fa_appendf(buf, cap, len,

@@ -58,11 +58,12 @@ __device__ __forceinline__ void load_own_rows(unsigned char *tile, const T *g, i
                                 threadIdx.x % 128, PITCH);
 }
 
-// Scaled accumulator rows (64 of them, rows row0 + 16 warp + g (+8)) out to view v.
-template <typename T, int D>
-__device__ __forceinline__ void store_acc(const fa_cuda_view &v, const float (&acc)[1][D / 8][4],
+// Scaled accumulator rows (64 of them, rows row0 + 16 warp + g (+8); N columns from col0)
+// out to view v.
+template <typename T, int N>
+__device__ __forceinline__ void store_acc(const fa_cuda_view &v, const float (&acc)[1][N / 8][4],
                                           const seq_t &s, bool is_k, int h, int64_t row0, int limit,
-                                          int dim, float scale, int g, int t)
+                                          int dim, float scale, int g, int t, int col0 = 0)
 {
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -71,10 +72,10 @@ __device__ __forceinline__ void store_acc(const fa_cuda_view &v, const float (&a
             continue;
         const int64_t off = row_off(v, s, is_k, h, r);
 #pragma unroll
-        for (int dt = 0; dt < D / 8; dt++)
+        for (int dt = 0; dt < N / 8; dt++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const int x = dt * 8 + 2 * t + e;
+                const int x = col0 + dt * 8 + 2 * t + e;
                 if (x < dim)
                     store<T>(v, off + x, acc[0][dt][2 * hf + e] * scale);
             }
@@ -169,6 +170,33 @@ struct bwd_steps {
         }
     }
 };
+
+// The loading warps' part (NT threads, tid 0 .. NT - 1): every step's Q and dO tiles and
+// their rows' lse and D into the ring, in the consumers' order of steps.
+template <typename T, int D, int BQ, int STAGES, int NT>
+__device__ __forceinline__ void load_steps(const fa_cuda_params &p, stage_ring<STAGES> &ring, const seq_t &s,
+                                           int hk, int m_lo, int nm, int iters, unsigned char *ring_mem,
+                                           float *stats, int tid)
+{
+    using S = kv_stage<D, BQ>;
+    bwd_steps fs(hk, p.group, m_lo, nm);
+    fill_ring(ring, iters, drop_ordering(p, FA_DROP_BACKWARD), [&](int, int st) {
+        const int h = fs.h(), i0 = fs.mi * BQ;
+        fs.next();
+        unsigned char *base = ring_mem + st * S::bytes;
+        load_tile_sw<T, BQ, D, NT>(base, (const T *)p.q.p + row_off(p.q, s, false, h, i0), p.q.ss, s.sq - i0,
+                                   p.dim, p.aligned, tid);
+        load_tile_sw<T, BQ, D, NT>(base + S::tile, (const T *)p.dout.p + row_off(p.dout, s, false, h, i0),
+                                   p.dout.ss, s.sq - i0, p.dim, p.aligned, tid);
+        float *sl = stats + st * S::stats;
+        const int64_t row = (int64_t)h * p.rows + s.q_base * p.seqlen_q + s.q0 + i0;
+        for (int x = tid; x < BQ; x += NT) {
+            const bool ok = i0 + x < s.sq;
+            cp_async4(sl + x, ok ? p.lse2 + row + x : p.lse2, ok ? 4 : 0);
+            cp_async4(sl + BQ + x, ok ? p.dsum + row + x : p.dsum, ok ? 4 : 0);
+        }
+    });
+}
 
 // Four 8x8 blocks of 16-bit values stored transposed (row addresses from lanes 8m .. 8m + 7).
 __device__ __forceinline__ void stsm_x4_t(uint32_t addr, const uint32_t (&r)[4])
@@ -373,10 +401,34 @@ __device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch)
     return block_t{ (int)(x / hb), (int)(x % hb % heads), (int)(x % hb / heads) };
 }
 
+// One step of a dQ writer (one thread): once the key tiles before this one have added their
+// shares of the query tile (turn of them, counted at sem), n shares of `bytes` from shared
+// memory at src + i * src_step added into the float32 accumulator at dst + i * dst_step (the
+// first key tile stores instead: the accumulator is not zeroed beforehand); release() once
+// the adds have read their sources, and the step counted once they have been performed.
+template <typename R>
+__device__ __forceinline__ void dq_add_step(int *sem, int turn, float *dst, int64_t dst_step, uint32_t src,
+                                            uint32_t src_step, int n, int bytes, R release)
+{
+    while (ld_acquire(sem) < turn) {
+    }
+    fence_async_all();
+    for (int i = 0; i < n; i++) {
+        if (turn == 0)
+            bulk_store_f32(dst + i * dst_step, src + i * src_step, bytes);
+        else
+            bulk_reduce_add_f32(dst + i * dst_step, src + i * src_step, bytes);
+    }
+    bulk_commit();
+    bulk_wait_read_all();
+    release();
+    bulk_wait_all();
+    fence_async_all();
+    red_release_add(sem, 1);
+}
+
 // The dQ writers (one thread each): the staged dQ shares of every step, added into the
-// accumulator by bulk adds once the key tiles before this one have added theirs (the
-// counter; the first key tile of a query tile stores instead), the buffers handed back as
-// soon as the adds have read them, and the step counted once its adds have been performed.
+// accumulator in key-tile order, the buffers handed back as soon as the adds have read them.
 // d128 has one writer for both warpgroups' halves; below, writer w takes the steps whose dQ
 // warpgroup w computes, so that the two add and wait for the adds to land side by side.
 template <bool SPLIT> __host__ __device__ constexpr int dq_writers() { return SPLIT ? 1 : 2; }
@@ -393,29 +445,15 @@ __device__ __forceinline__ void dq_writer(const fa_cuda_params &p, dq_bars<dq_bu
         if (it % NW != writer)
             continue;
         const int w0 = SPLIT ? 0 : it % 2, w1 = SPLIT ? 2 : w0 + 1, kq = SPLIT ? it : it / 2, nb = kq % NB;
-        int *sem = p.dq_sem + ((int64_t)blk.b * p.heads_q + fs.h()) * p.dq_tiles + fs.mi;
-        const int turn = tiles_before<BN, BQ>(mk, blk.tile, fs.mi);
         for (int w = w0; w < w1; w++)
             mbar_wait(&bars.full[w][nb], (kq / NB) & 1);
-        while (ld_acquire(sem) < turn) {
-        }
-        fence_async_all();
         float *acc = p.dq_acc + ((int64_t)fs.h() * p.dq_htiles + base + fs.mi) * kDqRows * D;
-        for (int w = w0; w < w1; w++) {
-            float *dst = acc + (SPLIT ? w * BQ * DQN : 0);
-            const uint32_t src = smem_addr(sDQ + (w * NB + nb) * F::dq);
-            if (turn == 0) // the first share of the tile: the accumulator is not zeroed beforehand
-                bulk_store_f32(dst, src, BQ * DQN * 4);
-            else
-                bulk_reduce_add_f32(dst, src, BQ * DQN * 4);
-        }
-        bulk_commit();
-        bulk_wait_read_all();
-        for (int w = w0; w < w1; w++)
-            mbar_arrive(&bars.empty[w][nb]);
-        bulk_wait_all();
-        fence_async_all();
-        red_release_add(sem, 1);
+        dq_add_step(p.dq_sem + ((int64_t)blk.b * p.heads_q + fs.h()) * p.dq_tiles + fs.mi,
+                    tiles_before<BN, BQ>(mk, blk.tile, fs.mi), acc, (int64_t)BQ * DQN,
+                    smem_addr(sDQ + (w0 * NB + nb) * F::dq), NB * F::dq, w1 - w0, BQ * DQN * 4, [&] {
+                        for (int w = w0; w < w1; w++)
+                            mbar_arrive(&bars.empty[w][nb]);
+                    });
     }
 }
 
@@ -465,24 +503,7 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
                 dq_writer<D, BQ, SPLIT>(p, bars, blk, s, mk, m_lo, nm, iters, sDQ, w);
             return;
         }
-        bwd_steps fs(blk.h, p.group, m_lo, nm);
-        fill_ring(ring, iters, drop_ordering(p, FA_DROP_BACKWARD), [&](int, int st) {
-            const int h = fs.h(), i0 = fs.mi * BQ;
-            fs.next();
-            unsigned char *base = ring_mem + st * S::bytes;
-            load_tile_sw<T, BQ, D, LOADERS>(base, (const T *)p.q.p + row_off(p.q, s, false, h, i0),
-                                        p.q.ss, s.sq - i0, p.dim, p.aligned, tid);
-            load_tile_sw<T, BQ, D, LOADERS>(base + S::tile,
-                                        (const T *)p.dout.p + row_off(p.dout, s, false, h, i0),
-                                        p.dout.ss, s.sq - i0, p.dim, p.aligned, tid);
-            float *sl = stats + st * S::stats;
-            const int64_t row = (int64_t)h * p.rows + s.q_base * p.seqlen_q + s.q0 + i0;
-            for (int x = tid; x < BQ; x += LOADERS) {
-                const bool ok = i0 + x < s.sq;
-                cp_async4(sl + x, ok ? p.lse2 + row + x : p.lse2, ok ? 4 : 0);
-                cp_async4(sl + BQ + x, ok ? p.dsum + row + x : p.dsum, ok ? 4 : 0);
-            }
-        });
+        load_steps<T, D, BQ, STAGES, LOADERS>(p, ring, s, blk.h, m_lo, nm, iters, ring_mem, stats, tid);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<2>::value));
         bwd_rows<T, D, BQ, STAGES, DROPOUT, SPLIT>(p, ring, bars, blk, s, mk, c0, m_lo, nm, iters, sK, sV,
@@ -533,25 +554,20 @@ template <typename T, int D> __global__ void __launch_bounds__(256) dq_store(con
     }
 }
 
-// rowsum, zeroed counters, the fused pass, then dQ out.
-template <typename T, int D, int BQ, int STAGES>
-cudaError_t launch_backward_sm90(const fa_cuda_params &p, bool bf16, cudaStream_t stream)
+// rowsum, zeroed counters, the fused pass (kern: blocks of 384 threads, one a key tile of bn
+// keys, head and sequence), then dQ out.
+template <typename T, int D, typename K>
+cudaError_t run_backward_sm90(const fa_cuda_params &p, bool bf16, K kern, size_t smem, int bn, cudaStream_t stream)
 {
     cudaError_t err = fa_cuda_rowsum(&p, bf16, stream);
     if (err != cudaSuccess)
         return err;
-    static_assert(BQ == kDqRows, "the accumulator's tiles are the steps' query tiles");
     const size_t sem_bytes = sizeof(int) * (size_t)p.batch * p.heads_q * p.dq_tiles;
     if (sem_bytes && (err = cudaMemsetAsync(p.dq_sem, 0, sem_bytes, stream)) != cudaSuccess)
         return err;
-    const size_t smem = bwd_smem<D, BQ>::bytes(STAGES);
-    // without dropout, a build whose element step holds no mask words (fewer live registers)
-    constexpr bool SPLIT = bwd_split<D>();
-    auto kern = p.dropout_p > 0.0f ? backward_sm90<T, D, BQ, STAGES, true, SPLIT>
-                                   : backward_sm90<T, D, BQ, STAGES, false, SPLIT>;
     if ((err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
         return err;
-    const int64_t blocks = (int64_t)((p.max_k + 127) / 128) * p.heads_kv * p.batch;
+    const int64_t blocks = (int64_t)((p.max_k + bn - 1) / bn) * p.heads_kv * p.batch;
     if (blocks > 0) {
         kern<<<(unsigned)blocks, 384, smem, stream>>>(p);
         if ((err = cudaGetLastError()) != cudaSuccess)
@@ -561,6 +577,17 @@ cudaError_t launch_backward_sm90(const fa_cuda_params &p, bool bf16, cudaStream_
     if (q_blocks > 0)
         dq_store<T, D><<<(unsigned)q_blocks, 256, 0, stream>>>(p);
     return cudaGetLastError();
+}
+
+template <typename T, int D, int BQ, int STAGES>
+cudaError_t launch_backward_sm90(const fa_cuda_params &p, bool bf16, cudaStream_t stream)
+{
+    static_assert(BQ == kDqRows, "the accumulator's tiles are the steps' query tiles");
+    // without dropout, a build whose element step holds no mask words (fewer live registers)
+    constexpr bool SPLIT = bwd_split<D>();
+    auto kern = p.dropout_p > 0.0f ? backward_sm90<T, D, BQ, STAGES, true, SPLIT>
+                                   : backward_sm90<T, D, BQ, STAGES, false, SPLIT>;
+    return run_backward_sm90<T, D>(p, bf16, kern, bwd_smem<D, BQ>::bytes(STAGES), 128, stream);
 }
 
 } // namespace fa

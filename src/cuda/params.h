@@ -198,10 +198,13 @@ typedef struct fa_cuda_paged {
  * K/V stages, Q buffers). Head dims up to dim run it, their columns past head_dim zeros. */
 #define FA_CUDA_SM90_FP8_TILES(X) X(128, 128, 2, 3, 2)
 
-/* The Hopper backward's tiles: X(dim, query rows per step, Q/dO ring stages). Two consumer
- * warpgroups of 64 keys each; dQ added in key-tile order through p.dq_acc. */
+/* The Hopper backward's tiles: X(dim, keys a block, query rows per step, Q/dO ring stages);
+ * dQ added in key-tile order through p.dq_acc. 128 keys: two consumer warpgroups of 64 keys
+ * each (backward_sm90.cuh); 64 keys: the two split each step's query rows, then dK's, dV's and
+ * dQ's columns (backward_sm90_wide.cuh: dK and dV of 256 columns fit no other way). */
 #define FA_CUDA_SM90_BWD_TILES(X) \
-    X(64, 64, 4)                  \
-    X(128, 64, 3)
+    X(64, 128, 64, 4)             \
+    X(128, 128, 64, 3)            \
+    X(256, 64, 64, 2)
 
 #endif

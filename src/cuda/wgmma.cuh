@@ -157,7 +157,7 @@ template <int N> __device__ __forceinline__ void reg_fence(uint32_t (&a)[N][4])
     "%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112," \
     "%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}"
 // D[64 x N] (+)= A * B for one warpgroup. ss: A and B K-major in shared memory (S = Q K^T);
-// ss<1>: B MN-major (transposed) instead.
+// ss<1>: B MN-major (transposed) instead; ss<1, 1>: A as well.
 // rs: A in registers as mma.sync-style fragments, B MN-major in shared memory (O += P V).
 // scale_d 0 overwrites D. The accumulator fragment is mma.sync's m16n8 layout per warp:
 // d[4 j + e] is row 16 warp + g + 8 (e / 2), column 8 j + 2 t + (e % 2).
@@ -165,14 +165,14 @@ template <typename T, int N> struct wgmma;
 
 #define FA_WGMMA(TYPE, PTX, N, RN, FN, A0, A1, A2, A3, A4, A5)                                       \
     template <> struct wgmma<TYPE, N> {                                                             \
-        template <int TB = 0>                                                                       \
+        template <int TB = 0, int TA = 0>                                                           \
         static __device__ __forceinline__ void ss(float (&d)[N / 2], uint64_t da, uint64_t db, int sc) \
         {                                                                                           \
             asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2 ", 0;\n"                          \
                          "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " " RN     \
-                         ", %" #A0 ", %" #A1 ", p, 1, 1, 0, %" #A3 ";\n}\n"                       \
+                         ", %" #A0 ", %" #A1 ", p, 1, 1, %" #A4 ", %" #A3 ";\n}\n"                \
                          : FN(d)                                                                    \
-                         : "l"(da), "l"(db), "r"(sc), "n"(TB));                                     \
+                         : "l"(da), "l"(db), "r"(sc), "n"(TB), "n"(TA));                            \
         }                                                                                           \
         static __device__ __forceinline__ void rs(float (&d)[N / 2], const uint32_t (&a)[4],        \
                                                   uint64_t db, int sc)                              \
@@ -232,24 +232,24 @@ FA_WGMMA_E4M3(128, FA_R64, FA_F64, 64, 65, 66, 67, 68, 69)
 #undef FA_R128
 
 // Warpgroup products, each committed as one wgmma group. nt: acc[64 x N] = A B^T with A
-// (64 rows from address a, in a tile of AP rows) and B (N rows from b, a tile of N rows)
-// both K-major, K = D deep. rn: acc[64 x N] += A B with A in registers (K = KP deep) and B
+// (64 rows from address a, in a tile of AP rows) and B (N rows from b, in a tile of BP rows,
+// N unless given) both K-major, K = D deep. rn: acc[64 x N] += A B with A in registers (K = KP deep) and B
 // an MN-major tile of KP rows x N columns from b (column blocks KP * 128 bytes apart).
 // The _d forms take the operands' descriptor low words (sw_desc_lo: lbo 16 for K-major
 // operands, KP * 128 for rn's B), for loops that build them once.
-template <typename T, int D, int AP, int N>
+template <typename T, int D, int AP, int N, int BP = N>
 __device__ __forceinline__ void wg_gemm_nt_d(float (&acc)[N / 2], uint32_t da, uint32_t db)
 {
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
         wgmma<T, N>::ss(acc, sw_desc_at(da, (kk / 4) * AP * 128 + (kk % 4) * 32),
-                        sw_desc_at(db, (kk / 4) * N * 128 + (kk % 4) * 32), kk > 0);
+                        sw_desc_at(db, (kk / 4) * BP * 128 + (kk % 4) * 32), kk > 0);
     wgmma_commit();
 }
-template <typename T, int D, int AP, int N>
+template <typename T, int D, int AP, int N, int BP = N>
 __device__ __forceinline__ void wg_gemm_nt(float (&acc)[N / 2], uint32_t a, uint32_t b)
 {
-    wg_gemm_nt_d<T, D, AP, N>(acc, sw_desc_lo(a, 16), sw_desc_lo(b, 16));
+    wg_gemm_nt_d<T, D, AP, N, BP>(acc, sw_desc_lo(a, 16), sw_desc_lo(b, 16));
 }
 template <typename T, int N, int KP>
 __device__ __forceinline__ void wg_gemm_rn_d(float (&acc)[N / 2], const uint32_t (&a)[KP / 16][4], uint32_t db)
@@ -276,6 +276,19 @@ __device__ __forceinline__ void wg_gemm_sn(float (&acc)[N / 2], uint32_t a, uint
     for (int kk = 0; kk < KP / 16; kk++)
         wgmma<T, N>::template ss<1>(acc, sw_desc_at(da, (kk / 4) * AP * 128 + (kk % 4) * 32),
                                     sw_desc_at(db, kk * 2048), kk > 0);
+    wgmma_commit();
+}
+
+// acc[64 x N] += A B with A MN-major (A^T stored: a tile of KP rows x 64 columns from a) and
+// B an MN-major tile of KP rows x N columns from b (column blocks BP * 128 bytes apart):
+// dV += P^T dO with P stored query-major.
+template <typename T, int N, int KP, int BP>
+__device__ __forceinline__ void wg_gemm_mn(float (&acc)[N / 2], uint32_t a, uint32_t b)
+{
+    const uint32_t da = sw_desc_lo(a, KP * 128), db = sw_desc_lo(b, BP * 128);
+#pragma unroll
+    for (int kk = 0; kk < KP / 16; kk++)
+        wgmma<T, N>::template ss<1, 1>(acc, sw_desc_at(da, kk * 2048), sw_desc_at(db, kk * 2048), 1);
     wgmma_commit();
 }
 
