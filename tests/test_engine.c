@@ -406,6 +406,54 @@ static void test_sample_formula(void **state)
     }
     assert_true(fabs(mean / 10000.0 - 0.5) < 0.02);
     assert_true(fa_sample_uniform(1, 5) != fa_sample_uniform(2, 5));
+    /* NaN or +inf anywhere in a row, at any temperature: -1 (-inf is a token never drawn) */
+    for (int k = 0; k < 4; k++) {
+        float bad[5] = { 1.0f, 3.0f, 2.0f, 3.0f, -INFINITY };
+        bad[k] = k % 2 ? INFINITY : NAN;
+        assert_int_equal(fa_sample_logits(bad, 5, &greedy, 0.5f, scratch), -1);
+        assert_int_equal(fa_sample_logits(bad, 5, &all, 0.5f, scratch), -1);
+    }
+    const float minus_inf[5] = { 1.0f, 3.0f, 2.0f, 3.0f, -INFINITY };
+    assert_int_equal(fa_sample_logits(minus_inf, 5, &greedy, 0.5f, scratch), 1);
+}
+
+/* A model whose final norm holds a NaN: the step fails naming the sequence and its position,
+ * next untouched, on each backend. */
+static void nan_logits(fa_backend b)
+{
+    char err[FA_MODEL_ERR_LEN];
+    fa_model *m;
+    const fa_model_config c = { 64, 96, 2, 8, 4, 512, 64, 0, 0.0f, 0.0f, { 0 }, 0, 0, { 0 } };
+    assert_int_equal(fa_model_synth(&c, 11, &m, err), FA_OK);
+    ((float *)m->w.rms_final)[3] = NAN;
+    const fa_engine_options eo = { b, 8, 16, 2, 16, 0, 0, 0 };
+    fa_engine *e;
+    assert_int_equal(fa_engine_create(m, &eo, &e, err), FA_OK);
+    int32_t cu[3] = { 0, 3, 4 }, len[2] = { 0, 0 }, bt[2] = { 0, 1 }, tok[4] = { 1, 7, 9, 5 };
+    int32_t pos[4] = { 0, 1, 2, 0 }, next[2] = { -7, -7 };
+    uint8_t smp[2] = { 0, 1 }; /* the first sequence's prompt goes on; the second is sampled */
+    int64_t id[2] = { 0, 1 };
+    fa_step st = { 2, 4, 3, 3, 1, 16, id, cu, len, bt, tok, pos, smp, 0 };
+    assert_int_equal(fa_engine_step(e, &st, NULL, next, NULL, err), FA_ERR_INVALID_VALUE);
+    if (!strstr(err, "sequence 1") || !strstr(err, "position 0") || !strstr(err, "NaN"))
+        fail_msg("message '%s'", err);
+    assert_int_equal(next[0], -7);
+    assert_int_equal(next[1], -7);
+    fa_engine_free(e);
+    fa_model_free(m);
+}
+
+static void test_cpu_nan_logits(void **state)
+{
+    (void)state;
+    nan_logits(FA_BACKEND_CPU);
+}
+
+static void test_cuda_nan_logits(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    nan_logits(FA_BACKEND_CUDA);
 }
 
 static void test_refusals(void **state)
@@ -460,6 +508,8 @@ static void test_refusals(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = { cmocka_unit_test(test_sample_formula), cmocka_unit_test(test_refusals),
+                                        cmocka_unit_test(test_cpu_nan_logits),
+                                        cmocka_unit_test(test_cuda_nan_logits),
                                         cmocka_unit_test(test_cpu_greedy),
                                         cmocka_unit_test(test_cpu_sampling_batch_invariant),
                                         cmocka_unit_test(test_cpu_gqa_paths), cmocka_unit_test(test_cuda_gqa_paths),

@@ -168,6 +168,35 @@ static void test_stops_at_eos(void **state)
     fa_model_free(m);
 }
 
+/* A NaN in the final norm's weights: generation stops with a message naming the logits'
+ * position, once the prompt is in; greedy or sampled. */
+static void test_nan_weights(void **state)
+{
+    story *s = *state;
+    char err[FA_MODEL_ERR_LEN];
+    const fa_model_config c = { 64, 96, 2, 8, 4, 512, 64, 0, 0.0f, 0.0f, { 0 }, 0, 0, { 0 } };
+    fa_model *m;
+    assert_int_equal(fa_model_synth(&c, 7, &m, err), FA_OK);
+    ((float *)m->w.rms_final)[5] = NAN;
+    for (int k = 0; k < 2; k++) {
+        fa_model_state *st;
+        fa_sampler *smp;
+        assert_int_equal(fa_model_state_create(m, s->ctx, NULL, &st, err), FA_OK);
+        assert_int_equal(fa_sampler_create(c.vocab_size, k ? 0.8f : 0.0f, 0.9f, 1, &smp, err), FA_OK);
+        collect col;
+        memset(&col, 0, sizeof(col));
+        fa_generate_stats gs;
+        assert_int_equal(fa_generate(m, s->t, st, smp, "Once upon", 40, on_token, &col, &gs, err),
+                         FA_ERR_INVALID_VALUE);
+        if (!strstr(err, "NaN") || !strstr(err, "position"))
+            fail_msg("message '%s'", err);
+        assert_int_equal(col.n, gs.prompt_tokens - 1); /* the prompt, no token after it */
+        fa_sampler_free(smp);
+        fa_model_state_free(st);
+    }
+    fa_model_free(m);
+}
+
 static void test_encode_prompt(void **state)
 {
     story *s = *state;
@@ -286,6 +315,8 @@ static void test_sampler(void **state)
     float logits[4] = { 0.1f, 2.0f, -1.0f, 1.9f };
     assert_int_equal(fa_sampler_create(4, 0.0f, 0.0f, 1, &g, err), FA_OK);
     assert_int_equal(fa_sampler_sample(g, logits), 1);
+    float bad[4] = { 0.1f, NAN, -1.0f, 1.9f };
+    assert_int_equal(fa_sampler_sample(g, bad), -1);
     fa_sampler_free(g);
     /* temperature 1: frequencies follow softmax; top-p 0.5 keeps only the best token */
     assert_int_equal(fa_sampler_create(4, 1.0f, 0.0f, seed | 1, &t, err), FA_OK);
@@ -525,6 +556,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_readme),
         cmocka_unit_test(test_stops_at_eos),
+        cmocka_unit_test(test_nan_weights),
         cmocka_unit_test(test_encode_prompt),
         cmocka_unit_test(test_tokenizer_roundtrip),
         cmocka_unit_test(test_prefill_equals_decode),

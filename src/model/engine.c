@@ -319,6 +319,12 @@ fa_status fa_engine_step(fa_engine *e, const fa_step *st, const fa_sample_params
     if (rc != FA_OK)
         return rc;
     for (int32_t i = 0, b = 0; b < st->batch; b++)
+        if (st->sample[b] && e->next[i++] < 0)
+            return fa_model_fail(err, FA_ERR_INVALID_VALUE,
+                                 "sequence %d: its logits at position %d are NaN or +inf: the model's weights "
+                                 "hold NaN or inf values, or its activations overflow",
+                                 (int)b, (int)st->positions[st->cu_seqlens_q[b + 1] - 1]);
+    for (int32_t i = 0, b = 0; b < st->batch; b++)
         if (st->sample[b])
             next[b] = e->next[i++];
     e->step_s += now() - t0;

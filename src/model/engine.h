@@ -75,7 +75,10 @@ fa_status fa_engine_pages_for(const fa_model *m, const fa_engine_options *o, dou
 /* Run one step (made by a scheduler with the engine's num_pages and page_size, batch <=
  * max_batch, total_q <= token_budget). params [step->batch] (NULL: every sequence argmax).
  * next [step->batch] gets the next token of each sequence with step->sample[b] set (others
- * untouched). logits (may be NULL) [step->batch, vocab] gets those sequences' float32 logits. */
+ * untouched). logits (may be NULL) [step->batch, vocab] gets those sequences' float32 logits.
+ * FA_ERR_INVALID_VALUE, next untouched, where a sampled sequence's logits hold NaN or +inf
+ * (a model with such weights, or activations that overflow); the step's keys and values are
+ * in the cache all the same. */
 fa_status fa_engine_step(fa_engine *e, const fa_step *step, const fa_sample_params *params, int32_t *next,
                          float *logits, char *err);
 
@@ -86,7 +89,8 @@ void fa_engine_times(const fa_engine *e, double *step_s, double *attention_s);
 /* ---- the sampling formula (both backends) ---- */
 /* The uniform in [0, 1) a sequence with `seed` draws for its row at `position`. */
 float fa_sample_uniform(uint64_t seed, int32_t position);
-/* The token fa_engine_step picks from logits [n] with params p and uniform u; scratch [2n]. */
+/* The token fa_engine_step picks from logits [n] with params p and uniform u, or -1 where a
+ * logit is NaN or +inf; scratch [2n]. */
 int32_t fa_sample_logits(const float *logits, int32_t n, const fa_sample_params *p, float u, float *scratch);
 
 #endif

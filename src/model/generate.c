@@ -97,6 +97,13 @@ fa_status fa_generate(const fa_model *m, const fa_tokenizer *t, fa_model_state *
     t0 = now();
     int32_t token = fa_sampler_sample(smp, logits);
     for (;;) {
+        if (token < 0) {
+            st = fa_model_fail(err, FA_ERR_INVALID_VALUE,
+                               "the logits at position %d are NaN or +inf: the model's weights hold NaN or inf "
+                               "values, or its activations overflow",
+                               (int)pos - 1);
+            break;
+        }
         stats->generated++;
         if (fa_model_is_stop(&m->config, token))
             break;

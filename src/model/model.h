@@ -219,7 +219,8 @@ typedef struct fa_sampler fa_sampler;
 fa_status fa_sampler_create(int32_t vocab_size, float temperature, float topp, uint64_t seed,
                             fa_sampler **out, char *err);
 void fa_sampler_free(fa_sampler *s);
-/* A token id in [0, vocab_size); logits [vocab_size] is overwritten. */
+/* A token id in [0, vocab_size), or -1 where a logit is NaN or +inf; logits [vocab_size] is
+ * overwritten. */
 int32_t fa_sampler_sample(fa_sampler *s, float *logits);
 
 /* ---- the forward pass ---- */
@@ -327,7 +328,8 @@ fa_status fa_generate_prompt(const fa_tokenizer *t, int32_t seq_len, const char 
 typedef int (*fa_token_fn)(void *user, int32_t token, const char *text, size_t len);
 
 /* steps <= 0 or > seq_len means seq_len. The prompt's first FA_GENERATE_WARMUP tokens run
- * once before its prefill (stats->warmup_s), so that stats->prefill_s is a warm time. */
+ * once before its prefill (stats->warmup_s), so that stats->prefill_s is a warm time.
+ * FA_ERR_INVALID_VALUE where logits come out NaN or +inf (weights holding such values). */
 fa_status fa_generate(const fa_model *m, const fa_tokenizer *t, fa_model_state *s, fa_sampler *smp,
                       const char *prompt, int32_t steps, fa_token_fn on_token, void *user,
                       fa_generate_stats *stats, char *err);

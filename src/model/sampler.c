@@ -85,9 +85,12 @@ static int by_prob_desc(const void *a, const void *b)
 int32_t fa_sampler_sample(fa_sampler *s, float *logits)
 {
     int32_t n = s->vocab_size, best = 0;
-    for (int32_t i = 1; i < n; i++) /* NaN never wins: the result stays in range */
+    for (int32_t i = 0; i < n; i++) {
+        if (!(logits[i] < INFINITY)) /* NaN or +inf */
+            return -1;
         if (logits[i] > logits[best])
             best = i;
+    }
     if (s->temperature == 0.0f)
         return best;
     /* softmax(logits / T) from the maximum, so exp never overflows */
@@ -163,9 +166,12 @@ static int desc_float(const void *a, const void *b)
 int32_t fa_sample_logits(const float *logits, int32_t n, const fa_sample_params *p, float u, float *scratch)
 {
     int32_t best = 0;
-    for (int32_t i = 1; i < n; i++) /* NaN never wins */
+    for (int32_t i = 0; i < n; i++) {
+        if (!(logits[i] < INFINITY)) /* NaN or +inf */
+            return -1;
         if (logits[i] > logits[best])
             best = i;
+    }
     if (!(p->temperature > 0.0f))
         return best;
     const float mx = logits[best];

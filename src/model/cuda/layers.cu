@@ -134,7 +134,8 @@ __device__ bool member(float w, float tau) { return w >= tau && w > 0.0f; }
 // One block a sampled row: fa_sample_logits (sampler.c) in parallel. The nucleus threshold is
 // found by bisection over the float bits of the weights (S(tau) = the mass of {w >= tau}
 // falls as tau grows; the largest tau with S(tau) >= topp * total is a weight's value, the
-// one the CPU's sort stops at); the draw walks ids in order, one chunk a thread.
+// one the CPU's sort stops at); the draw walks ids in order, one chunk a thread. A row holding
+// NaN or +inf gets -1.
 __global__ void sample_kernel(int32_t *next, float *wts, const float *logits, const float *temperature,
                               const float *topp, const float *uniform, int V)
 {
@@ -147,10 +148,17 @@ __global__ void sample_kernel(int32_t *next, float *wts, const float *logits, co
     float *w = wts + (size_t)row * V;
 
     float bv = -INFINITY;
-    int bi = V;
-    for (int i = tid; i < V; i += kSampleThreads)
+    int bi = V, bad = 0;
+    for (int i = tid; i < V; i += kSampleThreads) {
+        bad |= !(l[i] < INFINITY);
         if (better(l[i], i, bv, bi))
             bv = l[i], bi = i;
+    }
+    if (__syncthreads_or(bad)) {
+        if (tid == 0)
+            next[row] = -1;
+        return;
+    }
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
         const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
