@@ -88,13 +88,14 @@ static int on_token(void *user, int32_t token, const char *text, size_t len)
     return 0;
 }
 
-static void generate(story *s, const char *prompt, int steps, int32_t chunk, fa_matvec mv,
+/* context: the state's cache positions (0 = seq_len) */
+static void generate(story *s, const char *prompt, int steps, int32_t chunk, fa_matvec mv, int32_t context,
                      collect *c)
 {
     char err[FA_MODEL_ERR_LEN];
     fa_model_state *st;
     fa_sampler *smp;
-    fa_model_state_options o = { chunk, FA_ALGORITHM_FLASH, mv, NULL, NULL, 0 };
+    fa_model_state_options o = { chunk, FA_ALGORITHM_FLASH, mv, NULL, NULL, 0, context };
     assert_int_equal(fa_model_state_create(s->m, s->ctx, &o, &st, err), FA_OK);
     assert_int_equal(fa_sampler_create(s->m->config.vocab_size, 0.0f, 0.9f, 1, &smp, err), FA_OK);
     memset(c, 0, sizeof(*c));
@@ -108,9 +109,9 @@ static void generate(story *s, const char *prompt, int steps, int32_t chunk, fa_
 static void test_greedy_readme(void **state)
 {
     collect c;
-    for (int v = 0; v < 3; v++) { /* whole prefill; 3-token chunks; BLAS matvec */
-        generate(*state, "Once upon a time", 64, v == 1 ? 3 : 0, v == 2 ? FA_MATVEC_BLAS : FA_MATVEC_OWN,
-                 &c);
+    for (int v = 0; v < 4; v++) { /* whole prefill; 3-token chunks; BLAS matvec; a 64-position cache */
+        generate(*state, "Once upon a time", v == 3 ? 0 : 64, v == 1 ? 3 : 0, v == 2 ? FA_MATVEC_BLAS : FA_MATVEC_OWN,
+                 v == 3 ? 64 : 0, &c);
         assert_int_equal(c.n, 65);
         for (int i = 0; i < 65; i++)
             if (c.ids[i] != readme_ids[i]) {
@@ -123,7 +124,7 @@ static void test_greedy_readme(void **state)
                                     "ball. She wanted to play with it, but it was too high.\nLily");
     }
     /* a prompt longer than steps is cut: BOS, then prompt ids up to `steps` */
-    generate(*state, "Once upon a time", 3, 0, FA_MATVEC_OWN, &c);
+    generate(*state, "Once upon a time", 3, 0, FA_MATVEC_OWN, 3, &c);
     assert_int_equal(c.n, 4);
     assert_int_equal(c.ids[3], 261);
 }
@@ -279,7 +280,7 @@ static void test_prefill_equals_decode(void **state)
     const int32_t chunks[] = { 0, 7, 1 };
     for (int v = 0; v < 3; v++) {
         fa_model_state *st;
-        fa_model_state_options o = { chunks[v], FA_ALGORITHM_FLASH, FA_MATVEC_OWN, NULL, NULL, 0 };
+        fa_model_state_options o = { chunks[v], FA_ALGORITHM_FLASH, FA_MATVEC_OWN, NULL, NULL, 0, 0 };
         assert_int_equal(fa_model_state_create(m, s->ctx, &o, &st, err), FA_OK);
         float *logits;
         if (v < 2) {
@@ -541,10 +542,29 @@ static void test_forward_refusals(void **state)
     assert_non_null(strstr(err, "seq_len"));
     assert_int_equal(fa_model_forward(s->m, st, ids, 0, 0, &logits, err), FA_ERR_INVALID_SHAPE);
     fa_model_state_free(st);
-    fa_model_state_options o = { 513, FA_ALGORITHM_FLASH, FA_MATVEC_OWN, NULL, NULL, 0 };
+    fa_model_state_options o = { 513, FA_ALGORITHM_FLASH, FA_MATVEC_OWN, NULL, NULL, 0, 0 };
     assert_int_equal(fa_model_state_create(s->m, s->ctx, &o, &st, err), FA_ERR_INVALID_VALUE);
     assert_non_null(strstr(err, "max_tokens"));
     assert_null(st);
+    /* a cache of 16 positions: its size, its bound, and the options it refuses */
+    const fa_model_state_options bad[3] = { { 0, FA_ALGORITHM_FLASH, FA_MATVEC_OWN, NULL, NULL, 0, 513 },
+                                            { 0, FA_ALGORITHM_FLASH, FA_MATVEC_OWN, NULL, NULL, 1, 16 },
+                                            { 17, FA_ALGORITHM_FLASH, FA_MATVEC_OWN, NULL, NULL, 0, 16 } };
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(fa_model_state_create(s->m, s->ctx, &bad[i], &st, err), FA_ERR_INVALID_VALUE);
+        assert_non_null(strstr(err, i == 2 ? "max_tokens" : "context"));
+        assert_null(st);
+    }
+    o = (fa_model_state_options){ 0, FA_ALGORITHM_FLASH, FA_MATVEC_OWN, NULL, NULL, 0, 16 };
+    assert_int_equal(fa_model_state_create(s->m, s->ctx, &o, &st, err), FA_OK);
+    assert_int_equal(fa_model_state_context(st), 16);
+    const fa_model_config *c = &s->m->config;
+    assert_int_equal(fa_model_state_stats(st).kv_cache_bytes,
+                     2ull * c->n_layers * 16 * (c->dim / c->n_heads) * c->n_kv_heads * sizeof(float));
+    assert_int_equal(fa_model_forward(s->m, st, ids, 1, 15, &logits, err), FA_OK);
+    assert_int_equal(fa_model_forward(s->m, st, ids, 1, 16, &logits, err), FA_ERR_INVALID_SHAPE);
+    assert_non_null(strstr(err, "options.context"));
+    fa_model_state_free(st);
 }
 
 int main(void)

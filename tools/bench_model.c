@@ -88,7 +88,10 @@ static int run(const fa_model *m, fa_context_t ctx, fa_algorithm alg, fa_matvec 
     progress_line line = { .on = 0 };
     snprintf(line.what, sizeof(line.what), "%s prefill of %d tokens", name, (int)n);
     /* per-layer progress for the long prefills only */
-    fa_model_state_options o = { n, alg, mv, n >= 2048 ? progress : NULL, &line, 0 };
+    /* the cache holds the run's positions only */
+    const int64_t need = (int64_t)n + decode;
+    fa_model_state_options o = { n, alg, mv, n >= 2048 ? progress : NULL, &line, 0,
+                                 need < m->config.seq_len ? (int32_t)need : 0 };
     fa_model_state *s = NULL;
     fa_status st = fa_model_state_create(m, ctx, &o, &s, err);
     if (st != FA_OK)

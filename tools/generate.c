@@ -49,7 +49,7 @@ static const char *gen_help =
     "                        [DIR/tokenizer.json when --model DIR has one, else\n"
     "                        " FA_MODELS_DIR "/tok512.bin]\n"
     "  --prompt TEXT                                                 [\"\"]\n"
-    "  --steps N             0 = the model's seq_len                 [256]\n"
+    "  --steps N             positions, the KV cache's size; 0 = the model's seq_len [256]\n"
     "  --temperature T       0 = greedy (argmax)                     [1.0]\n"
     "  --topp P              nucleus sampling, 0 or 1 = off          [0.9]\n"
     "  --seed S              sampler seed                            [time]\n"
@@ -314,8 +314,12 @@ int cmd_generate(int argc, char **argv)
         cli_blas_note();
         if (!(ctx = cli_context(FA_BACKEND_CPU, (int)threads)))
             goto done;
-        fa_model_state_options so = { chunk < m->config.seq_len ? (int32_t)chunk : 0, FA_ALGORITHM_FLASH,
-                                      matvec, NULL, NULL, 0 };
+        /* the cache holds the run's positions only (a long-context model's whole context may
+         * not fit in memory) */
+        const int32_t context = steps > 0 && steps < m->config.seq_len ? (int32_t)steps : 0;
+        const int32_t cap = context ? context : m->config.seq_len;
+        fa_model_state_options so = { chunk < cap ? (int32_t)chunk : 0, FA_ALGORITHM_FLASH, matvec, NULL, NULL, 0,
+                                      context };
         if ((s = fa_model_state_create(m, ctx, &so, &st, err)) == FA_OK)
             s = fa_generate(m, tok, st, smp, prompt, (int32_t)(steps > INT32_MAX ? 0 : steps), on_token, &k,
                             &gs, err);

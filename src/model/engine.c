@@ -97,7 +97,7 @@ static fa_status create_cpu(fa_engine *e, char *err)
     const fa_context_options co = { sizeof(co), FA_BACKEND_CPU, e->o.threads };
     if (fa_context_create(&co, &e->ctx) != FA_OK)
         return fa_model_fail(err, FA_ERR_BACKEND, "cpu context: %s", fa_last_create_error());
-    fa_model_state_options so = { e->o.token_budget, FA_ALGORITHM_FLASH, FA_MATVEC_AUTO, NULL, NULL, 1 };
+    fa_model_state_options so = { e->o.token_budget, FA_ALGORITHM_FLASH, FA_MATVEC_AUTO, NULL, NULL, 1, 0 };
     fa_status st = fa_model_state_create(e->m, e->ctx, &so, &e->s, err);
     if (st == FA_OK)
         st = fa_model_kv_create(e->m, e->o.num_pages, e->o.page_size, &e->kv, err);

@@ -64,6 +64,11 @@ static float *alloc_floats(uint64_t rows, uint64_t cols, uint64_t *total)
     return aligned_alloc(64, bytes ? (size_t)bytes : 64);
 }
 
+int32_t fa_model_state_context(const fa_model_state *s)
+{
+    return s ? s->seq_len : 0;
+}
+
 void fa_model_state_free(fa_model_state *s)
 {
     if (!s)
@@ -88,15 +93,22 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
         return fa_model_fail(err, FA_ERR_UNSUPPORTED,
                     "the runner keeps its KV cache in host memory: ctx must be a cpu context, not %s",
                     fa_backend_name(fa_context_backend(ctx)));
-    fa_model_state_options o = { 0, FA_ALGORITHM_FLASH, FA_MATVEC_AUTO, NULL, NULL, 0 };
+    fa_model_state_options o = { 0, FA_ALGORITHM_FLASH, FA_MATVEC_AUTO, NULL, NULL, 0, 0 };
     if (opts)
         o = *opts;
     const fa_model_config *c = &m->config;
-    if (o.max_tokens < 0 || o.max_tokens > c->seq_len)
-        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "max_tokens (%d) must be in 0..seq_len (%d)",
-                    (int)o.max_tokens, (int)c->seq_len);
+    if (o.context < 0 || o.context > c->seq_len)
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "context (%d) must be in 0..seq_len (%d)", (int)o.context,
+                             (int)c->seq_len);
+    if (o.context && o.paged)
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE,
+                             "context (%d) sizes the state's own cache, and a paged state has none", (int)o.context);
+    const int32_t positions = o.context ? o.context : c->seq_len;
+    if (o.max_tokens < 0 || o.max_tokens > positions)
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "max_tokens (%d) must be in 0..%d (%s)", (int)o.max_tokens,
+                             (int)positions, o.context ? "context" : "seq_len");
     if (o.max_tokens == 0)
-        o.max_tokens = c->seq_len;
+        o.max_tokens = positions;
     /* the runner's threads are OpenMP's: OpenBLAS computes single-threaded inside them */
     openblas_set_num_threads(1);
     if (o.algorithm != FA_ALGORITHM_FLASH && o.algorithm != FA_ALGORITHM_STANDARD)
@@ -109,7 +121,7 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the state");
     s->ctx = ctx;
     s->opts = o;
-    s->seq_len = c->seq_len;
+    s->seq_len = positions;
     s->dim = c->dim;
     s->hidden = c->hidden_dim;
     s->head_size = c->dim / c->n_heads;
@@ -123,10 +135,10 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
     s->hb = alloc_floats(T, (uint64_t)c->hidden_dim, &total);
     s->hb2 = alloc_floats(T, (uint64_t)c->hidden_dim, &total);
     s->logits = alloc_floats(1, (uint64_t)c->vocab_size, &total);
-    s->rope = alloc_floats((uint64_t)c->seq_len, (uint64_t)s->head_size, &total);
+    s->rope = alloc_floats((uint64_t)s->seq_len, (uint64_t)s->head_size, &total);
     s->kn = alloc_floats(T, (uint64_t)s->kv_dim, &total);
     s->vn = alloc_floats(T, (uint64_t)s->kv_dim, &total);
-    int ok = !__builtin_mul_overflow((uint64_t)c->n_layers, (uint64_t)c->seq_len, &kv_rows);
+    int ok = !__builtin_mul_overflow((uint64_t)c->n_layers, (uint64_t)s->seq_len, &kv_rows);
     if (ok && o.paged) { /* steps only: the pages are the cache */
         s->kc = s->vc = NULL;
     } else if (ok) {
@@ -139,14 +151,15 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
         fa_model_state_free(s);
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY,
                     "out of memory for the state (KV cache of %d layers x %d positions x %d, "
-                    "activations of %d tokens): the cache covers the model's whole context (seq_len, "
-                    "max_position_embeddings), which a config may lower",
-                    (int)c->n_layers, (int)c->seq_len, (int)kvd, (int)o.max_tokens);
+                    "activations of %d tokens)%s",
+                    (int)c->n_layers, (int)positions, (int)kvd, (int)o.max_tokens,
+                    o.context ? "" : ": the cache covers the model's whole context (seq_len, "
+                                     "max_position_embeddings), which options.context may lower");
     }
     s->stats.kv_cache_bytes = kv_bytes;
     s->stats.state_bytes = total + kv_bytes;
     int32_t half = s->head_size / 2;
-    for (int32_t p = 0; p < c->seq_len; p++)
+    for (int32_t p = 0; p < s->seq_len; p++)
         for (int32_t i = 0; i < half; i++) {
             const float a = fa_model_rope_angle(c, p, i);
             s->rope[((size_t)p * half + i) * 2] = cosf(a);
@@ -480,15 +493,15 @@ fa_status fa_model_forward(const fa_model *m, fa_model_state *s, const int32_t *
     if (!m || !s || !tokens)
         return fa_model_fail(err, FA_ERR_NULL_POINTER, "%s is NULL", !m ? "model" : !s ? "state" : "tokens");
     const fa_model_config *c = &m->config;
-    if (s->dim != c->dim || s->seq_len != c->seq_len || s->hidden != c->hidden_dim)
+    if (s->dim != c->dim || s->seq_len > c->seq_len || s->hidden != c->hidden_dim)
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "state was made for another model");
     if (!s->kc)
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
                              "state was made for paged steps (options.paged): it has no cache of its own");
-    if (n < 1 || pos < 0 || pos > c->seq_len - n)
+    if (n < 1 || pos < 0 || pos > s->seq_len - n)
         return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
-                    "positions pos (%d) .. pos + n (%d) must lie in 0..seq_len (%d)", (int)pos,
-                    (int)n, (int)c->seq_len);
+                    "positions pos (%d) .. pos + n (%d) must lie in 0..%d, the state's context (%s)", (int)pos,
+                    (int)n, (int)s->seq_len, s->seq_len < c->seq_len ? "options.context" : "seq_len");
     for (int32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
             return fa_model_fail(err, FA_ERR_INVALID_VALUE, "tokens[%d] (%d) is outside 0..vocab_size-1 (%d)",

@@ -63,8 +63,9 @@ fa_status fa_generate(const fa_model *m, const fa_tokenizer *t, fa_model_state *
                      (int)fa_tokenizer_vocab_size(t), (int)m->config.vocab_size);
         return FA_ERR_INVALID_SHAPE;
     }
-    if (steps <= 0 || steps > m->config.seq_len)
-        steps = m->config.seq_len;
+    const int32_t context = fa_model_state_context(s);
+    if (steps <= 0 || steps > context)
+        steps = context;
     int32_t *ids, n;
     fa_status st = fa_generate_prompt(t, m->config.seq_len, prompt, &ids, &n, err);
     if (st != FA_OK)

@@ -248,6 +248,8 @@ typedef struct fa_model_state_options {
     void *progress_user;
     int32_t paged; /* 1: for fa_model_forward_step only (no cache of its own; max_tokens = the
                       scheduler's token_budget or more) */
+    int32_t context; /* positions the cache holds, 0 = seq_len (a long-context model's whole
+                        context may not fit in memory); not with paged */
 } fa_model_state_options;
 
 /* Accumulated since the state was made or fa_model_state_reset. */
@@ -267,6 +269,8 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
                                 const fa_model_state_options *opts, fa_model_state **out,
                                 char *err);
 void fa_model_state_free(fa_model_state *s);
+/* The positions the state's cache holds (options.context, or the model's seq_len). */
+int32_t fa_model_state_context(const fa_model_state *s);
 /* Statistics; the KV cache is simply overwritten by the next forward. */
 fa_model_stats fa_model_state_stats(const fa_model_state *s);
 void fa_model_state_reset_stats(fa_model_state *s);
@@ -327,7 +331,7 @@ fa_status fa_generate_prompt(const fa_tokenizer *t, int32_t seq_len, const char 
  * its text; a non-zero return stops generation. */
 typedef int (*fa_token_fn)(void *user, int32_t token, const char *text, size_t len);
 
-/* steps <= 0 or > seq_len means seq_len. The prompt's first FA_GENERATE_WARMUP tokens run
+/* steps <= 0 or > the state's context (fa_model_state_context) means that. The prompt's first FA_GENERATE_WARMUP tokens run
  * once before its prefill (stats->warmup_s), so that stats->prefill_s is a warm time.
  * FA_ERR_INVALID_VALUE where logits come out NaN or +inf (weights holding such values). */
 fa_status fa_generate(const fa_model *m, const fa_tokenizer *t, fa_model_state *s, fa_sampler *smp,
