@@ -325,7 +325,8 @@ static void test_append_alone(void **state)
     fa_context_destroy(ctx);
 }
 
-/* Two halves of a sequence's keys merged equal the whole, within rounding; empty states. */
+/* Two halves of a sequence's keys merged equal the whole, within rounding; empty states; a NaN
+ * or +inf lse makes its row NaN. */
 static void test_merge(void **state)
 {
     (void)state;
@@ -340,6 +341,8 @@ static void test_merge(void **state)
     for (int s = 0; s < S; s++) /* row 2 of head 1: every state empty */
         lse_in[s * H * R + 1 * R + 2] = -INFINITY;
     lse_in[0 * H * R + 0 * R + 4] = -INFINITY; /* one empty state among full ones */
+    lse_in[1 * H * R + 1 * R + 0] = NAN;       /* row 0 of head 1 */
+    lse_in[2 * H * R + 0 * R + 1] = INFINITY;  /* row 1 of head 0 */
     fa_merge_desc m;
     fa_merge_desc_init(&m);
     m.num_states = S;
@@ -354,6 +357,12 @@ static void test_merge(void **state)
     for (int r = 0; r < R; r++)
         for (int h = 0; h < H; h++) {
             double mx = -INFINITY, sum = 0.0, acc[D] = { 0 };
+            if ((r == 0 && h == 1) || (r == 1 && h == 0)) {
+                assert_true(isnan(lse[h * R + r]));
+                for (int x = 0; x < D; x++)
+                    assert_true(isnan(o[(r * H + h) * D + x]));
+                continue;
+            }
             for (int s = 0; s < S; s++)
                 mx = fmax(mx, lse_in[s * H * R + h * R + r]);
             for (int s = 0; s < S && mx > -INFINITY; s++) {

@@ -164,9 +164,19 @@ def _common(dropout_p, softmax_scale, window_size, softcap, deterministic):
 def _trivial(q, k, v, out_shape, lse_shape, return_lse, zeros_like):
     """Calls with nothing to attend: empty outputs, or (no keys) zeros and lse -inf, once the
     arrays are what a call with work would take (the library, never reached, checks no more)."""
-    nd = len(out_shape)
     if str(getattr(q, "dtype", "")).replace("torch.", "") not in ("float32", "float16", "bfloat16"):
         raise ValueError(f"flashattn: q must be float32, float16 or bfloat16, not {getattr(q, 'dtype', type(q))}")
+    _kv_fit(q, k, v, len(out_shape))
+    out = zeros_like(out_shape, q)
+    lse = zeros_like(lse_shape, q, float32=True) if return_lse else None
+    if lse is not None:
+        lse[...] = float("-inf")
+    return (out, lse) if return_lse else out
+
+
+def _kv_fit(q, k, v, nd):
+    """k and v: arrays of q's dtype and nd dimensions, shaped to go with q (the checks the
+    library makes of a call that it never sees, having nothing to attend)."""
     for name, x in (("k", k), ("v", v)):
         if getattr(x, "ndim", None) != nd:
             raise ValueError(f"flashattn: {name} must be an array of {nd} dimensions like q")
@@ -176,11 +186,6 @@ def _trivial(q, k, v, out_shape, lse_shape, return_lse, zeros_like):
     hq, hk = q.shape[-2], k.shape[-2]
     if hk == 0 or hq % hk:
         raise ValueError(f"flashattn: q's heads ({hq}) must be a multiple of k's ({hk})")
-    out = zeros_like(out_shape, q)
-    lse = zeros_like(lse_shape, q, float32=True) if return_lse else None
-    if lse is not None:
-        lse[...] = float("-inf")
-    return (out, lse) if return_lse else out
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -284,7 +289,14 @@ def _fp8_forward(q, k, v, cu_q, cu_k, max_q, max_k, descales, scale, wl, wr, cau
         out = np.zeros(tuple(q.shape), dtype=ml_dtypes.bfloat16)
         lse = np.full(lse_shape, -np.inf, dtype=np.float32) if return_lse else None
         bits, obits = (lambda x: x.view(np.uint8) if _is_fp8(x) else _bf16_numpy(x)[0]), out.view(np.uint16)
-    if not (0 in tuple(q.shape) or (not varlen and getattr(k, "ndim", 0) == 4 and k.shape[1] == 0)):
+    if 0 in tuple(q.shape) or (not varlen and getattr(k, "ndim", 0) == 4 and k.shape[1] == 0):
+        _kv_fit(q, k, v, q.ndim)  # nothing to attend: the library never sees the call
+        seqs = len(cu_q) - 1 if varlen else q.shape[0]
+        for name, x in zip(("q_descale", "k_descale", "v_descale"), descales):
+            if x is not None and (tuple(x.shape) != (seqs, k.shape[-2]) or "float32" not in str(x.dtype)):
+                raise ValueError(f"flashattn: {name} must be float32 [batch, num_heads_kv] ([{seqs}, "
+                                 f"{k.shape[-2]}] here)")
+    else:
         _C.forward_fp8(bits(q), bits(k), bits(v), obits, lse, cu_q, cu_k, max_q, max_k, *descales, scale,
                        bool(causal), wl, wr, float(softcap), float(dropout_p), seed, _stream(q))
     return (out, lse) if return_lse else out

@@ -527,6 +527,10 @@ def test_bad_input():
     o, lse = flashattn.flash_attn_func(q, q, q, return_lse=True)
     with pytest.raises(ValueError, match="lse is on another device"):
         flashattn.merge_states(torch.stack([o[0], o[0]]), torch.stack([lse[0], lse[0]]).cpu())
+    bad = torch.stack([lse[0], lse[0]])
+    bad[1, 0, 0] = float("nan")
+    mo, ml = flashattn.merge_states(torch.stack([o[0], o[0]]), bad)
+    assert torch.isnan(ml[0, 0]) and torch.isnan(mo[0, 0].float()).all() and not torch.isnan(ml[0, 1:]).any()
 
 
 @cuda

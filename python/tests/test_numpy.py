@@ -224,6 +224,13 @@ def test_fp8(varlen):
         flashattn.flash_attn_func(x, x, x, k_descale=ds[1])
     with pytest.raises(ValueError, match=r"k's dtype \(float32\) must equal q's \(float8_e4m3fn\)"):
         flashattn.flash_attn_func(q, k.astype(np.float32), v)
+    # no query rows: nothing runs, and the arguments are checked all the same
+    q0 = q[:, :0]
+    assert flashattn.flash_attn_func(q0, k, v, q_descale=ds[0]).shape == q0.shape
+    with pytest.raises(ValueError, match=r"q_descale must be float32 \[batch, num_heads_kv\]"):
+        flashattn.flash_attn_func(q0, k, v, q_descale=ds[0][:1])
+    with pytest.raises(ValueError, match="do not go with q"):
+        flashattn.flash_attn_func(q0, k[:, :, :1], v)
 
 
 def test_threads():

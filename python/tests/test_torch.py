@@ -399,6 +399,13 @@ def test_merge_states():
     assert err(o, whole[0]) < 2e-5 and err(lse, wl[0]) < 2e-5
     with pytest.raises(ValueError, match="lse"):
         flashattn.merge_states(torch.stack([oa[0], ob[0]]), torch.stack([la[0], lb[0]]).numpy())
+    # a NaN or +inf lse (tensors are not inspected on the host): NaN in that row, the rest as before
+    lse_in = torch.stack([la[0], lb[0]]).detach().clone()
+    lse_in[1, 2, 3], lse_in[0, 1, 5] = float("nan"), float("inf")
+    o2, lse2 = flashattn.merge_states(torch.stack([oa[0], ob[0]]), lse_in)
+    assert torch.isnan(lse2[2, 3]) and torch.isnan(o2[3, 2]).all() and torch.isnan(lse2[1, 5])
+    keep = ~torch.isnan(lse2)
+    assert torch.equal(lse2[keep], lse[keep]) and not torch.isnan(o2[0]).any()
 
 
 def test_import_order():

@@ -114,13 +114,16 @@ fa_status fa_cpu_merge(fa_context_t ctx, void *state, const fa_merge_desc *d)
     for (int64_t r = 0; r < d->rows; r++)
         for (int32_t h = 0; h < d->num_heads; h++) {
             float mx = -INFINITY, sum = 0.0f;
+            int bad = 0; /* a NaN or +inf lse: o and lse NaN */
             for (int32_t k = 0; k < ns; k++) {
                 w[k] = d->lse_in[k * d->lse_in_stride_state + h * d->lse_in_stride_head +
                                  r * d->lse_in_stride_row];
                 mx = fmaxf(mx, w[k]);
+                bad |= !(w[k] < INFINITY);
             }
-            memset(acc, 0, sizeof(float) * (size_t)dim);
-            for (int32_t k = 0; mx > -INFINITY && k < ns; k++) {
+            for (int32_t x = 0; x < dim; x++)
+                acc[x] = bad ? NAN : 0.0f;
+            for (int32_t k = 0; !bad && mx > -INFINITY && k < ns; k++) {
                 if (w[k] == -INFINITY)
                     continue;
                 const float e = expf(w[k] - mx);
@@ -133,10 +136,10 @@ fa_status fa_cpu_merge(fa_context_t ctx, void *state, const fa_merge_desc *d)
                     acc[x] += e * row[x];
             }
             char *dst = (char *)fa_elem_ptr(&d->o, r * d->o.stride_seq + h * d->o.stride_head);
-            s->kern->store(d->o.dtype, acc, dst, dim, sum > 0.0f ? 1.0f / sum : 0.0f);
+            s->kern->store(d->o.dtype, acc, dst, dim, bad ? 1.0f : sum > 0.0f ? 1.0f / sum : 0.0f);
             if (d->lse)
                 d->lse[h * d->lse_stride_head + r * d->lse_stride_row] =
-                    sum > 0.0f ? mx + logf(sum) : -INFINITY;
+                    bad ? NAN : sum > 0.0f ? mx + logf(sum) : -INFINITY;
         }
     free(buf);
     return FA_OK;

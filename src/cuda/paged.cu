@@ -439,8 +439,14 @@ template <typename T> __global__ void __launch_bounds__(128) merge_kernel(const 
 {
     const int r = blockIdx.x, h = blockIdx.y;
     float mx = -INFINITY, sum = 0.0f;
-    for (int k = 0; k < a.states; k++)
-        mx = fmaxf(mx, a.lse_in[k * a.ls + h * a.lh + r * a.lr]);
+    bool bad = false; // a NaN or +inf lse: o and lse NaN
+    for (int k = 0; k < a.states; k++) {
+        const float x = a.lse_in[k * a.ls + h * a.lh + r * a.lr];
+        mx = fmaxf(mx, x);
+        bad |= !(x < INFINITY);
+    }
+    if (bad)
+        mx = -INFINITY; // the loops below skip every state
     for (int k = 0; mx > -INFINITY && k < a.states; k++) {
         const float x = a.lse_in[k * a.ls + h * a.lh + r * a.lr];
         sum += x == -INFINITY ? 0.0f : __expf(x - mx);
@@ -452,7 +458,7 @@ template <typename T> __global__ void __launch_bounds__(128) merge_kernel(const 
             if (x != -INFINITY)
                 acc += __expf(x - mx) * load_any<T>(a.o_in, a.in_f32, k * a.sb + r * a.ss + h * a.sh + e);
         }
-        const float v = sum > 0.0f ? acc / sum : 0.0f;
+        const float v = bad ? NAN : sum > 0.0f ? acc / sum : 0.0f;
         const int64_t oo = r * a.oss + h * a.osh + e;
         if (a.out_f32)
             ((float *)a.o)[oo] = v;
@@ -460,7 +466,7 @@ template <typename T> __global__ void __launch_bounds__(128) merge_kernel(const 
             ((T *)a.o)[oo] = from_float<T>(v);
     }
     if (a.lse && threadIdx.x == 0)
-        a.lse[h * a.olh + r * a.olr] = sum > 0.0f ? mx + __logf(sum) : -INFINITY;
+        a.lse[h * a.olh + r * a.olr] = bad ? NAN : sum > 0.0f ? mx + __logf(sum) : -INFINITY;
 }
 
 // After the attention kernel: the splits' merge where the grid has several.
