@@ -418,7 +418,7 @@ static void test_sample_formula(void **state)
 }
 
 /* A model whose final norm holds a NaN: the step fails naming the sequence and its position,
- * next untouched, on each backend. */
+ * next and logits untouched, on each backend. */
 static void nan_logits(fa_backend b)
 {
     char err[FA_MODEL_ERR_LEN];
@@ -434,11 +434,18 @@ static void nan_logits(fa_backend b)
     uint8_t smp[2] = { 0, 1 }; /* the first sequence's prompt goes on; the second is sampled */
     int64_t id[2] = { 0, 1 };
     fa_step st = { 2, 4, 3, 3, 1, 16, id, cu, len, bt, tok, pos, smp, 0 };
-    assert_int_equal(fa_engine_step(e, &st, NULL, next, NULL, err), FA_ERR_INVALID_VALUE);
+    float *lg = malloc(sizeof(float) * 2 * 512);
+    assert_non_null(lg);
+    for (int i = 0; i < 2 * 512; i++)
+        lg[i] = 7.0f;
+    assert_int_equal(fa_engine_step(e, &st, NULL, next, lg, err), FA_ERR_INVALID_VALUE);
     if (!strstr(err, "sequence 1") || !strstr(err, "position 0") || !strstr(err, "NaN"))
         fail_msg("message '%s'", err);
     assert_int_equal(next[0], -7);
     assert_int_equal(next[1], -7);
+    for (int i = 0; i < 2 * 512; i++)
+        assert_true(lg[i] == 7.0f);
+    free(lg);
     fa_engine_free(e);
     fa_model_free(m);
 }

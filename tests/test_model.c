@@ -195,6 +195,16 @@ static void test_nan_weights(void **state)
         fa_sampler_free(smp);
         fa_model_state_free(st);
     }
+    /* a sampler of another vocabulary: refused before anything runs */
+    fa_model_state *st;
+    fa_sampler *smp;
+    assert_int_equal(fa_model_state_create(m, s->ctx, NULL, &st, err), FA_OK);
+    assert_int_equal(fa_sampler_create(c.vocab_size + 1, 0.0f, 0.9f, 1, &smp, err), FA_OK);
+    fa_generate_stats gs;
+    assert_int_equal(fa_generate(m, s->t, st, smp, "Once", 8, NULL, NULL, &gs, err), FA_ERR_INVALID_SHAPE);
+    assert_non_null(strstr(err, "sampler vocab_size"));
+    fa_sampler_free(smp);
+    fa_model_state_free(st);
     fa_model_free(m);
 }
 
@@ -318,6 +328,11 @@ static void test_sampler(void **state)
     assert_int_equal(fa_sampler_sample(g, logits), 1);
     float bad[4] = { 0.1f, NAN, -1.0f, 1.9f };
     assert_int_equal(fa_sampler_sample(g, bad), -1);
+    fa_sampler_free(g);
+    /* every logit -inf: the first id at any temperature, as fa_sample_logits gives */
+    assert_int_equal(fa_sampler_create(4, 1.0f, 0.0f, 1, &g, err), FA_OK);
+    float none[4] = { -INFINITY, -INFINITY, -INFINITY, -INFINITY };
+    assert_int_equal(fa_sampler_sample(g, none), 0);
     fa_sampler_free(g);
     /* temperature 1: frequencies follow softmax; top-p 0.5 keeps only the best token */
     assert_int_equal(fa_sampler_create(4, 1.0f, 0.0f, seed | 1, &t, err), FA_OK);
@@ -565,6 +580,22 @@ static void test_forward_refusals(void **state)
     assert_int_equal(fa_model_forward(s->m, st, ids, 1, 16, &logits, err), FA_ERR_INVALID_SHAPE);
     assert_non_null(strstr(err, "options.context"));
     fa_model_state_free(st);
+    /* a state made for another model: refused, whatever its context (more layers and kv heads
+     * than the state holds, a longer context) */
+    const fa_model_config ca = { 64, 96, 2, 8, 4, 512, 64, 0, 0.0f, 0.0f, { 0 }, 0, 0, { 0 } };
+    const fa_model_config cb = { 64, 96, 6, 8, 8, 4096, 128, 0, 0.0f, 0.0f, { 0 }, 0, 0, { 0 } };
+    fa_model *ma, *mb;
+    assert_int_equal(fa_model_synth(&ca, 1, &ma, err), FA_OK);
+    assert_int_equal(fa_model_synth(&cb, 2, &mb, err), FA_OK);
+    for (int32_t context = 0; context <= 16; context += 16) {
+        o = (fa_model_state_options){ 0, FA_ALGORITHM_FLASH, FA_MATVEC_OWN, NULL, NULL, 0, context };
+        assert_int_equal(fa_model_state_create(ma, s->ctx, &o, &st, err), FA_OK);
+        assert_int_equal(fa_model_forward(mb, st, ids, 1, 0, &logits, err), FA_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(err, "another model"));
+        fa_model_state_free(st);
+    }
+    fa_model_free(ma);
+    fa_model_free(mb);
 }
 
 int main(void)

@@ -7,6 +7,7 @@
 #include "cli.h"
 #include "model.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -271,9 +272,10 @@ int cmd_bench_model(int argc, char **argv)
     if (backend == FA_BACKEND_CPU)
         cli_blas_note(); /* once the model is known good: a refusal stays one line */
     int32_t hs = c.dim / c.n_heads, n = (int32_t)prompt_len;
-    double state = 4.0 * ((double)c.n_layers * c.seq_len * hs * c.n_kv_heads * 2 +
-                          (double)n * (4.0 * c.dim + 2.0 * c.hidden_dim) + c.vocab_size +
-                          (double)c.seq_len * hs);
+    /* run()'s state: a cache of the run's positions, activations of the prompt */
+    const double positions = fmin((double)n + (double)decode, (double)c.seq_len);
+    double state = 4.0 * ((double)c.n_layers * positions * hs * c.n_kv_heads * 2 +
+                          (double)n * (4.0 * c.dim + 2.0 * c.hidden_dim) + c.vocab_size + positions * hs);
     uint64_t ws_flash = attention_workspace(ctx, &c, n, FA_ALGORITHM_FLASH);
     uint64_t ws_std = attention_workspace(ctx, &c, n, FA_ALGORITHM_STANDARD);
     double avail = (double)cli_mem_available(), gib = 1024.0 * 1024.0 * 1024.0;

@@ -300,19 +300,13 @@ fa_status fa_engine_step(fa_engine *e, const fa_step *st, const fa_sample_params
     if (e->cuda) {
         rc = fa_engine_cuda_step(e->cuda, st, ns, e->rows, e->temperature, e->topp, e->u, e->next,
                                  logits ? e->logits : NULL, err);
-        for (int32_t i = 0, b = 0; rc == FA_OK && logits && b < st->batch; b++)
-            if (st->sample[b])
-                memcpy(logits + (size_t)b * V, e->logits + (size_t)i++ * V, sizeof(float) * V);
     } else {
         rc = fa_model_forward_step(e->m, e->s, e->kv, st, e->logits, err);
         for (int32_t i = 0, b = 0; rc == FA_OK && b < st->batch; b++) {
             if (!st->sample[b])
                 continue;
             const fa_sample_params p = { e->temperature[i], e->topp[i], 0 };
-            float *row = e->logits + (size_t)b * V;
-            if (logits)
-                memcpy(logits + (size_t)b * V, row, sizeof(float) * V);
-            e->next[i] = fa_sample_logits(row, (int32_t)V, &p, e->u[i], e->scratch);
+            e->next[i] = fa_sample_logits(e->logits + (size_t)b * V, (int32_t)V, &p, e->u[i], e->scratch);
             i++;
         }
     }
@@ -324,9 +318,14 @@ fa_status fa_engine_step(fa_engine *e, const fa_step *st, const fa_sample_params
                                  "sequence %d: its logits at position %d are NaN or +inf: the model's weights "
                                  "hold NaN or inf values, or its activations overflow",
                                  (int)b, (int)st->positions[st->cu_seqlens_q[b + 1] - 1]);
-    for (int32_t i = 0, b = 0; b < st->batch; b++)
-        if (st->sample[b])
-            next[b] = e->next[i++];
+    for (int32_t i = 0, b = 0; b < st->batch; b++) {
+        if (!st->sample[b])
+            continue;
+        next[b] = e->next[i];
+        if (logits) /* cuda: the sampled rows in order; cpu: every sequence's row */
+            memcpy(logits + (size_t)b * V, e->logits + (size_t)(e->cuda ? i : b) * V, sizeof(float) * V);
+        i++;
+    }
     e->step_s += now() - t0;
     return FA_OK;
 }

@@ -76,7 +76,7 @@ fa_status fa_engine_pages_for(const fa_model *m, const fa_engine_options *o, dou
  * max_batch, total_q <= token_budget). params [step->batch] (NULL: every sequence argmax).
  * next [step->batch] gets the next token of each sequence with step->sample[b] set (others
  * untouched). logits (may be NULL) [step->batch, vocab] gets those sequences' float32 logits.
- * FA_ERR_INVALID_VALUE, next untouched, where a sampled sequence's logits hold NaN or +inf
+ * FA_ERR_INVALID_VALUE, next and logits untouched, where a sampled sequence's logits hold NaN or +inf
  * (a model with such weights, or activations that overflow); the step's keys and values are
  * in the cache all the same. */
 fa_status fa_engine_step(fa_engine *e, const fa_step *step, const fa_sample_params *params, int32_t *next,

@@ -20,7 +20,9 @@
 struct fa_model_state {
     fa_context_t ctx;
     fa_model_state_options opts;
-    int32_t seq_len, dim, hidden, kv_dim, head_size;
+    fa_model_config cfg; /* the model it was made for */
+    int32_t seq_len;     /* the cache's positions: options.context, or cfg.seq_len */
+    int32_t dim, hidden, kv_dim, head_size;
     float eps;     /* RMSNorm epsilon */
     float *x;      /* [max_tokens, dim] residual stream */
     float *xb;     /* [max_tokens, dim] normed input of a sublayer */
@@ -62,6 +64,16 @@ static float *alloc_floats(uint64_t rows, uint64_t cols, uint64_t *total)
     bytes = (bytes + 63) & ~(uint64_t)63;
     *total += bytes;
     return aligned_alloc(64, bytes ? (size_t)bytes : 64);
+}
+
+/* Whether s was made for a model of configuration c: every shape, the RoPE and the norm. */
+static int made_for(const fa_model_state *s, const fa_model_config *c)
+{
+    const fa_model_config *a = &s->cfg;
+    return a->dim == c->dim && a->hidden_dim == c->hidden_dim && a->n_layers == c->n_layers &&
+           a->n_heads == c->n_heads && a->n_kv_heads == c->n_kv_heads && a->vocab_size == c->vocab_size &&
+           a->seq_len == c->seq_len && a->rope_theta == c->rope_theta && a->norm_eps == c->norm_eps &&
+           memcmp(&a->rope_scaling, &c->rope_scaling, sizeof(a->rope_scaling)) == 0;
 }
 
 int32_t fa_model_state_context(const fa_model_state *s)
@@ -121,6 +133,7 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the state");
     s->ctx = ctx;
     s->opts = o;
+    s->cfg = *c;
     s->seq_len = positions;
     s->dim = c->dim;
     s->hidden = c->hidden_dim;
@@ -493,7 +506,7 @@ fa_status fa_model_forward(const fa_model *m, fa_model_state *s, const int32_t *
     if (!m || !s || !tokens)
         return fa_model_fail(err, FA_ERR_NULL_POINTER, "%s is NULL", !m ? "model" : !s ? "state" : "tokens");
     const fa_model_config *c = &m->config;
-    if (s->dim != c->dim || s->seq_len > c->seq_len || s->hidden != c->hidden_dim)
+    if (!made_for(s, c))
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "state was made for another model");
     if (!s->kc)
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
@@ -577,8 +590,7 @@ fa_status fa_model_forward_step(const fa_model *m, fa_model_state *s, fa_model_k
         return fa_model_fail(err, FA_ERR_NULL_POINTER, "%s is NULL",
                              !m ? "model" : !s ? "state" : !kv ? "kv" : !st ? "step" : "logits");
     const fa_model_config *c = &m->config;
-    if (s->dim != c->dim || s->seq_len != c->seq_len || s->hidden != c->hidden_dim ||
-        kv->n_layers != c->n_layers || kv->kv_dim != s->kv_dim || kv->seq_len != c->seq_len)
+    if (!made_for(s, c) || kv->n_layers != c->n_layers || kv->kv_dim != s->kv_dim || kv->seq_len != c->seq_len)
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "state or kv was made for another model");
     if (st->batch < 1)
         return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "step.batch (%d) must be at least 1", (int)st->batch);

@@ -63,6 +63,12 @@ fa_status fa_generate(const fa_model *m, const fa_tokenizer *t, fa_model_state *
                      (int)fa_tokenizer_vocab_size(t), (int)m->config.vocab_size);
         return FA_ERR_INVALID_SHAPE;
     }
+    if (fa_sampler_vocab_size(smp) != m->config.vocab_size) {
+        if (err)
+            snprintf(err, FA_MODEL_ERR_LEN, "sampler vocab_size (%d) differs from the model's (%d)",
+                     (int)fa_sampler_vocab_size(smp), (int)m->config.vocab_size);
+        return FA_ERR_INVALID_SHAPE;
+    }
     const int32_t context = fa_model_state_context(s);
     if (steps <= 0 || steps > context)
         steps = context;

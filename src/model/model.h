@@ -219,6 +219,7 @@ typedef struct fa_sampler fa_sampler;
 fa_status fa_sampler_create(int32_t vocab_size, float temperature, float topp, uint64_t seed,
                             fa_sampler **out, char *err);
 void fa_sampler_free(fa_sampler *s);
+int32_t fa_sampler_vocab_size(const fa_sampler *s);
 /* A token id in [0, vocab_size), or -1 where a logit is NaN or +inf; logits [vocab_size] is
  * overwritten. */
 int32_t fa_sampler_sample(fa_sampler *s, float *logits);

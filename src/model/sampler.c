@@ -66,6 +66,11 @@ void fa_sampler_free(fa_sampler *s)
     free(s);
 }
 
+int32_t fa_sampler_vocab_size(const fa_sampler *s)
+{
+    return s ? s->vocab_size : 0;
+}
+
 /* A float in [0, 1) from the top 24 bits of xorshift64* (Vigna, 2016). */
 static float coin(fa_sampler *s)
 {
@@ -100,6 +105,8 @@ int32_t fa_sampler_sample(fa_sampler *s, float *logits)
         logits[i] = p == p ? p : 0.0f;
         sum += logits[i];
     }
+    if (!(sum > 0.0f)) /* every logit -inf: argmax's first id, as fa_sample_logits gives */
+        return best;
     for (int32_t i = 0; i < n; i++)
         logits[i] /= sum;
     float r = coin(s);
