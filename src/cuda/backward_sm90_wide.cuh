@@ -42,6 +42,8 @@ __device__ __forceinline__ void bwd_rows_wide(const fa_cuda_params &p, stage_rin
 {
     // QH query rows and DH columns a warpgroup; dQ in chunks of DC columns (fewer live registers)
     constexpr int BN = 64, QH = BQ / 2, NQ = QH / 8, DH = D / 2, DC = 64;
+    static_assert(DH % DC == 0 && DC % 64 == 0 && QH % 16 == 0,
+                  "a warpgroup's columns are whole dQ chunks of whole column blocks, its rows whole k16 steps");
     using S = kv_stage<D, BQ>;
     using F = bwd_wide_smem<D, BN, BQ>;
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
