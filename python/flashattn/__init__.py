@@ -136,8 +136,12 @@ def _common(dropout_p, softmax_scale, window_size, softcap, deterministic):
     signature: flashattn is deterministic whatever it says."""
     if type(dropout_p) is not float or dropout_p:
         _check_float("dropout_p", dropout_p)
+        if not 0 <= dropout_p < 1:  # checked here too for calls with nothing to attend
+            raise ValueError(f"flashattn: dropout_p ({dropout_p}) must be in [0, 1)")
     if type(softcap) is not float or softcap:
         _check_float("softcap", softcap)
+        if softcap < 0:
+            raise ValueError(f"flashattn: softcap ({softcap}) must be >= 0 (0 = off)")
     if softmax_scale is not None:
         _check_float("softmax_scale", softmax_scale)
         if softmax_scale == 0:
@@ -186,6 +190,8 @@ def _kv_fit(q, k, v, nd):
     hq, hk = q.shape[-2], k.shape[-2]
     if hk == 0 or hq % hk:
         raise ValueError(f"flashattn: q's heads ({hq}) must be a multiple of k's ({hk})")
+    if not 1 <= q.shape[-1] <= 256:
+        raise ValueError(f"flashattn: head_dim ({q.shape[-1]}) must be in 1..256")
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),

@@ -267,6 +267,12 @@ def test_edges():
     assert flashattn.flash_attn_func(empty, empty, empty).shape == empty.shape
     o, lse = flashattn.flash_attn_func(q, q[:, :0], q[:, :0], return_lse=True)  # no keys
     assert np.all(o == 0) and np.all(np.isneginf(lse))
+    # nothing to attend: what a call with work refuses is refused all the same
+    for kw, what in ((dict(dropout_p=2.0), "dropout_p"), (dict(softcap=-1.0), "softcap")):
+        with pytest.raises(ValueError, match=what):
+            flashattn.flash_attn_func(empty, empty, empty, **kw)
+    with pytest.raises(ValueError, match="head_dim"):
+        flashattn.flash_attn_func(q[..., :0], q[..., :0], q[..., :0])
     with pytest.raises(ValueError, match="softmax_scale 0"):
         flashattn.flash_attn_func(q, q, q, softmax_scale=0.0)
     with pytest.raises(ValueError, match="rounds to 0"):
