@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# Nsight Compute profile of the dense forward: flashattn's Hopper kernel beside cuDNN's (torch
-# SDPA) on the same tensors, with what says where a compute-bound kernel loses: the pipes'
+# Nsight Compute profile of the dense forward (or backward): flashattn's Hopper kernel beside
+# cuDNN's (torch SDPA) on the same tensors, with what says where a compute-bound kernel loses: the pipes'
 # utilisation (tensor, MUFU, FMA), shared-memory wavefronts and bank conflicts, L2 throughput,
 # warp stalls and the top stalling instructions. On a CUDA machine:
-#   bench/gpu/profile_forward.sh [CASE ...]   CASE = dDIM-sSEQ[-causal] (default d64-s4096 d128-s4096 d128-s8192-causal)
+#   bench/gpu/profile_forward.sh [CASE ...]   CASE = dDIM-sSEQ[-causal][-bwd] (default d64-s4096 d128-s4096 d128-s8192-causal)
+# -bwd: the backward's kernels instead (ours, then cuDNN's), after a forward each.
 # NCU_EXTRA adds ncu options (for instance "--print-details all": the sections' tables too).
 # NCU_SOURCE=1: also our kernel's SASS, instruction by instruction, with its executions and
 # warp-stall samples by reason, as CSV ($OUT/sass_CASE.csv.gz; every profiled kernel's where
@@ -28,7 +29,11 @@ src=0
 for c in "$@"; do
   rep=/tmp/ncu_fwd_$c.ncu-rep
   rm -f "$rep"
-  ncu --clock-control none --kernel-name-base demangled -k 'regex:flash_forward_sm90|sdpa|fprop|fmha|cudnn' \
+  case $c in
+  *-bwd) ours=backward_sm90 kre='regex:backward_sm90|bprop' ;;
+  *) ours=flash_forward_sm90 kre='regex:flash_forward_sm90|sdpa|fprop|fmha|cudnn' ;;
+  esac
+  ncu --clock-control none --kernel-name-base demangled -k "$kre" \
     --launch-count 2 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats \
     --section SourceCounters ${metrics:+--metrics "$metrics"} ${NCU_EXTRA:-} \
@@ -38,25 +43,33 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
 sys.path.insert(0, "bench/gpu")
 import flashattn_ctypes as fa
-m = re.fullmatch(r"d(\d+)-s(\d+)(-causal)?", sys.argv[1])
-d, s, causal = int(m[1]), int(m[2]), bool(m[3])
+m = re.fullmatch(r"d(\d+)-s(\d+)(-causal)?(-bwd)?", sys.argv[1])
+d, s, causal, bwd = int(m[1]), int(m[2]), bool(m[3]), bool(m[4])
 b, h = 16384 // s, 2048 // d
 torch.manual_seed(0)
 q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-o = torch.empty_like(q)
+o, do = torch.empty_like(q), torch.randn_like(q)
+lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
 ctx = fa.Context(fa.load("build/libflashattn.so"))
-ctx.forward(ctx.desc(q, k, v, o, None, causal))
-with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-    F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal)
-torch.cuda.synchronize()
+desc = ctx.desc(q, k, v, o, lse, causal)
+ctx.forward(desc)
+if bwd:
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    ctx.backward(ctx.backward_desc(desc, do, dq, dk, dv))
 print("kernel:", ctx.last_run().kernel.decode())
+qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_(bwd) for x in (q, k, v))
+with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+    out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    if bwd:
+        out.backward(do.transpose(1, 2))
+torch.cuda.synchronize()
 PY
   rc=$?
   echo "== $c: rc=$rc -> $out/ncu_fwd_$c.txt"
   if [ $src = 1 ] && [ $rc -eq 0 ] && [ -f "$rep" ]; then
     # the run's own lines (the kernel's name, ncu's notes) first, then the report's sections
     ncu -i "$rep" --page details --print-details all >> "$out/ncu_fwd_$c.txt" 2>&1
-    ncu -i "$rep" --page source --csv --print-source sass -k regex:flash_forward_sm90 \
+    ncu -i "$rep" --page source --csv --print-source sass -k regex:$ours \
       --launch-count 1 2> "$out/sass_$c.err" | gzip > "$out/sass_$c.csv.gz"
     [ "$(zcat "$out/sass_$c.csv.gz" | wc -l)" -gt 10 ] || # an ncu without filters on import: every kernel
       ncu -i "$rep" --page source --csv --print-source sass 2>> "$out/sass_$c.err" | gzip > "$out/sass_$c.csv.gz"
