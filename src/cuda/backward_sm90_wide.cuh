@@ -36,8 +36,8 @@ template <int STAGES> struct dq_stage_bars {
 // element step, then dV, dK and dQ. EARLY (FLASHATTN_CUDA_BWD_EARLY=1, under measurement)
 // issues S^T and dP^T of the next step before dV, dK and dQ of this one and runs the next
 // step's element step while those run; its P and dS go to their tiles at the end of the step
-// (the other warpgroup's second dQ chunk of the step before may still read that dS tile
-// until it passes barrier 5 of this one).
+// (barrier 4 of this step's store already bounds the other warpgroup's reads of them two
+// steps before, so an earlier store would be safe too: not measured).
 template <typename T, int D, int BQ, int STAGES, bool DROPOUT, bool EARLY>
 __device__ __forceinline__ void bwd_rows_wide(const fa_cuda_params &p, stage_ring<STAGES> &ring,
                                               dq_stage_bars<STAGES> &bars, const block_t &blk, const seq_t &s,
@@ -107,7 +107,7 @@ __device__ __forceinline__ void bwd_rows_wide(const fa_cuda_params &p, stage_rin
         to_a<T, 1, NQ>(da, dp);
     };
     // Them (queries x keys) into step i's tiles, which the other warpgroup's products of step
-    // i - 2 read before it passed the last barrier 5 this one passed.
+    // i - 2 finished reading before it arrived at barrier 4 of step i - 1.
     auto store = [&](int i) {
         const uint32_t pt = smem_addr(sP) + (i & 1) * F::pt, dt = smem_addr(sDS) + (i & 1) * F::pt;
 #pragma unroll
