@@ -847,6 +847,36 @@ static void test_reexport_and_bounds(void **state)
     fa_model_free(b);
 }
 
+/* An export that fails part way (here a directory where a shard goes; a full disk alike)
+ * removes what it wrote: no config.json without its weights, no partial shard. */
+static void test_export_failure(void **state)
+{
+    (void)state;
+    char dir[64], err[FA_MODEL_ERR_LEN], p[128];
+    fa_model_config c;
+    fa_model *a;
+    struct stat sb;
+    assert_int_equal(fa_model_config_parse("32x2x4x2x48x40x16", &c, err), FA_OK);
+    assert_int_equal(fa_model_synth(&c, 1, &a, err), FA_OK);
+    mktemp_dir(dir);
+    const char *block[] = { "model-00002-of-00003.safetensors", "model.safetensors" };
+    for (int k = 0; k < 2; k++) {
+        snprintf(p, sizeof(p), "%s/%s", dir, block[k]);
+        assert_int_equal(mkdir(p, 0777), 0);
+        assert_int_equal(fa_model_write_hf(a, dir, FA_HF_F32, k ? 1 : 3, err), FA_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(err, block[k]));
+        assert_int_equal(rmdir(p), 0);
+        const char *gone[] = { "config.json", "model-00001-of-00003.safetensors",
+                               "model.safetensors.index.json" };
+        for (int g = 0; g < 3; g++) {
+            snprintf(p, sizeof(p), "%s/%s", dir, gone[g]);
+            assert_int_not_equal(stat(p, &sb), 0);
+        }
+    }
+    assert_int_equal(rmdir(dir), 0); /* empty: nothing else was left */
+    fa_model_free(a);
+}
+
 /* Llama 3's conventions end to end on the CPU: config.json's bos_token_id and eos_token_id
  * list survive the HF round trip; the byte-level tokenizer.json beside the weights (the
  * tokenizer test's fixture) starts prompts with its template's BOS; greedy generation stops
@@ -922,6 +952,7 @@ int main(void)
         cmocka_unit_test(test_safetensors_refusals),
         cmocka_unit_test(test_index_refusals),
         cmocka_unit_test(test_reexport_and_bounds),
+        cmocka_unit_test(test_export_failure),
         cmocka_unit_test(test_llama3_ids),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -493,17 +493,21 @@ int cmd_export_hf(int argc, char **argv)
     /* the tokenizer is read before anything is written, so that a bad one leaves no files */
     if (s == FA_OK && tok_path && (s = fa_tokenizer_open(tok_path, m->config.vocab_size, &t, err)) != FA_OK)
         fa_model_free(m);
+    if (s == FA_OK && t && (size_t)snprintf(tok_out, sizeof(tok_out), "%s/tokenizer.json", out) >= sizeof(tok_out)) {
+        s = FA_ERR_INVALID_ARGUMENT;
+        snprintf(err, sizeof(err), "path '%.200s/tokenizer.json' is too long", out);
+        fa_model_free(m);
+    }
+    struct stat before;
+    int existed = stat(out, &before) == 0;
     if (s == FA_OK) {
         s = fa_model_write_hf(m, out, dtype, (int32_t)shards, err);
         fa_model_free(m);
     }
-    if (s == FA_OK && t) {
-        if ((size_t)snprintf(tok_out, sizeof(tok_out), "%s/tokenizer.json", out) >= sizeof(tok_out)) {
-            s = FA_ERR_INVALID_ARGUMENT;
-            snprintf(err, sizeof(err), "path '%s/tokenizer.json' is too long", out);
-        } else {
-            s = fa_tokenizer_write_json(t, tok_out, err);
-        }
+    /* an export is written whole or not at all: a tokenizer that fails takes the model files along */
+    if (s == FA_OK && t && (s = fa_tokenizer_write_json(t, tok_out, err)) != FA_OK) {
+        remove(tok_out);
+        fa_model_hf_remove(out, (int32_t)shards, !existed);
     }
     fa_tokenizer_free(t);
     if (s != FA_OK) {

@@ -192,6 +192,21 @@ static fa_status write_shard(const fa_model *m, const char *path, const int *slo
     return ok ? FA_OK : fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot write '%s' (disk full?)", path);
 }
 
+void fa_model_hf_remove(const char *dir, int32_t shards, int remove_dir)
+{
+    char path[4096];
+    const char *fixed[] = { "config.json", "model.safetensors", "model.safetensors.index.json" };
+    for (int i = 0; dir && i < 3; i++)
+        if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, fixed[i]) < sizeof(path))
+            unlink(path);
+    for (int k = 1; dir && shards > 1 && k <= shards && k <= 99999; k++)
+        if ((size_t)snprintf(path, sizeof(path), "%s/model-%05d-of-%05d.safetensors", dir, k, (int)shards) <
+            sizeof(path))
+            unlink(path);
+    if (dir && remove_dir)
+        rmdir(dir); /* only when it is empty now */
+}
+
 fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtype, int32_t shards,
                             char *err)
 {
@@ -220,7 +235,8 @@ fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtyp
     fa_status st = FA_OK;
     char path[4096];
     cJSON *cfg = NULL, *index = NULL;
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+    int made = mkdir(dir, 0777) == 0, wrote = 0;
+    if (!made && errno != EEXIST) {
         st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot create directory '%s'", dir);
         goto done;
     }
@@ -239,6 +255,7 @@ fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtyp
     }
     snprintf(path, sizeof(path), "%s/config.json", dir);
     cfg = config_json(c, dtype);
+    wrote = 1; /* from here on an error removes what this call wrote */
     if ((st = write_json(path, cfg, err)) != FA_OK)
         goto done;
     if (shards == 1) {
@@ -271,6 +288,10 @@ fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtyp
         st = write_json(path, index, err);
     }
 done:
+    if (st != FA_OK && wrote)
+        fa_model_hf_remove(dir, shards, made);
+    else if (st != FA_OK && made)
+        rmdir(dir);
     cJSON_Delete(cfg);
     cJSON_Delete(index);
     free(order);

@@ -144,9 +144,14 @@ typedef enum fa_hf_dtype { FA_HF_F32 = 0, FA_HF_F16 = 1, FA_HF_BF16 = 2 } fa_hf_
  * names are replaced): config.json and model.safetensors when shards is 1, else
  * model-0000k-of-0000N.safetensors and model.safetensors.index.json. Weights are rounded to
  * dtype to nearest even; q_proj/k_proj rows are permuted into HF's rotate-half order. On an
- * error the files written so far are left in place. */
+ * error (a full disk, say) the files of that layout are removed again, and the directory too
+ * when this call created it. */
 fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtype, int32_t shards,
                             char *err);
+
+/* Remove what fa_model_write_hf(.., dir, .., shards) writes, then dir itself when remove_dir
+ * is set and it is empty; missing files are no error. */
+void fa_model_hf_remove(const char *dir, int32_t shards, int remove_dir);
 
 /* Shapes by name: "110m" (dim 768, 12 layers, 12 heads), "1b" (TinyLlama-1.1B:
  * 2048, 22 layers, 32 heads, 4 kv heads), "7b" (Llama-2-7B), "llama3-8b" (32 heads over
