@@ -11,8 +11,6 @@
 # too). JSON lines to $OUT/ab.jsonl (or build/), each
 # with "ab": "VAR=value". Carry .devdeps (bench/gpu/fetch_debs.sh).
 #   bench/gpu/device_ab.sh VAR A B
-#   AB_SHAPES="bf16:256:16:1024 bf16:256:4:4096 bf16:256:1:16384" AB_BACKWARD=1 \
-#     bench/gpu/device_ab.sh FLASHATTN_CUDA_BWD_EARLY 0 1      (the d256 backward's order)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -eq 3 ] || { echo "usage: bench/gpu/device_ab.sh VAR A B" >&2; exit 2; }

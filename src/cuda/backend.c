@@ -135,10 +135,6 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
      * FLASHATTN_CUDA_PINGPONG=0: freely (for comparison) */
     const char *pp = getenv("FLASHATTN_CUDA_PINGPONG");
     s->pingpong = s->hopper && !(pp && strcmp(pp, "0") == 0);
-    /* FLASHATTN_CUDA_BWD_EARLY=1: the d256 backward's next S and dP ahead of this step's dV, dK
-     * and dQ (backward_sm90_wide.cuh; under measurement, off by default) */
-    const char *be = getenv("FLASHATTN_CUDA_BWD_EARLY");
-    s->bwd_early = be && strcmp(be, "1") == 0;
     /* The Hopper bf16 / f16 forward (head_dim <= 128) keeps a row's softmax reference until a
      * key tile's largest logit passes it by more than the slack (log2 units; 8 as
      * FlashAttention-4), rescaling O only then (softmax_update); probabilities reach 2^slack, well
@@ -686,7 +682,7 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
                   : c.fp8 ? fa_cuda_standard_forward_e4m3(k, s->stream)
                           : fa_cuda_standard_forward(k, c.bf16, s->stream);
     else
-        err = backward ? (c.hb ? (k->bwd_early = s->bwd_early, fa_cuda_flash_backward_sm90(k, c.bf16, c.hb->dim, s->stream))
+        err = backward ? (c.hb ? fa_cuda_flash_backward_sm90(k, c.bf16, c.hb->dim, s->stream)
                                : fa_cuda_flash_backward(k, c.bf16, c.tl->dim, s->stream))
                        : c.h ? forward_sm90(s, &c, k)
                              : fa_cuda_flash_forward(k, c.bf16, c.tl->dim, s->stream);

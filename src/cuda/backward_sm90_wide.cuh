@@ -32,13 +32,7 @@ template <int STAGES> struct dq_stage_bars {
     uint64_t full[2][STAGES];
 };
 
-// A consumer warpgroup's steps. Each step's products wait for one another: S^T and dP^T, the
-// element step, then dV, dK and dQ. EARLY (FLASHATTN_CUDA_BWD_EARLY=1, under measurement)
-// issues S^T and dP^T of the next step before dV, dK and dQ of this one and runs the next
-// step's element step while those run; its P and dS go to their tiles at the end of the step
-// (barrier 4 of this step's store already bounds the other warpgroup's reads of them two
-// steps before, so an earlier store would be safe too: not measured).
-template <typename T, int D, int BQ, int STAGES, bool DROPOUT, bool EARLY>
+template <typename T, int D, int BQ, int STAGES, bool DROPOUT>
 __device__ __forceinline__ void bwd_rows_wide(const fa_cuda_params &p, stage_ring<STAGES> &ring,
                                               dq_stage_bars<STAGES> &bars, const block_t &blk, const seq_t &s,
                                               const mask_t &mk, int c0, int m_lo, int nm, int iters,
@@ -80,36 +74,30 @@ __device__ __forceinline__ void bwd_rows_wide(const fa_cuda_params &p, stage_rin
     zero(dv);
     // the query tiles every row of which sees all 16 of this warp's keys
     const tiles_t full = tiles_within<BQ>(mk.full_query_range(j0, j0 + 16));
-    // Step i's S^T and dP^T issued (not waited for), once its stage is full.
-    auto products = [&](int i) {
-        const int st = i % STAGES;
+    bwd_steps fs(hk, p.group, m_lo, nm);
+    for (int it = 0; it < iters; it++, fs.next()) {
+        const int st = it % STAGES, h = fs.h(), i0 = fs.mi * BQ;
+        const bool all_seen = fs.mi >= full.lo && fs.mi < full.hi;
         const uint32_t qa = ra + st * S::bytes, oa = qa + S::tile;
+        const uint32_t pt = smem_addr(sP) + (it & 1) * F::pt, dt = smem_addr(sDS) + (it & 1) * F::pt;
+        const float *sl = stats + st * S::stats + wg * QH;
         if (!(drop_ordering(p, FA_DROP_BACKWARD) & 2))
-            mbar_wait(&ring.full[st], (i / STAGES) & 1);
+            mbar_wait(&ring.full[st], (it / STAGES) & 1);
         if (drop_ordering(p, FA_DROP_BACKWARD) & 5) // slow consumers: loaders without their empty waits run ahead
             __nanosleep(10000);
         fence_async_smem(); // the loaders' writes, seen through the barrier, for the tensor cores
         wgmma_fence();
         wg_gemm_nt<T, D, BN, QH, BQ>(sf, ka, qa + wg * QH * 128);  // S^T = K Q^T, this half's queries
         wg_gemm_nt<T, D, BN, QH, BQ>(dpf, va, oa + wg * QH * 128); // dP^T = V dO^T
-    };
-    // Step i's element step once its products are done (gs: step i's query tile and head): P
-    // and dS of this half as A fragments.
-    bwd_steps gs(hk, p.group, m_lo, nm);
-    auto elements = [&](int i) {
+        wgmma_wait<0>();
         reg_fence(sf);
         reg_fence(dpf);
-        const float *sl = stats + (i % STAGES) * S::stats + wg * QH;
-        const bool all_seen = gs.mi >= full.lo && gs.mi < full.hi;
-        kv_grads<NQ, DROPOUT>(p, mk, all_seen, blk.b, gs.h(), sc, dp, sl, sl + BQ, gs.mi * BQ + wg * QH, j0, g, t);
-        gs.next();
+        kv_grads<NQ, DROPOUT>(p, mk, all_seen, blk.b, h, sc, dp, sl, sl + BQ, i0 + wg * QH, j0, g, t);
         to_a<T, 1, NQ>(pa, sc);
         to_a<T, 1, NQ>(da, dp);
-    };
-    // Them (queries x keys) into step i's tiles, which the other warpgroup's products of step
-    // i - 2 finished reading before it arrived at barrier 4 of step i - 1.
-    auto store = [&](int i) {
-        const uint32_t pt = smem_addr(sP) + (i & 1) * F::pt, dt = smem_addr(sDS) + (i & 1) * F::pt;
+        // P and dS (queries x keys) of this half into the step's tiles, which the other
+        // warpgroup's products of two steps ago finished reading before it arrived at barrier 4
+        // of the step before
 #pragma unroll
         for (int kt = 0; kt < NQ / 2; kt++) {
             stsm_x4_t(pt + sw_offset(kt * 16 + sm_q, sm_k, BQ), pa[0][kt]);
@@ -117,90 +105,34 @@ __device__ __forceinline__ void bwd_rows_wide(const fa_cuda_params &p, stage_rin
         }
         fence_async_smem();
         named_barrier(4, 256); // both halves stored
-    };
-    // Step i's dV and dK issued (their operands' tiles stored and fenced), and its dQ chunk c.
-    const int cb = wg * DH / 64; // this warpgroup's first column block
-    auto gradients = [&](int i) {
-        const uint32_t qa = ra + (i % STAGES) * S::bytes, oa = qa + S::tile;
-        wg_gemm_mn<T, DH, BQ, BQ>(dvf, smem_addr(sP) + (i & 1) * F::pt, oa + cb * BQ * 128); // dV += P^T dO
-        wg_gemm_mn<T, DH, BQ, BQ>(dkf, smem_addr(sDS) + (i & 1) * F::pt, qa + cb * BQ * 128); // dK += dS^T Q
-    };
-    auto dq_chunk = [&](int i, int c) { // dQ = dS K
-        wg_gemm_sn<T, DC, BN, BQ, BN>(dq, smem_addr(sDS) + (i & 1) * F::pt, ka + (cb + c * DC / 64) * BN * 128);
-    };
-    // dQ chunk c of step i into the step's stage, in the accumulator's order (dq_tile_base)
-    auto stage_dq = [&](int i, int c) {
-        float4 *buf = reinterpret_cast<float4 *>(ring_mem + (i % STAGES) * S::bytes + wg * BQ * DH * 4);
-#pragma unroll
-        for (int x = 0; x < DC / 8; x++)
-            buf[((c * DC / 8 + x) * 4 + warp) * 32 + lane] =
-                make_float4(dq[4 * x], dq[4 * x + 1], dq[4 * x + 2], dq[4 * x + 3]);
-    };
-    if (EARLY && iters > 0) {
-        products(0);
-        wgmma_wait<0>();
-        elements(0);
-        store(0);
-    }
-    for (int it = 0; it < iters; it++) {
-        if constexpr (!EARLY) {
-            products(it);
-            wgmma_wait<0>();
-            elements(it);
-            store(it);
-            wgmma_fence();
-            gradients(it);
+        wgmma_fence();
+        const int cb = wg * DH / 64; // this warpgroup's first column block
+        wg_gemm_mn<T, DH, BQ, BQ>(dvf, pt, oa + cb * BQ * 128); // dV += P^T dO
+        wg_gemm_mn<T, DH, BQ, BQ>(dkf, dt, qa + cb * BQ * 128); // dK += dS^T Q
+        float4 *buf = reinterpret_cast<float4 *>(ring_mem + st * S::bytes + wg * BQ * DH * 4);
 #pragma unroll 1
-            for (int c = 0; c < DH / DC; c++) {
-                if (c > 0)
-                    wgmma_fence();
-                dq_chunk(it, c);
-                wgmma_wait<0>();
-                reg_fence(dq);
-                if (c == 0) {
-                    reg_fence(dkf);
-                    reg_fence(dvf);
-                    // both warpgroups' products are done with the stage's Q and dO: it takes
-                    // the dQ shares
-                    named_barrier(5, 256);
-                }
-                stage_dq(it, c);
-            }
-        } else {
-            // straight-line paths, so that the compiler sees which products each wait leaves
-            // (a branch between the issue and the wait serialises them)
-            if (it + 1 < iters) { // the next step's element step under this one's products
-                products(it + 1);
-                gradients(it);
-                dq_chunk(it, 0);
-                wgmma_wait<3>();
-                elements(it + 1);
-            } else {
+        for (int c = 0; c < DH / DC; c++) {
+            if (c > 0)
                 wgmma_fence();
-                gradients(it);
-                dq_chunk(it, 0);
-            }
+            wg_gemm_sn<T, DC, BN, BQ, BN>(dq, dt, ka + (cb + c * DC / 64) * BN * 128); // dQ = dS K
             wgmma_wait<0>();
             reg_fence(dq);
-            reg_fence(dkf);
-            reg_fence(dvf);
-            named_barrier(5, 256); // as above
-            stage_dq(it, 0);
-#pragma unroll 1
-            for (int c = 1; c < DH / DC; c++) {
-                wgmma_fence();
-                dq_chunk(it, c);
-                wgmma_wait<0>();
-                reg_fence(dq);
-                stage_dq(it, c);
+            if (c == 0) {
+                reg_fence(dkf);
+                reg_fence(dvf);
+                // both warpgroups' products are done with the stage's Q and dO: it takes the
+                // dQ shares, in the accumulator's order (dq_tile_base)
+                named_barrier(5, 256);
             }
+#pragma unroll
+            for (int x = 0; x < DC / 8; x++)
+                buf[((c * DC / 8 + x) * 4 + warp) * 32 + lane] =
+                    make_float4(dq[4 * x], dq[4 * x + 1], dq[4 * x + 2], dq[4 * x + 3]);
         }
         fence_async_smem();
         __syncwarp();
         if (lane == 0)
-            mbar_arrive(&bars.full[wg][it % STAGES]);
-        if (EARLY && it + 1 < iters)
-            store(it + 1);
+            mbar_arrive(&bars.full[wg][st]);
     }
     store_acc<T, DH>(p.dk, dk, s, true, hk, j0, s.sk, p.dim, p.scale, g, t, wg * DH);
     store_acc<T, DH>(p.dv, dv, s, true, hk, j0, s.sk, p.dim, p.dropout_scale, g, t, wg * DH);
@@ -230,7 +162,7 @@ __device__ __forceinline__ void dq_writer_wide(const fa_cuda_params &p, stage_ri
     }
 }
 
-template <typename T, int D, int BQ, int STAGES, bool DROPOUT, bool EARLY>
+template <typename T, int D, int BQ, int STAGES, bool DROPOUT>
 __global__ void __launch_bounds__(384, 1) backward_sm90_wide(const fa_cuda_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -271,8 +203,8 @@ __global__ void __launch_bounds__(384, 1) backward_sm90_wide(const fa_cuda_param
             load_steps<T, D, BQ, STAGES, LOADERS>(p, ring, s, blk.h, m_lo, nm, iters, ring_mem, stats, tid);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<2>::value));
-        bwd_rows_wide<T, D, BQ, STAGES, DROPOUT, EARLY>(p, ring, bars, blk, s, mk, c0, m_lo, nm, iters, sK, sV, sP,
-                                                        sDS, ring_mem, stats, wg);
+        bwd_rows_wide<T, D, BQ, STAGES, DROPOUT>(p, ring, bars, blk, s, mk, c0, m_lo, nm, iters, sK, sV, sP, sDS,
+                                                 ring_mem, stats, wg);
     }
 #endif
 }
@@ -281,10 +213,8 @@ template <typename T, int D, int BQ, int STAGES>
 cudaError_t launch_backward_sm90_wide(const fa_cuda_params &p, bool bf16, cudaStream_t stream)
 {
     static_assert(BQ == kDqRows && BQ == 64, "the accumulator's tiles are the steps' query tiles");
-    auto kern = p.dropout_p > 0.0f ? (p.bwd_early ? backward_sm90_wide<T, D, BQ, STAGES, true, true>
-                                                  : backward_sm90_wide<T, D, BQ, STAGES, true, false>)
-                                   : (p.bwd_early ? backward_sm90_wide<T, D, BQ, STAGES, false, true>
-                                                  : backward_sm90_wide<T, D, BQ, STAGES, false, false>);
+    auto kern = p.dropout_p > 0.0f ? backward_sm90_wide<T, D, BQ, STAGES, true>
+                                   : backward_sm90_wide<T, D, BQ, STAGES, false>;
     return run_backward_sm90<T, D>(p, bf16, kern, bwd_wide_smem<D, 64, BQ>::bytes(STAGES), 64, stream);
 }
 

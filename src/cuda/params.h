@@ -104,8 +104,6 @@ typedef struct fa_cuda_params {
     int32_t sched_blocks; /* the persistent blocks: one per multiprocessor */
     int32_t pingpong;     /* Hopper forward: bit NWG - 2, NWG consumer warpgroups' GEMMs take
                            * turns (forward_sm90.cuh: take_turn; two only, so far) */
-    int32_t bwd_early;    /* Hopper backward at head_dim 129-256: the next step's S and dP issued
-                           * before this step's dV, dK and dQ (FLASHATTN_CUDA_BWD_EARLY=1) */
     float rescale_slack;  /* Hopper bf16 / f16 (head_dim <= 128) and fp8 forwards: softmax_update's
                            * slack; < 0: O rescaled every key tile, else only where a row of the
                            * warp moved its reference */
