@@ -155,9 +155,9 @@ def test_softcap_and_lse(dtype):
 
 @cuda
 def test_float32_refused():
-    """float32 inputs: the CUDA backend's own message (its kernels take f16 and bf16)."""
+    """float32 inputs: the CUDA backend's own message (its kernels take f16, bf16 and fp8)."""
     q = torch.ones(1, 8, 2, 64, device=DEV)
-    with pytest.raises(ValueError, match="f16 or bf16"):
+    with pytest.raises(ValueError, match="f16, bf16 or fp8 inputs"):
         flashattn.flash_attn_func(q, q, q)
 
 
