@@ -11,6 +11,8 @@
 # too). JSON lines to $OUT/ab.jsonl (or build/), each
 # with "ab": "VAR=value". Carry .devdeps (bench/gpu/fetch_debs.sh).
 #   bench/gpu/device_ab.sh VAR A B
+#   AB_SHAPES="bf16:256:16:1024 bf16:128:8:2048" AB_BACKWARD=1 \
+#     bench/gpu/device_ab.sh FLASHATTN_CUDA_BWD_ORDER key head  (the backward's block order)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -eq 3 ] || { echo "usage: bench/gpu/device_ab.sh VAR A B" >&2; exit 2; }

@@ -135,6 +135,10 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
      * FLASHATTN_CUDA_PINGPONG=0: freely (for comparison) */
     const char *pp = getenv("FLASHATTN_CUDA_PINGPONG");
     s->pingpong = s->hopper && !(pp && strcmp(pp, "0") == 0);
+    /* FLASHATTN_CUDA_BWD_ORDER=key: the Hopper backward's blocks key-tile major instead of
+     * head major (bwd_block; for comparison) */
+    const char *bo = getenv("FLASHATTN_CUDA_BWD_ORDER");
+    s->bwd_order = bo && strcmp(bo, "key") == 0;
     /* The Hopper bf16 / f16 forward (head_dim <= 128) keeps a row's softmax reference until a
      * key tile's largest logit passes it by more than the slack (log2 units; 8 as
      * FlashAttention-4), rescaling O only then (softmax_update); probabilities reach 2^slack, well
@@ -681,11 +685,13 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
         err = backward ? fa_cuda_standard_backward(k, c.bf16, c.krows, s->stream)
                   : c.fp8 ? fa_cuda_standard_forward_e4m3(k, s->stream)
                           : fa_cuda_standard_forward(k, c.bf16, s->stream);
-    else
-        err = backward ? (c.hb ? fa_cuda_flash_backward_sm90(k, c.bf16, c.hb->dim, s->stream)
-                               : fa_cuda_flash_backward(k, c.bf16, c.tl->dim, s->stream))
-                       : c.h ? forward_sm90(s, &c, k)
-                             : fa_cuda_flash_forward(k, c.bf16, c.tl->dim, s->stream);
+    else if (backward && c.hb) {
+        k->bwd_order = s->bwd_order;
+        err = fa_cuda_flash_backward_sm90(k, c.bf16, c.hb->dim, s->stream);
+    } else
+        err = backward ? fa_cuda_flash_backward(k, c.bf16, c.tl->dim, s->stream)
+              : c.h    ? forward_sm90(s, &c, k)
+                       : fa_cuda_flash_forward(k, c.bf16, c.tl->dim, s->stream);
     if (err != cudaSuccess)
         goto fail;
     if (ws && (err = cudaFreeAsync(ws, s->stream)) != cudaSuccess)

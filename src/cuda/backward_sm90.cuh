@@ -386,16 +386,16 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
     store_acc<T, D>(p.dv, dv, s, true, hk, j0, s.sk, p.dim, p.dropout_scale, g, t);
 }
 
-// Block index -> (key tile, kv head, sequence). The key tiles of a head add dQ one after the
-// other, so those that run at the same time wait for each other once per run (each a little
-// later than the one before); with few key tiles per head that wait is a large part of the
-// run, and the order puts every head's first tile first, then every head's second, so that a
-// tile's predecessor has finished long before. With many, tile-major: the blocks of a head run
-// together and share its Q and dO in L2. Either way a block's predecessor has the lower index.
-constexpr int kKeyMajorTiles = 16;
-__device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch)
+// Block index -> (key tile, kv head, sequence), head-major: the blocks of a head run together,
+// share its Q and dO in L2 and add into one dQ accumulator, each a little later than the tile
+// before. Key-tile-major order (every head's first tile, then every head's second: a tile's
+// predecessor long finished; order 1, params.h's bwd_order) spreads the blocks running at once
+// over as many accumulators as heads, which outgrow L2 (at d256 s1k its adds kept DRAM 75%
+// busy under ncu): 1.22-1.55x slower backwards at d64-d256 and s1k-s2k (docs/perf). Either
+// way a block's predecessor has the lower index.
+__device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch, int order)
 {
-    if (tiles > kKeyMajorTiles)
+    if (order != 1)
         return block_of(tiles, heads, false);
     const int64_t x = blockIdx.x, hb = (int64_t)heads * batch;
     return block_t{ (int)(x / hb), (int)(x % hb % heads), (int)(x % hb / heads) };
@@ -473,7 +473,7 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
     float *stats = reinterpret_cast<float *>(ring_mem + STAGES * S::bytes);
     unsigned char *sDQ = reinterpret_cast<unsigned char *>(stats + STAGES * S::stats);
 
-    const block_t blk = bwd_block((p.max_k + BN - 1) / BN, p.heads_kv, p.batch);
+    const block_t blk = bwd_block((p.max_k + BN - 1) / BN, p.heads_kv, p.batch, p.bwd_order);
     const seq_t s = seq_of(p, blk.b);
     const int c0 = blk.tile * BN;
     if (c0 >= s.sk)

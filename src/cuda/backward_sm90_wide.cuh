@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(384, 1) backward_sm90_wide(const fa_cuda_param
     unsigned char *ring_mem = sDS + 2 * F::pt;
     float *stats = reinterpret_cast<float *>(ring_mem + STAGES * S::bytes);
 
-    const block_t blk = bwd_block((p.max_k + BN - 1) / BN, p.heads_kv, p.batch);
+    const block_t blk = bwd_block((p.max_k + BN - 1) / BN, p.heads_kv, p.batch, p.bwd_order);
     const seq_t s = seq_of(p, blk.b);
     const int c0 = blk.tile * BN;
     if (c0 >= s.sk)
