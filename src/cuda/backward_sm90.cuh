@@ -184,10 +184,20 @@ __device__ __forceinline__ void load_steps(const fa_cuda_params &p, stage_ring<S
         const int h = fs.h(), i0 = fs.mi * BQ;
         fs.next();
         unsigned char *base = ring_mem + st * S::bytes;
-        load_tile_sw<T, BQ, D, NT>(base, (const T *)p.q.p + row_off(p.q, s, false, h, i0), p.q.ss, s.sq - i0,
-                                   p.dim, p.aligned, tid);
-        load_tile_sw<T, BQ, D, NT>(base + S::tile, (const T *)p.dout.p + row_off(p.dout, s, false, h, i0),
-                                   p.dout.ss, s.sq - i0, p.dim, p.aligned, tid);
+        if (p.bwd_tma && tid == 0) { // a box a 64-column block of each tile, counted off full
+            static_assert(BQ == 64, "the maps' boxes are 64 rows (fa_cuda_tma_backward)");
+            mbar_expect_tx(&ring.full[st], S::bytes);
+#pragma unroll
+            for (int cb = 0; cb < D / 64; cb++) {
+                tma_load_4d(base + cb * BQ * 128, &p.tq, cb * 64, i0, h, (int)s.q_base, &ring.full[st]);
+                tma_load_4d(base + S::tile + cb * BQ * 128, &p.tdo, cb * 64, i0, h, (int)s.q_base, &ring.full[st]);
+            }
+        } else if (!p.bwd_tma) {
+            load_tile_sw<T, BQ, D, NT>(base, (const T *)p.q.p + row_off(p.q, s, false, h, i0), p.q.ss,
+                                       s.sq - i0, p.dim, p.aligned, tid);
+            load_tile_sw<T, BQ, D, NT>(base + S::tile, (const T *)p.dout.p + row_off(p.dout, s, false, h, i0),
+                                       p.dout.ss, s.sq - i0, p.dim, p.aligned, tid);
+        }
         float *sl = stats + st * S::stats;
         const int64_t row = (int64_t)h * p.rows + s.q_base * p.seqlen_q + s.q0 + i0;
         for (int x = tid; x < BQ; x += NT) {
@@ -458,7 +468,7 @@ __device__ __forceinline__ void dq_writer(const fa_cuda_params &p, dq_bars<dq_bu
 }
 
 template <typename T, int D, int BQ, int STAGES, bool DROPOUT, bool SPLIT>
-__global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
+__global__ void __launch_bounds__(384, 1) backward_sm90(const __grid_constant__ fa_cuda_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BN = 128;
@@ -492,6 +502,7 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const fa_cuda_params p)
                 mbar_init(&bars.full[w][i], 4);
                 mbar_init(&bars.empty[w][i], 1);
             }
+        fence_mbar_init(); // the TMA boxes (bwd_tma) complete on the ring's full barriers
     }
     __syncthreads();
     if (wg == 2) {

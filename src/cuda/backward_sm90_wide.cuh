@@ -163,7 +163,7 @@ __device__ __forceinline__ void dq_writer_wide(const fa_cuda_params &p, stage_ri
 }
 
 template <typename T, int D, int BQ, int STAGES, bool DROPOUT>
-__global__ void __launch_bounds__(384, 1) backward_sm90_wide(const fa_cuda_params p)
+__global__ void __launch_bounds__(384, 1) backward_sm90_wide(const __grid_constant__ fa_cuda_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BN = 64;
@@ -192,6 +192,7 @@ __global__ void __launch_bounds__(384, 1) backward_sm90_wide(const fa_cuda_param
         for (int w = 0; w < 2; w++)
             for (int i = 0; i < STAGES; i++)
                 mbar_init(&bars.full[w][i], 4);
+        fence_mbar_init(); // the TMA boxes (bwd_tma) complete on the ring's full barriers
     }
     __syncthreads();
     if (wg == 2) {

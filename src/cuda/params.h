@@ -104,6 +104,10 @@ typedef struct fa_cuda_params {
     int32_t sched_blocks; /* the persistent blocks: one per multiprocessor */
     int32_t pingpong;     /* Hopper forward: bit NWG - 2, NWG consumer warpgroups' GEMMs take
                            * turns (forward_sm90.cuh: take_turn; two only, so far) */
+    /* Hopper backward: bwd_tma when tq / tdo map q and dout as [batch][head][seq][dim] in boxes
+     * of 64 rows x 128 bytes (fa_cuda_tma_backward); else the loader copies rows */
+    int32_t bwd_tma;
+    fa_cuda_tmap tq, tdo;
     int32_t bwd_order;    /* Hopper backward's block order (bwd_block): 1 key-tile major
                            * (FLASHATTN_CUDA_BWD_ORDER=key, for comparison), else head major */
     float rescale_slack;  /* Hopper bf16 / f16 (head_dim <= 128) and fp8 forwards: softmax_update's

@@ -16,6 +16,7 @@ typedef struct cuda_state {
                             * dependents of the kernels before them */
     int pingpong;          /* Hopper forward: the consumer warpgroups' GEMMs take turns */
     int bwd_order;         /* FLASHATTN_CUDA_BWD_ORDER (params.h: bwd_order) */
+    int bwd_tma;           /* FLASHATTN_CUDA_BWD_TMA=1 (params.h: bwd_tma) */
     float rescale_slack;   /* the Hopper forward's softmax slack (head_dim <= 128; < 0: off) */
     float rescale_slack_e4m3; /* the fp8 forward's (< 0, off, unless FLASHATTN_CUDA_SLACK_E4M3 sets it) */
     int32_t wide_min_q;       /* FLASHATTN_CUDA_WIDE_MIN_Q, or -1: the wide tiles' own bound */
@@ -90,6 +91,13 @@ int fa_cuda_tma_paged(void *encoder, fa_cuda_params *k, int kind, int32_t keys);
  * tokens, boxes of `rows` tokens (a tile's rows past seqlen_k read as zeros); also sets the
  * page size. 0 where that cannot be (varlen, no keys, no encoder or a refused map). */
 int fa_cuda_tma_dense(void *encoder, fa_cuda_params *k, int kind, int32_t rows);
+
+/* Maps of q and dout for the Hopper backward's loader (fixed length only): query tiles of 64
+ * rows, sequence b's rows [batch b][head][row][dim] whatever the strides' order, columns past
+ * dim and rows past seqlen_q read as zeros. Sets k->tq, tdo and bwd_tma = 1; 0 (bwd_tma 0: the
+ * loader copies rows) for varlen, without an encoder or where it refuses (strides or bases
+ * off 16 bytes). */
+int fa_cuda_tma_backward(void *encoder, fa_cuda_params *k, int kind);
 
 /* Paged calls (paged_host.c). */
 fa_status fa_cuda_paged_plan(fa_context_t ctx, void *state, const fa_problem *p, void **plan,

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* TMA tensor maps for the Hopper forward's paged loader. The encoder is the driver's
- * cuTensorMapEncodeTiled, found through the runtime, so the library links no libcuda. */
+/* TMA tensor maps for the Hopper kernels' loaders (forward, decode, backward). The encoder is
+ * the driver's cuTensorMapEncodeTiled, found through the runtime, so the library links no
+ * libcuda. */
 #include "state.h"
 
 #include <cuda.h>
@@ -126,6 +127,30 @@ int fa_cuda_tma_paged(void *encoder, fa_cuda_params *k, int kind, int32_t keys)
         g->fv = fv;
         g->flat_rows = keys;
     }
+    return 1;
+}
+
+int fa_cuda_tma_backward(void *encoder, fa_cuda_params *k, int kind)
+{
+    k->bwd_tma = 0;
+    if (!encoder || k->cu_q || k->seqlen_q <= 0 || k->batch < 1 || k->heads_q < 1)
+        return 0;
+    const cuuint64_t extent[4] = { (cuuint64_t)k->dim, (cuuint64_t)k->seqlen_q, (cuuint64_t)k->heads_q,
+                                   (cuuint64_t)k->batch };
+    /* one sequence: its batch stride is never stepped (any view's sb will do, 0 included) */
+    const int one = k->batch == 1;
+    const int64_t sq[3] = { k->q.ss, k->q.sh, one ? k->q.ss : k->q.sb },
+                  sd[3] = { k->dout.ss, k->dout.sh, one ? k->dout.ss : k->dout.sb };
+    for (int i = 0; i < 3; i++)
+        if (sq[i] <= 0 || sd[i] <= 0)
+            return 0;
+    fa_cuda_tmap tq, tdo;
+    if (!map_4d(encoder, &tq, k->q.p, kind, extent, sq, 64) ||
+        !map_4d(encoder, &tdo, k->dout.p, kind, extent, sd, 64))
+        return 0;
+    k->tq = tq;
+    k->tdo = tdo;
+    k->bwd_tma = 1;
     return 1;
 }
 
