@@ -312,7 +312,8 @@ FA_API fa_status fa_forward(fa_context_t ctx, const fa_attention_desc *desc);
  *   d_o        [batch, seqlen_q, heads_q, dim]: gradient of o (input)
  *   d_q        like q;  d_k, d_v like k, v (outputs; with GQA, d_k and d_v
  *              sum over the query heads of each group)
- * Each gradient tensor has its own strides and is q's dtype or FA_DTYPE_F32.
+ * Each gradient tensor has its own strides and is q's dtype or FA_DTYPE_F32
+ * (CUDA takes d_o in q's dtype only: FA_ERR_UNSUPPORTED otherwise).
  * Gradients must not overlap each other or any input, the forward's o and
  * lse included, by the forward's rule (packed dQKV with interleaved heads
  * is fine: distinct elements). Varlen rows past the last

@@ -259,6 +259,48 @@ static void test_backward_deterministic_backend(void **state)
     fa_context_destroy(ctx);
 }
 
+/* On CUDA a d_o in float32 beside 16-bit inputs is refused, naming d_o.dtype (its kernels read
+ * d_o in q's dtype); the CPU takes it (the finite-difference test above). */
+static void test_backend_f32_d_o(void **state)
+{
+    (void)state;
+    fa_context_options o = { sizeof(o), fa_test_backend(), 0 };
+    if (o.backend != FA_BACKEND_CUDA) {
+        skip();
+        return;
+    }
+    fa_context_t ctx;
+    if (fa_context_create(&o, &ctx) != FA_OK)
+        fail_msg("context: %s", fa_last_create_error());
+    fa_case c;
+    memset(&c, 0, sizeof(c));
+    c.dtype = FA_DTYPE_BF16, c.batch = 1, c.seqlen_q = 70, c.seqlen_k = 90, c.heads_q = 2, c.heads_kv = 2;
+    c.head_dim = 64, c.window_left = c.window_right = -1, c.logit_scale = 1.0f, c.seed = seed;
+    fa_case_inputs in;
+    fa_case_staged st;
+    char msg[256];
+    assert_int_equal(fa_case_inputs_make(&c, 1, &in), 0);
+    if (fa_case_stage(ctx, &in, &st, msg, sizeof(msg)) != 0)
+        fail_msg("%s", msg);
+    assert_int_equal(fa_forward(ctx, &st.d), FA_OK);
+    const size_t nq = 70 * 2 * 64, nk = 90 * 2 * 64;
+    void *dg;
+    assert_int_equal(fa_memory_alloc(ctx, (2 * nq + 2 * nk) * 4, &dg), FA_OK);
+    fa_backward_desc bd;
+    fa_backward_desc_init(&bd);
+    bd.forward = &st.d;
+    bd.d_o = fa_tensor_contiguous(dg, FA_DTYPE_F32, FA_LAYOUT_BSHD, 70, 2, 64);
+    bd.d_q = fa_tensor_contiguous((float *)dg + nq, FA_DTYPE_F32, FA_LAYOUT_BSHD, 70, 2, 64);
+    bd.d_k = fa_tensor_contiguous((float *)dg + 2 * nq, FA_DTYPE_F32, FA_LAYOUT_BSHD, 90, 2, 64);
+    bd.d_v = fa_tensor_contiguous((float *)dg + 2 * nq + nk, FA_DTYPE_F32, FA_LAYOUT_BSHD, 90, 2, 64);
+    assert_int_equal(fa_backward(ctx, &bd), FA_ERR_UNSUPPORTED);
+    assert_non_null(strstr(fa_context_last_error(ctx), "d_o.dtype"));
+    fa_memory_free(ctx, dg);
+    fa_case_unstage(ctx, &st);
+    fa_case_inputs_free(&in);
+    fa_context_destroy(ctx);
+}
+
 int main(void)
 {
     const char *s = getenv("FLASHATTN_TEST_SEED");
@@ -278,6 +320,7 @@ int main(void)
         cmocka_unit_test(test_reference_finite_differences),
         cmocka_unit_test(test_backward_deterministic),
         cmocka_unit_test(test_backward_deterministic_backend),
+        cmocka_unit_test(test_backend_f32_d_o),
         cmocka_unit_test(test_between_dims),
         cmocka_unit_test(test_grid_f32),
         cmocka_unit_test(test_grid_f16),

@@ -373,6 +373,11 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
         return fa_error(ctx, FA_ERR_UNSUPPORTED,
                         "q.dtype is f32: the CUDA backend runs on tensor cores from f16, bf16 or fp8 "
                         "inputs (convert them, or use the CPU backend)");
+    if (backward && p->bwd->d_o.dtype == FA_DTYPE_F32)
+        return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                        "d_o.dtype is f32 with %s inputs: the CUDA backward reads d_o in q's dtype "
+                        "(convert it, or use the CPU backend)",
+                        p->in_dtype == FA_DTYPE_BF16 ? "bf16" : "f16");
     c->fp8 = p->in_dtype == FA_DTYPE_E4M3;
     if (c->fp8 && d->algorithm != FA_ALGORITHM_STANDARD && !s->hopper)
         return fa_error(ctx, FA_ERR_UNSUPPORTED,
