@@ -92,8 +92,9 @@ typedef enum fa_layout {
 /*
  * A 4-D tensor view [batch, seq, heads, head_dim]. head_dim is always
  * contiguous (element stride 1); the other three strides are in elements,
- * not bytes, and must be positive. Packed QKV ([b, s, 3, h, d]) is three
- * views into one buffer with stride_seq = 3*h*d.
+ * not bytes, and must be positive. data is aligned to its element size
+ * (every pointer the library takes is). Packed QKV ([b, s, 3, h, d]) is
+ * three views into one buffer with stride_seq = 3*h*d.
  */
 typedef struct fa_tensor {
     void *data;

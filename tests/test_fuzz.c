@@ -636,14 +636,16 @@ static int inject(fa_rng *r, int kind, fa_attention_desc *d, injection *inj)
         t = pick_tensor(r, d, &tn);
         if (t == &d->o || d->seqlen_q < 1 || extent_of(d, t, 1) < 1)
             return 0;
-        d->o.data = (char *)t->data + esize(t->dtype) * (int64_t)rnd(r, (uint64_t)d->head_dim);
+        /* on an element of t, aligned down for o's own (by less than it: still over t) */
+        uintptr_t at = (uintptr_t)t->data + (uintptr_t)(esize(t->dtype) * (int64_t)rnd(r, (uint64_t)d->head_dim));
+        d->o.data = (void *)(at - at % (uintptr_t)esize(d->o.dtype));
         return SET(FA_ERR_INVALID_STRIDE, "o.data overlaps");
     }
     case 15: /* lse over o or an input */
         t = pick_tensor(r, d, &tn);
         if (d->seqlen_q < 1 || extent_of(d, t, 1) < 1)
             return 0;
-        d->lse = (float *)t->data;
+        d->lse = (float *)((uintptr_t)t->data - (uintptr_t)t->data % 4);
         return SET(FA_ERR_INVALID_STRIDE, "lse overlaps");
     case 16: {
         static const float bad[] = { NAN, INFINITY, -INFINITY, 2e37f, -3e38f };
@@ -734,13 +736,19 @@ static int inject(fa_rng *r, int kind, fa_attention_desc *d, injection *inj)
     case 26: /* o running past the end of the address space */
         if (d->seqlen_q < 1)
             return 0;
-        d->o.data = (void *)(UINTPTR_MAX - 1);
+        d->o.data = (void *)(UINTPTR_MAX - (uintptr_t)(esize(d->o.dtype) - 1)); /* its last element */
         return SET(FA_ERR_SIZE_OVERFLOW, "o.data runs past the end");
+    case 27: /* a pointer off its elements' alignment */
+        t = pick_tensor(r, d, &tn);
+        if (esize(t->dtype) < 2)
+            return 0;
+        t->data = (char *)t->data + 1 + rnd(r, (uint64_t)esize(t->dtype) - 1);
+        return SET(FA_ERR_INVALID_ARGUMENT, "%s.data", tn);
     }
     return 0;
 }
 
-enum { INJECTION_KINDS = 27 };
+enum { INJECTION_KINDS = 28 };
 
 /* ---- checks ---- */
 

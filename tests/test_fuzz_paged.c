@@ -30,7 +30,7 @@
 
 #include <cmocka.h>
 
-enum { DEFAULT_ITERS = 400, QUICK_ITERS = 80, SHOWN_FAILURES = 8, MUTATIONS = 21 };
+enum { DEFAULT_ITERS = 400, QUICK_ITERS = 80, SHOWN_FAILURES = 8, MUTATIONS = 22 };
 /* multiply-adds of one case's float64 reference: keeps a case a few milliseconds */
 #define WORK_CAP 2.0e6
 
@@ -186,6 +186,11 @@ static const char *mutate(int m, fa_paged_host *h, const fa_paged_case *c, fa_pa
         }
         return NULL;
     }
+    case 21: /* a pool off its elements' alignment (a device reads elements whole) */
+        if (d->cache.dtype == FA_DTYPE_E4M3)
+            return NULL;
+        d->cache.v = (char *)d->cache.v + 1;
+        return "cache.v";
     }
     return NULL;
 }

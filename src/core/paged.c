@@ -206,6 +206,9 @@ static fa_status array_view(fa_context_t ctx, fa_byte_view *v, const char *name,
 {
     if (!data)
         return fa_error(ctx, FA_ERR_NULL_POINTER, "%s must not be NULL", name);
+    if (elem > 1 && (uintptr_t)data % (uintptr_t)elem)
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT, "%s (%p) must be aligned to its elements' %lld bytes",
+                        name, data, (long long)elem);
     int64_t bytes;
     if (!fa_mul_ok(n, elem, &bytes))
         return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "%s spans more than 2^63 bytes", name);

@@ -92,6 +92,10 @@ fa_status fa_byte_view_make(fa_context_t ctx, fa_byte_view *v, const char *name,
                                 int64_t elem)
 {
     memset(v, 0, sizeof(*v));
+    /* kernels read elements whole (a device faults on a misaligned one) */
+    if (elem > 1 && (uintptr_t)data % (uintptr_t)elem)
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT, "%s (%p) must be aligned to its elements' %lld bytes",
+                        name, data, (long long)elem);
     v->name = name;
     v->base = (uintptr_t)data;
     v->extent[0] = row;

@@ -35,7 +35,8 @@ int fa_first_overlap(fa_axis *ax, int n);
 fa_status fa_check_tensor(fa_context_t ctx, const char *name, const fa_tensor *t, int64_t batch,
                           int64_t seq, int64_t heads, int64_t dim, int varlen, int is_output);
 
-/* A view from element strides (the caller has checked its byte span fits in int64). */
+/* A view from element strides (the caller has checked its byte span fits in int64); data
+ * must be aligned to elem bytes (FA_ERR_INVALID_ARGUMENT naming it otherwise). */
 fa_status fa_byte_view_make(fa_context_t ctx, fa_byte_view *v, const char *name, const void *data,
                             int64_t row, const int64_t stride[3], const int64_t count[3],
                             int64_t elem);
