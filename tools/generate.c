@@ -157,21 +157,24 @@ static fa_status generate_engine(const fa_model *m, const fa_tokenizer *t, const
     if ((st = fa_sched_add(sc, ids, np, steps - np + 1, &id, err)) != FA_OK)
         goto done;
     int32_t prev = ids[np - 1];
+    /* the prompt as it is fed, before its steps (a step that fails leaves it shown) */
+    uint8_t prompt_stop = 0;
+    const int32_t echo = n - 1 < steps ? n - 1 : steps;
+    for (int32_t i = 1; i <= echo && !prompt_stop; i++) {
+        size_t len;
+        const char *txt = fa_tokenizer_decode(t, ids[i - 1], ids[i], &len);
+        prompt_stop = (uint8_t)on_token(k, ids[i], txt, len);
+    }
+    prompt_stop |= np < n; /* the prompt alone reaches `steps` */
     int started = 0;
     while ((st = engine_step(e, sc, sp, &s, next, &dt, err)) == FA_OK && s.batch > 0) {
         uint8_t stop = 0;
         if (!s.sample[0]) {
             gs->prefill_s += dt;
-        } else if (!started) { /* the prompt's last chunk: echo the prompt as it was fed */
+        } else if (!started) { /* the prompt's last chunk */
             gs->prefill_s += dt;
             started = 1;
-            const int32_t echo = n - 1 < steps ? n - 1 : steps;
-            for (int32_t i = 1; i <= echo && !stop; i++) {
-                size_t len;
-                const char *txt = fa_tokenizer_decode(t, ids[i - 1], ids[i], &len);
-                stop = (uint8_t)on_token(k, ids[i], txt, len);
-            }
-            stop |= np < n; /* the prompt alone reaches `steps` */
+            stop = prompt_stop;
         } else {
             gs->decode_s += dt;
             gs->decode_steps++;
