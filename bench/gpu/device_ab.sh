@@ -15,6 +15,8 @@
 #     bench/gpu/device_ab.sh FLASHATTN_CUDA_BWD_ORDER key head  (the backward's block order)
 #   AB_SHAPES="bf16:64:4:4096 bf16:128:4:4096 bf16:256:4:4096 bf16:128:16:1024" AB_BACKWARD=1 \
 #     bench/gpu/device_ab.sh FLASHATTN_CUDA_BWD_TMA 0 1          (the backward's TMA loader)
+#   (the same shapes) bench/gpu/device_ab.sh FLASHATTN_CUDA_BWD_UNORDERED 0 1   (what the dQ
+#     adds' order costs; the backward's determinism test fails with it, by design)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -eq 3 ] || { echo "usage: bench/gpu/device_ab.sh VAR A B" >&2; exit 2; }

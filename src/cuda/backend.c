@@ -144,6 +144,10 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
      * measured on a GPU */
     const char *bt = getenv("FLASHATTN_CUDA_BWD_TMA");
     s->bwd_tma = bt && strcmp(bt, "1") == 0;
+    /* FLASHATTN_CUDA_BWD_UNORDERED=1: the Hopper backward's dQ adds without the key-tile order
+     * (measurement only: the bits then vary from run to run) */
+    const char *bu = getenv("FLASHATTN_CUDA_BWD_UNORDERED");
+    s->bwd_unordered = bu && strcmp(bu, "1") == 0;
     /* The Hopper bf16 / f16 forward (head_dim <= 128) keeps a row's softmax reference until a
      * key tile's largest logit passes it by more than the slack (log2 units; 8 as
      * FlashAttention-4), rescaling O only then (softmax_update); probabilities reach 2^slack, well
@@ -697,6 +701,7 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
                           : fa_cuda_standard_forward(k, c.bf16, s->stream);
     else if (backward && c.hb) {
         k->bwd_order = s->bwd_order;
+        k->bwd_unordered = s->bwd_unordered;
         if (s->bwd_tma)
             fa_cuda_tma_backward(s->tma_encode, k, c.bf16);
         err = fa_cuda_flash_backward_sm90(k, c.bf16, c.hb->dim, s->stream);

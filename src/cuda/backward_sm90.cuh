@@ -416,15 +416,16 @@ __device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch, in
 // memory at src + i * src_step added into the float32 accumulator at dst + i * dst_step (the
 // first key tile stores instead: the accumulator is not zeroed beforehand); release() once
 // the adds have read their sources, and the step counted once they have been performed.
+// unordered (params.h: bwd_unordered): no turn, every share added into a zeroed accumulator.
 template <typename R>
-__device__ __forceinline__ void dq_add_step(int *sem, int turn, float *dst, int64_t dst_step, uint32_t src,
-                                            uint32_t src_step, int n, int bytes, R release)
+__device__ __forceinline__ void dq_add_step(int *sem, int turn, bool unordered, float *dst, int64_t dst_step,
+                                            uint32_t src, uint32_t src_step, int n, int bytes, R release)
 {
-    while (ld_acquire(sem) < turn) {
+    while (!unordered && ld_acquire(sem) < turn) {
     }
     fence_async_all();
     for (int i = 0; i < n; i++) {
-        if (turn == 0)
+        if (turn == 0 && !unordered)
             bulk_store_f32(dst + i * dst_step, src + i * src_step, bytes);
         else
             bulk_reduce_add_f32(dst + i * dst_step, src + i * src_step, bytes);
@@ -459,7 +460,7 @@ __device__ __forceinline__ void dq_writer(const fa_cuda_params &p, dq_bars<dq_bu
             mbar_wait(&bars.full[w][nb], (kq / NB) & 1);
         float *acc = p.dq_acc + ((int64_t)fs.h() * p.dq_htiles + base + fs.mi) * kDqRows * D;
         dq_add_step(p.dq_sem + ((int64_t)blk.b * p.heads_q + fs.h()) * p.dq_tiles + fs.mi,
-                    tiles_before<BN, BQ>(mk, blk.tile, fs.mi), acc, (int64_t)BQ * DQN,
+                    tiles_before<BN, BQ>(mk, blk.tile, fs.mi), p.bwd_unordered, acc, (int64_t)BQ * DQN,
                     smem_addr(sDQ + (w0 * NB + nb) * F::dq), NB * F::dq, w1 - w0, BQ * DQN * 4, [&] {
                         for (int w = w0; w < w1; w++)
                             mbar_arrive(&bars.empty[w][nb]);
@@ -575,6 +576,9 @@ cudaError_t run_backward_sm90(const fa_cuda_params &p, bool bf16, K kern, size_t
         return err;
     const size_t sem_bytes = sizeof(int) * (size_t)p.batch * p.heads_q * p.dq_tiles;
     if (sem_bytes && (err = cudaMemsetAsync(p.dq_sem, 0, sem_bytes, stream)) != cudaSuccess)
+        return err;
+    const size_t acc_bytes = sizeof(float) * (size_t)p.heads_q * p.dq_htiles * kDqRows * D;
+    if (p.bwd_unordered && acc_bytes && (err = cudaMemsetAsync(p.dq_acc, 0, acc_bytes, stream)) != cudaSuccess)
         return err;
     if ((err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
         return err;

@@ -156,7 +156,7 @@ __device__ __forceinline__ void dq_writer_wide(const fa_cuda_params &p, stage_ri
             mbar_wait(&bars.full[w][st], (it / STAGES) & 1);
         float *acc = p.dq_acc + ((int64_t)fs.h() * p.dq_htiles + base + fs.mi) * kDqRows * D;
         dq_add_step(p.dq_sem + ((int64_t)blk.b * p.heads_q + fs.h()) * p.dq_tiles + fs.mi,
-                    tiles_before<BN, BQ>(mk, blk.tile, fs.mi), acc, (int64_t)BQ * DH,
+                    tiles_before<BN, BQ>(mk, blk.tile, fs.mi), p.bwd_unordered, acc, (int64_t)BQ * DH,
                     smem_addr(ring_mem + st * S::bytes), BQ * DH * 4, 2, BQ * DH * 4,
                     [&] { mbar_arrive(&ring.empty[st]); });
     }

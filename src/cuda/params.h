@@ -108,6 +108,9 @@ typedef struct fa_cuda_params {
      * of 64 rows x 128 bytes (fa_cuda_tma_backward); else the loader copies rows */
     int32_t bwd_tma;
     fa_cuda_tmap tq, tdo;
+    int32_t bwd_unordered; /* Hopper backward: dQ shares added as they come, into an accumulator
+                            * zeroed first (FLASHATTN_CUDA_BWD_UNORDERED=1: what the key-tile
+                            * order costs; not deterministic) */
     int32_t bwd_order;    /* Hopper backward's block order (bwd_block): 1 key-tile major
                            * (FLASHATTN_CUDA_BWD_ORDER=key, for comparison), else head major */
     float rescale_slack;  /* Hopper bf16 / f16 (head_dim <= 128) and fp8 forwards: softmax_update's
