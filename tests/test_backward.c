@@ -189,6 +189,17 @@ static void test_backward_deterministic(void **state)
         fa_context_destroy(ctx[i]);
 }
 
+/* Case c's inputs made, staged on ctx's backend and run forward there (o and lse for a
+ * backward). */
+static void forward_on(fa_context_t ctx, const fa_case *c, fa_case_inputs *in, fa_case_staged *st)
+{
+    char msg[256];
+    assert_int_equal(fa_case_inputs_make(c, 1, in), 0);
+    if (fa_case_stage(ctx, in, st, msg, sizeof(msg)) != 0)
+        fail_msg("%s", msg);
+    assert_int_equal(fa_forward(ctx, &st->d), FA_OK);
+}
+
 /* The backend under test, when it is not the CPU (covered above): several runs of one call
  * give the same bits. Long enough that many key tiles add into each query tile's dQ. */
 static void test_backward_deterministic_backend(void **state)
@@ -211,11 +222,7 @@ static void test_backward_deterministic_backend(void **state)
         c.window_left = c.window_right = -1, c.logit_scale = 1.0f, c.seed = seed + (uint64_t)v;
         fa_case_inputs in;
         fa_case_staged st;
-        char msg[256];
-        assert_int_equal(fa_case_inputs_make(&c, 1, &in), 0);
-        if (fa_case_stage(ctx, &in, &st, msg, sizeof(msg)) != 0)
-            fail_msg("%s", msg);
-        assert_int_equal(fa_forward(ctx, &st.d), FA_OK);
+        forward_on(ctx, &c, &in, &st);
         const size_t nq = (size_t)in.rows * 4 * c.head_dim, nk = (size_t)in.krows * 2 * c.head_dim;
         const size_t gbytes = (nq + 2 * nk) * 4;
         uint16_t *go = malloc(nq * 2);
@@ -278,11 +285,7 @@ static void test_backend_f32_d_o(void **state)
     c.head_dim = 64, c.window_left = c.window_right = -1, c.logit_scale = 1.0f, c.seed = seed;
     fa_case_inputs in;
     fa_case_staged st;
-    char msg[256];
-    assert_int_equal(fa_case_inputs_make(&c, 1, &in), 0);
-    if (fa_case_stage(ctx, &in, &st, msg, sizeof(msg)) != 0)
-        fail_msg("%s", msg);
-    assert_int_equal(fa_forward(ctx, &st.d), FA_OK);
+    forward_on(ctx, &c, &in, &st);
     const size_t nq = 70 * 2 * 64, nk = 90 * 2 * 64;
     void *dg;
     assert_int_equal(fa_memory_alloc(ctx, (2 * nq + 2 * nk) * 4, &dg), FA_OK);

@@ -637,7 +637,8 @@ static int inject(fa_rng *r, int kind, fa_attention_desc *d, injection *inj)
         if (t == &d->o || d->seqlen_q < 1 || extent_of(d, t, 1) < 1)
             return 0;
         /* on an element of t, aligned down for o's own (by less than it: still over t) */
-        uintptr_t at = (uintptr_t)t->data + (uintptr_t)(esize(t->dtype) * (int64_t)rnd(r, (uint64_t)d->head_dim));
+        const int64_t el = (int64_t)rnd(r, (uint64_t)d->head_dim);
+        uintptr_t at = (uintptr_t)t->data + (uintptr_t)(esize(t->dtype) * el);
         d->o.data = (void *)(at - at % (uintptr_t)esize(d->o.dtype));
         return SET(FA_ERR_INVALID_STRIDE, "o.data overlaps");
     }

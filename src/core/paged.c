@@ -206,14 +206,11 @@ static fa_status array_view(fa_context_t ctx, fa_byte_view *v, const char *name,
 {
     if (!data)
         return fa_error(ctx, FA_ERR_NULL_POINTER, "%s must not be NULL", name);
-    if (elem > 1 && (uintptr_t)data % (uintptr_t)elem)
-        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT, "%s (%p) must be aligned to its elements' %lld bytes",
-                        name, data, (long long)elem);
     int64_t bytes;
     if (!fa_mul_ok(n, elem, &bytes))
         return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "%s spans more than 2^63 bytes", name);
-    const int64_t stride[3] = { 1, 1, 1 }, count[3] = { 1, 1, 1 };
-    return fa_byte_view_make(ctx, v, name, data, bytes > 0 ? bytes : 1, stride, count, 1);
+    const int64_t stride[3] = { 1, 1, 1 }, count[3] = { 1, 1, 1 }; /* one row: elem aligns only */
+    return fa_byte_view_make(ctx, v, name, data, bytes > 0 ? bytes : 1, stride, count, elem);
 }
 
 static int cmp_i32(const void *a, const void *b)

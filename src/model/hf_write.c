@@ -288,10 +288,8 @@ fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtyp
         st = write_json(path, index, err);
     }
 done:
-    if (st != FA_OK && wrote)
+    if (st != FA_OK && (wrote || made)) /* a directory this call made holds nothing else */
         fa_model_hf_remove(dir, shards, made);
-    else if (st != FA_OK && made)
-        rmdir(dir);
     cJSON_Delete(cfg);
     cJSON_Delete(index);
     free(order);
