@@ -890,28 +890,34 @@ static void test_llama3_ids(void **state)
     assert_int_equal(fa_model_config_parse("64x2x4x2x96x-868x96", &c, err), FA_OK);
     c.bos_id = 863, c.n_eos = 1, c.eos_ids[0] = 867; /* <|begin_of_text|>, <|eot_id|> */
     fa_model *m;
-    assert_int_equal(fa_model_synth(&c, seed, &m, err), FA_OK);
     assert_int_equal(fa_tokenizer_open(FA_TEST_DATA_DIR "/bytelevel_tokenizer.json", 868, &t, err), FA_OK);
     const char *prompt = "Once upon a time, the quick brown fox";
     int32_t ids[64], n = 0;
     assert_int_equal(fa_tokenizer_encode(t, prompt, 1, 0, ids, 64, &n, err), FA_OK);
     assert_int_equal(ids[0], 863);
     collect *a = malloc(sizeof(collect)), *b = malloc(sizeof(collect));
-    greedy_with(m, t, prompt, 80, a);
-    /* the EOS list gets a token greedy decoding makes, not for the first time, 3 steps in */
-    int j = n - 1 + 3;
-    for (int seen = 1; j < a->n && seen; j++) {
-        seen = a->ids[j] == 863;
-        for (int k = n - 1; k < j && !seen; k++)
-            seen = a->ids[k] == a->ids[j];
-        if (!seen)
+    /* the EOS list gets a token greedy decoding makes for the first time, 3 steps in or later;
+     * some seeds' weights repeat a few tokens from the start (seed 224): the next seed then */
+    uint64_t ms = seed;
+    int j = 0;
+    for (;; ms++) {
+        assert_true(ms - seed < 16);
+        assert_int_equal(fa_model_synth(&c, ms, &m, err), FA_OK);
+        greedy_with(m, t, prompt, 80, a);
+        fa_model_free(m);
+        for (j = n - 1 + 3; j < a->n; j++) {
+            int seen = a->ids[j] == 863;
+            for (int k = n - 1; k < j && !seen; k++)
+                seen = a->ids[k] == a->ids[j];
+            if (!seen)
+                break;
+        }
+        if (j < a->n)
             break;
     }
-    assert_true(j < a->n);
     const int32_t g = a->ids[j];
-    fa_model_free(m);
     c.n_eos = 2, c.eos_ids[1] = g;
-    assert_int_equal(fa_model_synth(&c, seed, &m, err), FA_OK);
+    assert_int_equal(fa_model_synth(&c, ms, &m, err), FA_OK);
     mktemp_dir(dir);
     assert_int_equal(fa_model_write_hf(m, dir, FA_HF_BF16, 1, err), FA_OK);
     fa_model *h = open_hf(dir);
