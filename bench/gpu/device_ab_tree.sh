@@ -9,7 +9,8 @@
 # (default: AB_TREES=.ab_base; --dims 64,128 --quick). Builds every library side by side
 # (.ab_NAME into build-ab-NAME/, library only), runs the dense, backward and paged CUDA grids
 # on this tree's (quick), then the forward of each, every tree in turn and then again
-# (attention.py --no-peers --no-backward). JSON lines to $OUT/ab_tree.jsonl (or build/), each
+# (attention.py --no-peers --no-backward; AB_BACKWARD=1 times fwd+bwd too, and the table
+# gives it beside the forward). JSON lines to $OUT/ab_tree.jsonl (or build/), each
 # with "lib": NAME or "new"; the table gives each over the first tree. Every library is driven
 # through this tree's bench/gpu/flashattn_ctypes.py: the trees must have the same public
 # structs. Exits 1 when a grid or a run fails (the A/B still runs).
@@ -58,7 +59,8 @@ for round in 1 2; do
     so=build/libflashattn.so
     [ $lib = new ] || so=build-ab-$lib/libflashattn.so
     rm -f /tmp/ab_tree.jsonl
-    if timeout 200 python3 bench/gpu/attention.py --lib "$so" --no-peers --no-backward --json /tmp/ab_tree.jsonl "$@" \
+    if timeout 200 python3 bench/gpu/attention.py --lib "$so" --no-peers \
+      $([ "${AB_BACKWARD:-0}" = 1 ] || echo --no-backward) --json /tmp/ab_tree.jsonl "$@" \
       > "$out/attention_${lib}_$round.log" 2>&1; then
       sed "s/^{/{\"lib\": \"$lib\", \"round\": $round, /" /tmp/ab_tree.jsonl >> "$out/ab_tree.jsonl"
     else
@@ -72,15 +74,16 @@ import json, sys, collections
 libs = sys.argv[2:]
 rows = collections.defaultdict(lambda: collections.defaultdict(list))
 for r in (json.loads(l) for l in open(sys.argv[1])):
-    if "flashattn_fwd_tflops" in r:  # not attention.py's memory line
-        rows[(r["d"], r["causal"], r["seq"])][r["lib"]].append(r["flashattn_fwd_tflops"])
+    for part in ("fwd", "fwdbwd"):
+        if f"flashattn_{part}_tflops" in r:  # not attention.py's memory line
+            rows[(r["d"], r["causal"], r["seq"], part)][r["lib"]].append(r[f"flashattn_{part}_tflops"])
 print("TFLOP/s, the rounds' mean (each lib over the first in brackets)")
-print("d   mask    seq    " + "".join(f"{x[:14]:>24}" for x in libs))
-for (d, c, s), v in sorted(rows.items()):
+print("d   mask    seq    part  " + "".join(f"{x[:14]:>24}" for x in libs))
+for (d, c, s, part), v in sorted(rows.items()):
     mean = {x: sum(v[x]) / len(v[x]) for x in libs if v[x]}
     first = mean.get(libs[0])
     cells = "".join(f"{mean[x]:15.1f} ({mean[x] / first:5.3f})" if x in mean and first else f"{'n/a':>24}"
                     for x in libs)
-    print(f"{d:<3} {'causal' if c else 'none':7} {s:<6}{cells}")
+    print(f"{d:<3} {'causal' if c else 'none':7} {s:<6} {part:6}{cells}")
 PY
 exit $fail
