@@ -148,6 +148,10 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
      * (measurement only: the bits then vary from run to run) */
     const char *bu = getenv("FLASHATTN_CUDA_BWD_UNORDERED");
     s->bwd_unordered = bu && strcmp(bu, "1") == 0;
+    /* FLASHATTN_CUDA_BWD_SCHED=stagger: the Hopper backward's blocks take their query tiles
+     * first first, unmasked ones from staggered starts (params.h: bwd_sched); else last first */
+    const char *bs = getenv("FLASHATTN_CUDA_BWD_SCHED");
+    s->bwd_sched = bs && strcmp(bs, "stagger") == 0;
     /* The Hopper bf16 / f16 forward (head_dim <= 128) keeps a row's softmax reference until a
      * key tile's largest logit passes it by more than the slack (log2 units; 8 as
      * FlashAttention-4), rescaling O only then (softmax_update); probabilities reach 2^slack, well
@@ -702,6 +706,7 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
     else if (backward && c.hb) {
         k->bwd_order = s->bwd_order;
         k->bwd_unordered = s->bwd_unordered;
+        k->bwd_sched = s->bwd_sched;
         if (s->bwd_tma)
             fa_cuda_tma_backward(s->tma_encode, k, c.bf16);
         err = fa_cuda_flash_backward_sm90(k, c.bf16, c.hb->dim, s->stream);

@@ -114,15 +114,16 @@ __device__ __forceinline__ int64_t dq_tile_base(const fa_cuda_params &p, const s
 template <int NB> struct dq_bars {
     uint64_t full[2][NB], empty[2][NB];
 };
-// dQ staging buffers per consumer warpgroup: one at d128 (shared memory is full), two below.
-template <int D> __host__ __device__ constexpr int dq_buffers() { return D >= 128 ? 1 : 2; }
+// dQ staging buffers per consumer warpgroup: two, but one at d128 with three ring stages
+// (shared memory is full).
+template <int D, int STAGES> __host__ __device__ constexpr int dq_buffers() { return D >= 128 && STAGES > 2 ? 1 : 2; }
 
 // ---- One block per (key tile of 128 keys, kv head, sequence) computes
 // dK and dV of its keys and adds its share dS K of every query tile's dQ into a float32
 // accumulator. Determinism without a second pass: the key tiles that see a query tile add in
-// key-tile order, each waiting until a counter per (sequence, head, query tile) shows that
-// every earlier one has added (blocks start in index order, so a block only ever waits for a
-// lower one, already running or finished).
+// a fixed order (bwd_turn), each waiting until a counter per (sequence, head, query tile) shows
+// that every earlier one has added (blocks start in index order, and a block waits for lower
+// ones only, already running or finished, but in bwd_sched 2, whose blocks all fit at once).
 
 // The query tiles (BQ rows) key tile j (BN keys) sees: [m_lo, m_lo + nm).
 template <int BN, int BQ>
@@ -151,22 +152,116 @@ __device__ __forceinline__ int tiles_before(const mask_t &mk, int j, int i)
     return j - lo;
 }
 
-// A block's steps: query tile mi (last first) of query head h (the group's heads taken in
-// turn for each tile). Last first, every block reaches a query tile no later (in steps) than
-// the one after it, so under a causal mask the hand-overs wait for nothing but their order.
-// Counted forward one step at a time (no division per step).
+// How many key tiles after j (of nk) also see query tile i: j + 1 .. j + n, by bisection.
+template <int BN, int BQ>
+__device__ __forceinline__ int tiles_after(const mask_t &mk, int j, int i, int nk)
+{
+    int lo = j, hi = nk - 1; // the last tile that sees i lies in [lo, hi]
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        int m_lo, nm;
+        kv_span<BN, BQ>(mk, mid, m_lo, nm);
+        if (nm > 0 && m_lo <= i && i < m_lo + nm)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo - j;
+}
+
+// Block index -> (key tile, kv head, sequence), head-major: the blocks of a head run together,
+// share its Q and dO in L2 and add into one dQ accumulator, each a little later than the tile
+// before. Key-tile-major order (every head's first tile, then every head's second: a tile's
+// predecessor long finished; order 1, params.h's bwd_order) spreads the blocks running at once
+// over as many accumulators as heads, which outgrow L2 (at d256 s1k its adds kept DRAM 75%
+// busy under ncu): 1.22-1.55x slower backwards at d64-d256 and s1k-s2k (docs/perf). Either
+// way the key tiles run first first, or last first with reverse (bwd_work: bwd_sched 1, 2).
+__device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch, int order, bool reverse)
+{
+    if (order != 1)
+        return block_of(tiles, heads, reverse);
+    const int64_t x = blockIdx.x, hb = (int64_t)heads * batch;
+    const int t = (int)(x / hb);
+    return block_t{ reverse ? tiles - 1 - t : t, (int)(x % hb % heads), (int)(x % hb / heads) };
+}
+
+// A block's work: key tile blk.tile (BN keys from c0; nk tiles in the sequence) of kv head
+// blk.h and sequence blk.b, the query tiles it sees [m_lo, m_lo + nm), its steps (every query
+// head of the group for each of those tiles), and the order of the steps and of each query
+// tile's dQ adds (params.h: bwd_sched):
+//  0: every block takes its tiles last first, and a tile's adds go in key-tile order. The
+//     blocks of a head reach a tile at the same step, so the k-th waits for k adds first.
+//  1 (a mask): first first, the last key tile that sees a tile adding first. Under a causal
+//     mask key tile j + 1, one ahead in the order, reached the tile two steps earlier.
+//  2 (no mask; every key tile sees every query tile): key tile j starts at tile j nm / nk and
+//     wraps around; a tile's adds go in the order the blocks reach it (bwd_turn), so the
+//     blocks start on different tiles and wait for no one. The order wraps too: every tile
+//     has one adder that waits for a higher block, so all nk blocks must fit on the device at
+//     once (the host sets 2 only then).
+// In 1 and 2 the key tiles' blocks run last first (bwd_block), so that the key tile a block
+// waits for has the lower index.
+struct bwd_work {
+    block_t blk;
+    seq_t s;
+    mask_t mk;
+    int c0, m_lo, nm, iters, nk, sched;
+};
+template <int BN, int BQ> __device__ __forceinline__ bool bwd_work_of(const fa_cuda_params &p, bwd_work &w)
+{
+    const int tiles = (p.max_k + BN - 1) / BN;
+    w.blk = bwd_block(tiles, p.heads_kv, p.batch, p.bwd_order, p.bwd_sched != 0);
+    w.s = seq_of(p, w.blk.b);
+    w.c0 = w.blk.tile * BN;
+    if (w.c0 >= w.s.sk)
+        return false;
+    w.mk = mask_of(p, w.s.sq, w.s.sk);
+    kv_span<BN, BQ>(w.mk, w.blk.tile, w.m_lo, w.nm);
+    w.iters = w.nm * p.group;
+    w.nk = (w.s.sk + BN - 1) / BN;
+    w.sched = p.bwd_sched;
+    if (w.sched == 2) { // only where no mask cuts a span: the first and last tiles see every query tile
+        const int nq = (w.s.sq + BQ - 1) / BQ;
+        int lo0, n0, lo1, n1;
+        kv_span<BN, BQ>(w.mk, 0, lo0, n0);
+        kv_span<BN, BQ>(w.mk, w.nk - 1, lo1, n1);
+        if (lo0 != 0 || n0 != nq || lo1 != 0 || n1 != nq)
+            w.sched = 1;
+    }
+    return true;
+}
+
+// Key tile w.blk.tile's place among the key tiles that add into query tile i (0: it stores).
+template <int BN, int BQ> __device__ __forceinline__ int bwd_turn(const bwd_work &w, int i)
+{
+    const int j = w.blk.tile;
+    if (w.sched == 2) { // the tiles that started at or below i, nearest first, then the others
+        const int top = min(w.nk - 1, (int)(((int64_t)(i + 1) * w.nk - 1) / w.nm)); // the last such
+        return j <= top ? top - j : top + w.nk - j;
+    }
+    return w.sched == 1 ? tiles_after<BN, BQ>(w.mk, j, i, w.nk) : tiles_before<BN, BQ>(w.mk, j, i);
+}
+
+// A block's steps in bwd_work's order: query tile mi of query head h (the group's heads taken
+// in turn for each tile), counted one step at a time (no division per step).
 struct bwd_steps {
-    int h0, group, hh, mi;
-    __device__ __forceinline__ bwd_steps(int hk, int group_, int m_lo, int nm)
-        : h0(hk * group_), group(group_), hh(0), mi(m_lo + nm - 1)
+    int h0, group, hh, mi, lo, hi;
+    bool up;
+    __device__ __forceinline__ bwd_steps(const fa_cuda_params &p, const bwd_work &w)
+        : h0(w.blk.h * p.group), group(p.group), hh(0), lo(w.m_lo), hi(w.m_lo + w.nm), up(w.sched != 0)
     {
+        mi = w.sched == 0   ? hi - 1
+             : w.sched == 1 ? lo
+                            : lo + (int)((int64_t)w.blk.tile * w.nm / w.nk);
     }
     __device__ __forceinline__ int h() const { return h0 + hh; }
     __device__ __forceinline__ void next()
     {
         if (++hh == group) {
             hh = 0;
-            mi--;
+            if (!up)
+                mi--;
+            else if (++mi == hi)
+                mi = lo;
         }
     }
 };
@@ -174,13 +269,13 @@ struct bwd_steps {
 // The loading warps' part (NT threads, tid 0 .. NT - 1): every step's Q and dO tiles and
 // their rows' lse and D into the ring, in the consumers' order of steps.
 template <typename T, int D, int BQ, int STAGES, int NT>
-__device__ __forceinline__ void load_steps(const fa_cuda_params &p, stage_ring<STAGES> &ring, const seq_t &s,
-                                           int hk, int m_lo, int nm, int iters, unsigned char *ring_mem,
-                                           float *stats, int tid)
+__device__ __forceinline__ void load_steps(const fa_cuda_params &p, stage_ring<STAGES> &ring, const bwd_work &w,
+                                           unsigned char *ring_mem, float *stats, int tid)
 {
     using S = kv_stage<D, BQ>;
-    bwd_steps fs(hk, p.group, m_lo, nm);
-    fill_ring(ring, iters, drop_ordering(p, FA_DROP_BACKWARD), [&](int, int st) {
+    const seq_t &s = w.s;
+    bwd_steps fs(p, w);
+    fill_ring(ring, w.iters, drop_ordering(p, FA_DROP_BACKWARD), [&](int, int st) {
         const int h = fs.h(), i0 = fs.mi * BQ;
         fs.next();
         unsigned char *base = ring_mem + st * S::bytes;
@@ -223,28 +318,30 @@ template <int D, int BQ> struct bwd_smem {
     static constexpr int kv = BN * D * 2;  // K, then V
     static constexpr int ds = BQ * BN * 2; // one dS tile; two alternate
     static constexpr int dq = BQ * (bwd_split<D>() ? D / 2 : D) * 4;
-    static constexpr size_t bytes(int stages)
+    template <int STAGES> static constexpr size_t bytes()
     {
         using S = kv_stage<D, BQ>;
-        return 1024 + 2 * (size_t)kv + 2 * (size_t)ds + stages * (size_t)(S::bytes + 4 * S::stats) +
-               2 * dq_buffers<D>() * (size_t)dq;
+        return 1024 + 2 * (size_t)kv + 2 * (size_t)ds + STAGES * (size_t)(S::bytes + 4 * S::stats) +
+               2 * dq_buffers<D, STAGES>() * (size_t)dq;
     }
 };
 
 template <typename T, int D, int BQ, int STAGES, bool DROPOUT, bool SPLIT>
 __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STAGES> &ring,
-                                           dq_bars<dq_buffers<D>()> &bars,
-                                           const block_t &blk, const seq_t &s, const mask_t &mk,
-                                           int c0, int m_lo, int nm, int iters, unsigned char *sK,
-                                           unsigned char *sV, unsigned char *sDS,
+                                           dq_bars<dq_buffers<D, STAGES>()> &bars, const bwd_work &w,
+                                           unsigned char *sK, unsigned char *sV, unsigned char *sDS,
                                            unsigned char *ring_mem, const float *stats,
                                            unsigned char *sDQ, int wg)
 {
+    const block_t &blk = w.blk;
+    const seq_t &s = w.s;
+    const mask_t &mk = w.mk;
+    const int c0 = w.c0, iters = w.iters;
     constexpr int BN = 128, NQ = BQ / 8, ND = D / 8;
     static_assert(BQ == 64, "dQ's product takes the step's 64 query rows as its M");
     constexpr bool OVERLAP = D + 3 * BQ / 2 <= 176;
     constexpr int DQN = SPLIT ? D / 2 : D; // dQ columns per warpgroup and step
-    constexpr int NB = dq_buffers<D>();
+    constexpr int NB = dq_buffers<D, STAGES>();
     using S = kv_stage<D, BQ>;
     using F = bwd_smem<D, BQ>;
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -309,7 +406,7 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
     // the query tiles every row of which sees all 16 of this warp's keys: a step tests its
     // tile against two integers instead of applying the mask
     const tiles_t full = tiles_within<BQ>(mk.full_query_range(j0, j0 + 16));
-    bwd_steps fs(hk, p.group, m_lo, nm);
+    bwd_steps fs(p, w);
     for (int it = 0; it < iters; it++, fs.next()) {
         const int st = it % STAGES, h = fs.h(), i0 = fs.mi * BQ;
         const bool all_seen = fs.mi >= full.lo && fs.mi < full.hi;
@@ -396,21 +493,6 @@ __device__ __forceinline__ void bwd_rows(const fa_cuda_params &p, stage_ring<STA
     store_acc<T, D>(p.dv, dv, s, true, hk, j0, s.sk, p.dim, p.dropout_scale, g, t);
 }
 
-// Block index -> (key tile, kv head, sequence), head-major: the blocks of a head run together,
-// share its Q and dO in L2 and add into one dQ accumulator, each a little later than the tile
-// before. Key-tile-major order (every head's first tile, then every head's second: a tile's
-// predecessor long finished; order 1, params.h's bwd_order) spreads the blocks running at once
-// over as many accumulators as heads, which outgrow L2 (at d256 s1k its adds kept DRAM 75%
-// busy under ncu): 1.22-1.55x slower backwards at d64-d256 and s1k-s2k (docs/perf). Either
-// way a block's predecessor has the lower index.
-__device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch, int order)
-{
-    if (order != 1)
-        return block_of(tiles, heads, false);
-    const int64_t x = blockIdx.x, hb = (int64_t)heads * batch;
-    return block_t{ (int)(x / hb), (int)(x % hb % heads), (int)(x % hb / heads) };
-}
-
 // One step of a dQ writer (one thread): once the key tiles before this one have added their
 // shares of the query tile (turn of them, counted at sem), n shares of `bytes` from shared
 // memory at src + i * src_step added into the float32 accumulator at dst + i * dst_step (the
@@ -443,27 +525,26 @@ __device__ __forceinline__ void dq_add_step(int *sem, int turn, bool unordered, 
 // d128 has one writer for both warpgroups' halves; below, writer w takes the steps whose dQ
 // warpgroup w computes, so that the two add and wait for the adds to land side by side.
 template <bool SPLIT> __host__ __device__ constexpr int dq_writers() { return SPLIT ? 1 : 2; }
-template <int D, int BQ, bool SPLIT>
-__device__ __forceinline__ void dq_writer(const fa_cuda_params &p, dq_bars<dq_buffers<D>()> &bars,
-                                          const block_t &blk, const seq_t &s, const mask_t &mk, int m_lo,
-                                          int nm, int iters, const unsigned char *sDQ, int writer)
+template <int D, int BQ, int STAGES, bool SPLIT>
+__device__ __forceinline__ void dq_writer(const fa_cuda_params &p, dq_bars<dq_buffers<D, STAGES>()> &bars,
+                                          const bwd_work &w, const unsigned char *sDQ, int writer)
 {
-    constexpr int BN = 128, DQN = SPLIT ? D / 2 : D, NB = dq_buffers<D>(), NW = dq_writers<SPLIT>();
+    constexpr int BN = 128, DQN = SPLIT ? D / 2 : D, NB = dq_buffers<D, STAGES>(), NW = dq_writers<SPLIT>();
     using F = bwd_smem<D, BQ>;
-    const int64_t base = dq_tile_base(p, s, blk.b);
-    bwd_steps fs(blk.h, p.group, m_lo, nm);
-    for (int it = 0; it < iters; it++, fs.next()) {
+    const int64_t base = dq_tile_base(p, w.s, w.blk.b);
+    bwd_steps fs(p, w);
+    for (int it = 0; it < w.iters; it++, fs.next()) {
         if (it % NW != writer)
             continue;
         const int w0 = SPLIT ? 0 : it % 2, w1 = SPLIT ? 2 : w0 + 1, kq = SPLIT ? it : it / 2, nb = kq % NB;
-        for (int w = w0; w < w1; w++)
-            mbar_wait(&bars.full[w][nb], (kq / NB) & 1);
+        for (int x = w0; x < w1; x++)
+            mbar_wait(&bars.full[x][nb], (kq / NB) & 1);
         float *acc = p.dq_acc + ((int64_t)fs.h() * p.dq_htiles + base + fs.mi) * kDqRows * D;
-        dq_add_step(p.dq_sem + ((int64_t)blk.b * p.heads_q + fs.h()) * p.dq_tiles + fs.mi,
-                    tiles_before<BN, BQ>(mk, blk.tile, fs.mi), p.bwd_unordered, acc, (int64_t)BQ * DQN,
+        dq_add_step(p.dq_sem + ((int64_t)w.blk.b * p.heads_q + fs.h()) * p.dq_tiles + fs.mi,
+                    bwd_turn<BN, BQ>(w, fs.mi), p.bwd_unordered, acc, (int64_t)BQ * DQN,
                     smem_addr(sDQ + (w0 * NB + nb) * F::dq), NB * F::dq, w1 - w0, BQ * DQN * 4, [&] {
-                        for (int w = w0; w < w1; w++)
-                            mbar_arrive(&bars.empty[w][nb]);
+                        for (int x = w0; x < w1; x++)
+                            mbar_arrive(&bars.empty[x][nb]);
                     });
     }
 }
@@ -477,22 +558,16 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const __grid_constant__ 
     using F = bwd_smem<D, BQ>;
     extern __shared__ unsigned char smem_raw[];
     __shared__ stage_ring<STAGES> ring;
-    constexpr int NB = dq_buffers<D>();
+    constexpr int NB = dq_buffers<D, STAGES>();
     __shared__ dq_bars<NB> bars;
     unsigned char *sK = align1024(smem_raw), *sV = sK + F::kv, *sDS = sV + F::kv;
     unsigned char *ring_mem = sDS + 2 * F::ds;
     float *stats = reinterpret_cast<float *>(ring_mem + STAGES * S::bytes);
     unsigned char *sDQ = reinterpret_cast<unsigned char *>(stats + STAGES * S::stats);
 
-    const block_t blk = bwd_block((p.max_k + BN - 1) / BN, p.heads_kv, p.batch, p.bwd_order);
-    const seq_t s = seq_of(p, blk.b);
-    const int c0 = blk.tile * BN;
-    if (c0 >= s.sk)
+    bwd_work work;
+    if (!bwd_work_of<BN, BQ>(p, work))
         return;
-    const mask_t mk = mask_of(p, s.sq, s.sk);
-    int m_lo, nm;
-    kv_span<BN, BQ>(mk, blk.tile, m_lo, nm);
-    const int iters = nm * p.group;
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0); // uniform to the compiler
     // the loading warpgroup's first two warps; the others add dQ
     constexpr int LOADERS = 64, WRITERS = dq_writers<SPLIT>();
@@ -512,14 +587,14 @@ __global__ void __launch_bounds__(384, 1) backward_sm90(const __grid_constant__ 
         if (tid >= LOADERS) {
             const int w = (tid - LOADERS) / 32;
             if (tid % 32 == 0 && w < WRITERS)
-                dq_writer<D, BQ, SPLIT>(p, bars, blk, s, mk, m_lo, nm, iters, sDQ, w);
+                dq_writer<D, BQ, STAGES, SPLIT>(p, bars, work, sDQ, w);
             return;
         }
-        load_steps<T, D, BQ, STAGES, LOADERS>(p, ring, s, blk.h, m_lo, nm, iters, ring_mem, stats, tid);
+        load_steps<T, D, BQ, STAGES, LOADERS>(p, ring, work, ring_mem, stats, tid);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<2>::value));
-        bwd_rows<T, D, BQ, STAGES, DROPOUT, SPLIT>(p, ring, bars, blk, s, mk, c0, m_lo, nm, iters, sK, sV,
-                                                   sDS, ring_mem, stats, sDQ + wg * NB * F::dq, wg);
+        bwd_rows<T, D, BQ, STAGES, DROPOUT, SPLIT>(p, ring, bars, work, sK, sV, sDS, ring_mem, stats,
+                                                   sDQ + wg * NB * F::dq, wg);
     }
 #endif
 }
@@ -569,8 +644,18 @@ template <typename T, int D> __global__ void __launch_bounds__(256) dq_store(con
 // rowsum, zeroed counters, the fused pass (kern: blocks of 384 threads, one a key tile of bn
 // keys, head and sequence), then dQ out.
 template <typename T, int D, typename K>
-cudaError_t run_backward_sm90(const fa_cuda_params &p, bool bf16, K kern, size_t smem, int bn, cudaStream_t stream)
+cudaError_t run_backward_sm90(const fa_cuda_params &params, bool bf16, K kern, size_t smem, int bn, cudaStream_t stream)
 {
+    fa_cuda_params p = params;
+    if (p.bwd_sched) { // 2 (bwd_work) only where a sequence's key tiles fit on the device at once
+        int dev = 0, sms = 0;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e == cudaSuccess)
+            e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        if (e != cudaSuccess)
+            return e;
+        p.bwd_sched = (p.max_k + bn - 1) / bn <= sms ? 2 : 1;
+    }
     cudaError_t err = fa_cuda_rowsum(&p, bf16, stream);
     if (err != cudaSuccess)
         return err;
@@ -600,9 +685,12 @@ cudaError_t launch_backward_sm90(const fa_cuda_params &p, bool bf16, cudaStream_
     static_assert(BQ == kDqRows, "the accumulator's tiles are the steps' query tiles");
     // without dropout, a build whose element step holds no mask words (fewer live registers)
     constexpr bool SPLIT = bwd_split<D>();
+    static_assert(bwd_smem<D, BQ>::template bytes<STAGES>() + sizeof(stage_ring<STAGES>) +
+                          sizeof(dq_bars<dq_buffers<D, STAGES>()>) <= 232448,
+                  "dynamic and static shared memory within Hopper's 227 KiB a block");
     auto kern = p.dropout_p > 0.0f ? backward_sm90<T, D, BQ, STAGES, true, SPLIT>
                                    : backward_sm90<T, D, BQ, STAGES, false, SPLIT>;
-    return run_backward_sm90<T, D>(p, bf16, kern, bwd_smem<D, BQ>::bytes(STAGES), 128, stream);
+    return run_backward_sm90<T, D>(p, bf16, kern, bwd_smem<D, BQ>::template bytes<STAGES>(), 128, stream);
 }
 
 } // namespace fa

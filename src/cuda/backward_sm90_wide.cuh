@@ -34,12 +34,14 @@ template <int STAGES> struct dq_stage_bars {
 
 template <typename T, int D, int BQ, int STAGES, bool DROPOUT>
 __device__ __forceinline__ void bwd_rows_wide(const fa_cuda_params &p, stage_ring<STAGES> &ring,
-                                              dq_stage_bars<STAGES> &bars, const block_t &blk, const seq_t &s,
-                                              const mask_t &mk, int c0, int m_lo, int nm, int iters,
-                                              unsigned char *sK, unsigned char *sV, unsigned char *sP,
-                                              unsigned char *sDS, unsigned char *ring_mem, const float *stats,
-                                              int wg)
+                                              dq_stage_bars<STAGES> &bars, const bwd_work &w, unsigned char *sK,
+                                              unsigned char *sV, unsigned char *sP, unsigned char *sDS,
+                                              unsigned char *ring_mem, const float *stats, int wg)
 {
+    const block_t &blk = w.blk;
+    const seq_t &s = w.s;
+    const mask_t &mk = w.mk;
+    const int c0 = w.c0, iters = w.iters;
     // QH query rows and DH columns a warpgroup; dQ in chunks of DC columns (fewer live registers)
     constexpr int BN = 64, QH = BQ / 2, NQ = QH / 8, DH = D / 2, DC = 64;
     static_assert(DH % DC == 0 && DC % 64 == 0 && QH % 16 == 0,
@@ -74,7 +76,7 @@ __device__ __forceinline__ void bwd_rows_wide(const fa_cuda_params &p, stage_rin
     zero(dv);
     // the query tiles every row of which sees all 16 of this warp's keys
     const tiles_t full = tiles_within<BQ>(mk.full_query_range(j0, j0 + 16));
-    bwd_steps fs(hk, p.group, m_lo, nm);
+    bwd_steps fs(p, w);
     for (int it = 0; it < iters; it++, fs.next()) {
         const int st = it % STAGES, h = fs.h(), i0 = fs.mi * BQ;
         const bool all_seen = fs.mi >= full.lo && fs.mi < full.hi;
@@ -142,21 +144,20 @@ __device__ __forceinline__ void bwd_rows_wide(const fa_cuda_params &p, stage_rin
 // the stage handed back to the loading warps once the adds have read it.
 template <int D, int BQ, int STAGES>
 __device__ __forceinline__ void dq_writer_wide(const fa_cuda_params &p, stage_ring<STAGES> &ring,
-                                               dq_stage_bars<STAGES> &bars, const block_t &blk, const seq_t &s,
-                                               const mask_t &mk, int m_lo, int nm, int iters,
+                                               dq_stage_bars<STAGES> &bars, const bwd_work &w,
                                                const unsigned char *ring_mem)
 {
     constexpr int BN = 64, DH = D / 2;
     using S = kv_stage<D, BQ>;
-    const int64_t base = dq_tile_base(p, s, blk.b);
-    bwd_steps fs(blk.h, p.group, m_lo, nm);
-    for (int it = 0; it < iters; it++, fs.next()) {
+    const int64_t base = dq_tile_base(p, w.s, w.blk.b);
+    bwd_steps fs(p, w);
+    for (int it = 0; it < w.iters; it++, fs.next()) {
         const int st = it % STAGES;
-        for (int w = 0; w < 2; w++)
-            mbar_wait(&bars.full[w][st], (it / STAGES) & 1);
+        for (int x = 0; x < 2; x++)
+            mbar_wait(&bars.full[x][st], (it / STAGES) & 1);
         float *acc = p.dq_acc + ((int64_t)fs.h() * p.dq_htiles + base + fs.mi) * kDqRows * D;
-        dq_add_step(p.dq_sem + ((int64_t)blk.b * p.heads_q + fs.h()) * p.dq_tiles + fs.mi,
-                    tiles_before<BN, BQ>(mk, blk.tile, fs.mi), p.bwd_unordered, acc, (int64_t)BQ * DH,
+        dq_add_step(p.dq_sem + ((int64_t)w.blk.b * p.heads_q + fs.h()) * p.dq_tiles + fs.mi,
+                    bwd_turn<BN, BQ>(w, fs.mi), p.bwd_unordered, acc, (int64_t)BQ * DH,
                     smem_addr(ring_mem + st * S::bytes), BQ * DH * 4, 2, BQ * DH * 4,
                     [&] { mbar_arrive(&ring.empty[st]); });
     }
@@ -176,15 +177,9 @@ __global__ void __launch_bounds__(384, 1) backward_sm90_wide(const __grid_consta
     unsigned char *ring_mem = sDS + 2 * F::pt;
     float *stats = reinterpret_cast<float *>(ring_mem + STAGES * S::bytes);
 
-    const block_t blk = bwd_block((p.max_k + BN - 1) / BN, p.heads_kv, p.batch, p.bwd_order);
-    const seq_t s = seq_of(p, blk.b);
-    const int c0 = blk.tile * BN;
-    if (c0 >= s.sk)
+    bwd_work work;
+    if (!bwd_work_of<BN, BQ>(p, work))
         return;
-    const mask_t mk = mask_of(p, s.sq, s.sk);
-    int m_lo, nm;
-    kv_span<BN, BQ>(mk, blk.tile, m_lo, nm);
-    const int iters = nm * p.group;
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0); // uniform to the compiler
     constexpr int LOADERS = 64; // the loading warpgroup's first two warps; the third's lane 0 adds dQ
     if (threadIdx.x == 0) {
@@ -199,13 +194,12 @@ __global__ void __launch_bounds__(384, 1) backward_sm90_wide(const __grid_consta
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(producer_regs<2>::value));
         const int tid = threadIdx.x % 128;
         if (tid == LOADERS)
-            dq_writer_wide<D, BQ, STAGES>(p, ring, bars, blk, s, mk, m_lo, nm, iters, ring_mem);
+            dq_writer_wide<D, BQ, STAGES>(p, ring, bars, work, ring_mem);
         if (tid < LOADERS)
-            load_steps<T, D, BQ, STAGES, LOADERS>(p, ring, s, blk.h, m_lo, nm, iters, ring_mem, stats, tid);
+            load_steps<T, D, BQ, STAGES, LOADERS>(p, ring, work, ring_mem, stats, tid);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<2>::value));
-        bwd_rows_wide<T, D, BQ, STAGES, DROPOUT>(p, ring, bars, blk, s, mk, c0, m_lo, nm, iters, sK, sV, sP, sDS,
-                                                 ring_mem, stats, wg);
+        bwd_rows_wide<T, D, BQ, STAGES, DROPOUT>(p, ring, bars, work, sK, sV, sP, sDS, ring_mem, stats, wg);
     }
 #endif
 }
