@@ -197,7 +197,8 @@ __device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch, in
 //     wraps around; a tile's adds go in the order the blocks reach it (bwd_turn), so the
 //     blocks start on different tiles and wait for no one. The order wraps too: every tile
 //     has one adder that waits for a higher block, so all nk blocks must fit on the device at
-//     once (the host sets 2 only then).
+//     once: the host sets 2 only for head-major blocks and nk up to the multiprocessors (other
+//     work holding multiprocessors meanwhile, another stream's kernel, would hang it).
 // In 1 and 2 the key tiles' blocks run last first (bwd_block), so that the key tile a block
 // waits for has the lower index.
 struct bwd_work {
@@ -647,14 +648,14 @@ template <typename T, int D, typename K>
 cudaError_t run_backward_sm90(const fa_cuda_params &params, bool bf16, K kern, size_t smem, int bn, cudaStream_t stream)
 {
     fa_cuda_params p = params;
-    if (p.bwd_sched) { // 2 (bwd_work) only where a sequence's key tiles fit on the device at once
+    if (p.bwd_sched) { // 2 (bwd_work) only where a sequence's key tiles, head-major, fit on the device at once
         int dev = 0, sms = 0;
         cudaError_t e = cudaGetDevice(&dev);
         if (e == cudaSuccess)
             e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
         if (e != cudaSuccess)
             return e;
-        p.bwd_sched = (p.max_k + bn - 1) / bn <= sms ? 2 : 1;
+        p.bwd_sched = p.bwd_order != 1 && (p.max_k + bn - 1) / bn <= sms ? 2 : 1;
     }
     cudaError_t err = fa_cuda_rowsum(&p, bf16, stream);
     if (err != cudaSuccess)
