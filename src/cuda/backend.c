@@ -148,10 +148,11 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
      * (measurement only: the bits then vary from run to run) */
     const char *bu = getenv("FLASHATTN_CUDA_BWD_UNORDERED");
     s->bwd_unordered = bu && strcmp(bu, "1") == 0;
-    /* FLASHATTN_CUDA_BWD_SCHED=stagger: the Hopper backward's blocks take their query tiles
-     * first first, unmasked ones from staggered starts (params.h: bwd_sched); else last first */
+    /* The Hopper backward's blocks take their query tiles first first, unmasked ones from
+     * staggered starts (params.h: bwd_sched; 1.04-1.27x the backward at d64-d256, docs/perf);
+     * FLASHATTN_CUDA_BWD_SCHED=last: all last first (for comparison) */
     const char *bs = getenv("FLASHATTN_CUDA_BWD_SCHED");
-    s->bwd_sched = bs && strcmp(bs, "stagger") == 0;
+    s->bwd_sched = !(bs && strcmp(bs, "last") == 0);
     /* The Hopper bf16 / f16 forward (head_dim <= 128) keeps a row's softmax reference until a
      * key tile's largest logit passes it by more than the slack (log2 units; 8 as
      * FlashAttention-4), rescaling O only then (softmax_update); probabilities reach 2^slack, well

@@ -189,10 +189,11 @@ __device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch, in
 // blk.h and sequence blk.b, the query tiles it sees [m_lo, m_lo + nm), its steps (every query
 // head of the group for each of those tiles), and the order of the steps and of each query
 // tile's dQ adds (params.h: bwd_sched):
-//  0: every block takes its tiles last first, and a tile's adds go in key-tile order. The
-//     blocks of a head reach a tile at the same step, so the k-th waits for k adds first.
+//  0 (FLASHATTN_CUDA_BWD_SCHED=last, for comparison): every block takes its tiles last first,
+//     and a tile's adds go in key-tile order. The blocks of a head reach a tile at the same
+//     step, so the k-th waits for k adds first.
 //  1 (a mask): first first, the last key tile that sees a tile adding first. Under a causal
-//     mask key tile j + 1, one ahead in the order, reached the tile two steps earlier.
+//     mask key tile j + 1, one ahead in the order, reached the tile a step or two earlier.
 //  2 (no mask; every key tile sees every query tile): key tile j starts at tile j nm / nk and
 //     wraps around; a tile's adds go in the order the blocks reach it (bwd_turn), so the
 //     blocks start on different tiles and wait for no one. The order wraps too: every tile
@@ -522,7 +523,7 @@ __device__ __forceinline__ void dq_add_step(int *sem, int turn, bool unordered, 
 }
 
 // The dQ writers (one thread each): the staged dQ shares of every step, added into the
-// accumulator in key-tile order, the buffers handed back as soon as the adds have read them.
+// accumulator in their order (bwd_turn), the buffers handed back as soon as the adds have read them.
 // d128 has one writer for both warpgroups' halves; below, writer w takes the steps whose dQ
 // warpgroup w computes, so that the two add and wait for the adds to land side by side.
 template <bool SPLIT> __host__ __device__ constexpr int dq_writers() { return SPLIT ? 1 : 2; }

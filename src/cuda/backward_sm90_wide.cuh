@@ -7,7 +7,7 @@
 // major) in shared memory; after a barrier each takes half of the columns of dV += P^T dO,
 // dK += dS^T Q and dQ = dS K over the whole step. Once both warpgroups' products have read the
 // step's Q / dO stage, the stage holds their dQ shares for the writer, whose bulk adds (in
-// key-tile order, as there) hand it back to the loading warps.
+// a fixed order, as there) hand it back to the loading warps.
 #pragma once
 
 #include "backward_sm90.cuh"
@@ -140,7 +140,7 @@ __device__ __forceinline__ void bwd_rows_wide(const fa_cuda_params &p, stage_rin
     store_acc<T, DH>(p.dv, dv, s, true, hk, j0, s.sk, p.dim, p.dropout_scale, g, t, wg * DH);
 }
 
-// The dQ writer (one thread): each step's two shares added from its stage in key-tile order,
+// The dQ writer (one thread): each step's two shares added from its stage in their order (bwd_turn),
 // the stage handed back to the loading warps once the adds have read it.
 template <int D, int BQ, int STAGES>
 __device__ __forceinline__ void dq_writer_wide(const fa_cuda_params &p, stage_ring<STAGES> &ring,
