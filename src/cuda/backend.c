@@ -150,9 +150,10 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
     s->bwd_unordered = bu && strcmp(bu, "1") == 0;
     /* The Hopper backward's blocks take their query tiles first first, unmasked ones from
      * staggered starts (params.h: bwd_sched; 1.04-1.27x the backward at d64-d256, docs/perf);
-     * FLASHATTN_CUDA_BWD_SCHED=last: all last first (for comparison) */
+     * FLASHATTN_CUDA_BWD_SCHED=first: no staggered starts (no block then waits for a later
+     * one, whatever else runs on the device), =last: all last first (for comparison) */
     const char *bs = getenv("FLASHATTN_CUDA_BWD_SCHED");
-    s->bwd_sched = !(bs && strcmp(bs, "last") == 0);
+    s->bwd_sched = bs && strcmp(bs, "last") == 0 ? 0 : bs && strcmp(bs, "first") == 0 ? 1 : 2;
     /* The Hopper bf16 / f16 forward (head_dim <= 128) keeps a row's softmax reference until a
      * key tile's largest logit passes it by more than the slack (log2 units; 8 as
      * FlashAttention-4), rescaling O only then (softmax_update); probabilities reach 2^slack, well

@@ -198,8 +198,10 @@ __device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch, in
 //     wraps around; a tile's adds go in the order the blocks reach it (bwd_turn), so the
 //     blocks start on different tiles and wait for no one. The order wraps too: every tile
 //     has one adder that waits for a higher block, so all nk blocks must fit on the device at
-//     once: the host sets 2 only for head-major blocks and nk up to the multiprocessors (other
-//     work holding multiprocessors meanwhile, another stream's kernel, would hang it).
+//     once: the host keeps 2 only for head-major blocks and nk up to half the multiprocessors,
+//     so that two such kernels on two streams still leave a multiprocessor free for the block
+//     one waits for. More at once, or kernels on other streams that hold multiprocessors
+//     while they wait on each other, could stall it: FLASHATTN_CUDA_BWD_SCHED=first (1 only).
 // In 1 and 2 the key tiles' blocks run last first (bwd_block), so that the key tile a block
 // waits for has the lower index.
 struct bwd_work {
@@ -649,14 +651,14 @@ template <typename T, int D, typename K>
 cudaError_t run_backward_sm90(const fa_cuda_params &params, bool bf16, K kern, size_t smem, int bn, cudaStream_t stream)
 {
     fa_cuda_params p = params;
-    if (p.bwd_sched) { // 2 (bwd_work) only where a sequence's key tiles, head-major, fit on the device at once
+    if (p.bwd_sched == 2) { // only where a sequence's key tiles, head-major, fit on half the device (bwd_work)
         int dev = 0, sms = 0;
         cudaError_t e = cudaGetDevice(&dev);
         if (e == cudaSuccess)
             e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
         if (e != cudaSuccess)
             return e;
-        p.bwd_sched = p.bwd_order != 1 && (p.max_k + bn - 1) / bn <= sms ? 2 : 1;
+        p.bwd_sched = p.bwd_order != 1 && 2 * ((p.max_k + bn - 1) / bn) <= sms ? 2 : 1;
     }
     cudaError_t err = fa_cuda_rowsum(&p, bf16, stream);
     if (err != cudaSuccess)

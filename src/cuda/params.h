@@ -114,8 +114,8 @@ typedef struct fa_cuda_params {
     int32_t bwd_order;    /* Hopper backward's block order (bwd_block): 1 key-tile major
                            * (FLASHATTN_CUDA_BWD_ORDER=key, for comparison), else head major */
     int32_t bwd_sched;    /* Hopper backward's order of steps and dQ adds (bwd_work): 1 first
-                           * first, 2 as 1 but unmasked sequences staggered (set where all of a
-                           * sequence's key tiles fit on the device at once), 0 last first
+                           * first, 2 as 1 but unmasked sequences staggered (kept where a
+                           * sequence's key tiles fit on half the device), 0 last first
                            * (FLASHATTN_CUDA_BWD_SCHED=last, for comparison) */
     float rescale_slack;  /* Hopper bf16 / f16 (head_dim <= 128) and fp8 forwards: softmax_update's
                            * slack; < 0: O rescaled every key tile, else only where a row of the
