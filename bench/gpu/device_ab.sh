@@ -17,8 +17,8 @@
 #     bench/gpu/device_ab.sh FLASHATTN_CUDA_BWD_TMA 0 1          (the backward's TMA loader)
 #   (the same shapes) bench/gpu/device_ab.sh FLASHATTN_CUDA_BWD_UNORDERED 0 1   (what the dQ
 #     adds' order costs; the backward's determinism test fails with it, by design)
-#   (the same shapes) bench/gpu/device_ab.sh FLASHATTN_CUDA_BWD_SCHED last stagger  (the
-#     backward's order of steps and dQ adds)
+#   (the same shapes) bench/gpu/device_ab.sh FLASHATTN_CUDA_BWD_SCHED first stagger  (the
+#     backward's staggered starts without a mask)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -eq 3 ] || { echo "usage: bench/gpu/device_ab.sh VAR A B" >&2; exit 2; }

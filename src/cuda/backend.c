@@ -140,20 +140,20 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
     const char *bo = getenv("FLASHATTN_CUDA_BWD_ORDER");
     s->bwd_order = bo && strcmp(bo, "key") == 0;
     /* FLASHATTN_CUDA_BWD_TMA=1: the Hopper backward's loader takes Q and dO tiles by TMA
-     * (fixed-length calls; fa_cuda_tma_backward) instead of copying rows; off by default until
-     * measured on a GPU */
+     * (fixed-length calls; fa_cuda_tma_backward) instead of copying rows; off by default:
+     * 0.98-1.06x the row copies (docs/perf) */
     const char *bt = getenv("FLASHATTN_CUDA_BWD_TMA");
     s->bwd_tma = bt && strcmp(bt, "1") == 0;
-    /* FLASHATTN_CUDA_BWD_UNORDERED=1: the Hopper backward's dQ adds without the key-tile order
+    /* FLASHATTN_CUDA_BWD_UNORDERED=1: the Hopper backward's dQ adds without their order
      * (measurement only: the bits then vary from run to run) */
     const char *bu = getenv("FLASHATTN_CUDA_BWD_UNORDERED");
     s->bwd_unordered = bu && strcmp(bu, "1") == 0;
     /* The Hopper backward's blocks take their query tiles first first, unmasked ones from
-     * staggered starts (params.h: bwd_sched; 1.04-1.27x the backward at d64-d256, docs/perf);
-     * FLASHATTN_CUDA_BWD_SCHED=first: no staggered starts (no block then waits for a later
-     * one, whatever else runs on the device), =last: all last first (for comparison) */
+     * staggered starts (params.h: bwd_sched; 1.04-1.27x the last-first order at d64-d256,
+     * docs/perf); FLASHATTN_CUDA_BWD_SCHED=first: no staggered starts (no block then waits
+     * for a later one, whatever else runs on the device) */
     const char *bs = getenv("FLASHATTN_CUDA_BWD_SCHED");
-    s->bwd_sched = bs && strcmp(bs, "last") == 0 ? 0 : bs && strcmp(bs, "first") == 0 ? 1 : 2;
+    s->bwd_sched = bs && strcmp(bs, "first") == 0 ? 1 : 2;
     /* The Hopper bf16 / f16 forward (head_dim <= 128) keeps a row's softmax reference until a
      * key tile's largest logit passes it by more than the slack (log2 units; 8 as
      * FlashAttention-4), rescaling O only then (softmax_update); probabilities reach 2^slack, well
@@ -709,6 +709,7 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
         k->bwd_order = s->bwd_order;
         k->bwd_unordered = s->bwd_unordered;
         k->bwd_sched = s->bwd_sched;
+        k->multiprocessors = s->prop.multiProcessorCount;
         if (s->bwd_tma)
             fa_cuda_tma_backward(s->tma_encode, k, c.bf16);
         err = fa_cuda_flash_backward_sm90(k, c.bf16, c.hb->dim, s->stream);

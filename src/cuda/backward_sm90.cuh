@@ -134,24 +134,6 @@ __device__ __forceinline__ void kv_span(const mask_t &mk, int j, int &m_lo, int 
     nm = q.n;
 }
 
-// How many key tiles before j also see query tile i: those that do are j - n .. j - 1 (the
-// spans move monotonically with j), found by bisection.
-template <int BN, int BQ>
-__device__ __forceinline__ int tiles_before(const mask_t &mk, int j, int i)
-{
-    int lo = 0, hi = j; // the first tile that sees i lies in [lo, hi]
-    while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        int m_lo, nm;
-        kv_span<BN, BQ>(mk, mid, m_lo, nm);
-        if (nm > 0 && m_lo <= i && i < m_lo + nm)
-            hi = mid;
-        else
-            lo = mid + 1;
-    }
-    return j - lo;
-}
-
 // How many key tiles after j (of nk) also see query tile i: j + 1 .. j + n, by bisection.
 template <int BN, int BQ>
 __device__ __forceinline__ int tiles_after(const mask_t &mk, int j, int i, int nk)
@@ -175,23 +157,21 @@ __device__ __forceinline__ int tiles_after(const mask_t &mk, int j, int i, int n
 // predecessor long finished; order 1, params.h's bwd_order) spreads the blocks running at once
 // over as many accumulators as heads, which outgrow L2 (at d256 s1k its adds kept DRAM 75%
 // busy under ncu): 1.22-1.55x slower backwards at d64-d256 and s1k-s2k (docs/perf). Either
-// way the key tiles run first first, or last first with reverse (bwd_work: bwd_sched 1, 2).
-__device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch, int order, bool reverse)
+// way the key tiles run last first, so that the key tile a block waits for (bwd_work) has the
+// lower index.
+__device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch, int order)
 {
     if (order != 1)
-        return block_of(tiles, heads, reverse);
+        return block_of(tiles, heads, true);
     const int64_t x = blockIdx.x, hb = (int64_t)heads * batch;
-    const int t = (int)(x / hb);
-    return block_t{ reverse ? tiles - 1 - t : t, (int)(x % hb % heads), (int)(x % hb / heads) };
+    return block_t{ tiles - 1 - (int)(x / hb), (int)(x % hb % heads), (int)(x % hb / heads) };
 }
 
 // A block's work: key tile blk.tile (BN keys from c0; nk tiles in the sequence) of kv head
 // blk.h and sequence blk.b, the query tiles it sees [m_lo, m_lo + nm), its steps (every query
 // head of the group for each of those tiles), and the order of the steps and of each query
-// tile's dQ adds (params.h: bwd_sched):
-//  0 (FLASHATTN_CUDA_BWD_SCHED=last, for comparison): every block takes its tiles last first,
-//     and a tile's adds go in key-tile order. The blocks of a head reach a tile at the same
-//     step, so the k-th waits for k adds first.
+// tile's dQ adds (params.h: bwd_sched). Taken last first in key-tile order (docs/perf), the
+// blocks of a head reached a tile at the same step, so the k-th waited for k adds.
 //  1 (a mask): first first, the last key tile that sees a tile adding first. Under a causal
 //     mask key tile j + 1, one ahead in the order, reached the tile a step or two earlier.
 //  2 (no mask; every key tile sees every query tile): key tile j starts at tile j nm / nk and
@@ -202,8 +182,6 @@ __device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch, in
 //     so that two such kernels on two streams still leave a multiprocessor free for the block
 //     one waits for. More at once, or kernels on other streams that hold multiprocessors
 //     while they wait on each other, could stall it: FLASHATTN_CUDA_BWD_SCHED=first (1 only).
-// In 1 and 2 the key tiles' blocks run last first (bwd_block), so that the key tile a block
-// waits for has the lower index.
 struct bwd_work {
     block_t blk;
     seq_t s;
@@ -213,7 +191,7 @@ struct bwd_work {
 template <int BN, int BQ> __device__ __forceinline__ bool bwd_work_of(const fa_cuda_params &p, bwd_work &w)
 {
     const int tiles = (p.max_k + BN - 1) / BN;
-    w.blk = bwd_block(tiles, p.heads_kv, p.batch, p.bwd_order, p.bwd_sched != 0);
+    w.blk = bwd_block(tiles, p.heads_kv, p.batch, p.bwd_order);
     w.s = seq_of(p, w.blk.b);
     w.c0 = w.blk.tile * BN;
     if (w.c0 >= w.s.sk)
@@ -242,29 +220,25 @@ template <int BN, int BQ> __device__ __forceinline__ int bwd_turn(const bwd_work
         const int top = min(w.nk - 1, (int)(((int64_t)(i + 1) * w.nk - 1) / w.nm)); // the last such
         return j <= top ? top - j : top + w.nk - j;
     }
-    return w.sched == 1 ? tiles_after<BN, BQ>(w.mk, j, i, w.nk) : tiles_before<BN, BQ>(w.mk, j, i);
+    return tiles_after<BN, BQ>(w.mk, j, i, w.nk);
 }
 
 // A block's steps in bwd_work's order: query tile mi of query head h (the group's heads taken
 // in turn for each tile), counted one step at a time (no division per step).
 struct bwd_steps {
     int h0, group, hh, mi, lo, hi;
-    bool up;
     __device__ __forceinline__ bwd_steps(const fa_cuda_params &p, const bwd_work &w)
-        : h0(w.blk.h * p.group), group(p.group), hh(0), lo(w.m_lo), hi(w.m_lo + w.nm), up(w.sched != 0)
+        : h0(w.blk.h * p.group), group(p.group), hh(0),
+          mi(w.m_lo + (w.sched == 2 ? (int)((int64_t)w.blk.tile * w.nm / w.nk) : 0)), lo(w.m_lo),
+          hi(w.m_lo + w.nm)
     {
-        mi = w.sched == 0   ? hi - 1
-             : w.sched == 1 ? lo
-                            : lo + (int)((int64_t)w.blk.tile * w.nm / w.nk);
     }
     __device__ __forceinline__ int h() const { return h0 + hh; }
     __device__ __forceinline__ void next()
     {
         if (++hh == group) {
             hh = 0;
-            if (!up)
-                mi--;
-            else if (++mi == hi)
+            if (++mi == hi)
                 mi = lo;
         }
     }
@@ -651,15 +625,9 @@ template <typename T, int D, typename K>
 cudaError_t run_backward_sm90(const fa_cuda_params &params, bool bf16, K kern, size_t smem, int bn, cudaStream_t stream)
 {
     fa_cuda_params p = params;
-    if (p.bwd_sched == 2) { // only where a sequence's key tiles, head-major, fit on half the device (bwd_work)
-        int dev = 0, sms = 0;
-        cudaError_t e = cudaGetDevice(&dev);
-        if (e == cudaSuccess)
-            e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        if (e != cudaSuccess)
-            return e;
-        p.bwd_sched = p.bwd_order != 1 && 2 * ((p.max_k + bn - 1) / bn) <= sms ? 2 : 1;
-    }
+    // 2 only where a sequence's key tiles, head-major, fit on half the device (bwd_work)
+    if (p.bwd_sched == 2 && (p.bwd_order == 1 || 2 * ((p.max_k + bn - 1) / bn) > p.multiprocessors))
+        p.bwd_sched = 1;
     cudaError_t err = fa_cuda_rowsum(&p, bf16, stream);
     if (err != cudaSuccess)
         return err;

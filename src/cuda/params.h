@@ -109,14 +109,14 @@ typedef struct fa_cuda_params {
     int32_t bwd_tma;
     fa_cuda_tmap tq, tdo;
     int32_t bwd_unordered; /* Hopper backward: dQ shares added as they come, into an accumulator
-                            * zeroed first (FLASHATTN_CUDA_BWD_UNORDERED=1: what the key-tile
-                            * order costs; not deterministic) */
+                            * zeroed first (FLASHATTN_CUDA_BWD_UNORDERED=1: what the order
+                            * costs; not deterministic) */
     int32_t bwd_order;    /* Hopper backward's block order (bwd_block): 1 key-tile major
                            * (FLASHATTN_CUDA_BWD_ORDER=key, for comparison), else head major */
     int32_t bwd_sched;    /* Hopper backward's order of steps and dQ adds (bwd_work): 1 first
                            * first, 2 as 1 but unmasked sequences staggered (kept where a
-                           * sequence's key tiles fit on half the device), 0 last first
-                           * (FLASHATTN_CUDA_BWD_SCHED=last, for comparison) */
+                           * sequence's key tiles fit on half the multiprocessors) */
+    int32_t multiprocessors; /* the device's (Hopper backward: bwd_sched 2's bound) */
     float rescale_slack;  /* Hopper bf16 / f16 (head_dim <= 128) and fp8 forwards: softmax_update's
                            * slack; < 0: O rescaled every key tile, else only where a row of the
                            * warp moved its reference */
