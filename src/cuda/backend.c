@@ -150,10 +150,17 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
     s->bwd_unordered = bu && strcmp(bu, "1") == 0;
     /* The Hopper backward's blocks take their query tiles first first, unmasked ones from
      * staggered starts (params.h: bwd_sched; 1.04-1.27x the last-first order at d64-d256,
-     * docs/perf); FLASHATTN_CUDA_BWD_SCHED=first: no staggered starts (no block then waits
-     * for a later one, whatever else runs on the device) */
+     * docs/perf) where a sequence's key tiles fit on half the device;
+     * FLASHATTN_CUDA_BWD_SCHED=first: no staggered starts (no block then waits for a later
+     * one, whatever else runs on the device); =groups: longer sequences staggered too, in
+     * groups of key tiles (not yet measured, so not the default) */
     const char *bs = getenv("FLASHATTN_CUDA_BWD_SCHED");
-    s->bwd_sched = bs && strcmp(bs, "first") == 0 ? 1 : 2;
+    s->bwd_sched = bs && strcmp(bs, "first") == 0 ? 1 : bs && strcmp(bs, "groups") == 0 ? 3 : 2;
+    /* FLASHATTN_CUDA_BWD_GROUP=N: staggered groups of at most N key tiles (N >= 1; checks of
+     * the groups on short sequences), else half the multiprocessors */
+    const char *bg = getenv("FLASHATTN_CUDA_BWD_GROUP");
+    const long g = bg ? strtol(bg, NULL, 10) : 0;
+    s->bwd_group = g > 0 && g <= 1 << 20 ? (int)g : 0;
     /* The Hopper bf16 / f16 forward (head_dim <= 128) keeps a row's softmax reference until a
      * key tile's largest logit passes it by more than the slack (log2 units; 8 as
      * FlashAttention-4), rescaling O only then (softmax_update); probabilities reach 2^slack, well
@@ -709,7 +716,10 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
         k->bwd_order = s->bwd_order;
         k->bwd_unordered = s->bwd_unordered;
         k->bwd_sched = s->bwd_sched;
-        k->multiprocessors = s->prop.multiProcessorCount;
+        /* bwd_sched 2's groups fit on half the device (backward_sm90.cuh: bwd_work) */
+        k->bwd_group = s->prop.multiProcessorCount / 2;
+        if (s->bwd_group > 0 && s->bwd_group < k->bwd_group)
+            k->bwd_group = s->bwd_group;
         if (s->bwd_tma)
             fa_cuda_tma_backward(s->tma_encode, k, c.bf16);
         err = fa_cuda_flash_backward_sm90(k, c.bf16, c.hb->dim, s->stream);

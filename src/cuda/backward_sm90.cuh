@@ -156,15 +156,19 @@ __device__ __forceinline__ int tiles_after(const mask_t &mk, int j, int i, int n
 // before. Key-tile-major order (every head's first tile, then every head's second: a tile's
 // predecessor long finished; order 1, params.h's bwd_order) spreads the blocks running at once
 // over as many accumulators as heads, which outgrow L2 (at d256 s1k its adds kept DRAM 75%
-// busy under ncu): 1.22-1.55x slower backwards at d64-d256 and s1k-s2k (docs/perf). Either
-// way the key tiles run last first, so that the key tile a block waits for (bwd_work) has the
-// lower index.
-__device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch, int order)
+// busy under ncu): 1.22-1.55x slower backwards at d64-d256 and s1k-s2k (docs/perf). Head-major
+// blocks come in groups of gs key tiles (bwd_work): every head's first group, then every
+// head's second (gs = tiles: one group). Either way the key tiles run last first, so that the
+// key tile a block waits for (bwd_work) has the lower index.
+__device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch, int order, int gs)
 {
-    if (order != 1)
-        return block_of(tiles, heads, true);
     const int64_t x = blockIdx.x, hb = (int64_t)heads * batch;
-    return block_t{ tiles - 1 - (int)(x / hb), (int)(x % hb % heads), (int)(x % hb / heads) };
+    if (order == 1)
+        return block_t{ tiles - 1 - (int)(x / hb), (int)(x % hb % heads), (int)(x % hb / heads) };
+    const int g = (int)(x / (hb * gs)), n = min(gs, tiles - g * gs); // group g holds n tiles a head
+    const int64_t r = x - hb * gs * g;
+    const int i = (int)(r / n);
+    return block_t{ tiles - 1 - g * gs - (int)(r % n), i % heads, i / heads };
 }
 
 // A block's work: key tile blk.tile (BN keys from c0; nk tiles in the sequence) of kv head
@@ -174,24 +178,32 @@ __device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch, in
 // blocks of a head reached a tile at the same step, so the k-th waited for k adds.
 //  1 (a mask): first first, the last key tile that sees a tile adding first. Under a causal
 //     mask key tile j + 1, one ahead in the order, reached the tile a step or two earlier.
-//  2 (no mask; every key tile sees every query tile): key tile j starts at tile j nm / nk and
-//     wraps around; a tile's adds go in the order the blocks reach it (bwd_turn), so the
-//     blocks start on different tiles and wait for no one. The order wraps too: every tile
-//     has one adder that waits for a higher block, so all nk blocks must fit on the device at
-//     once: the host keeps 2 only for head-major blocks and nk up to half the multiprocessors,
-//     so that two such kernels on two streams still leave a multiprocessor free for the block
-//     one waits for. More at once, or kernels on other streams that hold multiprocessors
-//     while they wait on each other, could stall it: FLASHATTN_CUDA_BWD_SCHED=first (1 only).
+//  2 (no mask; every key tile sees every query tile): the key tiles, last first, in groups of
+//     gs (p.bwd_group; the last group of a shorter sequence holds fewer), group g's n tiles
+//     from gl = 0 at the top: the tile at gl starts at query tile gl nm / n and wraps around;
+//     a tile's adds go group by group, within a group in the order the blocks reach it
+//     (bwd_turn), so the blocks of a group start on different tiles and wait for no one, and
+//     no query tile has all of a head's blocks reading and adding at once. The order wraps
+//     too: every tile has one adder that waits for a higher block of its group, so a group's
+//     blocks must be on the device at once: the host keeps groups to half the multiprocessors
+//     (two such kernels on two streams still leave a multiprocessor free for the block one
+//     waits for), and bwd_block launches a group's blocks together, after every earlier
+//     group's (the only other blocks a block waits for). Kernels on other streams that hold
+//     multiprocessors while they wait on each other could still stall it:
+//     FLASHATTN_CUDA_BWD_SCHED=first (1 only). By default a call whose key tiles take more
+//     than one group runs 1 (FLASHATTN_CUDA_BWD_SCHED=groups: groups, not yet measured).
 struct bwd_work {
     block_t blk;
     seq_t s;
     mask_t mk;
     int c0, m_lo, nm, iters, nk, sched;
+    int gl, gn, before; // bwd_sched 2: place in its group, the group's size, tiles of earlier groups
 };
 template <int BN, int BQ> __device__ __forceinline__ bool bwd_work_of(const fa_cuda_params &p, bwd_work &w)
 {
     const int tiles = (p.max_k + BN - 1) / BN;
-    w.blk = bwd_block(tiles, p.heads_kv, p.batch, p.bwd_order);
+    const int gs = p.bwd_sched == 2 ? p.bwd_group : tiles;
+    w.blk = bwd_block(tiles, p.heads_kv, p.batch, p.bwd_order, gs);
     w.s = seq_of(p, w.blk.b);
     w.c0 = w.blk.tile * BN;
     if (w.c0 >= w.s.sk)
@@ -208,6 +220,12 @@ template <int BN, int BQ> __device__ __forceinline__ bool bwd_work_of(const fa_c
         kv_span<BN, BQ>(w.mk, w.nk - 1, lo1, n1);
         if (lo0 != 0 || n0 != nq || lo1 != 0 || n1 != nq)
             w.sched = 1;
+        // the group's tiles of this sequence: [lo, hi), counted from the top
+        const int top = tiles - 1 - (tiles - 1 - w.blk.tile) / gs * gs;
+        const int hi = min(w.nk, top + 1), lo = max(0, top + 1 - gs);
+        w.gl = hi - 1 - w.blk.tile;
+        w.gn = hi - lo;
+        w.before = w.nk - hi;
     }
     return true;
 }
@@ -215,12 +233,11 @@ template <int BN, int BQ> __device__ __forceinline__ bool bwd_work_of(const fa_c
 // Key tile w.blk.tile's place among the key tiles that add into query tile i (0: it stores).
 template <int BN, int BQ> __device__ __forceinline__ int bwd_turn(const bwd_work &w, int i)
 {
-    const int j = w.blk.tile;
-    if (w.sched == 2) { // the tiles that started at or below i, nearest first, then the others
-        const int top = min(w.nk - 1, (int)(((int64_t)(i + 1) * w.nk - 1) / w.nm)); // the last such
-        return j <= top ? top - j : top + w.nk - j;
+    if (w.sched == 2) { // the group's tiles that started at or below i, nearest first, then the others
+        const int top = min(w.gn - 1, (int)(((int64_t)(i + 1) * w.gn - 1) / w.nm)); // the last such
+        return w.before + (w.gl <= top ? top - w.gl : top + w.gn - w.gl);
     }
-    return tiles_after<BN, BQ>(w.mk, j, i, w.nk);
+    return tiles_after<BN, BQ>(w.mk, w.blk.tile, i, w.nk);
 }
 
 // A block's steps in bwd_work's order: query tile mi of query head h (the group's heads taken
@@ -229,7 +246,7 @@ struct bwd_steps {
     int h0, group, hh, mi, lo, hi;
     __device__ __forceinline__ bwd_steps(const fa_cuda_params &p, const bwd_work &w)
         : h0(w.blk.h * p.group), group(p.group), hh(0),
-          mi(w.m_lo + (w.sched == 2 ? (int)((int64_t)w.blk.tile * w.nm / w.nk) : 0)), lo(w.m_lo),
+          mi(w.m_lo + (w.sched == 2 ? (int)((int64_t)w.gl * w.nm / w.gn) : 0)), lo(w.m_lo),
           hi(w.m_lo + w.nm)
     {
     }
@@ -625,9 +642,19 @@ template <typename T, int D, typename K>
 cudaError_t run_backward_sm90(const fa_cuda_params &params, bool bf16, K kern, size_t smem, int bn, cudaStream_t stream)
 {
     fa_cuda_params p = params;
-    // 2 only where a sequence's key tiles, head-major, fit on half the device (bwd_work)
-    if (p.bwd_sched == 2 && (p.bwd_order == 1 || 2 * ((p.max_k + bn - 1) / bn) > p.multiprocessors))
+    // 2 where no mask cuts a sequence's spans (win_* resolved, causal folded in), in head-major
+    // groups of at most p.bwd_group key tiles, as even as they go (bwd_work); one group only
+    // unless the launch passed 3
+    const int tiles = (p.max_k + bn - 1) / bn;
+    if (p.bwd_sched >= 2 &&
+        (tiles < 1 || p.bwd_order == 1 || p.bwd_group < 1 || p.win_left < p.max_k - 1 ||
+         p.win_right < p.max_q - 1 || (p.bwd_sched == 2 && tiles > p.bwd_group)))
         p.bwd_sched = 1;
+    if (p.bwd_sched >= 2) {
+        p.bwd_sched = 2;
+        const int groups = (tiles + p.bwd_group - 1) / p.bwd_group;
+        p.bwd_group = (tiles + groups - 1) / groups;
+    }
     cudaError_t err = fa_cuda_rowsum(&p, bf16, stream);
     if (err != cudaSuccess)
         return err;
@@ -639,7 +666,7 @@ cudaError_t run_backward_sm90(const fa_cuda_params &params, bool bf16, K kern, s
         return err;
     if ((err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
         return err;
-    const int64_t blocks = (int64_t)((p.max_k + bn - 1) / bn) * p.heads_kv * p.batch;
+    const int64_t blocks = (int64_t)tiles * p.heads_kv * p.batch;
     if (blocks > 0) {
         kern<<<(unsigned)blocks, 384, smem, stream>>>(p);
         if ((err = cudaGetLastError()) != cudaSuccess)

@@ -114,9 +114,12 @@ typedef struct fa_cuda_params {
     int32_t bwd_order;    /* Hopper backward's block order (bwd_block): 1 key-tile major
                            * (FLASHATTN_CUDA_BWD_ORDER=key, for comparison), else head major */
     int32_t bwd_sched;    /* Hopper backward's order of steps and dQ adds (bwd_work): 1 first
-                           * first, 2 as 1 but unmasked sequences staggered (kept where a
-                           * sequence's key tiles fit on half the multiprocessors) */
-    int32_t multiprocessors; /* the device's (Hopper backward: bwd_sched 2's bound) */
+                           * first, 2 as 1 but unmasked sequences staggered in groups of key
+                           * tiles; the launch passes 2 for one group at most, 3 for any
+                           * number (FLASHATTN_CUDA_BWD_SCHED=groups), the kernel 1 or 2 */
+    int32_t bwd_group;    /* bwd_sched 2's most key tiles a group: the launch passes at most
+                           * half the multiprocessors (FLASHATTN_CUDA_BWD_GROUP caps it), the
+                           * kernel the groups' even size (run_backward_sm90) */
     float rescale_slack;  /* Hopper bf16 / f16 (head_dim <= 128) and fp8 forwards: softmax_update's
                            * slack; < 0: O rescaled every key tile, else only where a row of the
                            * warp moved its reference */
