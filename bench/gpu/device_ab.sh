@@ -19,6 +19,9 @@
 #     adds' order costs; the backward's determinism test fails with it, by design)
 #   (the same shapes) bench/gpu/device_ab.sh FLASHATTN_CUDA_BWD_SCHED first stagger  (the
 #     backward's staggered starts without a mask)
+#   AB_SHAPES="bf16:64:1:16384 bf16:128:1:16384 bf16:256:1:16384 bf16:256:2:8192" AB_BACKWARD=1 \
+#     bench/gpu/device_ab.sh FLASHATTN_CUDA_BWD_SCHED stagger groups   (staggered in groups
+#     where a sequence's key tiles pass half the device)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -eq 3 ] || { echo "usage: bench/gpu/device_ab.sh VAR A B" >&2; exit 2; }

@@ -180,7 +180,7 @@ __device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch, in
 //     mask key tile j + 1, one ahead in the order, reached the tile a step or two earlier.
 //  2 (no mask; every key tile sees every query tile): the key tiles, last first, in groups of
 //     gs (p.bwd_group; the last group of a shorter sequence holds fewer), group g's n tiles
-//     from gl = 0 at the top: the tile at gl starts at query tile gl nm / n and wraps around;
+//     from gl = 0 at the bottom: the tile at gl starts at query tile gl nm / n and wraps around;
 //     a tile's adds go group by group, within a group in the order the blocks reach it
 //     (bwd_turn), so the blocks of a group start on different tiles and wait for no one, and
 //     no query tile has all of a head's blocks reading and adding at once. The order wraps
@@ -220,10 +220,10 @@ template <int BN, int BQ> __device__ __forceinline__ bool bwd_work_of(const fa_c
         kv_span<BN, BQ>(w.mk, w.nk - 1, lo1, n1);
         if (lo0 != 0 || n0 != nq || lo1 != 0 || n1 != nq)
             w.sched = 1;
-        // the group's tiles of this sequence: [lo, hi), counted from the top
+        // the group's tiles of this sequence: [lo, hi)
         const int top = tiles - 1 - (tiles - 1 - w.blk.tile) / gs * gs;
         const int hi = min(w.nk, top + 1), lo = max(0, top + 1 - gs);
-        w.gl = hi - 1 - w.blk.tile;
+        w.gl = w.blk.tile - lo;
         w.gn = hi - lo;
         w.before = w.nk - hi;
     }
