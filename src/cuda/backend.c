@@ -716,7 +716,7 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
         k->bwd_order = s->bwd_order;
         k->bwd_unordered = s->bwd_unordered;
         k->bwd_sched = s->bwd_sched;
-        /* bwd_sched 2's groups fit on half the device (backward_sm90.cuh: bwd_work) */
+        /* bwd_sched 2's groups fit on half the device (backward_sm90_sched.cuh: bwd_work) */
         k->bwd_group = s->prop.multiProcessorCount / 2;
         if (s->bwd_group > 0 && s->bwd_group < k->bwd_group)
             k->bwd_group = s->bwd_group;

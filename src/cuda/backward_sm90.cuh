@@ -10,6 +10,7 @@
 // writes dQ in the output's dtype.
 #pragma once
 
+#include "backward_sm90_sched.cuh"
 #include "wgmma.cuh"
 
 namespace fa {
@@ -117,149 +118,6 @@ template <int NB> struct dq_bars {
 // dQ staging buffers per consumer warpgroup: two, but one at d128 with three ring stages
 // (shared memory is full).
 template <int D, int STAGES> __host__ __device__ constexpr int dq_buffers() { return D >= 128 && STAGES > 2 ? 1 : 2; }
-
-// ---- One block per (key tile of 128 keys, kv head, sequence) computes
-// dK and dV of its keys and adds its share dS K of every query tile's dQ into a float32
-// accumulator. Determinism without a second pass: the key tiles that see a query tile add in
-// a fixed order (bwd_turn), each waiting until a counter per (sequence, head, query tile) shows
-// that every earlier one has added (blocks start in index order, and a block waits for lower
-// ones only, already running or finished, but in bwd_sched 2, whose blocks all fit at once).
-
-// The query tiles (BQ rows) key tile j (BN keys) sees: [m_lo, m_lo + nm).
-template <int BN, int BQ>
-__device__ __forceinline__ void kv_span(const mask_t &mk, int j, int &m_lo, int &nm)
-{
-    const tiles_t q = tiles_of<BQ>(mk.query_range((int64_t)j * BN, (int64_t)j * BN + BN));
-    m_lo = q.lo;
-    nm = q.n;
-}
-
-// How many key tiles after j (of nk) also see query tile i: j + 1 .. j + n, by bisection.
-template <int BN, int BQ>
-__device__ __forceinline__ int tiles_after(const mask_t &mk, int j, int i, int nk)
-{
-    int lo = j, hi = nk - 1; // the last tile that sees i lies in [lo, hi]
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        int m_lo, nm;
-        kv_span<BN, BQ>(mk, mid, m_lo, nm);
-        if (nm > 0 && m_lo <= i && i < m_lo + nm)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo - j;
-}
-
-// Block index -> (key tile, kv head, sequence), head-major: the blocks of a head run together,
-// share its Q and dO in L2 and add into one dQ accumulator, each a little later than the tile
-// before. Key-tile-major order (every head's first tile, then every head's second: a tile's
-// predecessor long finished; order 1, params.h's bwd_order) spreads the blocks running at once
-// over as many accumulators as heads, which outgrow L2 (at d256 s1k its adds kept DRAM 75%
-// busy under ncu): 1.22-1.55x slower backwards at d64-d256 and s1k-s2k (docs/perf). Head-major
-// blocks come in groups of gs key tiles (bwd_work): every head's first group, then every
-// head's second (gs = tiles: one group). Either way the key tiles run last first, so that the
-// key tile a block waits for (bwd_work) has the lower index.
-__device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch, int order, int gs)
-{
-    const int64_t x = blockIdx.x, hb = (int64_t)heads * batch;
-    if (order == 1)
-        return block_t{ tiles - 1 - (int)(x / hb), (int)(x % hb % heads), (int)(x % hb / heads) };
-    const int g = (int)(x / (hb * gs)), n = min(gs, tiles - g * gs); // group g holds n tiles a head
-    const int64_t r = x - hb * gs * g;
-    const int i = (int)(r / n);
-    return block_t{ tiles - 1 - g * gs - (int)(r % n), i % heads, i / heads };
-}
-
-// A block's work: key tile blk.tile (BN keys from c0; nk tiles in the sequence) of kv head
-// blk.h and sequence blk.b, the query tiles it sees [m_lo, m_lo + nm), its steps (every query
-// head of the group for each of those tiles), and the order of the steps and of each query
-// tile's dQ adds (params.h: bwd_sched). Taken last first in key-tile order (docs/perf), the
-// blocks of a head reached a tile at the same step, so the k-th waited for k adds.
-//  1 (a mask): first first, the last key tile that sees a tile adding first. Under a causal
-//     mask key tile j + 1, one ahead in the order, reached the tile a step or two earlier.
-//  2 (no mask; every key tile sees every query tile): the key tiles, last first, in groups of
-//     gs (p.bwd_group; the last group of a shorter sequence holds fewer), group g's n tiles
-//     from gl = 0 at the bottom: the tile at gl starts at query tile gl nm / n and wraps around;
-//     a tile's adds go group by group, within a group in the order the blocks reach it
-//     (bwd_turn), so the blocks of a group start on different tiles and wait for no one, and
-//     no query tile has all of a head's blocks reading and adding at once. The order wraps
-//     too: every tile has one adder that waits for a higher block of its group, so a group's
-//     blocks must be on the device at once: the host keeps groups to half the multiprocessors
-//     (two such kernels on two streams still leave a multiprocessor free for the block one
-//     waits for), and bwd_block launches a group's blocks together, after every earlier
-//     group's (the only other blocks a block waits for). Kernels on other streams that hold
-//     multiprocessors while they wait on each other could still stall it:
-//     FLASHATTN_CUDA_BWD_SCHED=first (1 only). By default a call whose key tiles take more
-//     than one group runs 1 (FLASHATTN_CUDA_BWD_SCHED=groups: groups, not yet measured).
-struct bwd_work {
-    block_t blk;
-    seq_t s;
-    mask_t mk;
-    int c0, m_lo, nm, iters, nk, sched;
-    int gl, gn, before; // bwd_sched 2: place in its group, the group's size, tiles of earlier groups
-};
-template <int BN, int BQ> __device__ __forceinline__ bool bwd_work_of(const fa_cuda_params &p, bwd_work &w)
-{
-    const int tiles = (p.max_k + BN - 1) / BN;
-    const int gs = p.bwd_sched == 2 ? p.bwd_group : tiles;
-    w.blk = bwd_block(tiles, p.heads_kv, p.batch, p.bwd_order, gs);
-    w.s = seq_of(p, w.blk.b);
-    w.c0 = w.blk.tile * BN;
-    if (w.c0 >= w.s.sk)
-        return false;
-    w.mk = mask_of(p, w.s.sq, w.s.sk);
-    kv_span<BN, BQ>(w.mk, w.blk.tile, w.m_lo, w.nm);
-    w.iters = w.nm * p.group;
-    w.nk = (w.s.sk + BN - 1) / BN;
-    w.sched = p.bwd_sched;
-    if (w.sched == 2) { // only where no mask cuts a span: the first and last tiles see every query tile
-        const int nq = (w.s.sq + BQ - 1) / BQ;
-        int lo0, n0, lo1, n1;
-        kv_span<BN, BQ>(w.mk, 0, lo0, n0);
-        kv_span<BN, BQ>(w.mk, w.nk - 1, lo1, n1);
-        if (lo0 != 0 || n0 != nq || lo1 != 0 || n1 != nq)
-            w.sched = 1;
-        // the group's tiles of this sequence: [lo, hi)
-        const int top = tiles - 1 - (tiles - 1 - w.blk.tile) / gs * gs;
-        const int hi = min(w.nk, top + 1), lo = max(0, top + 1 - gs);
-        w.gl = w.blk.tile - lo;
-        w.gn = hi - lo;
-        w.before = w.nk - hi;
-    }
-    return true;
-}
-
-// Key tile w.blk.tile's place among the key tiles that add into query tile i (0: it stores).
-template <int BN, int BQ> __device__ __forceinline__ int bwd_turn(const bwd_work &w, int i)
-{
-    if (w.sched == 2) { // the group's tiles that started at or below i, nearest first, then the others
-        const int top = min(w.gn - 1, (int)(((int64_t)(i + 1) * w.gn - 1) / w.nm)); // the last such
-        return w.before + (w.gl <= top ? top - w.gl : top + w.gn - w.gl);
-    }
-    return tiles_after<BN, BQ>(w.mk, w.blk.tile, i, w.nk);
-}
-
-// A block's steps in bwd_work's order: query tile mi of query head h (the group's heads taken
-// in turn for each tile), counted one step at a time (no division per step).
-struct bwd_steps {
-    int h0, group, hh, mi, lo, hi;
-    __device__ __forceinline__ bwd_steps(const fa_cuda_params &p, const bwd_work &w)
-        : h0(w.blk.h * p.group), group(p.group), hh(0),
-          mi(w.m_lo + (w.sched == 2 ? (int)((int64_t)w.gl * w.nm / w.gn) : 0)), lo(w.m_lo),
-          hi(w.m_lo + w.nm)
-    {
-    }
-    __device__ __forceinline__ int h() const { return h0 + hh; }
-    __device__ __forceinline__ void next()
-    {
-        if (++hh == group) {
-            hh = 0;
-            if (++mi == hi)
-                mi = lo;
-        }
-    }
-};
 
 // The loading warps' part (NT threads, tid 0 .. NT - 1): every step's Q and dO tiles and
 // their rows' lse and D into the ring, in the consumers' order of steps.
@@ -642,19 +500,8 @@ template <typename T, int D, typename K>
 cudaError_t run_backward_sm90(const fa_cuda_params &params, bool bf16, K kern, size_t smem, int bn, cudaStream_t stream)
 {
     fa_cuda_params p = params;
-    // 2 where no mask cuts a sequence's spans (win_* resolved, causal folded in), in head-major
-    // groups of at most p.bwd_group key tiles, as even as they go (bwd_work); one group only
-    // unless the launch passed 3
     const int tiles = (p.max_k + bn - 1) / bn;
-    if (p.bwd_sched >= 2 &&
-        (tiles < 1 || p.bwd_order == 1 || p.bwd_group < 1 || p.win_left < p.max_k - 1 ||
-         p.win_right < p.max_q - 1 || (p.bwd_sched == 2 && tiles > p.bwd_group)))
-        p.bwd_sched = 1;
-    if (p.bwd_sched >= 2) {
-        p.bwd_sched = 2;
-        const int groups = (tiles + p.bwd_group - 1) / p.bwd_group;
-        p.bwd_group = (tiles + groups - 1) / groups;
-    }
+    bwd_schedule(p, tiles);
     cudaError_t err = fa_cuda_rowsum(&p, bf16, stream);
     if (err != cudaSuccess)
         return err;
