@@ -501,7 +501,7 @@ cudaError_t run_backward_sm90(const fa_cuda_params &params, bool bf16, K kern, s
 {
     fa_cuda_params p = params;
     const int tiles = (p.max_k + bn - 1) / bn;
-    bwd_schedule(p, tiles);
+    fa_bwd_schedule(&p, tiles);
     cudaError_t err = fa_cuda_rowsum(&p, bf16, stream);
     if (err != cudaSuccess)
         return err;

@@ -4,6 +4,7 @@
 // and each query tile's order of dQ adds, which makes the backward deterministic.
 #pragma once
 
+#include "bwd_order.h"
 #include "tile.cuh"
 
 namespace fa {
@@ -52,13 +53,9 @@ __device__ __forceinline__ int tiles_after(const mask_t &mk, int j, int i, int n
 // key tile a block waits for (bwd_work) has the lower index.
 __device__ __forceinline__ block_t bwd_block(int tiles, int heads, int batch, int order, int gs)
 {
-    const int64_t x = blockIdx.x, hb = (int64_t)heads * batch;
-    if (order == 1)
-        return block_t{ tiles - 1 - (int)(x / hb), (int)(x % hb % heads), (int)(x % hb / heads) };
-    const int g = (int)(x / (hb * gs)), n = min(gs, tiles - g * gs); // group g holds n tiles a head
-    const int64_t r = x - hb * gs * g;
-    const int i = (int)(r / n);
-    return block_t{ tiles - 1 - g * gs - (int)(r % n), i % heads, i / heads };
+    block_t r;
+    fa_bwd_block(blockIdx.x, tiles, heads, batch, order, gs, &r.tile, &r.h, &r.b);
+    return r;
 }
 
 // A block's work: key tile blk.tile (BN keys from c0; nk tiles in the sequence) of kv head
@@ -110,12 +107,7 @@ template <int BN, int BQ> __device__ __forceinline__ bool bwd_work_of(const fa_c
         kv_span<BN, BQ>(w.mk, w.nk - 1, lo1, n1);
         if (lo0 != 0 || n0 != nq || lo1 != 0 || n1 != nq)
             w.sched = 1;
-        // the group's tiles of this sequence: [lo, hi)
-        const int top = tiles - 1 - (tiles - 1 - w.blk.tile) / gs * gs;
-        const int hi = min(w.nk, top + 1), lo = max(0, top + 1 - gs);
-        w.gl = w.blk.tile - lo;
-        w.gn = hi - lo;
-        w.before = w.nk - hi;
+        fa_bwd_group(w.blk.tile, tiles, w.nk, gs, &w.gl, &w.gn, &w.before);
     }
     return true;
 }
@@ -123,10 +115,8 @@ template <int BN, int BQ> __device__ __forceinline__ bool bwd_work_of(const fa_c
 // Key tile w.blk.tile's place among the key tiles that add into query tile i (0: it stores).
 template <int BN, int BQ> __device__ __forceinline__ int bwd_turn(const bwd_work &w, int i)
 {
-    if (w.sched == 2) { // the group's tiles that started at or below i, nearest first, then the others
-        const int top = min(w.gn - 1, (int)(((int64_t)(i + 1) * w.gn - 1) / w.nm)); // the last such
-        return w.before + (w.gl <= top ? top - w.gl : top + w.gn - w.gl);
-    }
+    if (w.sched == 2)
+        return fa_bwd_turn(w.gl, w.gn, w.before, i, w.nm);
     return tiles_after<BN, BQ>(w.mk, w.blk.tile, i, w.nk);
 }
 
@@ -136,7 +126,7 @@ struct bwd_steps {
     int h0, group, hh, mi, lo, hi;
     __device__ __forceinline__ bwd_steps(const fa_cuda_params &p, const bwd_work &w)
         : h0(w.blk.h * p.group), group(p.group), hh(0),
-          mi(w.m_lo + (w.sched == 2 ? (int)((int64_t)w.gl * w.nm / w.gn) : 0)), lo(w.m_lo),
+          mi(w.m_lo + (w.sched == 2 ? fa_bwd_start(w.gl, w.gn, w.nm) : 0)), lo(w.m_lo),
           hi(w.m_lo + w.nm)
     {
     }
@@ -150,22 +140,5 @@ struct bwd_steps {
         }
     }
 };
-
-// The launch's order (params.h: bwd_sched, bwd_group), from tiles = key tiles of the longest
-// sequence: 2 where no mask cuts a sequence's spans (win_* resolved, causal folded in), in
-// head-major groups of at most p.bwd_group key tiles, as even as they go (bwd_work); one group
-// only unless the launch passed 3.
-inline void bwd_schedule(fa_cuda_params &p, int tiles)
-{
-    if (p.bwd_sched >= 2 &&
-        (tiles < 1 || p.bwd_order == 1 || p.bwd_group < 1 || p.win_left < p.max_k - 1 ||
-         p.win_right < p.max_q - 1 || (p.bwd_sched == 2 && tiles > p.bwd_group)))
-        p.bwd_sched = 1;
-    if (p.bwd_sched >= 2) {
-        p.bwd_sched = 2;
-        const int groups = (tiles + p.bwd_group - 1) / p.bwd_group;
-        p.bwd_group = (tiles + groups - 1) / groups;
-    }
-}
 
 } // namespace fa

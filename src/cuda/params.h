@@ -119,7 +119,7 @@ typedef struct fa_cuda_params {
                            * number (FLASHATTN_CUDA_BWD_SCHED=groups), the kernel 1 or 2 */
     int32_t bwd_group;    /* bwd_sched 2's most key tiles a group: the launch passes at most
                            * half the multiprocessors (FLASHATTN_CUDA_BWD_GROUP caps it), the
-                           * kernel the groups' even size (bwd_schedule) */
+                           * kernel the groups' even size (bwd_order.h: fa_bwd_schedule) */
     float rescale_slack;  /* Hopper bf16 / f16 (head_dim <= 128) and fp8 forwards: softmax_update's
                            * slack; < 0: O rescaled every key tile, else only where a row of the
                            * warp moved its reference */
