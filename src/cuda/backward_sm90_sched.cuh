@@ -99,16 +99,9 @@ template <int BN, int BQ> __device__ __forceinline__ bool bwd_work_of(const fa_c
     kv_span<BN, BQ>(w.mk, w.blk.tile, w.m_lo, w.nm);
     w.iters = w.nm * p.group;
     w.nk = (w.s.sk + BN - 1) / BN;
-    w.sched = p.bwd_sched;
-    if (w.sched == 2) { // only where no mask cuts a span: the first and last tiles see every query tile
-        const int nq = (w.s.sq + BQ - 1) / BQ;
-        int lo0, n0, lo1, n1;
-        kv_span<BN, BQ>(w.mk, 0, lo0, n0);
-        kv_span<BN, BQ>(w.mk, w.nk - 1, lo1, n1);
-        if (lo0 != 0 || n0 != nq || lo1 != 0 || n1 != nq)
-            w.sched = 1;
+    w.sched = p.bwd_sched; // 2 only where no mask cuts a span (fa_bwd_schedule): m_lo 0, nm every tile
+    if (w.sched == 2)
         fa_bwd_group(w.blk.tile, tiles, w.nk, gs, &w.gl, &w.gn, &w.before);
-    }
     return true;
 }
 
