@@ -596,8 +596,9 @@ FA_API void fa_paged_plan_destroy(fa_paged_plan_t plan);
  * in state order (deterministic). A row whose states are all -inf gets o = 0,
  * lse = -inf; one with a NaN or +inf lse_s gets o and lse NaN. o_in is [state, row, head, dim] (stride_batch steps states),
  * lse_in element (s, h, r) at s*lse_in_stride_state + h*lse_in_stride_head +
- * r*lse_in_stride_row (all 0 = [state, head, row]); o [row, head, dim] in
- * o_in's dtype or float32, lse (optional) as in fa_paged_desc. Backend memory.
+ * r*lse_in_stride_row (all 0 = [state, head, row]; the stride of an axis of one
+ * entry is not read); o [row, head, dim] in o_in's dtype or float32, lse
+ * (optional) as in fa_paged_desc. rows 0 merges nothing. Backend memory.
  */
 typedef struct fa_merge_desc {
     size_t size; /* sizeof(fa_merge_desc) */

@@ -381,6 +381,25 @@ static void test_merge(void **state)
                 assert_true(fabs(o[(r * H + h) * D + x] - want) < 1e-5);
             }
         }
+    /* one head: its lse stride is never read, so 0 stands (a broadcast axis) */
+    float o1[R * D], lse1[R];
+    fa_merge_desc one = m;
+    one.num_heads = 1;
+    one.o_in = (fa_tensor){ o_in, FA_DTYPE_F32, R * H * D, H * D, D };
+    one.o = fa_tensor_contiguous(o1, FA_DTYPE_F32, FA_LAYOUT_BSHD, R, 1, D);
+    one.lse = lse1;
+    one.lse_in_stride_row = 1, one.lse_in_stride_head = 0, one.lse_in_stride_state = H * R;
+    assert_int_equal(fa_merge_states(ctx, &one), FA_OK);
+    for (int r = 2; r < R; r++) /* rows 0 and 1 of head 0 hold the NaN and +inf cases */
+        assert_true(fabsf(lse1[r] - lse[r]) <= 1e-6f * fmaxf(1.0f, fabsf(lse[r])) ||
+                    (isinf(lse1[r]) && isinf(lse[r])));
+    /* no rows: nothing to merge, nothing written, whatever the strides of the empty axis */
+    fa_merge_desc none = m;
+    none.rows = 0;
+    none.lse_in_stride_row = 0, none.lse_in_stride_head = 0, none.lse_in_stride_state = 0;
+    const float before = o[0];
+    assert_int_equal(fa_merge_states(ctx, &none), FA_OK);
+    assert_true(o[0] == before);
     m.num_states = 0;
     assert_int_equal(fa_merge_states(ctx, &m), FA_ERR_INVALID_SHAPE);
     assert_non_null(strstr(fa_context_last_error(ctx), "num_states"));

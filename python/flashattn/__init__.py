@@ -252,6 +252,14 @@ def _arrays(**named):
             raise ValueError(f"flashattn: {name} must be a numpy array or a torch tensor, not {type(x).__name__}")
 
 
+def _writable(**named):
+    """Each given numpy array can be written: the caches a call appends into."""
+    for name, x in named.items():
+        if isinstance(x, _np_ndarray) and not x.flags.writeable:
+            raise ValueError(f"flashattn: {name} is read-only, and the call appends k and v into it "
+                             "(np.require(x, requirements='W') gives a writable copy)")
+
+
 def _flags(**named):
     """Each value is a bool (or an integer 0 or 1): a string such as 'no' would be true."""
     for name, x in named.items():
@@ -420,17 +428,42 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _one_run("q", q)
     if k_cache.ndim != 4:
         raise ValueError("flashattn: k_cache must be 4-d")
+    _arrays(cache_batch_idx=cache_batch_idx)
     if block_table is None:  # a contiguous cache: each sequence one page of the cache's length
-        rows = list(range(b)) if cache_batch_idx is None else [int(i) for i in cache_batch_idx]
-        block_table = _i32_like([[r] for r in rows], q)
+        n = int(k_cache.shape[0])
+        if cache_batch_idx is None:
+            if b > n:
+                raise ValueError(f"flashattn: batch ({b}) is more than k_cache's rows ({n}): a contiguous cache "
+                                 "holds a row a sequence (cache_batch_idx chooses them)")
+            rows = list(range(b))
+        else:
+            kind = getattr(cache_batch_idx.dtype, "kind", None)
+            if cache_batch_idx.ndim != 1 or cache_batch_idx.shape[0] != b or kind not in ("i", "u"):
+                raise ValueError("flashattn: cache_batch_idx must be [batch] integers")
+            rows = [int(i) for i in cache_batch_idx]
+            for i, r in enumerate(rows):
+                if not 0 <= r < n:
+                    raise ValueError(f"flashattn: cache_batch_idx[{i}] ({r}) is not a row of k_cache (0..{n - 1})")
+        block_table = _i32_like([[r] for r in rows], q).reshape(b, 1)
     elif cache_batch_idx is not None:
         raise ValueError("flashattn: cache_batch_idx applies to a contiguous cache, not with block_table")
+    elif block_table.ndim != 2:
+        raise ValueError("flashattn: block_table must be int32 [batch, max_pages]")
     if cache_seqlens is None:
         cache_seqlens = 0
     if isinstance(cache_seqlens, numbers.Integral):
-        cache_seqlens = _i32_like([int(cache_seqlens)] * b, q)
+        cache_seqlens = _i32_like([_int("cache_seqlens", cache_seqlens, 0, 2 ** 31 - 1)] * b, q)
+    _arrays(cache_seqlens=cache_seqlens)
     page = int(k_cache.shape[1])
     max_k = int(block_table.shape[1]) * page  # the tables' capacity: no look at device lengths
+    if max_k > 2 ** 31 - 1:
+        raise ValueError(f"flashattn: block_table's {block_table.shape[1]} pages of {page} tokens pass 2^31 - 1 "
+                         "keys a sequence")
+    if k is not None:
+        _writable(k_cache=k_cache, v_cache=v_cache)
+    if b == 0:  # no sequence: nothing to attend or append (validated as far as shapes go)
+        out = _zeros((0, sq, hq, d), q)
+        return (out, _zeros((0, hq, sq), q, float32=True)) if return_softmax_lse else out
     out = _empty((b * sq, hq, d), q)
     lse = None
     if return_softmax_lse:

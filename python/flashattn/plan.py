@@ -3,7 +3,7 @@
 layer) on tensors alone, over fa_paged_plan_create / fa_paged_run."""
 import sys
 
-from . import (_C, _arrays, _bf16_numpy, _common, _device, _empty, _int, _is_torch, _same_dtype, _stream,
+from . import (_C, _arrays, _bf16_numpy, _common, _device, _empty, _int, _is_torch, _same_dtype, _stream, _writable,
                _torch, _zeros)
 
 _DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -109,6 +109,8 @@ class PagedPlan:
             _arrays(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, cache_seqlens=cache_seqlens,
                     cu_seqlens_q=cu_seqlens_q, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
             _same_dtype(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
+            if k is not None:
+                _writable(k_cache=k_cache, v_cache=v_cache)
         args = (q, out, k_cache, v_cache, block_table, cu_seqlens_q, cache_seqlens, k, v, rotary_cos, rotary_sin, lse)
         if _is_torch(q) and _torch():  # as DLPack capsules: the fast way in
             bf, args = False, tuple(map(_torch()._dlo, args))

@@ -344,13 +344,14 @@ void backward(in_array q, in_array k, in_array v, in_array o, in_array lse, in_a
 // [pages, page_size, kv_heads, d] through block_table [batch, max_pages] and cache_seqlens
 // [batch], k_new / v_new [total_q, kv_heads, d] appended first (RoPE applied with rope_cos /
 // rope_sin [max_pos, rope_dim / 2]: rope 0 none, 1 NeoX, 2 interleaved). Every table lives on
-// q's device (the CUDA backend reads them there).
+// q's device (the CUDA backend reads them there). The caches may be read-only arrays: the
+// Python layer refuses those where k_new and v_new are given (flashattn/__init__.py: _writable).
 struct paged_call {
     fa_paged_desc d;
     std::vector<int32_t> cu_copy, bt_copy, len_copy; /* host tables, copied */
 };
 
-void describe_paged(paged_call &c, const in_array &q, const array &o, const array &k_cache, const array &v_cache,
+void describe_paged(paged_call &c, const in_array &q, const array &o, const in_array &k_cache, const in_array &v_cache,
                     const in_array &block_table, const in_array &cu_q, const in_array &cache_seqlens,
                     const std::optional<in_array> &k_new, const std::optional<in_array> &v_new,
                     const std::optional<in_array> &rope_cos, const std::optional<in_array> &rope_sin, int rope,
@@ -398,6 +399,10 @@ void describe_paged(paged_call &c, const in_array &q, const array &o, const arra
      * copies, so another thread writing the caller's arrays cannot slip between */
     const bool host = q.device_type() == nb::device::cpu::value;
     std::vector<int32_t> &cu_copy = c.cu_copy, &bt_copy = c.bt_copy, &len_copy = c.len_copy;
+    /* before any read of the table: its rows one after another (a broadcast or reversed table
+     * would have the copy below read past its buffer) */
+    if (block_table.shape(0) > 1 && block_table.stride(0) != (int64_t)block_table.shape(1))
+        bad("flashattn: block_table's rows must be contiguous one after another");
     if (host) {
         cu_copy.assign((const int32_t *)cu_q.data(), (const int32_t *)cu_q.data() + cu_q.shape(0));
         bt_copy.assign((const int32_t *)block_table.data(),
@@ -405,8 +410,6 @@ void describe_paged(paged_call &c, const in_array &q, const array &o, const arra
         len_copy.assign((const int32_t *)cache_seqlens.data(),
                         (const int32_t *)cache_seqlens.data() + cache_seqlens.shape(0));
     }
-    if (block_table.shape(0) > 1 && block_table.stride(0) != (int64_t)block_table.shape(1))
-        bad("flashattn: block_table's rows must be contiguous one after another");
     d.cu_seqlens_q = host ? cu_copy.data() : (const int32_t *)cu_q.data();
     d.cache.k = kc.data;
     d.cache.v = vc.data;
@@ -466,7 +469,7 @@ void describe_paged(paged_call &c, const in_array &q, const array &o, const arra
     d.softcap = softcap;
 }
 
-void paged_forward(in_array q, array o, array k_cache, array v_cache, in_array block_table, in_array cu_q,
+void paged_forward(in_array q, array o, in_array k_cache, in_array v_cache, in_array block_table, in_array cu_q,
                    in_array cache_seqlens, std::optional<in_array> k_new, std::optional<in_array> v_new,
                    std::optional<in_array> rope_cos, std::optional<in_array> rope_sin, int rope,
                    std::optional<array> lse, int max_q, int max_k, float scale, bool causal, int window_left,
@@ -532,7 +535,7 @@ struct paged_plan {
         plan = nullptr;
     }
 
-    void run(in_array q, array o, array k_cache, array v_cache, in_array block_table, in_array cu_q,
+    void run(in_array q, array o, in_array k_cache, in_array v_cache, in_array block_table, in_array cu_q,
              in_array cache_seqlens, std::optional<in_array> k_new, std::optional<in_array> v_new,
              std::optional<in_array> rope_cos, std::optional<in_array> rope_sin, std::optional<array> lse,
              uintptr_t stream, bool bf16_bits)

@@ -358,9 +358,48 @@ def test_kvcache_contiguous():
     with pytest.raises(ValueError, match="no columns"):
         flashattn.flash_attn_with_kvcache(q, kc, vc, k=rand(rng, 2, 1, 4, 16), v=rand(rng, 2, 1, 4, 16),
                                           cache_seqlens=20, rotary_cos=z, rotary_sin=z)
-    # no query rows: an empty output
+    # no query rows: an empty output; no sequences: empty outputs too, as flash_attn_func gives
     out = flashattn.flash_attn_with_kvcache(rand(rng, 2, 0, 4, 16), kc, vc, cache_seqlens=20)
     assert out.shape == (2, 0, 4, 16)
+    out, lse = flashattn.flash_attn_with_kvcache(rand(rng, 0, 1, 4, 16), kc, vc, return_softmax_lse=True)
+    assert out.shape == (0, 1, 4, 16) and lse.shape == (0, 4, 1)
+    # cache rows: chosen by integers within the cache, one a sequence
+    out = flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=20, cache_batch_idx=np.array([1, 0]))
+    ro, _ = reference(q, kc[::-1, :20], vc[::-1, :20])
+    assert np.max(np.abs(out - ro)) < 2e-5
+    for idx, match in ((np.array([0.9, 1.2]), "integers"), (np.array([0, 2]), r"cache_batch_idx\[1\] \(2\)"),
+                       ([0, 1], "cache_batch_idx must be a numpy array")):
+        with pytest.raises(ValueError, match=match):
+            flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=20, cache_batch_idx=idx)
+    with pytest.raises(ValueError, match=r"batch \(3\) is more than k_cache's rows \(2\)"):
+        flashattn.flash_attn_with_kvcache(rand(rng, 3, 1, 4, 16), kc, vc)
+    with pytest.raises(ValueError, match="cache_seqlens must be a numpy array"):
+        flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=[3, 5])
+    with pytest.raises(ValueError, match=r"cache_seqlens \(1099511627776\)"):
+        flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=2 ** 40)
+    # a read-only cache is read, and refused where the call would append into it
+    kr, vr = kc.copy(), vc.copy()
+    kr.flags.writeable = vr.flags.writeable = False
+    assert np.array_equal(flashattn.flash_attn_with_kvcache(q, kr, vr, cache_seqlens=20),
+                          flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=20))
+    with pytest.raises(ValueError, match="k_cache is read-only"):
+        flashattn.flash_attn_with_kvcache(q, kr, vr, k=rand(rng, 2, 1, 4, 16), v=rand(rng, 2, 1, 4, 16),
+                                          cache_seqlens=20)
+
+
+def test_block_table_layout():
+    """A block table whose rows are not one after another is refused before it is read (a
+    broadcast table of 100,000 rows over one row's buffer was copied from past its end)."""
+    kc = np.zeros((4, 16, 1, 8), np.float32)
+    for b, table in ((100_000, np.broadcast_to(np.zeros((1, 1024), np.int32), (100_000, 1024))),
+                     (4096, np.zeros((4096, 4096), np.int32)[::-1])):
+        with pytest.raises(ValueError, match="block_table's rows must be contiguous"):
+            flashattn.flash_attn_with_kvcache(np.zeros((b, 1, 1, 8), np.float32), kc, kc.copy(), block_table=table)
+    q = np.zeros((2, 1, 1, 8), np.float32)
+    with pytest.raises(ValueError, match=r"block_table must be int32 \[batch, max_pages\]"):
+        flashattn.flash_attn_with_kvcache(q, kc, kc.copy(), block_table=np.zeros(2, np.int32))
+    with pytest.raises(ValueError, match="pass 2\\^31 - 1 keys"):
+        flashattn.flash_attn_with_kvcache(q, kc, kc.copy(), block_table=np.zeros((2, 2 ** 28), np.int32))
 
 
 def test_merge_states():
@@ -378,6 +417,12 @@ def test_merge_states():
     bad[1, 2, 3] = np.nan  # it read as a state without keys, and o came out NaN
     with pytest.raises(ValueError, match=r"lse\[1, 2, 3\] is nan"):
         flashattn.merge_states(np.stack([oa[0], ob[0]]), bad)
+    # no rows: empty outputs; one head: an lse broadcast along it (stride 0) is read as it is
+    o0, l0 = flashattn.merge_states(np.zeros((2, 0, 4, 8), np.float32), np.zeros((2, 4, 0), np.float32))
+    assert o0.shape == (0, 4, 8) and l0.shape == (4, 0)
+    l1 = np.stack([la[0, 0], lb[0, 0]])  # [states, rows] of head 0
+    o1, m1 = flashattn.merge_states(np.stack([oa[0][:, :1], ob[0][:, :1]]), l1[:, None, :])
+    assert np.array_equal(o1, o[:, :1]) and np.array_equal(m1, lse[:1])
 
 
 def test_backends_and_info():

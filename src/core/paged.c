@@ -726,11 +726,19 @@ fa_status fa_merge_states(fa_context_t ctx, const fa_merge_desc *d)
         return st;
     if (!d->lse_in)
         return fa_error(ctx, FA_ERR_NULL_POINTER, "lse_in must not be NULL");
+    /* all zero: packed; an axis of one entry (or none) reads no stride, so any value stands */
     const int dflt_in = !d->lse_in_stride_state && !d->lse_in_stride_head && !d->lse_in_stride_row;
-    const int64_t in_s[3] = { dflt_in ? 1 : d->lse_in_stride_row, dflt_in ? r : d->lse_in_stride_head,
-                              dflt_in ? r * h : d->lse_in_stride_state };
+    const int64_t r1 = r > 0 ? r : 1, ci[3] = { r, h, ns }, co[3] = { r, h, 1 };
+    int64_t in_s[3] = { dflt_in ? 1 : d->lse_in_stride_row, dflt_in ? r1 : d->lse_in_stride_head,
+                        dflt_in ? r1 * h : d->lse_in_stride_state };
     const int dflt = !d->lse_stride_head && !d->lse_stride_row;
-    const int64_t out_s[3] = { dflt ? 1 : d->lse_stride_row, dflt ? r : d->lse_stride_head, 1 };
+    int64_t out_s[3] = { dflt ? 1 : d->lse_stride_row, dflt ? r1 : d->lse_stride_head, 1 };
+    for (int i = 0; i < 3; i++) {
+        if (ci[i] <= 1)
+            in_s[i] = 1;
+        if (co[i] <= 1)
+            out_s[i] = 1;
+    }
     const char *in_names[3] = { "lse_in_stride_row", "lse_in_stride_head", "lse_in_stride_state" };
     const char *out_names[2] = { "lse_stride_row", "lse_stride_head" };
     for (int i = 0; i < 3; i++)
@@ -745,7 +753,6 @@ fa_status fa_merge_states(fa_context_t ctx, const fa_merge_desc *d)
         (d->lse && ((last = fa_max_offset(ao, 2)) < 0 || last > INT64_MAX / 8)))
         return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "%s spans more than 2^63 bytes",
                         fa_max_offset(ai, 3) < 0 ? "lse_in" : "lse");
-    const int64_t ci[3] = { r, h, ns }, co[3] = { r, h, 1 };
     if ((st = fa_byte_view_make(ctx, &v[1], "lse_in", d->lse_in, 4, in_s, ci, 4)) != FA_OK)
         return st;
     int n = 3;
@@ -761,6 +768,10 @@ fa_status fa_merge_states(fa_context_t ctx, const fa_merge_desc *d)
         return st;
     if (!ctx->iface->merge)
         return unsupported(ctx, "fa_merge_states");
+    if (r == 0) { /* nothing to merge: no launch (a grid of no blocks is an error on CUDA) */
+        ctx->error[0] = '\0';
+        return FA_OK;
+    }
     fa_merge_desc res = *d; /* strides resolved: the backend reads no defaults */
     res.lse_in_stride_row = in_s[0];
     res.lse_in_stride_head = in_s[1];
