@@ -287,6 +287,27 @@ expect_rc 2 "generate with a tokenizer.json named .bin" "$fa" generate --tokeniz
 grep -q "begins like JSON" "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ] ||
   { echo "FAIL: a tokenizer.json named .bin: want one line saying it looks like JSON"; cat "$tmp/err"; fails=$((fails + 1)); }
 expect_rc 0 "generate with --tokenizer over the directory's" "$fa" generate --model "$tmp/hf2" --tokenizer "$(dirname "$0")/../models/tok512.bin" --steps 5
+# a later export without a tokenizer takes the earlier one's tokenizer.json away (another model's)
+expect_rc 0 "export-hf over an export" "$fa" export-hf --model "$(dirname "$0")/../models/stories260K.bin" --out "$tmp/hf2"
+[ ! -e "$tmp/hf2/tokenizer.json" ] && grep -q "tokenizer.json, from another export, removed" "$tmp/out" ||
+  { echo "FAIL: export-hf left another export's tokenizer.json"; cat "$tmp/out"; fails=$((fails + 1)); }
+# a file's text and the command line reach the error line with control characters escaped
+cp -r "$tmp/hf" "$tmp/hf3"
+sed -i 's/"model_type":[[:space:]]*"llama"/"model_type": "lla\\nma\\u001b[2J"/' "$tmp/hf3/config.json"
+expect_usage "a config whose string holds a newline and an escape" "$fa" generate --model "$tmp/hf3"
+grep -q 'lla\\nma\\x1b\[2J' "$tmp/err" || { echo "FAIL: control characters not escaped"; cat -v "$tmp/err"; fails=$((fails + 1)); }
+expect_usage "an option with a newline" "$fa" generate $'--bo\ngus'
+for args in "gen-model --config 64x1x8x4x172x512x64 --out" "bench --seq 64 --json" "bench-serve --requests 2 --json"; do
+  expect_usage "$args ''" "$fa" $args ''
+  grep -q "the file name is empty" "$tmp/err" || { echo "FAIL: $args '': want the empty name refused"; cat "$tmp/err"; fails=$((fails + 1)); }
+done
+for list in 1,2, '' 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17; do
+  expect_usage "bench-model --batch '$list'" "$fa" bench-model --batch "$list"
+done
+# memory sized to the run, not to a context of 10^8 positions (51 s and 9 GB before)
+expect_rc 0 "bench-serve on a model of a long context" timeout 30 "$fa" bench-serve --config 64x1x8x4x172x512x100000000 \
+  --requests 2 --prompt-len 4,4 --output-len 2,2
+expect_usage "bench-serve with no ids for prompts" "$fa" bench-serve --config 64x1x8x4x172x3x64 --requests 2
 expect_usage "export-hf without --out" "$fa" export-hf --model x.bin
 expect_usage "export-hf bad dtype" "$fa" export-hf --model x.bin --out "$tmp/y" --dtype f8
 expect_rc 2 "export-hf of a missing model" "$fa" export-hf --model "$tmp/none.bin" --out "$tmp/y"

@@ -552,7 +552,11 @@ static void overlap(cJSON *h)
     cJSON_ReplaceItemInArray(off, 0, cJSON_CreateNumber(0));
     cJSON_ReplaceItemInArray(off, 1, cJSON_CreateNumber(e - b));
 }
-static void bad_metadata(cJSON *h) { cJSON_AddItemToObject(h, "__metadata__", cJSON_CreateNumber(5)); }
+static void bad_metadata(cJSON *h)
+{
+    cJSON_DeleteItemFromObject(h, "__metadata__");
+    cJSON_AddItemToObject(h, "__metadata__", cJSON_CreateNumber(5));
+}
 static void short_span(cJSON *h) { set_offsets(h, "model.norm.weight", 0, -4); }
 static void wrong_shape(cJSON *h)
 {
@@ -667,6 +671,15 @@ static void test_config_refusals(void **state)
     const char *twice = "{\"model_type\": \"llama\", \"rope_scaling\": {\"factor\": 2, \"factor\": 4}}";
     spit(p, twice, strlen(twice));
     expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "'factor' appears twice");
+    /* what cJSON takes and JSON does not: a value cut at an escaped NUL (read as "llama"), a raw
+     * control character inside a string, anything but whitespace after the value */
+    const char *cut = "{\"model_type\": \"llama\\u0000gpt2\"}", *raw = "{\"model_type\": \"lla\x1b[2Jma\"}";
+    spit(p, cut, strlen(cut));
+    expect_hf(dir, FA_ERR_INVALID_VALUE, "config.json", "escapes a NUL character");
+    spit(p, raw, strlen(raw));
+    expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "control character inside a string at byte 19");
+    spit(p, "{\"model_type\": \"llama\"}\0\0", 25);
+    expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "data after its JSON value (byte 23)");
     unlink(p);
     expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", dir);
     rm_dir(dir);

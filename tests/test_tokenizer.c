@@ -615,9 +615,12 @@ static void test_refusals(void **state)
     char *y = edited(x, "\"id\": 16, \"content\": \"<sep>\"", "\"id\": 15, \"content\": \"<sep>\"");
     expect_refused(y, 20, FA_ERR_INVALID_VALUE, "added_tokens[3] ('ab!') has id 16", "numbers");
     free(x), free(y);
-    /* a key twice in model.vocab (cJSON keeps both) */
+    /* a key twice in one object: model.vocab's, or the file's own (cJSON keeps both) */
     char *twice = edited(hand_base, "\"c\": 8,", "\"c\": 8, \"c\": 17,");
-    expect_refused(twice, 20, FA_ERR_INVALID_VALUE, "token 'c' is there twice", NULL);
+    expect_refused(twice, 20, FA_ERR_INVALID_ARGUMENT, "key 'c' appears twice in one object", NULL);
+    free(twice);
+    twice = edited(hand_base, "\"model\": {", "\"model\": null, \"model\": {");
+    expect_refused(twice, 20, FA_ERR_INVALID_ARGUMENT, "key 'model' appears twice in one object", NULL);
     free(twice);
     char *bad_utf8 = edited(hand_base, "\"c\": 8,", "\"\xC3\": 17, \"c\": 8,");
     expect_refused(bad_utf8, 20, FA_ERR_INVALID_VALUE, "id 17 is not valid UTF-8", NULL);

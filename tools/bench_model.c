@@ -204,17 +204,9 @@ int cmd_bench_model(int argc, char **argv)
             break;
         case BATCH:
             engine = 1;
-            n_batches = 0;
-            for (const char *p = v; *p && n_batches < 16;) {
-                char one[32];
-                size_t k = strcspn(p, ",");
-                if (k == 0 || k >= sizeof(one))
-                    return cli_usage_error("bench-model", "--batch needs a comma-separated list of integers");
-                memcpy(one, p, k), one[k] = 0;
-                if (cli_parse_int(one, 1, 4096, &batches[n_batches++]) != 0)
-                    return cli_usage_error("bench-model", "--batch needs integers in 1..4096");
-                p += k + (p[k] == ',');
-            }
+            if ((n_batches = cli_parse_int_list(v, 1, 4096, batches, 16)) < 0)
+                return cli_usage_error("bench-model", "--batch needs up to 16 batch sizes in 1..4096, "
+                                                      "comma-separated");
             break;
         case REPS:
             if (cli_parse_int(v, 1, 100, &reps) != 0)

@@ -232,6 +232,12 @@ int cmd_bench_serve(int argc, char **argv)
     if (st != FA_OK)
         return cli_lib_error("bench-serve", err, st);
     const fa_model_config *c = &m->config;
+    if (c->vocab_size < 4) { /* prompts draw from ids 3.. (0..2: <unk>, BOS, EOS) */
+        const int32_t v = c->vocab_size;
+        fa_model_free(m);
+        return cli_usage_error("bench-serve", "the model's vocab_size (%d) leaves no ids for prompts: it needs 4 "
+                                              "or more (0..2 are <unk>, BOS and EOS)", (int)v);
+    }
     if (o.p_hi + o.o_hi > c->seq_len) {
         const int32_t ctx_len = c->seq_len;
         fa_model_free(m);
@@ -270,8 +276,9 @@ int cmd_bench_serve(int argc, char **argv)
         fprintf(stderr, "flashattn bench-serve: out of memory for %ld requests\n", o.requests);
         goto done;
     }
+    /* no request passes its longest prompt and output: the scheduler's tables sized to that */
     const fa_sched_options so = { (int32_t)o.pages, (int32_t)o.page_size, (int32_t)o.max_batch, (int32_t)o.budget,
-                                  c->seq_len, (int32_t)(o.requests < 1 << 20 ? o.requests : 1 << 20) };
+                                  (int32_t)(o.p_hi + o.o_hi), (int32_t)(o.requests < 1 << 20 ? o.requests : 1 << 20) };
     const fa_engine_options eo = { backend, so.num_pages, so.page_size, so.max_batch, so.token_budget,
                                    (int32_t)o.threads, 0, o.no_graphs };
     if ((st = fa_engine_create(m, &eo, &e, err)) != FA_OK || (st = fa_sched_create(&so, &sc, err)) != FA_OK) {
@@ -298,7 +305,7 @@ int cmd_bench_serve(int argc, char **argv)
             request *q = &rq[added];
             prompt[0] = c->bos_id >= 0 ? c->bos_id : FA_TOKEN_BOS % c->vocab_size;
             for (int32_t j = 1; j < q->n; j++)
-                prompt[j] = 3 + (int32_t)(next_u64(&r) % (uint64_t)(c->vocab_size > 3 ? c->vocab_size - 3 : 1));
+                prompt[j] = 3 + (int32_t)(next_u64(&r) % (uint64_t)(c->vocab_size - 3));
             if ((st = fa_sched_add(sc, prompt, q->n, q->out, &q->id, err)) != FA_OK) {
                 fprintf(stderr, "\nflashattn bench-serve: request %ld: %s (%s)\n", added, err, fa_status_string(st));
                 goto done;

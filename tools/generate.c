@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 /* dir/tokenizer.json into path when dir is a directory holding one. */
 static int dir_tokenizer(const char *dir, char *path, size_t cap)
@@ -439,7 +440,8 @@ static const char *ex_help =
     "model.safetensors, or N shard files and model.safetensors.index.json. q_proj and k_proj\n"
     "rows are permuted into HF's rotate-half order; f16 and bf16 round to nearest even.\n"
     "With a tokenizer, tokenizer.json too: a tokenizer.bin becomes a sentencepiece-style BPE\n"
-    "(merges ranked by the pieces' scores), a tokenizer.json is copied as it was read.\n"
+    "(merges ranked by the pieces' scores), a tokenizer.json is copied as it was read;\n"
+    "without one, a tokenizer.json already in DIR (another model's) is removed.\n"
     "`flashattn generate --model DIR` reads it back.\n"
     "\n"
     "  --model PATH          the llama2.c checkpoint (or an HF directory) to convert\n"
@@ -516,7 +518,12 @@ int cmd_export_hf(int argc, char **argv)
     if (s != FA_OK) {
         return cli_lib_error("export-hf", err, s);
     }
-    printf("wrote %s: %s, %ld file%s%s\n", out, dtype == FA_HF_F32 ? "f32" : dtype == FA_HF_F16 ? "f16" : "bf16",
-           shards, shards == 1 ? "" : "s and an index", tok_path ? ", tokenizer.json" : "");
+    /* a tokenizer.json left from another export would be read with this model */
+    int stale = 0;
+    if (!tok_path && (size_t)snprintf(tok_out, sizeof(tok_out), "%s/tokenizer.json", out) < sizeof(tok_out))
+        stale = unlink(tok_out) == 0;
+    printf("wrote %s: %s, %ld file%s%s%s\n", out, dtype == FA_HF_F32 ? "f32" : dtype == FA_HF_F16 ? "f16" : "bf16",
+           shards, shards == 1 ? "" : "s and an index", tok_path ? ", tokenizer.json" : "",
+           stale ? " (its tokenizer.json, from another export, removed: --tokenizer writes one)" : "");
     return 0;
 }

@@ -29,14 +29,36 @@ static const char *usage =
     "check failed or the machine could not (no device, out of memory); 2 bad input (an option,\n"
     "a value or a file refused), with one line on stderr saying which.\n";
 
+/* One line on stderr, "flashattn CMD: TEXT TAIL": the text's control characters (a newline
+ * or a terminal escape from a file's string or a command line) written as \n, \t or \xNN,
+ * so that the line stays one line and the terminal untouched. */
+static void error_line(const char *cmd, const char *text, const char *tail)
+{
+    char out[4096];
+    size_t n = 0;
+    const unsigned char *c = (const unsigned char *)text;
+    for (; *c && n + 5 < sizeof(out); c++) {
+        if (*c >= 0x20 && *c != 0x7f)
+            out[n++] = (char)*c;
+        else if (*c == '\n' || *c == '\t')
+            out[n++] = '\\', out[n++] = *c == '\n' ? 'n' : 't';
+        else
+            n += (size_t)snprintf(out + n, 5, "\\x%02x", *c);
+    }
+    out[n] = '\0';
+    fprintf(stderr, "flashattn %s: %s%s%s\n", cmd, out, *c ? "..." : "", tail);
+}
+
 int cli_usage_error(const char *cmd, const char *fmt, ...)
 {
+    char text[4096];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "flashattn %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, " (see `flashattn %s --help`)\n", cmd);
+    vsnprintf(text, sizeof(text), fmt, ap);
     va_end(ap);
+    char tail[128];
+    snprintf(tail, sizeof(tail), " (see `flashattn %s --help`)", cmd);
+    error_line(cmd, text, tail);
     return CLI_EXIT_USAGE;
 }
 
@@ -45,6 +67,8 @@ int cli_output_ok(const char *cmd, const char *option, const char *path, int das
     struct stat sb;
     if (dash && strcmp(path, "-") == 0)
         return 0;
+    if (!*path)
+        return cli_usage_error(cmd, "%s: the file name is empty", option);
     if (stat(path, &sb) == 0) {
         if (S_ISDIR(sb.st_mode))
             return cli_usage_error(cmd, "%s: '%s' is a directory; give a file name", option, path);
@@ -71,7 +95,9 @@ int cli_close(FILE *f)
 
 int cli_lib_error(const char *cmd, const char *err, fa_status st)
 {
-    fprintf(stderr, "flashattn %s: %s (%s)\n", cmd, err, fa_status_string(st));
+    char tail[64];
+    snprintf(tail, sizeof(tail), " (%s)", fa_status_string(st));
+    error_line(cmd, err, tail);
     return st == FA_ERR_BACKEND_UNAVAILABLE || st == FA_ERR_OUT_OF_MEMORY || st == FA_ERR_BACKEND ? CLI_EXIT_FAIL
                                                                                                     : CLI_EXIT_USAGE;
 }

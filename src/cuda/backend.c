@@ -376,9 +376,9 @@ static int wide_fits(const cuda_state *s, const sm90_tiles *w, const fa_problem 
     if (s->wide_min_q >= 0)
         return rows >= (int64_t)s->wide_min_q * p->batch;
     const int64_t per_seq = ((int64_t)p->max_q + 64 * w->warpgroups - 1) / (64 * w->warpgroups);
-    int64_t tiles;
-    return rows >= (int64_t)w->min_q * p->batch && fa_mul_ok(per_seq * p->heads_q, p->batch, &tiles) &&
-           tiles >= (int64_t)FA_CUDA_WIDE_WAVES * s->prop.multiProcessorCount;
+    int64_t n;
+    return rows >= (int64_t)w->min_q * p->batch && fa_mul_ok(per_seq * p->heads_q, p->batch, &n) &&
+           n >= (int64_t)FA_CUDA_WIDE_WAVES * s->prop.multiProcessorCount;
 }
 
 static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem *p, int backward,

@@ -43,8 +43,9 @@ struct fa_model_state {
 /* A paged KV cache of the model's layers (fa_model_forward_step). */
 struct fa_model_kv {
     int32_t num_pages, page_size, n_layers, kv_dim, seq_len, half;
+    int32_t positions;  /* RoPE rows: no sequence passes the pages, nor seq_len */
     float *k, *v;       /* [layers, num_pages, page_size, n_kv_heads, head_size] */
-    float *cos, *sin;   /* [seq_len, head_size / 2]: the paged call's RoPE tables */
+    float *cos, *sin;   /* [positions, head_size / 2]: the paged call's RoPE tables */
 };
 
 static double now(void)
@@ -148,7 +149,8 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
     s->hb = alloc_floats(T, (uint64_t)c->hidden_dim, &total);
     s->hb2 = alloc_floats(T, (uint64_t)c->hidden_dim, &total);
     s->logits = alloc_floats(1, (uint64_t)c->vocab_size, &total);
-    s->rope = alloc_floats((uint64_t)s->seq_len, (uint64_t)s->head_size, &total);
+    if (!o.paged) /* a paged state's rotations are the paged call's, from the kv's tables */
+        s->rope = alloc_floats((uint64_t)s->seq_len, (uint64_t)s->head_size, &total);
     s->kn = alloc_floats(T, (uint64_t)s->kv_dim, &total);
     s->vn = alloc_floats(T, (uint64_t)s->kv_dim, &total);
     int ok = !__builtin_mul_overflow((uint64_t)c->n_layers, (uint64_t)s->seq_len, &kv_rows);
@@ -159,7 +161,7 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
         s->vc = alloc_floats(kv_rows, (uint64_t)s->kv_dim, &kv_bytes);
     }
     if (!ok || !s->x || !s->xb || !s->q || !s->att || !s->hb || !s->hb2 || !s->logits ||
-        !s->rope || !s->kn || !s->vn || (!o.paged && (!s->kc || !s->vc))) {
+        !s->kn || !s->vn || (!o.paged && (!s->rope || !s->kc || !s->vc))) {
         int32_t kvd = s->kv_dim;
         fa_model_state_free(s);
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY,
@@ -172,7 +174,7 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
     s->stats.kv_cache_bytes = kv_bytes;
     s->stats.state_bytes = total + kv_bytes;
     int32_t half = s->head_size / 2;
-    for (int32_t p = 0; p < s->seq_len; p++)
+    for (int32_t p = 0; p < (o.paged ? 0 : s->seq_len); p++)
         for (int32_t i = 0; i < half; i++) {
             const float a = fa_model_rope_angle(c, p, i);
             s->rope[((size_t)p * half + i) * 2] = cosf(a);
@@ -419,7 +421,7 @@ static fa_status attention_paged(const fa_model *m, fa_model_state *s, const fa_
     d.v_new = fa_tensor_contiguous(s->vn, FA_DTYPE_F32, FA_LAYOUT_BSHD, st->total_q, c->n_kv_heads, s->head_size);
     d.rope = FA_ROPE_INTERLEAVED; /* llama2.c's adjacent pairs, at the step's positions */
     d.positions = st->positions;
-    d.rope_max_pos = kv->seq_len;
+    d.rope_max_pos = kv->positions;
     d.rope_cos = kv->cos;
     d.rope_sin = kv->sin;
     d.causal = 1;
@@ -557,23 +559,24 @@ fa_status fa_model_kv_create(const fa_model *m, int32_t num_pages, int32_t page_
     if (!kv)
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the paged cache");
     const int32_t hs = c->dim / c->n_heads;
-    *kv = (fa_model_kv){ num_pages, page_size, c->n_layers, hs * c->n_kv_heads, c->seq_len, hs / 2, NULL, NULL,
-                         NULL, NULL };
+    const int64_t room = (int64_t)num_pages * page_size;
+    *kv = (fa_model_kv){ num_pages, page_size, c->n_layers, hs * c->n_kv_heads, c->seq_len, hs / 2,
+                         room < c->seq_len ? (int32_t)room : c->seq_len, NULL, NULL, NULL, NULL };
     uint64_t rows, total = 0;
     int ok = !__builtin_mul_overflow((uint64_t)c->n_layers * (uint64_t)num_pages, (uint64_t)page_size, &rows);
     if (ok) {
         kv->k = alloc_floats(rows, (uint64_t)kv->kv_dim, &total);
         kv->v = alloc_floats(rows, (uint64_t)kv->kv_dim, &total);
     }
-    kv->cos = alloc_floats((uint64_t)c->seq_len, (uint64_t)kv->half, &total);
-    kv->sin = alloc_floats((uint64_t)c->seq_len, (uint64_t)kv->half, &total);
+    kv->cos = alloc_floats((uint64_t)kv->positions, (uint64_t)kv->half, &total);
+    kv->sin = alloc_floats((uint64_t)kv->positions, (uint64_t)kv->half, &total);
     if (!ok || !kv->k || !kv->v || !kv->cos || !kv->sin) {
         fa_model_kv_free(kv);
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY,
                              "out of memory for a paged cache of %d layers x %d pages x %d tokens x %d", (int)c->n_layers,
                              (int)num_pages, (int)page_size, (int)(hs * c->n_kv_heads));
     }
-    for (int32_t p = 0; p < c->seq_len; p++)
+    for (int32_t p = 0; p < kv->positions; p++)
         for (int32_t i = 0; i < kv->half; i++) {
             const float a = fa_model_rope_angle(c, p, i);
             kv->cos[(size_t)p * kv->half + i] = cosf(a);

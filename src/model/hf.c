@@ -7,6 +7,7 @@
  */
 #include "fail.h"
 #include "hf.h"
+#include "json.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -109,33 +110,6 @@ static fa_status json_special_ids(const cJSON *o, const char *file, fa_model_con
     return FA_OK;
 }
 
-/* A JSON object from n bytes; part (" header" or "") follows the file's name in messages. */
-static cJSON *parse_json(const char *text, size_t n, const char *file, const char *part,
-                         fa_status *st, char *err)
-{
-    const char *end = NULL;
-    cJSON *j = cJSON_ParseWithLengthOpts(text, n, &end, 0);
-    if (!j) {
-        *st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s'%s is not valid JSON (error near byte %ld)",
-                            file, part, end ? (long)(end - text) : 0l);
-        return NULL;
-    }
-    for (; end && end < text + n; end++)
-        if (*end != ' ' && *end != '\t' && *end != '\n' && *end != '\r' && *end != 0) {
-            cJSON_Delete(j);
-            *st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s'%s has data after its JSON value (byte %ld)",
-                                file, part, (long)(end - text));
-            return NULL;
-        }
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        *st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s'%s is not a JSON object", file, part);
-        return NULL;
-    }
-    *st = FA_OK;
-    return j;
-}
-
 /* A required positive number of rope_scaling: integral when integer is set. */
 static fa_status scaling_number(const cJSON *rs, const char *file, const char *key, int integer, double *out,
                                 char *err)
@@ -192,58 +166,13 @@ static fa_status parse_rope_scaling(const cJSON *rs, const char *file, fa_rope_s
     return FA_OK;
 }
 
-static int cmp_key(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
-
-/* A key that appears twice in one object of j (at any depth), or NULL; *oom set where the
- * sort's memory was not there. cJSON keeps the first and Python's json, which writes and
- * reads these files in Hugging Face's tools, the last. Each object's keys sorted: n log n. */
-static const char *twice_in(const cJSON *j, int *oom)
-{
-    int n = 0;
-    for (const cJSON *a = j->child; a; a = a->next)
-        n++;
-    if (cJSON_IsObject(j) && n > 1) {
-        const char **keys = malloc(sizeof(char *) * (size_t)n);
-        if (!keys) {
-            *oom = 1;
-            return NULL;
-        }
-        int k = 0;
-        for (const cJSON *a = j->child; a; a = a->next)
-            keys[k++] = a->string;
-        qsort(keys, (size_t)n, sizeof(char *), cmp_key);
-        const char *dup = NULL;
-        for (int i = 1; i < n && !dup; i++)
-            if (strcmp(keys[i - 1], keys[i]) == 0)
-                dup = keys[i];
-        free(keys);
-        if (dup)
-            return dup;
-    }
-    for (const cJSON *a = j->child; a && !*oom; a = a->next) {
-        const char *in = cJSON_IsObject(a) || cJSON_IsArray(a) ? twice_in(a, oom) : NULL;
-        if (in)
-            return in;
-    }
-    return NULL;
-}
-
 fa_status fa_hf_parse_config(const char *text, size_t n, const char *file, fa_model_config *out,
                              char *err)
 {
     fa_status st;
-    cJSON *j = parse_json(text, n, file, "", &st, err);
+    cJSON *j = fa_json_object(text, n, file, "", &st, err);
     if (!j)
         return st;
-    int oom = 0;
-    const char *twice = twice_in(j, &oom);
-    if (twice || oom) {
-        st = oom ? fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for '%s''s keys", file)
-                 : fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': key '%.80s' appears twice in one object",
-                                 file, twice);
-        cJSON_Delete(j);
-        return st;
-    }
     fa_model_config c = { 0 };
     int32_t hd = 0, window = 0;
     int tied = 0, bias = 0, mlp_bias = 0;
@@ -666,7 +595,7 @@ static fa_status read_safetensors(loader *ld, const unsigned char *p, uint64_t s
                              "can need",
                              file, (unsigned long long)n, (unsigned long long)(cap < MAX_HEADER_BYTES ? cap : MAX_HEADER_BYTES));
     fa_status st;
-    cJSON *h = parse_json((const char *)p + 8, (size_t)n, file, " header", &st, err);
+    cJSON *h = fa_json_object((const char *)p + 8, (size_t)n, file, " header", &st, err);
     if (!h)
         return st;
     for (const cJSON *e = h->child; e && st == FA_OK; e = e->next)
@@ -817,7 +746,7 @@ static fa_status read_index(loader *ld, const char *dir, const char *path, char 
     fa_status st = slurp(path, &text, &n, err);
     if (st != FA_OK)
         return st;
-    cJSON *j = parse_json(text, n, path, "", &st, err);
+    cJSON *j = fa_json_object(text, n, path, "", &st, err);
     free(text);
     if (!j)
         return st;

@@ -50,9 +50,11 @@ static float uniform_at(uint64_t seed, uint64_t i)
     return (float)(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
 }
 
-/* Floats [from, from + n) of the float section into dst. */
+/* Floats [from, from + n) of the float section into dst; with skip_rope the legacy RoPE
+ * tables' places left unwritten (nothing in memory reads them: the runner computes its own,
+ * and untouched pages of a long context's tables cost no memory). */
 static void fill(const fa_model_config *c, const seg *s, int nseg, uint64_t seed, uint64_t from,
-                 float *dst, uint64_t n)
+                 float *dst, uint64_t n, int skip_rope)
 {
     uint64_t start = 0, half = (uint64_t)(c->dim / c->n_heads) / 2;
     for (int k = 0; k < nseg && n; k++) {
@@ -60,8 +62,9 @@ static void fill(const fa_model_config *c, const seg *s, int nseg, uint64_t seed
         if (from < end) {
             uint64_t take = end - from < n ? end - from : n;
             seg g = s[k];
-#pragma omp parallel for schedule(static) if (take > (1u << 16))
-            for (uint64_t j = 0; j < take; j++) {
+            const int skip = skip_rope && (g.kind == SEG_COS || g.kind == SEG_SIN);
+#pragma omp parallel for schedule(static) if (take > (1u << 16) && !skip)
+            for (uint64_t j = 0; j < (skip ? 0 : take); j++) {
                 uint64_t i = from + j, local = i - start;
                 float v;
                 if (g.kind == SEG_UNIFORM) {
@@ -110,7 +113,7 @@ fa_status fa_model_synth_write(const fa_model_config *c, uint64_t seed, FILE *f,
     int ok = fwrite(h, 4, 7, f) == 7;
     for (uint64_t at = 0; ok && at < total; at += chunk) {
         uint64_t n = total - at < chunk ? total - at : chunk;
-        fill(c, s, nseg, seed, at, buf, n);
+        fill(c, s, nseg, seed, at, buf, n, 0);
         ok = fwrite(buf, sizeof(float), n, f) == n;
     }
     free(buf);
@@ -138,7 +141,7 @@ fa_status fa_model_synth(const fa_model_config *c, uint64_t seed, fa_model **out
     header(c, h);
     memcpy(image, h, sizeof(h));
     fill(c, s, nseg, seed, 0, (float *)(image + FA_MODEL_HEADER_BYTES),
-         (bytes - FA_MODEL_HEADER_BYTES) / 4);
+         (bytes - FA_MODEL_HEADER_BYTES) / 4, 1);
     if ((st = fa_model_adopt(image, (size_t)bytes, 2, out, err)) != FA_OK)
         return st;
     /* the file format cannot hold them; the in-memory model can */

@@ -7,6 +7,7 @@
  * from the post_processor's template). tokenizer_bpe.c encodes as HF's tokenizers library does.
  */
 #include "fail.h"
+#include "json.h"
 #include "tokenizer_bpe.h"
 
 #include <cjson/cJSON.h>
@@ -651,22 +652,6 @@ static fa_status read_bos(const reader *rd, const cJSON *pp, int32_t vocab_size,
     return FA_OK;
 }
 
-/* Where the JSON text escapes a NUL (\u0000) inside a string, -1 if nowhere: cJSON's strings end
- * at it, so the value read would not be the file's. */
-static long nul_escape(const char *json, size_t n)
-{
-    for (size_t i = 0; i + 6 <= n; i++) {
-        if (json[i] != '\\' || memcmp(json + i + 1, "u0000", 5) != 0)
-            continue;
-        size_t k = 0; /* backslashes before: an even number leaves this one an escape */
-        while (k < i && json[i - 1 - k] == '\\')
-            k++;
-        if (k % 2 == 0)
-            return (long)i;
-    }
-    return -1;
-}
-
 fa_status fa_tokenizer_from_json(const char *file, const char *json, size_t bytes, int32_t vocab_size,
                                  fa_tokenizer **out, char *err)
 {
@@ -681,36 +666,18 @@ fa_status fa_tokenizer_from_json(const char *file, const char *json, size_t byte
         return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                              "vocab_size (%d) must be at least 3: ids 0..2 are <unk>, BOS and EOS", (int)vocab_size);
     reader rd = { file, err };
-    const char *end = NULL;
-    cJSON *j = cJSON_ParseWithLengthOpts(json, bytes, &end, 0);
+    fa_status st;
+    cJSON *j = fa_json_object(json, bytes, file, "", &st, err);
     if (!j)
-        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s' is not valid JSON (error near byte %ld)", file,
-                             end ? (long)(end - json) : 0l);
-    const long nul = nul_escape(json, bytes);
-    if (nul >= 0) {
-        cJSON_Delete(j);
-        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "'%s' escapes a NUL character (\\u0000) at byte %ld: no token, "
-                             "pattern or name may hold one", file, nul);
-    }
-    for (; end < json + bytes; end++)
-        if (*end != ' ' && *end != '\t' && *end != '\n' && *end != '\r' && *end != 0) {
-            cJSON_Delete(j);
-            return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s' has data after its JSON value (byte %ld)", file,
-                                 (long)(end - json));
-        }
+        return st;
     fa_tokenizer *t = NULL;
     parsed p = { calloc((size_t)vocab_size, sizeof(char *)), 0 };
     uint8_t *special = calloc((size_t)vocab_size, 1);
     fa_tok_bpe *b = calloc(1, sizeof(*b));
-    fa_status st = FA_OK;
     int replace = 0, dec_bytes = 0, dec_bytelevel = 0;
     int32_t bos = FA_TOKEN_BOS;
     if (!p.piece || !special || !b || !(b->in_model = calloc((size_t)vocab_size, 1))) {
         st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory reading '%s'", file);
-        goto done;
-    }
-    if (!cJSON_IsObject(j)) {
-        st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s' is not a JSON object", file);
         goto done;
     }
     const cJSON *model = item(j, "model");

@@ -63,7 +63,8 @@ struct fa_engine_cuda {
     uint16_t *emb, *cls; /* [vocab, dim]; cls == emb when shared */
     float *norms;        /* rms_att [layers, dim], rms_ffn [layers, dim], rms_final [dim] */
     uint16_t *kc, *vc;   /* [layers, pages, page_size, kv_heads, head_size] */
-    float *rope;         /* cos [seq_len, hs/2] then sin [seq_len, hs/2] */
+    float *rope;         /* cos [rope_pos, hs/2] then sin [rope_pos, hs/2] */
+    int32_t rope_pos;    /* RoPE rows: no sequence passes the pages, nor seq_len */
     float *x;            /* [T, dim] residual stream */
     uint16_t *xb;        /* [T, dim] normed input of a sublayer; the sampled rows' final norm */
     uint16_t *qkv;       /* [T, dim + 2 kv_dim] */
@@ -245,7 +246,7 @@ static fa_status upload_weights(fa_engine_cuda *g, char *err)
 static fa_status upload_small(fa_engine_cuda *g, char *err)
 {
     const fa_model_config *c = &g->m->config;
-    const size_t dim = (size_t)g->dim, L = (size_t)g->L, half = (size_t)g->hs / 2, S = (size_t)c->seq_len;
+    const size_t dim = (size_t)g->dim, L = (size_t)g->L, half = (size_t)g->hs / 2, S = (size_t)g->rope_pos;
     const size_t n_norm = 2 * L * dim + dim, n_rope = 2 * S * half;
     float *h = malloc(sizeof(float) * (n_norm > n_rope ? n_norm : n_rope));
     if (!h)
@@ -285,9 +286,9 @@ static fa_paged_desc attention_desc(const fa_engine_cuda *g, int l)
     d.cache = fa_kv_cache_contiguous(g->kc + layer, g->vc + layer, FA_DTYPE_BF16, FA_LAYOUT_BSHD, pages,
                                      g->o.page_size, g->kvh, g->hs);
     d.rope = FA_ROPE_INTERLEAVED; /* llama2.c's adjacent pairs (HF's are un-permuted on load) */
-    d.rope_max_pos = c->seq_len;
+    d.rope_max_pos = g->rope_pos;
     d.rope_cos = g->rope;
-    d.rope_sin = g->rope + (size_t)c->seq_len * (size_t)(g->hs / 2);
+    d.rope_sin = g->rope + (size_t)g->rope_pos * (size_t)(g->hs / 2);
     d.causal = 1;
     return d;
 }
@@ -314,6 +315,8 @@ fa_status fa_engine_cuda_create(const fa_model *m, const fa_engine_options *o, f
     g->hs = c->dim / c->n_heads, g->kvd = g->hs * c->n_kv_heads, g->qkv_w = g->dim + 2 * g->kvd;
     g->eps = c->norm_eps > 0.0f ? c->norm_eps : FA_MODEL_NORM_EPS;
     g->max_pages = (c->seq_len + o->page_size - 1) / o->page_size;
+    const int64_t room = (int64_t)o->num_pages * o->page_size;
+    g->rope_pos = room < c->seq_len ? (int32_t)room : c->seq_len;
     const sizes z = sizes_of(c, o);
     const size_t T = (size_t)o->token_budget, B = (size_t)o->max_batch, V = (size_t)g->V;
     g->scratch_page = o->num_pages;
@@ -343,7 +346,7 @@ fa_status fa_engine_cuda_create(const fa_model *m, const fa_engine_options *o, f
         st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the layers");
     ALLOC(g->weights, z.weights, "the bf16 weights");
     ALLOC(g->norms, sizeof(float) * (2 * (size_t)g->L * g->dim + g->dim), "the norms");
-    ALLOC(g->rope, sizeof(float) * 2 * (size_t)c->seq_len * (size_t)(g->hs / 2), "the RoPE tables");
+    ALLOC(g->rope, sizeof(float) * 2 * (size_t)g->rope_pos * (size_t)(g->hs / 2), "the RoPE tables");
     ALLOC(g->kc, 2 * cache_elems, "the key pages");
     ALLOC(g->vc, 2 * cache_elems, "the value pages");
     ALLOC(g->x, 4 * T * g->dim, "the residual stream");

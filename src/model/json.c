@@ -1,0 +1,113 @@
+/* SPDX-License-Identifier: MIT */
+/* fa_json_object (json.h): cJSON's parse, then the rules it does not enforce. */
+#include "json.h"
+
+#include "fail.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The first byte of text[0, n) (valid JSON) inside a string that is a control character or
+ * starts an escaped NUL, or -1; *nul set for the latter. */
+static long bad_in_string(const char *text, size_t n, int *nul)
+{
+    int in = 0;
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char c = (unsigned char)text[i];
+        if (!in) {
+            in = c == '"';
+        } else if (c == '"') {
+            in = 0;
+        } else if (c < 0x20) {
+            *nul = 0;
+            return (long)i;
+        } else if (c == '\\') {
+            if (i + 6 <= n && memcmp(text + i + 1, "u0000", 5) == 0) {
+                *nul = 1;
+                return (long)i;
+            }
+            i++; /* the escaped character, a quote or a backslash included */
+        }
+    }
+    return -1;
+}
+
+static int cmp_key(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* A key that appears twice in one object of j (at any depth), or NULL; *oom set where the
+ * sort's memory was not there. Each object's keys sorted: n log n. */
+static const char *twice_in(const cJSON *j, int *oom)
+{
+    int n = 0;
+    for (const cJSON *a = j->child; a; a = a->next)
+        n++;
+    if (cJSON_IsObject(j) && n > 1) {
+        const char **keys = malloc(sizeof(char *) * (size_t)n);
+        if (!keys) {
+            *oom = 1;
+            return NULL;
+        }
+        int k = 0;
+        for (const cJSON *a = j->child; a; a = a->next)
+            keys[k++] = a->string;
+        qsort(keys, (size_t)n, sizeof(char *), cmp_key);
+        const char *dup = NULL;
+        for (int i = 1; i < n && !dup; i++)
+            if (strcmp(keys[i - 1], keys[i]) == 0)
+                dup = keys[i];
+        free(keys);
+        if (dup)
+            return dup;
+    }
+    for (const cJSON *a = j->child; a && !*oom; a = a->next) {
+        const char *in = cJSON_IsObject(a) || cJSON_IsArray(a) ? twice_in(a, oom) : NULL;
+        if (in)
+            return in;
+    }
+    return NULL;
+}
+
+cJSON *fa_json_object(const char *text, size_t n, const char *file, const char *part, fa_status *st, char *err)
+{
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, n, &end, 0);
+    if (!j) {
+        *st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s'%s is not valid JSON (error near byte %ld)", file,
+                            part, end ? (long)(end - text) : 0l);
+        return NULL;
+    }
+    const char *tail = end;
+    for (; tail < text + n; tail++)
+        if (*tail != ' ' && *tail != '\t' && *tail != '\n' && *tail != '\r') {
+            *st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s'%s has data after its JSON value (byte %ld)",
+                                file, part, (long)(tail - text));
+            goto bad;
+        }
+    int nul = 0;
+    const long at = bad_in_string(text, (size_t)(end - text), &nul);
+    if (at >= 0) {
+        *st = fa_model_fail(err, nul ? FA_ERR_INVALID_VALUE : FA_ERR_INVALID_ARGUMENT,
+                            nul ? "'%s'%s escapes a NUL character (\\u0000) at byte %ld: no name, token or pattern "
+                                  "may hold one"
+                                : "'%s'%s has a control character inside a string at byte %ld (JSON escapes them)",
+                            file, part, at);
+        goto bad;
+    }
+    if (!cJSON_IsObject(j)) {
+        *st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s'%s is not a JSON object", file, part);
+        goto bad;
+    }
+    int oom = 0;
+    const char *twice = twice_in(j, &oom);
+    if (twice || oom) {
+        *st = oom ? fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for '%s'%s's keys", file, part)
+                  : fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s'%s: key '%.80s' appears twice in one object",
+                                  file, part, twice);
+        goto bad;
+    }
+    *st = FA_OK;
+    return j;
+bad:
+    cJSON_Delete(j);
+    return NULL;
+}

@@ -1,0 +1,20 @@
+/* SPDX-License-Identifier: MIT */
+/* The runner's JSON reading (config.json, safetensors headers and indexes, tokenizer.json):
+ * cJSON's parse held to the rules it leaves out. */
+#ifndef FA_MODEL_JSON_H
+#define FA_MODEL_JSON_H
+
+#include "model.h"
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+
+/* A JSON object from n bytes of text, NULL with *st and err set otherwise. Refused, each
+ * naming file (part, " header" or "", follows it in messages) and the byte: text that is not
+ * JSON; anything but whitespace after the value; a control character inside a string
+ * (JSON's rule: cJSON takes them); an escaped NUL (\u0000, which cJSON's C strings would cut
+ * a name or a token at); a key twice in one object at any depth (cJSON keeps the first,
+ * Python's json, which Hugging Face's tools write and read these files with, the last). */
+cJSON *fa_json_object(const char *text, size_t n, const char *file, const char *part, fa_status *st, char *err);
+
+#endif
