@@ -44,8 +44,8 @@ grep -E "FAILED|cases|could not|want" "$out/paged_cuda_rows.log" | head -20
 [ "$level" = paged ] && exit 0
 timeout 300 ./build/tests/test_backward > "$out/backward_cuda.log" 2>&1; echo "backward_cuda rc=$?"
 grep -E "FAILED|cases|could not" "$out/backward_cuda.log" | head -20
-# the staggered order in groups (FLASHATTN_CUDA_BWD_SCHED=groups) of two key tiles, so that the
-# grid's short sequences take several
+# the staggered order in groups of two key tiles at every head_dim, so that the grid's short
+# sequences take several
 FLASHATTN_CUDA_BWD_SCHED=groups FLASHATTN_CUDA_BWD_GROUP=2 FLASHATTN_TEST_QUICK=1 timeout 300 ./build/tests/test_backward \
   > "$out/backward_cuda_groups.log" 2>&1
 echo "backward_cuda (groups of 2 key tiles) rc=$?"

@@ -150,12 +150,17 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
     s->bwd_unordered = bu && strcmp(bu, "1") == 0;
     /* The Hopper backward's blocks take their query tiles first first, unmasked ones from
      * staggered starts (params.h: bwd_sched; 1.04-1.27x the last-first order at d64-d256,
-     * docs/perf) where a sequence's key tiles fit on half the device;
-     * FLASHATTN_CUDA_BWD_SCHED=first: no staggered starts (no block then waits for a later
-     * one, whatever else runs on the device); =groups: longer sequences staggered too, in
-     * groups of key tiles (not yet measured, so not the default) */
+     * docs/perf); by default (0) in groups of key tiles at d64 and d128 (sequences longer
+     * than half the device: 1.15-1.20x at s16k), in one group at d256 (longer ones first
+     * first: groups ran its s16k at 0.64x). FLASHATTN_CUDA_BWD_SCHED=first: no staggered
+     * starts (no block then waits for a later one, whatever else runs on the device);
+     * =stagger: one group at every head_dim; =groups: groups at every head_dim */
     const char *bs = getenv("FLASHATTN_CUDA_BWD_SCHED");
-    s->bwd_sched = bs && strcmp(bs, "first") == 0 ? 1 : bs && strcmp(bs, "groups") == 0 ? 3 : 2;
+    s->bwd_sched = !bs                         ? 0
+                   : strcmp(bs, "first") == 0   ? 1
+                   : strcmp(bs, "stagger") == 0 ? 2
+                   : strcmp(bs, "groups") == 0  ? 3
+                                                : 0;
     /* FLASHATTN_CUDA_BWD_GROUP=N: staggered groups of at most N key tiles (N >= 1; checks of
      * the groups on short sequences), else half the multiprocessors */
     const char *bg = getenv("FLASHATTN_CUDA_BWD_GROUP");
@@ -715,7 +720,7 @@ static fa_status run(fa_context_t ctx, cuda_state *s, const fa_problem *p, int b
     else if (backward && c.hb) {
         k->bwd_order = s->bwd_order;
         k->bwd_unordered = s->bwd_unordered;
-        k->bwd_sched = s->bwd_sched;
+        k->bwd_sched = s->bwd_sched ? s->bwd_sched : c.hb->dim <= 128 ? 3 : 2;
         /* bwd_sched 2's groups fit on half the device (backward_sm90_sched.cuh: bwd_work) */
         k->bwd_group = s->prop.multiProcessorCount / 2;
         if (s->bwd_group > 0 && s->bwd_group < k->bwd_group)

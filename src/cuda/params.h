@@ -115,8 +115,8 @@ typedef struct fa_cuda_params {
                            * (FLASHATTN_CUDA_BWD_ORDER=key, for comparison), else head major */
     int32_t bwd_sched;    /* Hopper backward's order of steps and dQ adds (bwd_work): 1 first
                            * first, 2 as 1 but unmasked sequences staggered in groups of key
-                           * tiles; the launch passes 2 for one group at most, 3 for any
-                           * number (FLASHATTN_CUDA_BWD_SCHED=groups), the kernel 1 or 2 */
+                           * tiles; the launch passes 2 for one group at most (d256), 3 for
+                           * any number (d64, d128), the kernel 1 or 2 */
     int32_t bwd_group;    /* bwd_sched 2's most key tiles a group: the launch passes at most
                            * half the multiprocessors (FLASHATTN_CUDA_BWD_GROUP caps it), the
                            * kernel the groups' even size (bwd_order.h: fa_bwd_schedule) */

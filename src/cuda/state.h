@@ -18,7 +18,8 @@ typedef struct cuda_state {
     int bwd_order;         /* FLASHATTN_CUDA_BWD_ORDER (params.h: bwd_order) */
     int bwd_tma;           /* FLASHATTN_CUDA_BWD_TMA=1 (params.h: bwd_tma) */
     int bwd_unordered;     /* FLASHATTN_CUDA_BWD_UNORDERED=1 (params.h: bwd_unordered) */
-    int bwd_sched;         /* FLASHATTN_CUDA_BWD_SCHED=first 1, =groups 3, else 2 (params.h: bwd_sched) */
+    int bwd_sched;         /* FLASHATTN_CUDA_BWD_SCHED=first 1, =stagger 2, =groups 3, else 0: by
+                            * head_dim (params.h: bwd_sched; backend.c) */
     int bwd_group;         /* FLASHATTN_CUDA_BWD_GROUP (params.h: bwd_group), 0 when unset */
     float rescale_slack;   /* the Hopper forward's softmax slack (head_dim <= 128; < 0: off) */
     float rescale_slack_e4m3; /* the fp8 forward's (< 0, off, unless FLASHATTN_CUDA_SLACK_E4M3 sets it) */
