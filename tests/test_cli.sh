@@ -308,6 +308,14 @@ done
 expect_rc 0 "bench-serve on a model of a long context" timeout 30 "$fa" bench-serve --config 64x1x8x4x172x512x100000000 \
   --requests 2 --prompt-len 4,4 --output-len 2,2
 expect_usage "bench-serve with no ids for prompts" "$fa" bench-serve --config 64x1x8x4x172x3x64 --requests 2
+expect_usage "export-hf into a regular file" "$fa" export-hf --model "$(dirname "$0")/../models/stories260K.bin" \
+  --out "$tmp/hf/config.json"
+grep -q "exists and is not a directory" "$tmp/err" || { echo "FAIL: export-hf into a file"; cat "$tmp/err"; fails=$((fails + 1)); }
+expect_usage "a config.json given as a checkpoint" "$fa" export-hf --model "$tmp/hf/config.json" --out "$tmp/y"
+grep -q "begins like JSON" "$tmp/err" || { echo "FAIL: config.json as a checkpoint"; cat "$tmp/err"; fails=$((fails + 1)); }
+expect_rc 1 "gen-model past the disk" "$fa" gen-model --config 4096x2147483647x32x32x11008x32000x4096 --out "$tmp/huge.bin"
+grep -q "GiB free" "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ] && [ ! -e "$tmp/huge.bin" ] ||
+  { echo "FAIL: gen-model past the disk: want one line and no file"; cat "$tmp/err"; fails=$((fails + 1)); }
 expect_usage "export-hf without --out" "$fa" export-hf --model x.bin
 expect_usage "export-hf bad dtype" "$fa" export-hf --model x.bin --out "$tmp/y" --dtype f8
 expect_rc 2 "export-hf of a missing model" "$fa" export-hf --model "$tmp/none.bin" --out "$tmp/y"

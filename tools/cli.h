@@ -26,8 +26,12 @@ int cmd_export_hf(int argc, char **argv);
 int cmd_bench_model(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);
 
-/* Print "flashattn <cmd>: <message>" plus a hint to stderr; returns CLI_EXIT_USAGE. */
+/* Print "flashattn <cmd>: <message>" plus a hint to stderr; returns CLI_EXIT_USAGE. Every
+ * error line of the tool escapes control characters (a file's strings, a command line's). */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Print "flashattn <cmd>: <message>" to stderr; returns CLI_EXIT_FAIL (the machine could not). */
+int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Whether the file at path can be written at the end of a run (a writable file, or a new one
  * in a writable directory; "-", standard output, where dash is set): checked before the run,

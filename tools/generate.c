@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -410,6 +411,16 @@ int cmd_gen_model(int argc, char **argv)
     fa_model_config_check(&c, &bytes, NULL);
     if ((rc = cli_output_ok("gen-model", "--out", out, 0)) != 0)
         return rc;
+    /* the room first: a checkpoint of any shape may be asked for, and one past the disk would
+     * fill it before failing */
+    char dir[4096];
+    const char *slash = strrchr(out, '/');
+    snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash == out ? 1 : slash - out) : 1, slash ? out : ".");
+    struct statvfs fs;
+    if (statvfs(dir, &fs) == 0 && (double)fs.f_bavail * (double)fs.f_frsize < (double)bytes) {
+        return cli_fail("gen-model", "the checkpoint takes %.2f GiB and '%s' has %.2f GiB free",
+                        (double)bytes / 1073741824.0, dir, (double)fs.f_bavail * (double)fs.f_frsize / 1073741824.0);
+    }
     FILE *f = fopen(out, "wb");
     if (!f) {
         fprintf(stderr, "flashattn gen-model: cannot create '%s'\n", out);
@@ -420,9 +431,10 @@ int cmd_gen_model(int argc, char **argv)
         s = FA_ERR_INVALID_ARGUMENT;
         snprintf(err, sizeof(err), "closing '%s' failed", out);
     }
-    if (s != FA_OK) {
+    if (s != FA_OK) { /* the config passed: what failed is the machine's writing */
         remove(out);
-        return cli_lib_error("gen-model", err, s);
+        cli_lib_error("gen-model", err, s);
+        return CLI_EXIT_FAIL;
     }
     printf("wrote %s: dim %d, layers %d, heads %d, kv heads %d, hidden %d, vocab %d%s, seq %d, "
            "%.1f MiB, seed %ld\n",

@@ -62,6 +62,17 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     return CLI_EXIT_USAGE;
 }
 
+int cli_fail(const char *cmd, const char *fmt, ...)
+{
+    char text[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    error_line(cmd, text, "");
+    return CLI_EXIT_FAIL;
+}
+
 int cli_output_ok(const char *cmd, const char *option, const char *path, int dash)
 {
     struct stat sb;

@@ -332,7 +332,12 @@ fa_status fa_model_open(const char *path, fa_model **out, char *err)
     close(fd);
     if (map == MAP_FAILED)
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "cannot map checkpoint '%s' (%zu bytes)", path, bytes);
-    return fa_model_adopt(map, bytes, 1, out, err);
+    const int json = ((const char *)map)[0] == '{';
+    st = fa_model_adopt(map, bytes, 1, out, err);
+    if (st != FA_OK && json) /* the header read as numbers would be named instead */
+        st = fa_model_fail(err, st, "checkpoint '%s' begins like JSON, not a llama2.c header: a Hugging Face model "
+                                    "is read from its directory (config.json and model.safetensors)", path);
+    return st;
 }
 
 void fa_model_free(fa_model *m)

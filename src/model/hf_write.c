@@ -236,8 +236,10 @@ fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtyp
     char path[4096];
     cJSON *cfg = NULL, *index = NULL;
     int made = mkdir(dir, 0777) == 0, wrote = 0;
-    if (!made && errno != EEXIST) {
-        st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot create directory '%s'", dir);
+    struct stat sb;
+    if (!made && (errno != EEXIST || stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
+        st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, errno == EEXIST ? "'%s' exists and is not a directory"
+                                                                         : "cannot create directory '%s'", dir);
         goto done;
     }
     /* the longest name written there fits (the index's and a shard's are the longest) */
