@@ -140,7 +140,7 @@ static int parse(int argc, char **argv, opts *o, fa_backend *backend)
             break;
         case RATE:
             if (cli_parse_float(v, &o->rate) != 0 || !(o->rate > 0.0) || o->rate > 1e9)
-                return cli_usage_error(cmd, "--rate needs a positive number of requests per second");
+                return cli_usage_error(cmd, "--rate needs requests per second above 0 and at most 1e9, not '%s'", v);
             break;
         case PAGES:
             if (cli_parse_int(v, 0, INT32_MAX, &o->pages) != 0)

@@ -247,7 +247,8 @@ int cmd_generate(int argc, char **argv)
             break;
         case TEMPERATURE:
             if (cli_parse_float(v, &temperature) != 0 || temperature < 0)
-                return cli_usage_error("generate", "--temperature needs a number >= 0");
+                return cli_usage_error("generate", "--temperature needs a number >= 0 (0: argmax) within float's "
+                                                   "range, not '%s'", v);
             break;
         case TOPP:
             if (cli_parse_float(v, &topp) != 0 || topp < 0 || topp > 1)
