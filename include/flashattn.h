@@ -366,8 +366,9 @@ FA_API fa_status fa_dropout_mask(float p, uint64_t seed, uint64_t offset, int32_
                                  uint8_t *mask, int64_t ld);
 
 /*
- * Memory the context's backend computes on. The CPU (and GLES, which uploads
- * host data itself) take host memory; the CUDA backend takes device memory
+ * Memory the context's backend computes on. The CPU takes host memory; GLES
+ * takes host memory (uploaded by each call) or GL buffers from these calls or
+ * fa_gles_buffer_wrap; the CUDA backend takes device memory
  * only, as cuDNN and FlashAttention do: its tensors, lse and gradients must
  * be device pointers (cudaMalloc, cudaMallocAsync, managed memory or these
  * calls), while cu_seqlens stay host arrays on every backend (the library
