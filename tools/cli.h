@@ -39,6 +39,9 @@ int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf
  * the reason. */
 int cli_output_ok(const char *cmd, const char *option, const char *path, int dash);
 
+/* The directory a file at path would be created in: path up to its last '/', or ".". */
+void cli_dir_of(const char *path, char *dir, size_t cap);
+
 /* fclose(f), non-zero also where a write to f had failed before. */
 int cli_close(FILE *f);
 

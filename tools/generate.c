@@ -415,8 +415,7 @@ int cmd_gen_model(int argc, char **argv)
     /* the room first: a checkpoint of any shape may be asked for, and one past the disk would
      * fill it before failing */
     char dir[4096];
-    const char *slash = strrchr(out, '/');
-    snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash == out ? 1 : slash - out) : 1, slash ? out : ".");
+    cli_dir_of(out, dir, sizeof(dir));
     struct statvfs fs;
     if (statvfs(dir, &fs) == 0 && (double)fs.f_bavail * (double)fs.f_frsize < (double)bytes) {
         return cli_fail("gen-model", "the checkpoint takes %.2f GiB and '%s' has %.2f GiB free",

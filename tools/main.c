@@ -29,12 +29,13 @@ static const char *usage =
     "check failed or the machine could not (no device, out of memory); 2 bad input (an option,\n"
     "a value or a file refused), with one line on stderr saying which.\n";
 
-/* One line on stderr, "flashattn CMD: TEXT TAIL": the text's control characters (a newline
- * or a terminal escape from a file's string or a command line) written as \n, \t or \xNN,
- * so that the line stays one line and the terminal untouched. */
-static void error_line(const char *cmd, const char *text, const char *tail)
+/* One line on stderr, "flashattn CMD: TEXT TAIL", TEXT from fmt: its control characters (a
+ * newline or a terminal escape from a file's string or a command line) written as \n, \t or
+ * \xNN, so that the line stays one line and the terminal untouched. */
+static void error_line(const char *cmd, const char *tail, const char *fmt, va_list ap)
 {
-    char out[4096];
+    char text[4096], out[4096];
+    vsnprintf(text, sizeof(text), fmt, ap);
     size_t n = 0;
     const unsigned char *c = (const unsigned char *)text;
     for (; *c && n + 5 < sizeof(out); c++) {
@@ -51,26 +52,37 @@ static void error_line(const char *cmd, const char *text, const char *tail)
 
 int cli_usage_error(const char *cmd, const char *fmt, ...)
 {
-    char text[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof(text), fmt, ap);
-    va_end(ap);
     char tail[128];
     snprintf(tail, sizeof(tail), " (see `flashattn %s --help`)", cmd);
-    error_line(cmd, text, tail);
+    va_list ap;
+    va_start(ap, fmt);
+    error_line(cmd, tail, fmt, ap);
+    va_end(ap);
     return CLI_EXIT_USAGE;
 }
 
 int cli_fail(const char *cmd, const char *fmt, ...)
 {
-    char text[4096];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(text, sizeof(text), fmt, ap);
+    error_line(cmd, "", fmt, ap);
     va_end(ap);
-    error_line(cmd, text, "");
     return CLI_EXIT_FAIL;
+}
+
+/* The status's tail after err, through error_line's va_list. */
+static void lib_line(const char *cmd, const char *tail, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    error_line(cmd, tail, fmt, ap);
+    va_end(ap);
+}
+
+void cli_dir_of(const char *path, char *dir, size_t cap)
+{
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, cap, "%.*s", slash ? (int)(slash == path ? 1 : slash - path) : 1, slash ? path : ".");
 }
 
 int cli_output_ok(const char *cmd, const char *option, const char *path, int dash)
@@ -86,14 +98,10 @@ int cli_output_ok(const char *cmd, const char *option, const char *path, int das
         if (access(path, W_OK) == 0)
             return 0;
     } else if (errno == ENOENT) { /* a new file: its directory must take it */
-        const char *slash = strrchr(path, '/');
-        char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-        const int ok = dir && access(dir, W_OK | X_OK) == 0;
-        const int e = errno;
-        free(dir);
-        if (ok)
+        char dir[4096];
+        cli_dir_of(path, dir, sizeof(dir));
+        if (access(dir, W_OK | X_OK) == 0)
             return 0;
-        errno = e;
     }
     return cli_usage_error(cmd, "%s: cannot write '%s': %s", option, path, strerror(errno));
 }
@@ -108,7 +116,7 @@ int cli_lib_error(const char *cmd, const char *err, fa_status st)
 {
     char tail[64];
     snprintf(tail, sizeof(tail), " (%s)", fa_status_string(st));
-    error_line(cmd, err, tail);
+    lib_line(cmd, tail, "%s", err);
     return st == FA_ERR_BACKEND_UNAVAILABLE || st == FA_ERR_OUT_OF_MEMORY || st == FA_ERR_BACKEND ? CLI_EXIT_FAIL
                                                                                                     : CLI_EXIT_USAGE;
 }

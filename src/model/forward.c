@@ -174,7 +174,7 @@ fa_status fa_model_state_create(const fa_model *m, fa_context_t ctx,
     s->stats.kv_cache_bytes = kv_bytes;
     s->stats.state_bytes = total + kv_bytes;
     int32_t half = s->head_size / 2;
-    for (int32_t p = 0; p < (o.paged ? 0 : s->seq_len); p++)
+    for (int32_t p = 0; s->rope && p < s->seq_len; p++)
         for (int32_t i = 0; i < half; i++) {
             const float a = fa_model_rope_angle(c, p, i);
             s->rope[((size_t)p * half + i) * 2] = cosf(a);
