@@ -680,6 +680,13 @@ static void test_config_refusals(void **state)
     expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "control character inside a string at byte 19");
     spit(p, "{\"model_type\": \"llama\"}\0\0", 25);
     expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "data after its JSON value (byte 23)");
+    /* numbers cJSON's strtod reads and JSON does not write: a leading zero, a bare point */
+    const char *octal = "{\"model_type\": \"llama\", \"hidden_size\": 064}";
+    const char *point = "{\"model_type\": \"llama\", \"rms_norm_eps\": 1.e-5}";
+    spit(p, octal, strlen(octal));
+    expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "number JSON does not write at byte 39");
+    spit(p, point, strlen(point));
+    expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "number JSON does not write at byte 40");
     unlink(p);
     expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", dir);
     rm_dir(dir);

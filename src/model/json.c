@@ -32,6 +32,65 @@ static long bad_in_string(const char *text, size_t n, int *nul)
     return -1;
 }
 
+/* The decimal digits of text from *j (< n), *j moved past them; how many. */
+static size_t digits(const char *text, size_t n, size_t *j)
+{
+    const size_t from = *j;
+    while (*j < n && text[*j] >= '0' && text[*j] <= '9')
+        (*j)++;
+    return *j - from;
+}
+
+/* Whether the number at text[i, n) is one JSON writes, -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?,
+ * with no byte after it that could continue one (what cJSON's strtod went on to read); *len:
+ * the bytes up to the first that cannot. */
+static int json_number(const char *text, size_t n, size_t i, size_t *len)
+{
+    size_t j = i;
+    if (j < n && text[j] == '-')
+        j++;
+    const size_t first = j, whole = digits(text, n, &j);
+    int ok = whole > 0 && !(text[first] == '0' && whole > 1);
+    if (j < n && text[j] == '.') {
+        j++;
+        ok &= digits(text, n, &j) > 0;
+    }
+    if (j < n && (text[j] == 'e' || text[j] == 'E')) {
+        j++;
+        if (j < n && (text[j] == '+' || text[j] == '-'))
+            j++;
+        ok &= digits(text, n, &j) > 0;
+    }
+    for (; j < n && text[j] != '\0' && strchr("0123456789+-.eE", text[j]); j++)
+        ok = 0;
+    *len = j - i;
+    return ok;
+}
+
+/* The first byte of text[0, n) (valid JSON to cJSON) outside strings that starts a number JSON
+ * would not write (a leading zero, a bare or trailing point, a plus sign), or -1. */
+static long bad_number(const char *text, size_t n)
+{
+    int in = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char c = text[i];
+        if (in) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in = 0;
+        } else if (c == '"') {
+            in = 1;
+        } else if (c == '-' || c == '+' || c == '.' || (c >= '0' && c <= '9')) {
+            size_t len;
+            if (!json_number(text, n, i, &len))
+                return (long)i;
+            i += len - 1;
+        }
+    }
+    return -1;
+}
+
 static int cmp_key(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
 /* A key that appears twice in one object of j (at any depth), or NULL; *oom set where the
@@ -91,6 +150,14 @@ cJSON *fa_json_object(const char *text, size_t n, const char *file, const char *
                                   "may hold one"
                                 : "'%s'%s has a control character inside a string at byte %ld (JSON escapes them)",
                             file, part, at);
+        goto bad;
+    }
+    const long num = bad_number(text, (size_t)(end - text));
+    if (num >= 0) {
+        *st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                            "'%s'%s has a number JSON does not write at byte %ld (a leading zero, a point without "
+                            "digits on both sides, or a plus sign)",
+                            file, part, num);
         goto bad;
     }
     if (!cJSON_IsObject(j)) {
