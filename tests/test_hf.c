@@ -687,6 +687,12 @@ static void test_config_refusals(void **state)
     expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "number JSON does not write at byte 39");
     spit(p, point, strlen(point));
     expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "number JSON does not write at byte 40");
+    /* cJSON reads a \u escape without hex digits as NUL, and skips any control byte between tokens */
+    const char *hex = "{\"model_type\": \"llama\\uZZZZ-x\"}", *vt = "{\x0b\"model_type\": \"llama\"}";
+    spit(p, hex, strlen(hex));
+    expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "\\u escape without four hex digits at byte 21");
+    spit(p, vt, strlen(vt));
+    expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "control character between tokens at byte 1");
     unlink(p);
     expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", dir);
     rm_dir(dir);

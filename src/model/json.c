@@ -7,24 +7,38 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The first byte of text[0, n) (valid JSON) inside a string that is a control character or
- * starts an escaped NUL, or -1; *nul set for the latter. */
-static long bad_in_string(const char *text, size_t n, int *nul)
+static int is_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+/* What cJSON takes and JSON does not, byte by byte over text[0, n) (valid JSON to cJSON): the
+ * first byte that is a control character (inside a string, or between tokens where only
+ * space, tab, line feed and carriage return may stand), or starts an escaped NUL or a \u
+ * escape without four hex digits (cJSON reads those as NUL too); -1 if none. *why: 0 a
+ * control character in a string, 3 one between tokens, 1 an escaped NUL, 2 a broken \u
+ * escape. */
+static long bad_byte(const char *text, size_t n, int *why)
 {
     int in = 0;
     for (size_t i = 0; i < n; i++) {
         const unsigned char c = (unsigned char)text[i];
+        if (c < 0x20 && (in || (c != '\t' && c != '\n' && c != '\r'))) {
+            *why = in ? 0 : 3;
+            return (long)i;
+        }
         if (!in) {
             in = c == '"';
         } else if (c == '"') {
             in = 0;
-        } else if (c < 0x20) {
-            *nul = 0;
-            return (long)i;
         } else if (c == '\\') {
-            if (i + 6 <= n && memcmp(text + i + 1, "u0000", 5) == 0) {
-                *nul = 1;
-                return (long)i;
+            if (i + 1 < n && text[i + 1] == 'u') {
+                if (i + 6 > n || !is_hex(text[i + 2]) || !is_hex(text[i + 3]) || !is_hex(text[i + 4]) ||
+                    !is_hex(text[i + 5])) {
+                    *why = 2;
+                    return (long)i;
+                }
+                if (memcmp(text + i + 2, "0000", 4) == 0) {
+                    *why = 1;
+                    return (long)i;
+                }
             }
             i++; /* the escaped character, a quote or a backslash included */
         }
@@ -68,7 +82,7 @@ static int json_number(const char *text, size_t n, size_t i, size_t *len)
 }
 
 /* The first byte of text[0, n) (valid JSON to cJSON) outside strings that starts a number JSON
- * would not write (a leading zero, a bare or trailing point, a plus sign), or -1. */
+ * would not write (a leading zero, a bare or trailing point), or -1. */
 static long bad_number(const char *text, size_t n)
 {
     int in = 0;
@@ -142,21 +156,25 @@ cJSON *fa_json_object(const char *text, size_t n, const char *file, const char *
                                 file, part, (long)(tail - text));
             goto bad;
         }
-    int nul = 0;
-    const long at = bad_in_string(text, (size_t)(end - text), &nul);
+    int why = 0;
+    const long at = bad_byte(text, (size_t)(end - text), &why);
     if (at >= 0) {
-        *st = fa_model_fail(err, nul ? FA_ERR_INVALID_VALUE : FA_ERR_INVALID_ARGUMENT,
-                            nul ? "'%s'%s escapes a NUL character (\\u0000) at byte %ld: no name, token or pattern "
-                                  "may hold one"
-                                : "'%s'%s has a control character inside a string at byte %ld (JSON escapes them)",
+        *st = fa_model_fail(err, why == 1 ? FA_ERR_INVALID_VALUE : FA_ERR_INVALID_ARGUMENT,
+                            why == 1   ? "'%s'%s escapes a NUL character (\\u0000) at byte %ld: no name, token or "
+                                         "pattern may hold one"
+                            : why == 2 ? "'%s'%s has a \\u escape without four hex digits at byte %ld"
+                            : why == 3 ? "'%s'%s has a control character between tokens at byte %ld (JSON allows "
+                                         "only space, tab and line breaks there)"
+                                       : "'%s'%s has a control character inside a string at byte %ld (JSON escapes "
+                                         "them)",
                             file, part, at);
         goto bad;
     }
     const long num = bad_number(text, (size_t)(end - text));
     if (num >= 0) {
         *st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
-                            "'%s'%s has a number JSON does not write at byte %ld (a leading zero, a point without "
-                            "digits on both sides, or a plus sign)",
+                            "'%s'%s has a number JSON does not write at byte %ld (a leading zero, or a point "
+                            "without digits on both sides)",
                             file, part, num);
         goto bad;
     }

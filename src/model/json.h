@@ -11,10 +11,12 @@
 
 /* A JSON object from n bytes of text, NULL with *st and err set otherwise. Refused, each
  * naming file (part, " header" or "", follows it in messages) and the byte: text that is not
- * JSON; anything but whitespace after the value; a control character inside a string
- * (JSON's rule: cJSON takes them); an escaped NUL (\u0000, which cJSON's C strings would cut
- * a name or a token at); a key twice in one object at any depth (cJSON keeps the first,
- * Python's json, which Hugging Face's tools write and read these files with, the last). */
+ * JSON; anything but whitespace after the value; a control character inside a string or
+ * between tokens (JSON's rule: cJSON takes them); an escaped NUL (\u0000, which cJSON's C
+ * strings would cut a name or a token at) or a \u escape without four hex digits (which cJSON
+ * reads as one); a number JSON does not write (064, 1., -.5: cJSON's strtod reads them); a
+ * key twice in one object at any depth (cJSON keeps the first, Python's json, which Hugging
+ * Face's tools write and read these files with, the last). */
 cJSON *fa_json_object(const char *text, size_t n, const char *file, const char *part, fa_status *st, char *err);
 
 #endif
