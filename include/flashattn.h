@@ -405,8 +405,10 @@ FA_API fa_status fa_gles_context_create(void *egl_display, void *egl_context, fa
 /* On a context from fa_gles_context_create: your GL buffer object `buffer` (at least `bytes`
  * long) as tensor memory. *ptr stands for its first byte, as fa_memory_alloc's pointers do:
  * put ptr + offset into fa_tensor.data (every tensor of a call in such buffers, or all in
- * host memory). fa_forward reads and writes the buffers on the GPU and finishes its
- * commands before it returns, so your context sees o and lse after the call.
+ * host memory). What your context wrote into them must be complete before the call
+ * (glFinish, or a fence and glWaitSync; glMemoryBarrier first after shader writes), as for
+ * any context sharing them. fa_forward reads and writes the buffers on the GPU and finishes
+ * its commands before it returns, so your context sees o and lse after the call.
  * fa_memory_free(ctx, *ptr) forgets the mapping; the buffer stays yours. */
 FA_API fa_status fa_gles_buffer_wrap(fa_context_t ctx, uint32_t buffer, size_t bytes, void **ptr);
 
