@@ -4,6 +4,7 @@
 
 #include "fail.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,7 +141,9 @@ static const char *twice_in(const cJSON *j, int *oom)
     return NULL;
 }
 
-cJSON *fa_json_object(const char *text, size_t n, const char *file, const char *part, fa_status *st, char *err)
+/* fa_json_object's checks on text[0, n), NUL-terminated past n. */
+static cJSON *checked_object(const char *text, size_t n, const char *file, const char *part, fa_status *st,
+                             char *err)
 {
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(text, n, &end, 0);
@@ -195,4 +198,21 @@ cJSON *fa_json_object(const char *text, size_t n, const char *file, const char *
 bad:
     cJSON_Delete(j);
     return NULL;
+}
+
+/* cJSON parses a NUL-terminated copy: releases before 1.7.18 read a byte past the length
+ * given on text cut after a comma, and a safetensors header lies in the mapped file. */
+cJSON *fa_json_object(const char *text, size_t n, const char *file, const char *part, fa_status *st, char *err)
+{
+    char *copy = n < SIZE_MAX ? malloc(n + 1) : NULL;
+    if (!copy) {
+        *st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for a copy of '%s'%s (%zu bytes)", file,
+                            part, n);
+        return NULL;
+    }
+    memcpy(copy, text, n);
+    copy[n] = '\0';
+    cJSON *j = checked_object(copy, n, file, part, st, err);
+    free(copy);
+    return j;
 }
