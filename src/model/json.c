@@ -8,45 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int is_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
-
-/* What cJSON takes and JSON does not, byte by byte over text[0, n) (valid JSON to cJSON): the
- * first byte that is a control character (inside a string, or between tokens where only
- * space, tab, line feed and carriage return may stand), or starts an escaped NUL or a \u
- * escape without four hex digits (cJSON reads those as NUL too); -1 if none. *why: 0 a
- * control character in a string, 3 one between tokens, 1 an escaped NUL, 2 a broken \u
- * escape. */
-static long bad_byte(const char *text, size_t n, int *why)
-{
-    int in = 0;
-    for (size_t i = 0; i < n; i++) {
-        const unsigned char c = (unsigned char)text[i];
-        if (c < 0x20 && (in || (c != '\t' && c != '\n' && c != '\r'))) {
-            *why = in ? 0 : 3;
-            return (long)i;
-        }
-        if (!in) {
-            in = c == '"';
-        } else if (c == '"') {
-            in = 0;
-        } else if (c == '\\') {
-            if (i + 1 < n && text[i + 1] == 'u') {
-                if (i + 6 > n || !is_hex(text[i + 2]) || !is_hex(text[i + 3]) || !is_hex(text[i + 4]) ||
-                    !is_hex(text[i + 5])) {
-                    *why = 2;
-                    return (long)i;
-                }
-                if (memcmp(text + i + 2, "0000", 4) == 0) {
-                    *why = 1;
-                    return (long)i;
-                }
-            }
-            i++; /* the escaped character, a quote or a backslash included */
-        }
-    }
-    return -1;
-}
-
 /* The decimal digits of text from *j (< n), *j moved past them; how many. */
 static size_t digits(const char *text, size_t n, size_t *j)
 {
@@ -82,25 +43,49 @@ static int json_number(const char *text, size_t n, size_t i, size_t *len)
     return ok;
 }
 
-/* The first byte of text[0, n) (valid JSON to cJSON) outside strings that starts a number JSON
- * would not write (a leading zero, a bare or trailing point), or -1. */
-static long bad_number(const char *text, size_t n)
+static int is_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+/* What cJSON takes and JSON does not, byte by byte over text[0, n) (valid JSON to cJSON): the
+ * first byte that is a control character (inside a string, or between tokens where only
+ * space, tab, line feed and carriage return may stand), starts an escaped NUL or a \u escape
+ * without four hex digits (cJSON reads those as NUL too), or starts a number JSON does not
+ * write (a leading zero, a point without digits on both sides); -1 if none. *why: 0 a
+ * control character in a string, 3 one between tokens, 1 an escaped NUL, 2 a broken \u
+ * escape, 4 a number. */
+static long bad_byte(const char *text, size_t n, int *why)
 {
     int in = 0;
     for (size_t i = 0; i < n; i++) {
-        const char c = text[i];
-        if (in) {
-            if (c == '\\')
-                i++;
-            else if (c == '"')
-                in = 0;
+        const unsigned char c = (unsigned char)text[i];
+        if (c < 0x20 && (in || (c != '\t' && c != '\n' && c != '\r'))) {
+            *why = in ? 0 : 3;
+            return (long)i;
+        }
+        if (!in) {
+            in = c == '"';
+            if (c == '-' || c == '+' || c == '.' || (c >= '0' && c <= '9')) {
+                size_t len;
+                if (!json_number(text, n, i, &len)) {
+                    *why = 4;
+                    return (long)i;
+                }
+                i += len - 1;
+            }
         } else if (c == '"') {
-            in = 1;
-        } else if (c == '-' || c == '+' || c == '.' || (c >= '0' && c <= '9')) {
-            size_t len;
-            if (!json_number(text, n, i, &len))
-                return (long)i;
-            i += len - 1;
+            in = 0;
+        } else if (c == '\\') {
+            if (i + 1 < n && text[i + 1] == 'u') {
+                if (i + 6 > n || !is_hex(text[i + 2]) || !is_hex(text[i + 3]) || !is_hex(text[i + 4]) ||
+                    !is_hex(text[i + 5])) {
+                    *why = 2;
+                    return (long)i;
+                }
+                if (memcmp(text + i + 2, "0000", 4) == 0) {
+                    *why = 1;
+                    return (long)i;
+                }
+            }
+            i++; /* the escaped character, a quote or a backslash included */
         }
     }
     return -1;
@@ -168,17 +153,11 @@ static cJSON *checked_object(const char *text, size_t n, const char *file, const
                             : why == 2 ? "'%s'%s has a \\u escape without four hex digits at byte %ld"
                             : why == 3 ? "'%s'%s has a control character between tokens at byte %ld (JSON allows "
                                          "only space, tab and line breaks there)"
+                            : why == 4 ? "'%s'%s has a number JSON does not write at byte %ld (a leading zero, or a "
+                                         "point without digits on both sides)"
                                        : "'%s'%s has a control character inside a string at byte %ld (JSON escapes "
                                          "them)",
                             file, part, at);
-        goto bad;
-    }
-    const long num = bad_number(text, (size_t)(end - text));
-    if (num >= 0) {
-        *st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
-                            "'%s'%s has a number JSON does not write at byte %ld (a leading zero, or a point "
-                            "without digits on both sides)",
-                            file, part, num);
         goto bad;
     }
     if (!cJSON_IsObject(j)) {
