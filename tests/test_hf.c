@@ -664,35 +664,36 @@ static void test_config_refusals(void **state)
     edit_config(dir, "sliding_window", cJSON_CreateNumber(8));
     expect_hf(dir, FA_ERR_UNSUPPORTED, "sliding_window", "config.json");
     snprintf(p, sizeof(p), "%s/config.json", dir);
-    spit(p, "{\"model_type\": \"llama\", ", 25);
-    expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "not valid JSON");
-    spit(p, "[1, 2]", 6);
-    expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "object");
-    const char *twice = "{\"model_type\": \"llama\", \"rope_scaling\": {\"factor\": 2, \"factor\": 4}}";
-    spit(p, twice, strlen(twice));
-    expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "'factor' appears twice");
-    /* what cJSON takes and JSON does not: a value cut at an escaped NUL (read as "llama"), a raw
-     * control character inside a string, anything but whitespace after the value */
-    const char *cut = "{\"model_type\": \"llama\\u0000gpt2\"}", *raw = "{\"model_type\": \"lla\x1b[2Jma\"}";
-    spit(p, cut, strlen(cut));
-    expect_hf(dir, FA_ERR_INVALID_VALUE, "config.json", "escapes a NUL character");
-    spit(p, raw, strlen(raw));
-    expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "control character inside a string at byte 19");
-    spit(p, "{\"model_type\": \"llama\"}\0\0", 25);
-    expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "data after its JSON value (byte 23)");
-    /* numbers cJSON's strtod reads and JSON does not write: a leading zero, a bare point */
-    const char *octal = "{\"model_type\": \"llama\", \"hidden_size\": 064}";
-    const char *point = "{\"model_type\": \"llama\", \"rms_norm_eps\": 1.e-5}";
-    spit(p, octal, strlen(octal));
-    expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "number JSON does not write at byte 39");
-    spit(p, point, strlen(point));
-    expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "number JSON does not write at byte 40");
-    /* cJSON reads a \u escape without hex digits as NUL, and skips any control byte between tokens */
-    const char *hex = "{\"model_type\": \"llama\\uZZZZ-x\"}", *vt = "{\x0b\"model_type\": \"llama\"}";
-    spit(p, hex, strlen(hex));
-    expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "\\u escape without four hex digits at byte 21");
-    spit(p, vt, strlen(vt));
-    expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", "control character between tokens at byte 1");
+    /* files that are not JSON, or JSON cJSON takes and the format does not: a value cut at an
+     * escaped NUL (read as "llama"), raw control characters, anything but whitespace after the
+     * value, numbers strtod reads and JSON does not write, a \u escape without hex digits
+     * (read as NUL), a key twice */
+    const struct {
+        const char *text;
+        size_t len; /* 0: strlen */
+        fa_status st;
+        const char *says;
+    } nojson[] = {
+        { "{\"model_type\": \"llama\", ", 0, FA_ERR_INVALID_ARGUMENT, "not valid JSON" },
+        { "[1, 2]", 0, FA_ERR_INVALID_ARGUMENT, "object" },
+        { "{\"model_type\": \"llama\", \"rope_scaling\": {\"factor\": 2, \"factor\": 4}}", 0,
+          FA_ERR_INVALID_ARGUMENT, "'factor' appears twice" },
+        { "{\"model_type\": \"llama\\u0000gpt2\"}", 0, FA_ERR_INVALID_VALUE, "escapes a NUL character" },
+        { "{\"model_type\": \"lla\x1b[2Jma\"}", 0, FA_ERR_INVALID_ARGUMENT,
+          "control character inside a string at byte 19" },
+        { "{\"model_type\": \"llama\"}\0\0", 25, FA_ERR_INVALID_ARGUMENT, "data after its JSON value (byte 23)" },
+        { "{\"model_type\": \"llama\", \"hidden_size\": 064}", 0, FA_ERR_INVALID_ARGUMENT,
+          "number JSON does not write at byte 39" },
+        { "{\"model_type\": \"llama\", \"rms_norm_eps\": 1.e-5}", 0, FA_ERR_INVALID_ARGUMENT,
+          "number JSON does not write at byte 40" },
+        { "{\"model_type\": \"llama\\uZZZZ-x\"}", 0, FA_ERR_INVALID_ARGUMENT,
+          "\\u escape without four hex digits at byte 21" },
+        { "{\x0b\"model_type\": \"llama\"}", 0, FA_ERR_INVALID_ARGUMENT, "control character between tokens at byte 1" },
+    };
+    for (size_t i = 0; i < sizeof(nojson) / sizeof(nojson[0]); i++) {
+        spit(p, nojson[i].text, nojson[i].len ? nojson[i].len : strlen(nojson[i].text));
+        expect_hf(dir, nojson[i].st, "config.json", nojson[i].says);
+    }
     unlink(p);
     expect_hf(dir, FA_ERR_INVALID_ARGUMENT, "config.json", dir);
     rm_dir(dir);

@@ -43,7 +43,7 @@ struct fa_model_state {
 /* A paged KV cache of the model's layers (fa_model_forward_step). */
 struct fa_model_kv {
     int32_t num_pages, page_size, n_layers, kv_dim, seq_len, half;
-    int32_t positions;  /* RoPE rows: no sequence passes the pages, nor seq_len */
+    int32_t positions;  /* RoPE rows (fa_model_rope_rows) */
     float *k, *v;       /* [layers, num_pages, page_size, n_kv_heads, head_size] */
     float *cos, *sin;   /* [positions, head_size / 2]: the paged call's RoPE tables */
 };
@@ -559,9 +559,8 @@ fa_status fa_model_kv_create(const fa_model *m, int32_t num_pages, int32_t page_
     if (!kv)
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for the paged cache");
     const int32_t hs = c->dim / c->n_heads;
-    const int64_t room = (int64_t)num_pages * page_size;
     *kv = (fa_model_kv){ num_pages, page_size, c->n_layers, hs * c->n_kv_heads, c->seq_len, hs / 2,
-                         room < c->seq_len ? (int32_t)room : c->seq_len, NULL, NULL, NULL, NULL };
+                         fa_model_rope_rows(c, num_pages, page_size), NULL, NULL, NULL, NULL };
     uint64_t rows, total = 0;
     int ok = !__builtin_mul_overflow((uint64_t)c->n_layers * (uint64_t)num_pages, (uint64_t)page_size, &rows);
     if (ok) {

@@ -234,6 +234,12 @@ int32_t fa_sampler_sample(fa_sampler *s, float *logits);
  * frequency is theta^(-2i/head_size), scaled as config.rope_scaling says (HF's
  * _compute_llama3_parameters and linear scaling, in float as HF computes inv_freq). */
 float fa_model_rope_angle(const fa_model_config *c, int32_t pos, int32_t i);
+/* Positions a paged cache's RoPE tables hold: no sequence passes its pages, nor seq_len. */
+static inline int32_t fa_model_rope_rows(const fa_model_config *c, int32_t num_pages, int32_t page_size)
+{
+    const int64_t room = (int64_t)num_pages * page_size;
+    return room < c->seq_len ? (int32_t)room : c->seq_len;
+}
 
 
 /* One-token projections. Measured here (docs/runner.md): our loop is faster on large

@@ -64,7 +64,7 @@ struct fa_engine_cuda {
     float *norms;        /* rms_att [layers, dim], rms_ffn [layers, dim], rms_final [dim] */
     uint16_t *kc, *vc;   /* [layers, pages, page_size, kv_heads, head_size] */
     float *rope;         /* cos [rope_pos, hs/2] then sin [rope_pos, hs/2] */
-    int32_t rope_pos;    /* RoPE rows: no sequence passes the pages, nor seq_len */
+    int32_t rope_pos;    /* RoPE rows (fa_model_rope_rows) */
     float *x;            /* [T, dim] residual stream */
     uint16_t *xb;        /* [T, dim] normed input of a sublayer; the sampled rows' final norm */
     uint16_t *qkv;       /* [T, dim + 2 kv_dim] */
@@ -315,8 +315,7 @@ fa_status fa_engine_cuda_create(const fa_model *m, const fa_engine_options *o, f
     g->hs = c->dim / c->n_heads, g->kvd = g->hs * c->n_kv_heads, g->qkv_w = g->dim + 2 * g->kvd;
     g->eps = c->norm_eps > 0.0f ? c->norm_eps : FA_MODEL_NORM_EPS;
     g->max_pages = (c->seq_len + o->page_size - 1) / o->page_size;
-    const int64_t room = (int64_t)o->num_pages * o->page_size;
-    g->rope_pos = room < c->seq_len ? (int32_t)room : c->seq_len;
+    g->rope_pos = fa_model_rope_rows(c, o->num_pages, o->page_size);
     const sizes z = sizes_of(c, o);
     const size_t T = (size_t)o->token_budget, B = (size_t)o->max_batch, V = (size_t)g->V;
     g->scratch_page = o->num_pages;
