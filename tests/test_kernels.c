@@ -192,7 +192,7 @@ static void test_dot_axpy(void **state)
             const void *kp = t == FA_DTYPE_F32 ? (void *)kv32[0] : (void *)kv16[0];
             const void *vp = t == FA_DTYPE_F32 ? (void *)kv32[1] : (void *)kv16[1];
             /* heads' columns side by side in one score tile, as decode.c lays them */
-            fa_cpu_heads hs = { H, (ptrdiff_t)M * 80, 80, M, (ptrdiff_t)M * 80, M };
+            fa_cpu_heads hs = { H, (ptrdiff_t)M * 80, 80, M, (ptrdiff_t)M * 80, M, NULL, 0, 0, 0, 0 };
             memset(st, 0, sizeof(st));
             k->dot(t, &hs, M, N, dim, q, 80, kp, ldkv, st, LDS);
             for (int h = 0; h < H; h++)
@@ -267,7 +267,12 @@ static void test_dot_axpy_vectors(void **state)
                         alpha[i] = (float)(0.5 + 0.5 * fa_rng_uniform(&r));
                     for (ptrdiff_t i = 0; i < N * lds; i++)
                         st[i] = -7.0f; /* entries the kernel must not touch */
-                    fa_cpu_heads hs = { H, (ptrdiff_t)cols * dim, dim, cols, (ptrdiff_t)cols * dim, cols };
+                    fa_cpu_heads hs = { H, (ptrdiff_t)cols * dim, dim, cols, (ptrdiff_t)cols * dim, cols,
+                                        NULL, 0, 0, 0, 0 };
+                    const ptrdiff_t esz = t == FA_DTYPE_F32 ? 4 : 2;
+                    if (si % 2) /* every other shape with the prefetch hint: V's rows while dot runs */
+                        hs = (fa_cpu_heads){ H, (ptrdiff_t)cols * dim, dim, cols, (ptrdiff_t)cols * dim, cols,
+                                             (const char *)vp, ld * esz, dim * esz, dim * esz, N };
                     k->dot(t, &hs, M, N, dim, q, dim, kp, ld, st, lds);
                     for (int j = 0; j < N; j++)
                         for (int c = 0; c < H * cols; c++) {
@@ -290,6 +295,8 @@ static void test_dot_axpy_vectors(void **state)
                     for (int j = 0; j < N; j++) /* small weights, as probabilities are */
                         for (int c = 0; c < H * cols; c++)
                             st[j * lds + c] = (float)(0.5 + 0.5 * fa_rng_uniform(&r));
+                    if (hs.pf) /* and K's while axpy runs */
+                        hs.pf = (const char *)kp;
                     for (int f16p = 0; f16p < 2; f16p++) {
                         fa_cpu_axpy_fn *axpy = f16p ? k->axpy_f16p : k->axpy;
                         if (!axpy)

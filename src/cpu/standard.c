@@ -72,7 +72,7 @@ static void run_task(const fa_cpu_kernels *kern, const fa_problem *p, const fa_c
     }
 
     /* Pass 1: the whole S for these rows. */
-    static const fa_cpu_heads one_head = { 1, 0, 0, 0, 0, 0 };
+    static const fa_cpu_heads one_head = { 1, 0, 0, 0, 0, 0, NULL, 0, 0, 0, 0 };
     if (pl->use_dot)
         kern->dot(FA_DTYPE_F32, &one_head, cc.ncols, n, dim, bf->q, dim, bf->k, dim, s, lds);
     else

@@ -23,6 +23,11 @@ typedef struct fa_cpu_heads {
     ptrdiff_t st;    /* floats between heads' score columns */
     ptrdiff_t o;     /* floats between heads' output rows */
     ptrdiff_t alpha; /* floats between heads' rescale factors */
+    /* A hint, NULL for none: another stream's rows to prefetch into L2 while this call runs,
+     * row j (< pf_n) of head h at pf + j * pf_ld + h * pf_kv bytes, pf_row bytes long. */
+    const char *pf;
+    ptrdiff_t pf_ld, pf_kv, pf_row;
+    int pf_n;
 } fa_cpu_heads;
 
 /* The decode path's P V step (fa_cpu_kernels.axpy). */
