@@ -183,6 +183,16 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
     s->wide_min_q = !wq || wq_end == wq || *wq_end != '\0' || wq_n < 0 ? -1
                     : wq_n > INT32_MAX                                 ? INT32_MAX
                                                                        : (int32_t)wq_n;
+    /* The Hopper decode kernel runs 3 blocks of 2 stages a multiprocessor on grids of two such
+     * waves or more, else 2 blocks of 3 stages (decode_sm90.cu; the same bits);
+     * FLASHATTN_CUDA_DECODE_WIDE_MIN=n moves that bound to n blocks (0: every grid, as the tests
+     * run it; past INT32_MAX: none) */
+    s->decode_wide_min = 6 * (int64_t)s->prop.multiProcessorCount;
+    const char *dw = getenv("FLASHATTN_CUDA_DECODE_WIDE_MIN");
+    char *dw_end = NULL;
+    const long long dw_n = dw ? strtoll(dw, &dw_end, 10) : -1;
+    if (dw && dw_end != dw && *dw_end == '\0' && dw_n >= 0)
+        s->decode_wide_min = dw_n;
     *state = s;
     return FA_OK;
 }

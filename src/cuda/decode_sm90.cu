@@ -1,7 +1,13 @@
 // SPDX-License-Identifier: MIT
 // The decode kernel on Hopper: paged.cu's split-KV decode (decode_warp's steps, the same splits
 // and merge) fed by a loading warpgroup. The block's ring holds STAGES stages of 64 keys, and
-// the four consumer warps take a 16-key quarter of every stage each:
+// the four consumer warps take a 16-key quarter of every stage each. Two shapes, the same six
+// stages of ring a multiprocessor and the same bits: 3 stages with 2 blocks a multiprocessor,
+// and 2 stages with 3 (one query row group, NQ = 1, pages by TMA boxes; the loader gives the
+// consumers all but 40 of its registers by setmaxnreg) for grids of at least
+// p.decode_wide_min blocks, where the third block keeps the multiprocessor reading while
+// another starts or merges (0.88 -> 0.95x cuDNN at b32 kv32k on the H200; grids under two
+// waves of 3 lose, docs/perf/h200-decode.md):
 //   loaders:   where the pages suit TMA boxes (p.a.pg.tma_rows: a page size of 8-64 dividing 64,
 //              or a multiple of 64; fixed-length dense keys), the first warp issues a stage's
 //              boxes (whole pages, K and V, 128-byte swizzled as the Hopper forward's tiles) and
@@ -30,7 +36,15 @@ template <int D, int NQ, int STAGES, bool TMA> struct d90shape {
     static constexpr int RING = STAGES * STAGE * 2;      // bytes of the ring (1024-byte aligned)
     static constexpr int Q = BM * lds<D>() * 2;          // bytes of Q
     static constexpr int BARS = 128;                     // full[STAGES], empty[STAGES]
+    static constexpr int BLOCKS = STAGES == 2 ? 3 : 2;   // blocks a multiprocessor
+    static constexpr int LAUNCHED = 65536 / (256 * BLOCKS) / 8 * 8; // registers a thread at launch
+    static constexpr int LOADER_REGS = 40;               // 3 blocks: the loader's after setmaxnreg
+    static constexpr int CONSUMER_REGS = (2 * LAUNCHED - LOADER_REGS) / 8 * 8;
+    static_assert(STAGES == 2 || STAGES == 3, "the two shapes");
+    static_assert(LOADER_REGS + CONSUMER_REGS <= 2 * LAUNCHED && CONSUMER_REGS <= 256,
+                  "the warpgroups' registers within what the block was launched with");
     static constexpr int BYTES = 1024 + RING + Q + BARS; // + alignment slack
+    static_assert(BLOCKS * (BYTES + 1024) <= 233472, "the blocks' shared memory fits a multiprocessor");
     static_assert(4 * BM * (D + 2) * 4 <= RING + Q, "the merge's state fits in the ring and Q");
     static_assert(STAGES * 16 <= BARS, "barriers");
     static_assert(!TMA || (SK * D * 2) % 1024 == 0, "every swizzled K and V tile 1024-byte aligned");
@@ -48,7 +62,7 @@ template <typename T, int PITCH> struct swizzled_rows {
 };
 
 template <typename T, int D, int NQ, int STAGES, bool TMA>
-__global__ void __launch_bounds__(256, 2) decode_sm90_kernel(const __grid_constant__ fa_cuda_paged p)
+__global__ void __launch_bounds__(256, STAGES == 2 ? 3 : 2) decode_sm90_kernel(const __grid_constant__ fa_cuda_paged p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using S = d90shape<D, NQ, STAGES, TMA>;
@@ -83,13 +97,29 @@ __global__ void __launch_bounds__(256, 2) decode_sm90_kernel(const __grid_consta
         }
     __syncthreads();
 
+    if constexpr (S::BLOCKS == 3) { // launched with 80 registers a thread: the consumers take 120
+        if (warp >= 4)
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(S::LOADER_REGS));
+        else
+            asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(S::CONSUMER_REGS));
+    }
     if (warp >= 4 && TMA) { // the loading warpgroup: whole pages by TMA boxes
         const int c = threadIdx.x - 128;
         const fa_cuda_pages &pg = p.a.pg;
         const bool paged = pg.table != nullptr; // else sequence b is page b, its tail past the map zeros
+        int first[STAGES]; // the first stages' table entries, read at once (later ones wait with the ring)
+#pragma unroll
+        for (int i = 0; i < STAGES; i++)
+            first[i] = paged && i < ntiles ? tma_piece_entry<S::SK, D>(pg, s.b, (t_lo + i) * S::SK, s.keys, c) : -1;
         for (int it = 0; it < ntiles; it++) {
             const int st = it % STAGES, key = (t_lo + it) * S::SK, valid = paged ? s.keys - key : S::SK;
-            const int page = paged ? tma_piece_page<S::SK, D>(pg, s.b, key, s.keys, c) : (int)s.at.k_base;
+            int entry = first[0];
+#pragma unroll
+            for (int i = 1; i < STAGES; i++)
+                entry = it == i ? first[i] : entry;
+            if (it >= STAGES)
+                entry = paged ? tma_piece_entry<S::SK, D>(pg, s.b, key, s.keys, c) : 0;
+            const int page = paged ? tma_piece_run<S::SK, D>(pg, key, s.keys, c, entry) : (int)s.at.k_base;
             if (it >= STAGES && !(drop & 1))
                 mbar_wait(&empty[st], (it / STAGES - 1) & 1);
             fence_async_smem(); // the consumers' reads before the copies' writes
@@ -184,10 +214,13 @@ template <typename T, int D, int NQ, int STAGES> cudaError_t launch(const fa_cud
 
 template <typename T> cudaError_t decode_for(const fa_cuda_paged &p, int dpad, int nq, cudaStream_t stream)
 {
+    const int64_t blocks = (int64_t)p.a.batch * p.a.heads_kv * p.max_splits * ((p.a.max_q * p.a.group + 7) / 8);
+    // 3 blocks of 2 stages a multiprocessor: pages by TMA boxes (the loader the trial measured)
+    const bool wide = nq == 1 && p.a.pg.tma_rows && blocks >= p.decode_wide_min;
     switch (dpad * 4 + nq) {
-    case 64 * 4 + 1: return launch<T, 64, 1, 3>(p, stream);
+    case 64 * 4 + 1: return wide ? launch<T, 64, 1, 2>(p, stream) : launch<T, 64, 1, 3>(p, stream);
     case 64 * 4 + 2: return launch<T, 64, 2, 3>(p, stream);
-    case 128 * 4 + 1: return launch<T, 128, 1, 3>(p, stream);
+    case 128 * 4 + 1: return wide ? launch<T, 128, 1, 2>(p, stream) : launch<T, 128, 1, 3>(p, stream);
     case 128 * 4 + 2: return launch<T, 128, 2, 3>(p, stream);
     }
     return cudaErrorInvalidValue;

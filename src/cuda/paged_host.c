@@ -316,6 +316,7 @@ cudaError_t fa_cuda_dense_decode(const cuda_state *s, const fa_cuda_params *a, i
                    aligned16(a->v.p, a->v.sb, a->v.ss, a->v.sh);
     k.decode_sm90 = sm90 && k.kv_aligned;
     k.pdl = s->pdl;
+    k.decode_wide_min = s->decode_wide_min;
     if (k.decode_sm90)
         fa_cuda_tma_dense(s->tma_encode, &k.a, bf16, FA_CUDA_DECODE_SM90_KEYS);
     fa_cuda_ordering_test(&k.a);
@@ -341,6 +342,7 @@ fa_status fa_cuda_paged_run(fa_context_t ctx, void *state, void *plan, const fa_
                         pl->sm90 ? "paged-sm90" : "paged-decode-sm90");
     k.decode_sm90 = pl->decode_sm90;
     k.pdl = s->pdl;
+    k.decode_wide_min = s->decode_wide_min;
     k.split = pl->split;
     k.split_grow = pl->grow;
     k.max_splits = pl->max_splits;

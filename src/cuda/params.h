@@ -176,6 +176,7 @@ typedef struct fa_cuda_paged {
     int decode_sm90;    /* decode on the Hopper kernel (rows by bulk copies; needs kv_aligned) */
     int pdl;            /* Hopper: that kernel and the split combine after it launched as
                          * programmatic dependents (paged.cuh: pdl_wait) */
+    int64_t decode_wide_min; /* Hopper decode grids of this many blocks or more: 3 a multiprocessor */
     float *part;        /* split partials: [max_splits][total_q][heads_q] (m, l, o[dim]) */
 } fa_cuda_paged;
 

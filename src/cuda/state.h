@@ -24,6 +24,7 @@ typedef struct cuda_state {
     float rescale_slack;   /* the Hopper forward's softmax slack (head_dim <= 128; < 0: off) */
     float rescale_slack_e4m3; /* the fp8 forward's (< 0, off, unless FLASHATTN_CUDA_SLACK_E4M3 sets it) */
     int32_t wide_min_q;       /* FLASHATTN_CUDA_WIDE_MIN_Q, or -1: the wide tiles' own bound */
+    int64_t decode_wide_min;  /* fa_cuda_paged.decode_wide_min (FLASHATTN_CUDA_DECODE_WIDE_MIN) */
     cudaMemPool_t pool;    /* the calls' workspace, stream-ordered; keeps POOL_KEEP_BYTES bytes */
     void *tma_encode;      /* Hopper: the driver's tensor-map encoder (tma.c), NULL without one */
 } cuda_state;

@@ -468,18 +468,31 @@ template <int NWG> struct consumer_regs {
 // follow one another in memory (g.flat_rows == BN) and the tile is whole pages of consecutive
 // ids, every lane of the warp gets -2 - the first id instead: load_tile_tma then copies the
 // tile as one box a column block from the flat map. Every thread of the warp calls it.
+// tma_piece_page in two steps: the table read (tma_piece_entry: independent loads, so that a
+// loader can issue several tiles' reads at once) and the run test on its result.
 template <int BN, int D>
-__device__ __forceinline__ int tma_piece_page(const fa_cuda_pages &g, int b, int c, int sk, int tid)
+__device__ __forceinline__ int tma_piece_entry(const fa_cuda_pages &g, int b, int c, int sk, int tid)
 {
     constexpr int CB = D / 64;
     const int pieces = (BN / g.tma_rows) * CB, j = tid / CB;
-    int page = tid < pieces && c + j * g.tma_rows < sk ? page_entry(g, b, c + j * g.tma_rows) : -1;
-    page = page_ok(g, page) ? page : -1; // below -1 means a run
+    return tid < pieces && c + j * g.tma_rows < sk ? page_entry(g, b, c + j * g.tma_rows) : -1;
+}
+template <int BN, int D>
+__device__ __forceinline__ int tma_piece_run(const fa_cuda_pages &g, int c, int sk, int tid, int entry)
+{
+    constexpr int CB = D / 64;
+    const int pieces = (BN / g.tma_rows) * CB, j = tid / CB;
+    const int page = page_ok(g, entry) ? entry : -1; // below -1 means a run
     if (g.flat_rows != BN || c + BN > sk)
         return page;
     const int first = __shfl_sync(0xffffffffu, page, 0);
     const bool run = first >= 0 && __all_sync(0xffffffffu, tid >= pieces || page == first + j);
     return run ? -2 - first : page;
+}
+template <int BN, int D>
+__device__ __forceinline__ int tma_piece_page(const fa_cuda_pages &g, int b, int c, int sk, int tid)
+{
+    return tma_piece_run<BN, D>(g, c, sk, tid, tma_piece_entry<BN, D>(g, b, c, sk, tid));
 }
 
 // The tile's pieces that lie wholly below the sequence's valid keys as TMA boxes counted on
