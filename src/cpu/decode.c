@@ -106,7 +106,7 @@ static fa_cpu_cols seq_cols(const fa_problem *p, int32_t b, int32_t hk)
 
 
 /* Points h's prefetch hint (kernels.h: fa_cpu_heads.pf) at rows [j, j + n) of t, as far as
- * they lie in one run of its pages, or clears it. The rows must exist. */
+ * they lie in one run of its pages. The rows must exist. */
 static void hint_rows(fa_cpu_heads *h, const fa_problem *p, const fa_tensor *t, const fa_cpu_cols *cc,
                       int64_t j, int32_t n)
 {
@@ -138,7 +138,7 @@ static void walk(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_p
     /* Several query columns a kv head (GQA, speculative rows) make a key's arithmetic longer
      * than its trip from memory, and the two ran one after the other: the dot pass prefetches
      * the same keys' V rows into L2 and the axpy pass the next tile's K rows (GQA 32/8 decode
-     * 6-9% faster on a Zen 4 guest, docs/perf/cpu-decode.md); one column a head (MHA decode)
+     * 10% faster on a Zen 4 guest, docs/perf/cpu-decode.md); one column a head (MHA decode)
      * streams at the read rate without them. */
     const int hints = cc->ncols > 1;
     /* f16 probabilities only where the output's own f16 rounding is as large (kernels.h) */
