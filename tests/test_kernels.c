@@ -267,12 +267,10 @@ static void test_dot_axpy_vectors(void **state)
                         alpha[i] = (float)(0.5 + 0.5 * fa_rng_uniform(&r));
                     for (ptrdiff_t i = 0; i < N * lds; i++)
                         st[i] = -7.0f; /* entries the kernel must not touch */
-                    fa_cpu_heads hs = { H, (ptrdiff_t)cols * dim, dim, cols, (ptrdiff_t)cols * dim, cols,
-                                        NULL, 0, 0, 0, 0 };
                     const ptrdiff_t esz = t == FA_DTYPE_F32 ? 4 : 2;
-                    if (si % 2) /* every other shape with the prefetch hint: V's rows while dot runs */
-                        hs = (fa_cpu_heads){ H, (ptrdiff_t)cols * dim, dim, cols, (ptrdiff_t)cols * dim, cols,
-                                             (const char *)vp, ld * esz, dim * esz, dim * esz, N };
+                    /* every other shape with the prefetch hint: V's rows while dot runs */
+                    fa_cpu_heads hs = { H, (ptrdiff_t)cols * dim, dim, cols, (ptrdiff_t)cols * dim, cols,
+                                        si % 2 ? (const char *)vp : NULL, ld * esz, dim * esz, dim * esz, N };
                     k->dot(t, &hs, M, N, dim, q, dim, kp, ld, st, lds);
                     for (int j = 0; j < N; j++)
                         for (int c = 0; c < H * cols; c++) {

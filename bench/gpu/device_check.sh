@@ -34,6 +34,10 @@ if [ "$level" != backward ] && [ "$level" != paged ]; then
     > "$out/conformance_cuda_wide.log" 2>&1
   echo "conformance_cuda (wide tiles, 3 persistent blocks) rc=$?"
   grep -E "FAILED|cases|could not" "$out/conformance_cuda_wide.log" | head -20
+  # and the dense decode route with the Hopper decode kernel's 3-block shape on every call
+  FLASHATTN_CUDA_DECODE_WIDE_MIN=0 timeout 300 ./build/tests/test_conformance > "$out/conformance_cuda_dec.log" 2>&1
+  echo "conformance_cuda (FLASHATTN_CUDA_DECODE_WIDE_MIN=0) rc=$?"
+  grep -E "FAILED|cases|could not" "$out/conformance_cuda_dec.log" | head -20
 fi
 timeout ${PAGED_TIMEOUT:-300} ./build/tests/test_paged > "$out/paged_cuda.log" 2>&1; echo "paged_cuda rc=$?"
 grep -E "FAILED|cases|could not|want" "$out/paged_cuda.log" | head -20
@@ -41,7 +45,7 @@ grep -E "FAILED|cases|could not|want" "$out/paged_cuda.log" | head -20
 FLASHATTN_CUDA_TMA=0 timeout ${PAGED_TIMEOUT:-300} ./build/tests/test_paged > "$out/paged_cuda_rows.log" 2>&1
 echo "paged_cuda (FLASHATTN_CUDA_TMA=0) rc=$?"
 grep -E "FAILED|cases|could not|want" "$out/paged_cuda_rows.log" | head -20
-# the Hopper decode kernel's 3-block shape on every decode call (paged and dense), and from 9
+# the Hopper decode kernel's 3-block shape on every paged decode call, and from 9
 # blocks (batched calls take it, most lone sequences not: the batch-invariance check compares
 # the two shapes' bits)
 for w in 0 9; do
@@ -49,11 +53,6 @@ for w in 0 9; do
   echo "paged_cuda (FLASHATTN_CUDA_DECODE_WIDE_MIN=$w) rc=$?"
   grep -E "FAILED|cases|could not|want" "$out/paged_cuda_dec$w.log" | head -20
 done
-if [ "$level" != backward ] && [ "$level" != paged ]; then
-  FLASHATTN_CUDA_DECODE_WIDE_MIN=0 timeout 300 ./build/tests/test_conformance > "$out/conformance_cuda_dec.log" 2>&1
-  echo "conformance_cuda (FLASHATTN_CUDA_DECODE_WIDE_MIN=0) rc=$?"
-  grep -E "FAILED|cases|could not" "$out/conformance_cuda_dec.log" | head -20
-fi
 [ "$level" = paged ] && exit 0
 timeout 300 ./build/tests/test_backward > "$out/backward_cuda.log" 2>&1; echo "backward_cuda rc=$?"
 grep -E "FAILED|cases|could not" "$out/backward_cuda.log" | head -20

@@ -76,6 +76,19 @@ static float env_slack(const char *name, float dflt)
     return signbit(x) ? -1.0f : x;
 }
 
+/* A count from the environment: a whole number n >= 0 gives 1 and *n (at most max), anything
+ * else (unset, negative, not a number) 0. */
+static int env_count(const char *name, long long max, long long *n)
+{
+    const char *v = getenv(name);
+    char *end = NULL;
+    const long long x = v ? strtoll(v, &end, 10) : -1;
+    if (!v || end == v || *end != '\0' || x < 0)
+        return 0;
+    *n = x < max ? x : max;
+    return 1;
+}
+
 static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *native, void **state)
 {
     (void)native;
@@ -177,22 +190,15 @@ static fa_status cuda_init(fa_context_t ctx, int32_t num_threads, const void *na
     /* FLASHATTN_CUDA_WIDE_MIN_Q=n: the wide Hopper tiles (FA_CUDA_SM90_WIDE_TILES) from a mean of
      * n query rows a sequence, whatever the grid (wide_fits; 0: every call, as tests run them on
      * small grids; past INT32_MAX: none); other values leave the table's bound */
-    const char *wq = getenv("FLASHATTN_CUDA_WIDE_MIN_Q");
-    char *wq_end = NULL;
-    const long wq_n = wq ? strtol(wq, &wq_end, 10) : -1;
-    s->wide_min_q = !wq || wq_end == wq || *wq_end != '\0' || wq_n < 0 ? -1
-                    : wq_n > INT32_MAX                                 ? INT32_MAX
-                                                                       : (int32_t)wq_n;
+    long long n;
+    s->wide_min_q = env_count("FLASHATTN_CUDA_WIDE_MIN_Q", INT32_MAX, &n) ? (int32_t)n : -1;
     /* The Hopper decode kernel runs 3 blocks of 2 stages a multiprocessor on grids of two such
      * waves or more, else 2 blocks of 3 stages (decode_sm90.cu; the same bits);
      * FLASHATTN_CUDA_DECODE_WIDE_MIN=n moves that bound to n blocks (0: every grid, as the tests
      * run it; past INT32_MAX: none) */
-    s->decode_wide_min = 6 * (int64_t)s->prop.multiProcessorCount;
-    const char *dw = getenv("FLASHATTN_CUDA_DECODE_WIDE_MIN");
-    char *dw_end = NULL;
-    const long long dw_n = dw ? strtoll(dw, &dw_end, 10) : -1;
-    if (dw && dw_end != dw && *dw_end == '\0' && dw_n >= 0)
-        s->decode_wide_min = dw_n;
+    s->decode_wide_min = env_count("FLASHATTN_CUDA_DECODE_WIDE_MIN", INT64_MAX, &n)
+                             ? (int64_t)n
+                             : 6 * (int64_t)s->prop.multiProcessorCount;
     *state = s;
     return FA_OK;
 }

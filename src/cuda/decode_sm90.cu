@@ -197,10 +197,16 @@ __global__ void __launch_bounds__(256, STAGES == 2 ? 3 : 2) decode_sm90_kernel(c
 #endif
 }
 
+// The grid: a block per (sequence, kv head, split) and group of 8 * nq packed query rows.
+dim3 decode_grid(const fa_cuda_paged &p, int nq)
+{
+    const int qblocks = (p.a.max_q * p.a.group + 8 * nq - 1) / (8 * nq);
+    return dim3((unsigned)(p.a.batch * p.a.heads_kv * p.max_splits), (unsigned)(qblocks > 0 ? qblocks : 1));
+}
+
 template <typename T, int D, int NQ, int STAGES> cudaError_t launch(const fa_cuda_paged &p, cudaStream_t stream)
 {
-    const int qblocks = (p.a.max_q * p.a.group + 8 * NQ - 1) / (8 * NQ);
-    const dim3 grid((unsigned)(p.a.batch * p.a.heads_kv * p.max_splits), (unsigned)(qblocks > 0 ? qblocks : 1));
+    const dim3 grid = decode_grid(p, NQ);
     auto go = [&](auto kernel, int bytes) {
         cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
         if (err != cudaSuccess)
@@ -214,9 +220,9 @@ template <typename T, int D, int NQ, int STAGES> cudaError_t launch(const fa_cud
 
 template <typename T> cudaError_t decode_for(const fa_cuda_paged &p, int dpad, int nq, cudaStream_t stream)
 {
-    const int64_t blocks = (int64_t)p.a.batch * p.a.heads_kv * p.max_splits * ((p.a.max_q * p.a.group + 7) / 8);
+    const dim3 grid = decode_grid(p, 1);
     // 3 blocks of 2 stages a multiprocessor: pages by TMA boxes (the loader the trial measured)
-    const bool wide = nq == 1 && p.a.pg.tma_rows && blocks >= p.decode_wide_min;
+    const bool wide = nq == 1 && p.a.pg.tma_rows && (int64_t)grid.x * grid.y >= p.decode_wide_min;
     switch (dpad * 4 + nq) {
     case 64 * 4 + 1: return wide ? launch<T, 64, 1, 2>(p, stream) : launch<T, 64, 1, 3>(p, stream);
     case 64 * 4 + 2: return launch<T, 64, 2, 3>(p, stream);
