@@ -179,7 +179,7 @@ __device__ __forceinline__ int loader_next_tile(const fa_cuda_params &p, int ite
 // stage handed over as soon as its copies are issued (the boxes count themselves off the
 // barrier); Q, and a last page's rows, by cp.async, landed before their hand-over. Returns
 // the ring position after them.
-template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
+template <typename T, int D, int BN, int NWG, int STAGES, int NQ, bool GROUPED>
 __device__ __forceinline__ int load_keys_tma(const fa_cuda_params &p, const query_tile_t &qt, int qb, int it,
                                           kv_ring<STAGES, NQ> &ring, unsigned char *sK, unsigned char *sV, int tid)
 {
@@ -193,8 +193,9 @@ __device__ __forceinline__ int load_keys_tma(const fa_cuda_params &p, const quer
         const int page = paged ? tma_piece_page<BN, D>(p.pg, b, c, sk, tid) : b, valid = paged ? sk - c : BN;
         if (it >= STAGES)
             mbar_wait(&ring.empty_k[st], (it / STAGES - 1) & 1);
-        bool rest = load_tile_tma<T, BN, D>(sK + st * KV, &p.pg.tk, p.pg, page, b, hk, (const T *)p.k.p, p.pg.k_sp,
-                                            p.pg.k_st, hk * p.k.sh, c, valid, p.dim, &ring.full_k[st], tid);
+        bool rest = load_tile_tma<T, BN, D, GROUPED>(sK + st * KV, &p.pg.tk, p.pg, page, b, hk, (const T *)p.k.p,
+                                                  p.pg.k_sp, p.pg.k_st, hk * p.k.sh, c, valid, p.dim,
+                                                  &ring.full_k[st], tid);
         if (rest || n == qt.n_lo) {
             cp_async_commit();
             cp_async_wait<0>();
@@ -205,8 +206,9 @@ __device__ __forceinline__ int load_keys_tma(const fa_cuda_params &p, const quer
         mbar_arrive(&ring.full_k[st]);
         if (it >= STAGES)
             mbar_wait(&ring.empty_v[st], (it / STAGES - 1) & 1);
-        rest = load_tile_tma<T, BN, D>(sV + st * KV, &p.pg.tv, p.pg, page, b, hk, (const T *)p.v.p, p.pg.v_sp,
-                                       p.pg.v_st, hk * p.v.sh, c, valid, p.dim, &ring.full_v[st], tid);
+        rest = load_tile_tma<T, BN, D, GROUPED>(sV + st * KV, &p.pg.tv, p.pg, page, b, hk, (const T *)p.v.p,
+                                             p.pg.v_sp, p.pg.v_st, hk * p.v.sh, c, valid, p.dim, &ring.full_v[st],
+                                             tid);
         if (rest) {
             cp_async_commit();
             cp_async_wait<0>();
@@ -222,7 +224,7 @@ __device__ __forceinline__ int load_keys_tma(const fa_cuda_params &p, const quer
 // across query tiles) once the consumers have let go of what was there, each handed over when
 // its copies have landed (V one step later, as the consumers use it one step later). With two
 // Q buffers the next tile's Q and first K/V load while the consumers finish the last one.
-template <typename T, int D, int BN, int NWG, int STAGES, int NQ, bool TMA>
+template <typename T, int D, int BN, int NWG, int STAGES, int NQ, bool TMA, bool GROUPED>
 __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, kv_ring<STAGES, NQ> &ring,
                                            unsigned char *sQ, unsigned char *sK, unsigned char *sV,
                                            int tid)
@@ -256,7 +258,7 @@ __device__ __forceinline__ void load_tiles(const fa_cuda_params &p, int items, k
                                     p.q.ss, s.sq - qt.r0, p.dim, p.aligned, tid);
         cp_async_commit();
         if constexpr (TMA) {
-            it = load_keys_tma<T, D, BN, NWG, STAGES, NQ>(p, qt, qb, it, ring, sK, sV, tid);
+            it = load_keys_tma<T, D, BN, NWG, STAGES, NQ, GROUPED>(p, qt, qb, it, ring, sK, sV, tid);
             continue;
         }
         const T *gK = (const T *)p.k.p + row_off(p.k, s, true, qt.hk, 0);
@@ -396,23 +398,26 @@ __device__ __forceinline__ void key_tiles(const fa_cuda_params &p, const query_t
     }
 }
 
-// The f16 / bf16 products of key_tiles: P in r.pa, V (MN-major) read straight from its tile.
-template <typename T, int D, int BN, int BM> struct sm90_products {
+// The f16 / bf16 products of key_tiles: P in r.pa, V (MN-major) read straight from its tile,
+// K and V tiles in layout l (kv_layout_of: the loader's).
+template <typename T, int D, int BN, int BM, bool GROUPED> struct sm90_products {
     static constexpr int KV = BN * D * 2;
     sm90_rows<D, BN> &r;
+    kv_layout l;
     uint32_t dq, dk, dv;
     __device__ __forceinline__ sm90_products(sm90_rows<D, BN> &r_, uint32_t qa, uint32_t ka, uint32_t va)
-        : r(r_), dq(sw_desc_lo(qa, 16)), dk(sw_desc_lo(ka, 16)), dv(sw_desc_lo(va, BN * 128))
+        : r(r_), l(kv_layout_of<BN, D>(GROUPED)), dq(sw_desc_lo(qa, 16)), dk(sw_desc_lo(ka, 16)),
+          dv(sw_desc_lo(va, l.cb16 << 4))
     {
         asm("" : "+r"(dq), "+r"(dk), "+r"(dv)); // opaque: kept, not rebuilt from the shared window each step
     }
     __device__ __forceinline__ void s(float (&sf)[BN / 2], int st)
     {
-        wg_gemm_nt_d<T, D, BM, BN>(sf, dq, dk + st * (KV >> 4));
+        wg_gemm_nt_kv<T, D, BM, BN>(sf, dq, dk + st * (KV >> 4), l);
     }
     __device__ __forceinline__ void pv(float (&of)[D / 2], int st)
     {
-        wg_gemm_rn_d<T, D, BN>(of, r.pa[0], dv + st * (KV >> 4));
+        wg_gemm_rn_kv<T, D, BN>(of, r.pa[0], dv + st * (KV >> 4), l);
     }
     __device__ __forceinline__ void fence_p() { reg_fence(r.pa[0]); }
     __device__ __forceinline__ void to_p(sm90_rows<D, BN> &rr) { to_a<T, 1, BN / 8>(rr.pa, rr.sc); }
@@ -420,7 +425,7 @@ template <typename T, int D, int BN, int BM> struct sm90_products {
 
 // One consumer warpgroup on one query tile: its 64 rows of Q (in sQ), every key tile of the
 // ring from position it, then the rows out (staged in sQ).
-template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
+template <typename T, int D, int BN, int NWG, int STAGES, int NQ, bool GROUPED>
 __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query_tile_t &qt,
                                             kv_ring<STAGES, NQ> &ring, unsigned char *sQ,
                                             unsigned char *sK, unsigned char *sV, int wg, int it)
@@ -429,14 +434,15 @@ __device__ __forceinline__ void attend_rows(const fa_cuda_params &p, const query
     const int wr0 = qt.r0 + wg * 64 + warp * 16; // this warp's first row
     sm90_rows<D, BN> r;
     init_rows(r);
-    sm90_products<T, D, BN, 64 * NWG> gm(r, smem_addr(sQ) + wg * 64 * 128, smem_addr(sK), smem_addr(sV));
+    sm90_products<T, D, BN, 64 * NWG, GROUPED> gm(r, smem_addr(sQ) + wg * 64 * 128, smem_addr(sK), smem_addr(sV));
     key_tiles<D, BN, NWG, STAGES, NQ>(p, qt, ring, r, gm, it, wg, wr0, lane, g, t, p.cap_in, p.scale_log2);
     store_rows<T, D, 64 * NWG, BN>(p, r, qt.s, qt.blk.h, qt.r0, wg, warp, g, t, sQ);
 }
 
 // The f16 / bf16 mainloop the kernel below runs: its shared memory (Q buffers, then the K and
 // V rings), the loading warpgroup's part and a consumer warpgroup's.
-template <typename T, int D, int BN_, int NWG_, int STAGES_, int NQ_, bool TMA> struct sm90_mainloop {
+template <typename T, int D, int BN_, int NWG_, int STAGES_, int NQ_, bool TMA, bool GROUPED = false>
+struct sm90_mainloop {
     static constexpr int BN = BN_, NWG = NWG_, STAGES = STAGES_, NQ = NQ_, BM = 64 * NWG;
     static constexpr bool TURNS = sm90_turns<D, NWG>;
     using L = sm90_smem<BM, BN, D, STAGES, NQ>;
@@ -446,14 +452,14 @@ template <typename T, int D, int BN_, int NWG_, int STAGES_, int NQ_, bool TMA> 
                                                 unsigned char *sQ, int tid)
     {
         unsigned char *sK = sQ + NQ * L::q;
-        load_tiles<T, D, BN, NWG, STAGES, NQ, TMA>(p, items, ring, sQ, sK, sK + STAGES * L::kv, tid);
+        load_tiles<T, D, BN, NWG, STAGES, NQ, TMA, GROUPED>(p, items, ring, sQ, sK, sK + STAGES * L::kv, tid);
     }
     static __device__ __forceinline__ void attend(const fa_cuda_params &p, const query_tile_t &qt,
                                                   kv_ring<STAGES, NQ> &ring, unsigned char *sQ, int qb, int wg,
                                                   int it)
     {
         unsigned char *sK = sQ + NQ * L::q;
-        attend_rows<T, D, BN, NWG, STAGES, NQ>(p, qt, ring, sQ + qb * L::q, sK, sK + STAGES * L::kv, wg, it);
+        attend_rows<T, D, BN, NWG, STAGES, NQ, GROUPED>(p, qt, ring, sQ + qb * L::q, sK, sK + STAGES * L::kv, wg, it);
     }
 };
 
@@ -536,7 +542,12 @@ template <typename T, int D, int BN, int NWG, int STAGES, int NQ>
 cudaError_t launch_sm90_ws(const fa_cuda_params &p, cudaStream_t stream)
 {
     // K/V by TMA (p.pg.tma_rows) or by row copies: two kernels (one holding both loaders spilled
-    // the producer's registers and ran the dense d128 forward 3-12% slower either way)
+    // the producer's registers and ran the dense d128 forward 3-12% slower either way), and a
+    // third for the grouped tiles of small pages (p.pg.grouped: taking either layout at run
+    // time ran the dense d128 forward 4% slower on an H100)
+    if constexpr (D >= 128)
+        if (p.pg.tma_rows && p.pg.grouped)
+            return launch_sm90_mainloop<sm90_mainloop<T, D, BN, NWG, STAGES, NQ, true, true>>(p, stream);
     return p.pg.tma_rows ? launch_sm90_mainloop<sm90_mainloop<T, D, BN, NWG, STAGES, NQ, true>>(p, stream)
                          : launch_sm90_mainloop<sm90_mainloop<T, D, BN, NWG, STAGES, NQ, false>>(p, stream);
 }

@@ -259,7 +259,7 @@ static cudaError_t run_sm90(const cuda_state *s, fa_cuda_paged *k, const cuda_pa
     fa_cuda_params a = k->a;
     a.pingpong = s->pingpong;
     a.rescale_slack = s->rescale_slack;
-    fa_cuda_tma_paged(s->tma_encode, &a, pl->bf16, pl->sm90->keys);
+    fa_cuda_tma_paged(s->tma_encode, &a, pl->bf16, pl->sm90->keys, pl->dpad);
     if (k->rope_dim) {
         cudaError_t err = fa_cuda_paged_rotate_q(k, pl->bf16, pl->ws, stream);
         if (err != cudaSuccess)
@@ -348,7 +348,7 @@ fa_status fa_cuda_paged_run(fa_context_t ctx, void *state, void *plan, const fa_
     k.max_splits = pl->max_splits;
     k.part = pl->sm90 ? NULL : pl->ws;
     if (pl->decode_sm90 && !pl->sm90)
-        fa_cuda_tma_paged(s->tma_encode, &k.a, pl->bf16, FA_CUDA_DECODE_SM90_KEYS);
+        fa_cuda_tma_paged(s->tma_encode, &k.a, pl->bf16, FA_CUDA_DECODE_SM90_KEYS, 0);
     fa_cuda_ordering_test(&k.a);
     cudaError_t err = cudaSuccess;
     if (k.a.pg.append)

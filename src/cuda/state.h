@@ -89,8 +89,10 @@ void *fa_cuda_tma_encoder(void);
  * k->pg.tk, tv and tma_rows (and fk, fv and flat_rows where the pages are smaller than the tile
  * and follow one another in memory) and returns 1; 0 (k->pg left as it was: the loader copies
  * rows) where the page size suits no box, there is no encoder or it refuses (pools or strides
- * off 16 bytes). kind: FA_CUDA_TMA_*. */
-int fa_cuda_tma_paged(void *encoder, fa_cuda_params *k, int kind, int32_t keys);
+ * off 16 bytes). kind: FA_CUDA_TMA_*. dpad > 0 (a loader that takes either layout: the Hopper
+ * forward's, its head_dim padded to dpad): where pages are smaller than the tile, maps of the
+ * grouped layout (k->pg.grouped) where they encode. */
+int fa_cuda_tma_paged(void *encoder, fa_cuda_params *k, int kind, int32_t keys, int32_t dpad);
 
 /* The same for fixed-length dense keys (no cu_seqlens): sequence b is page b of seqlen_k
  * tokens, boxes of `rows` tokens (a tile's rows past seqlen_k read as zeros); also sets the

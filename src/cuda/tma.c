@@ -48,24 +48,36 @@ static CUtensorMapDataType tma_type(int kind, cuuint64_t *bytes)
                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }
 
-/* *map over the 4-D tensor of extents e (innermost first; element strides st of e[1..3]):
- * boxes of `rows` x 128 bytes, 128-byte swizzled. 0 where the encoder refuses. */
-static int map_4d(void *encoder, fa_cuda_tmap *map, const void *base, int kind, const cuuint64_t e[4],
-                  const int64_t st[3], int32_t rows)
+/* *map over the tensor of `rank` extents e (innermost first; element strides st of e[1..]):
+ * boxes of extents box, the innermost 128 bytes, 128-byte swizzled. 0 where the encoder
+ * refuses. */
+static int map_nd(void *encoder, fa_cuda_tmap *map, const void *base, int kind, int rank, const cuuint64_t *e,
+                  const int64_t *st, const cuuint32_t *box)
 {
-    cuuint64_t esz;
+    cuuint64_t esz, stride[4];
     const CUtensorMapDataType type = tma_type(kind, &esz);
-    const cuuint64_t stride[3] = { (cuuint64_t)st[0] * esz, (cuuint64_t)st[1] * esz, (cuuint64_t)st[2] * esz };
-    const cuuint32_t box[4] = { (cuuint32_t)(128 / esz), (cuuint32_t)rows, 1, 1 }, step[4] = { 1, 1, 1, 1 };
+    const cuuint32_t step[5] = { 1, 1, 1, 1, 1 };
+    for (int i = 0; i + 1 < rank; i++)
+        stride[i] = (cuuint64_t)st[i] * esz;
     CUtensorMap m;
     memset(&m, 0, sizeof(m));
-    const CUresult r = ((encode_tiled_fn)encoder)(&m, type, 4, (void *)base, e, stride, box, step,
+    const CUresult r = ((encode_tiled_fn)encoder)(&m, type, (cuuint32_t)rank, (void *)base, e, stride, box, step,
                                                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         return 0;
     memcpy(map, &m, sizeof(m));
     return 1;
+}
+
+/* map_nd over 4 dimensions with boxes of `rows` x 128 bytes. */
+static int map_4d(void *encoder, fa_cuda_tmap *map, const void *base, int kind, const cuuint64_t e[4],
+                  const int64_t st[3], int32_t rows)
+{
+    cuuint64_t esz;
+    tma_type(kind, &esz);
+    const cuuint32_t box[4] = { (cuuint32_t)(128 / esz), (cuuint32_t)rows, 1, 1 };
+    return map_nd(encoder, map, base, kind, 4, e, st, box);
 }
 
 /* *map for a pool of rows ([page][token][head][dim] with any element strides, head_dim dim
@@ -108,21 +120,58 @@ static int flat_map(void *encoder, fa_cuda_tmap *map, const void *pool, int kind
     return map_4d(encoder, map, pool, kind, extent, stride, rows);
 }
 
-int fa_cuda_tma_paged(void *encoder, fa_cuda_params *k, int kind, int32_t keys)
+/* The grouped maps of one pool (fa_cuda_pages.grouped; head rows of dim = 64 x cb elements,
+ * heads one after the other, so that column block j of head h is block h x cb + j of the
+ * token's row): *map over pages of `size` tokens (boxes of a page's `rows` rows), *flat over
+ * its rows page x size + token where pages follow one another in memory (flat NULL: none;
+ * boxes of `keys` rows). A box is its rows' groups of 8 x every column block, landing as
+ * [row group][column block][8 rows][128 bytes]. 0 where the encoder refuses either. */
+static int grouped_maps(void *encoder, fa_cuda_tmap *map, fa_cuda_tmap *flat, const void *pool, int kind, int32_t cb,
+                        int32_t heads, int32_t size, int32_t pages, int64_t sp, int64_t st, int32_t rows, int32_t keys)
+{
+    const int64_t stride[4] = { st, 64, 8 * st, sp };
+    const cuuint64_t e[5] = { 64, 8, (cuuint64_t)heads * cb, (cuuint64_t)size / 8, (cuuint64_t)pages };
+    const cuuint32_t box[5] = { 64, 8, (cuuint32_t)cb, (cuuint32_t)rows / 8, 1 };
+    if (!map_nd(encoder, map, pool, kind, 5, e, stride, box))
+        return 0;
+    if (!flat)
+        return 1;
+    /* the outer dimension of one keeps the kernel's copies 5-D, as map's */
+    const cuuint64_t ef[5] = { 64, 8, (cuuint64_t)heads * cb, (cuuint64_t)pages * size / 8, 1 };
+    const cuuint32_t boxf[5] = { 64, 8, (cuuint32_t)cb, (cuuint32_t)keys / 8, 1 };
+    return map_nd(encoder, flat, pool, kind, 5, ef, stride, boxf);
+}
+
+int fa_cuda_tma_paged(void *encoder, fa_cuda_params *k, int kind, int32_t keys, int32_t dpad)
 {
     fa_cuda_pages *g = &k->pg;
     g->flat_rows = 0;
+    g->grouped = 0;
     const int32_t rows = tma_rows(g->size, keys);
     if (!pool_maps(encoder, k, kind, g->size, g->num, g->k_sp, g->k_st, g->v_sp, g->v_st, rows))
         return 0;
     /* a tile's rows past the pool read as zeros, as its pages past the pool do, and a run's
      * first row plus the tile stays an int32 coordinate */
     const int64_t pool_rows = (int64_t)g->num * g->size;
-    fa_cuda_tmap fk, fv;
-    if (rows < keys && g->k_sp == g->size * g->k_st && g->v_sp == g->size * g->v_st &&
-        pool_rows + keys <= INT32_MAX &&
-        flat_map(encoder, &fk, k->k.p, kind, k->dim, pool_rows, k->heads_kv, g->k_st, k->k.sh, keys) &&
-        flat_map(encoder, &fv, k->v.p, kind, k->dim, pool_rows, k->heads_kv, g->v_st, k->v.sh, keys)) {
+    const int flat = rows < keys && g->k_sp == g->size * g->k_st && g->v_sp == g->size * g->v_st &&
+                     pool_rows + keys <= INT32_MAX;
+    /* pages smaller than the tile, whole 16-bit head rows of two column blocks or more, heads
+     * packed: a box a page (or a run) instead of one a page and column block */
+    const int32_t cb = dpad / 64;
+    fa_cuda_tmap tk, tv, fk, fv;
+    if (rows < keys && kind != FA_CUDA_TMA_E4M3 && cb >= 2 && k->dim == dpad && k->k.sh == dpad &&
+        k->v.sh == dpad &&
+        grouped_maps(encoder, &tk, flat ? &fk : NULL, k->k.p, kind, cb, k->heads_kv, g->size, g->num, g->k_sp,
+                     g->k_st, rows, keys) &&
+        grouped_maps(encoder, &tv, flat ? &fv : NULL, k->v.p, kind, cb, k->heads_kv, g->size, g->num, g->v_sp,
+                     g->v_st, rows, keys)) {
+        g->tk = tk;
+        g->tv = tv;
+        g->grouped = 1;
+    } else if (!flat || !flat_map(encoder, &fk, k->k.p, kind, k->dim, pool_rows, k->heads_kv, g->k_st, k->k.sh, keys) ||
+               !flat_map(encoder, &fv, k->v.p, kind, k->dim, pool_rows, k->heads_kv, g->v_st, k->v.sh, keys))
+        return 1;
+    if (flat) {
         g->fk = fk;
         g->fv = fv;
         g->flat_rows = keys;
@@ -160,6 +209,7 @@ int fa_cuda_tma_dense(void *encoder, fa_cuda_params *k, int kind, int32_t rows)
         !pool_maps(encoder, k, kind, k->seqlen_k, k->batch, k->k.sb, k->k.ss, k->v.sb, k->v.ss, rows))
         return 0;
     k->pg.flat_rows = 0;
+    k->pg.grouped = 0;
     k->pg.size = k->seqlen_k; /* a key's slot in its "page" is the key */
     k->pg.shift = -1;
     return 1;

@@ -19,6 +19,12 @@ template <int PITCH> __device__ __forceinline__ int sw_offset(int r, int col)
 {
     return sw_offset(r, col, PITCH);
 }
+// The same in the grouped layout of a key tile (fa_cuda_pages.grouped): 8-row groups of CB
+// column blocks each, [row group][column block][8 rows][128 bytes].
+template <int CB> __device__ __forceinline__ int sw_offset_grouped(int r, int col)
+{
+    return ((r / 8) * CB + col / 64) * 1024 + (r % 8) * 128 + ((((col % 64) / 8) ^ (r & 7)) << 4) + (col % 8) * 2;
+}
 
 // ROWS x D tile of a strided [seq, head_dim] slab into the swizzled layout (column blocks
 // pitch rows apart; s may point at a later row of the tile, 8-row aligned). Rows >= valid_rows
@@ -265,6 +271,45 @@ __device__ __forceinline__ void wg_gemm_rn(float (&acc)[N / 2], const uint32_t (
     wg_gemm_rn_d<T, N, KP>(acc, a, sw_desc_lo(b, KP * 128));
 }
 
+// A K/V tile's shared layout as the attention products read it (the Hopper forward's): the
+// B descriptors' high word (its 8-row groups' distance), a 64-column block's distance and a
+// 16-row step's, both in 16-byte units. Column blocks of BN rows (the default), or grouped
+// (fa_cuda_pages.grouped: an 8-row group's column blocks side by side).
+struct kv_layout {
+    uint32_t hi, cb16, step16;
+};
+template <int BN, int D> __device__ __forceinline__ kv_layout kv_layout_of(bool grouped)
+{
+    constexpr uint32_t CB = D / 64, sbo = 1024 * CB;
+    return grouped ? kv_layout{ (sbo >> 4) | (1u << 30), 1024 >> 4, (2 * sbo) >> 4 }
+                   : kv_layout{ kSwDescHi, (BN * 128) >> 4, 2048 >> 4 };
+}
+__device__ __forceinline__ uint64_t kv_desc(const kv_layout &l, uint32_t lo)
+{
+    return ((uint64_t)l.hi << 32) | lo;
+}
+// wg_gemm_nt_d with B a K tile of layout l (db: its K-major descriptor word, sw_desc_lo(k, 16)).
+template <typename T, int D, int AP, int N>
+__device__ __forceinline__ void wg_gemm_nt_kv(float (&acc)[N / 2], uint32_t da, uint32_t db, const kv_layout &l)
+{
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        wgmma<T, N>::ss(acc, sw_desc_at(da, (kk / 4) * AP * 128 + (kk % 4) * 32),
+                        kv_desc(l, db + (kk / 4) * l.cb16 + (kk % 4) * 2), kk > 0);
+    wgmma_commit();
+}
+// wg_gemm_rn_d with B a V tile of layout l (db: its MN-major descriptor word, sw_desc_lo(v,
+// l.cb16 << 4)).
+template <typename T, int N, int KP>
+__device__ __forceinline__ void wg_gemm_rn_kv(float (&acc)[N / 2], const uint32_t (&a)[KP / 16][4], uint32_t db,
+                                              const kv_layout &l)
+{
+#pragma unroll
+    for (int kk = 0; kk < KP / 16; kk++)
+        wgmma<T, N>::rs(acc, a[kk], kv_desc(l, db + kk * l.step16), 1);
+    wgmma_commit();
+}
+
 // acc[64 x N] = A B with A K-major (64 rows from address a, in a tile of AP rows, K = KP
 // deep) and B an MN-major tile of KP rows x N columns from b (column blocks BP * 128 bytes
 // apart): dQ = dS K with dS and K both in shared memory.
@@ -386,6 +431,15 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const fa_cuda_tmap *map, 
                  "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(b))
                  : "memory");
 }
+// tma_load_4d for a map of 5 dimensions.
+__device__ __forceinline__ void tma_load_5d(void *dst, const fa_cuda_tmap *map, int c0, int c1, int c2, int c3,
+                                            int c4, uint64_t *b)
+{
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(smem_addr(dst)),
+                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(smem_addr(b))
+                 : "memory");
+}
 // Makes barriers just initialised visible to the async proxy (the bulk copies' completions).
 __device__ __forceinline__ void fence_mbar_init()
 {
@@ -500,21 +554,29 @@ __device__ __forceinline__ int tma_piece_page(const fa_cuda_pages &g, int b, int
 // pool reads as zeros), the rest (a last page the sequence fills in part, then zeros) by
 // cp.async from the rows' own pages; returns whether there was such a rest. A tile of
 // consecutive pages (page < -1 from tma_piece_page) is one box a column block from the flat
-// map of the same pool (g.fk for map g.tk, else g.fv). Swizzled tile layout as load_tile_sw's.
-template <typename T, int BN, int D>
+// map of the same pool (g.fk for map g.tk, else g.fv). Swizzled tile layout as load_tile_sw's,
+// or with GROUPED (g.grouped's maps) sw_offset_grouped's: then lane j * (D / 64) issues piece
+// j's one box (a run's, lane 0).
+template <typename T, int BN, int D, bool GROUPED = false>
 __device__ __forceinline__ bool load_tile_tma(unsigned char *s, const fa_cuda_tmap *map, const fa_cuda_pages &g,
                                               int page, int b, int hk, const T *pool, int64_t sp, int64_t st,
                                               int64_t head, int c, int valid, int dim, uint64_t *bar, int tid)
 {
     constexpr int CB = D / 64, CHUNKS = D / 8, RP = 128 / CHUNKS;
     static_assert(BN / 8 * CB <= 32, "a lane of the first warp for every box of 8 rows or more");
+    static_assert(!GROUPED || CB >= 2, "grouped tiles of two column blocks or more");
     const int R = g.tma_rows, whole = (valid < BN ? valid : BN) / R; // pieces by TMA
     if (tid < 32) {
         if (tid == 0 && whole)
             mbar_expect_tx(bar, whole * CB * R * 128);
         __syncwarp();
-        const bool run = page < -1; // one box a column block: piece 0's, from the flat map
-        if (tid < (run ? CB : whole * CB)) {
+        const bool run = page < -1; // piece 0's boxes, from the flat map
+        if (GROUPED) { // lane piece * CB: the piece's rows, every column block in one box
+            if (tid % CB == 0 && tid < (run ? 1 : whole * CB))
+                tma_load_5d(s + tid * R * 128, run ? (map == &g.tk ? &g.fk : &g.fv) : map, 0, 0, hk * CB,
+                            run ? (-2 - page) * (g.size / 8) : slot_in_page(g, c + tid / CB * R) / 8, run ? 0 : page,
+                            bar);
+        } else if (tid < (run ? CB : whole * CB)) { // lane j: piece j / CB's column block j % CB
             const int piece = tid / CB, cb = tid % CB, key = c + piece * R;
             tma_load_4d(s + (cb * BN + piece * R) * 128, run ? (map == &g.tk ? &g.fk : &g.fv) : map, cb * 64,
                         run ? (-2 - page) * g.size : slot_in_page(g, key), hk, run ? 0 : page, bar);
@@ -526,8 +588,8 @@ __device__ __forceinline__ bool load_tile_tma(unsigned char *s, const fa_cuda_tm
     for (int r = whole * R + tid / CHUNKS; r < BN; r += RP) {
         const int pg = r < valid ? page_slot(g, b, c + r).page : -1;
         const bool ok = col < dim && pg >= 0;
-        cp_async16(s + sw_offset(r, col, BN), ok ? pool + pg * sp + slot_in_page(g, c + r) * st + head + col : pool,
-                   ok ? 16 : 0);
+        cp_async16(s + (GROUPED ? sw_offset_grouped<CB>(r, col) : sw_offset(r, col, BN)),
+                   ok ? pool + pg * sp + slot_in_page(g, c + r) * st + head + col : pool, ok ? 16 : 0);
     }
     return true;
 }
