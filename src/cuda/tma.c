@@ -124,8 +124,9 @@ static int flat_map(void *encoder, fa_cuda_tmap *map, const void *pool, int kind
  * heads one after the other, so that column block j of head h is block h x cb + j of the
  * token's row): *map over pages of `size` tokens (boxes of a page's `rows` rows), *flat over
  * its rows page x size + token where pages follow one another in memory (flat NULL: none;
- * boxes of `keys` rows). A box is its rows' groups of 8 x every column block, landing as
- * [row group][column block][8 rows][128 bytes]. 0 where the encoder refuses either. */
+ * boxes of keys / cb rows, a run of `keys` rows in cb boxes). A box is its rows' groups of 8 x
+ * every column block, landing as [row group][column block][8 rows][128 bytes]. 0 where the
+ * encoder refuses either. */
 static int grouped_maps(void *encoder, fa_cuda_tmap *map, fa_cuda_tmap *flat, const void *pool, int kind, int32_t cb,
                         int32_t heads, int32_t size, int32_t pages, int64_t sp, int64_t st, int32_t rows, int32_t keys)
 {
@@ -138,7 +139,7 @@ static int grouped_maps(void *encoder, fa_cuda_tmap *map, fa_cuda_tmap *flat, co
         return 1;
     /* the outer dimension of one keeps the kernel's copies 5-D, as map's */
     const cuuint64_t ef[5] = { 64, 8, (cuuint64_t)heads * cb, (cuuint64_t)pages * size / 8, 1 };
-    const cuuint32_t boxf[5] = { 64, 8, (cuuint32_t)cb, (cuuint32_t)keys / 8, 1 };
+    const cuuint32_t boxf[5] = { 64, 8, (cuuint32_t)cb, (cuuint32_t)(keys / 8 / cb), 1 };
     return map_nd(encoder, flat, pool, kind, 5, ef, stride, boxf);
 }
 
@@ -156,11 +157,11 @@ int fa_cuda_tma_paged(void *encoder, fa_cuda_params *k, int kind, int32_t keys, 
     const int flat = rows < keys && g->k_sp == g->size * g->k_st && g->v_sp == g->size * g->v_st &&
                      pool_rows + keys <= INT32_MAX;
     /* pages smaller than the tile, whole 16-bit head rows of two column blocks or more, heads
-     * packed: a box a page (or a run) instead of one a page and column block */
+     * packed (or one kv head): a box a page (or a run) instead of one a page and column block */
     const int32_t cb = dpad / 64;
+    const int packed = k->heads_kv == 1 || (k->k.sh == dpad && k->v.sh == dpad);
     fa_cuda_tmap tk, tv, fk, fv;
-    if (rows < keys && kind != FA_CUDA_TMA_E4M3 && cb >= 2 && k->dim == dpad && k->k.sh == dpad &&
-        k->v.sh == dpad &&
+    if (rows < keys && kind != FA_CUDA_TMA_E4M3 && cb >= 2 && k->dim == dpad && packed &&
         grouped_maps(encoder, &tk, flat ? &fk : NULL, k->k.p, kind, cb, k->heads_kv, g->size, g->num, g->k_sp,
                      g->k_st, rows, keys) &&
         grouped_maps(encoder, &tv, flat ? &fv : NULL, k->v.p, kind, cb, k->heads_kv, g->size, g->num, g->v_sp,

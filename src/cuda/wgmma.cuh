@@ -564,7 +564,7 @@ __device__ __forceinline__ bool load_tile_tma(unsigned char *s, const fa_cuda_tm
 {
     constexpr int CB = D / 64, CHUNKS = D / 8, RP = 128 / CHUNKS;
     static_assert(BN / 8 * CB <= 32, "a lane of the first warp for every box of 8 rows or more");
-    static_assert(!GROUPED || CB >= 2, "grouped tiles of two column blocks or more");
+    static_assert(!GROUPED || (CB >= 2 && (BN / 8) % CB == 0), "grouped tiles of two column blocks or more");
     const int R = g.tma_rows, whole = (valid < BN ? valid : BN) / R; // pieces by TMA
     if (tid < 32) {
         if (tid == 0 && whole)
@@ -572,10 +572,11 @@ __device__ __forceinline__ bool load_tile_tma(unsigned char *s, const fa_cuda_tm
         __syncwarp();
         const bool run = page < -1; // piece 0's boxes, from the flat map
         if (GROUPED) { // lane piece * CB: the piece's rows, every column block in one box
-            if (tid % CB == 0 && tid < (run ? 1 : whole * CB))
-                tma_load_5d(s + tid * R * 128, run ? (map == &g.tk ? &g.fk : &g.fv) : map, 0, 0, hk * CB,
-                            run ? (-2 - page) * (g.size / 8) : slot_in_page(g, c + tid / CB * R) / 8, run ? 0 : page,
-                            bar);
+            if (run && tid < CB) // lane j: the run's row groups j * BN / (8 CB) onwards, as many
+                tma_load_5d(s + tid * BN * 128, map == &g.tk ? &g.fk : &g.fv, 0, 0, hk * CB,
+                            (-2 - page) * (g.size / 8) + tid * (BN / 8 / CB), 0, bar);
+            else if (!run && tid % CB == 0 && tid < whole * CB)
+                tma_load_5d(s + tid * R * 128, map, 0, 0, hk * CB, slot_in_page(g, c + tid / CB * R) / 8, page, bar);
         } else if (tid < (run ? CB : whole * CB)) { // lane j: piece j / CB's column block j % CB
             const int piece = tid / CB, cb = tid % CB, key = c + piece * R;
             tma_load_4d(s + (cb * BN + piece * R) * 128, run ? (map == &g.tk ? &g.fk : &g.fv) : map, cb * 64,
