@@ -73,9 +73,9 @@ typedef struct fa_cuda_pages {
      * the pools as [page * size + token][head][dim], so a tile whose pages are consecutive ids
      * takes one box a 64-column block instead of one a page */
     int32_t flat_rows;
-    /* 1 (the Hopper forward; pages smaller than the tile, dim 128 or 256, heads packed): tk /
-     * tv (and fk / fv) copy a page's rows (a run's) in one box of every column block, and a key
-     * tile lies in shared memory as [row group][column block][8 rows][128 bytes] (wgmma.cuh:
+    /* 1 (the Hopper forward; pages smaller than the tile, dim 128 or 256, heads packed or one
+     * kv head): tk / tv copy a page's rows in one box of every column block (fk / fv a run's
+     * in one a column block's worth of rows), and a key tile lies in shared memory as [row group][column block][8 rows][128 bytes] (wgmma.cuh:
      * kv_layout) instead of [column block][row][128 bytes] */
     int32_t grouped;
     fa_cuda_tmap tk, tv, fk, fv;
