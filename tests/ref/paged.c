@@ -817,5 +817,28 @@ int fa_paged_grid_build(int level, uint64_t seed, fa_paged_case *out, int cap)
         c.with_lse = 1;
         out[n++] = c;
     }
+    /* chunked prefill over pages smaller than the key tile at d128 and d256 in other pools
+     * (grouped tiles on CUDA): one kv head with its rows head-major, whose head stride the tiles
+     * never use, and vLLM's combined cache of pages of 32 with a window; last pages in part */
+    for (int v = 0; v < 2 && n < cap; v++) {
+        fa_paged_case c;
+        memset(&c, 0, sizeof(c));
+        c.seed = fa_rng_next(&rng);
+        c.dtype = v ? FA_DTYPE_F16 : FA_DTYPE_BF16;
+        c.page_size = v ? 32 : 16;
+        c.head_dim = v ? 256 : 128;
+        c.heads_kv = v ? 2 : 1;
+        c.heads_q = 4;
+        c.batch = 2;
+        c.q_lens[0] = 150, c.q_lens[1] = v ? 70 : 33;
+        c.cache_lens[0] = 517, c.cache_lens[1] = 90;
+        c.append = 1;
+        c.layout = v ? FA_PAGED_COMBINED : FA_PAGED_HND;
+        c.runs = v;
+        c.causal = 1;
+        c.window_left = v ? 200 : -1, c.window_right = -1;
+        c.with_lse = 1;
+        out[n++] = c;
+    }
     return n;
 }
