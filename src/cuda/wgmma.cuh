@@ -556,7 +556,7 @@ __device__ __forceinline__ int tma_piece_page(const fa_cuda_pages &g, int b, int
 // consecutive pages (page < -1 from tma_piece_page) is one box a column block from the flat
 // map of the same pool (g.fk for map g.tk, else g.fv). Swizzled tile layout as load_tile_sw's,
 // or with GROUPED (g.grouped's maps) sw_offset_grouped's: then lane j * (D / 64) issues piece
-// j's one box (a run's, lane 0).
+// j's one box, and lanes 0 .. D / 64 - 1 a run's boxes of BN / (D / 64) rows each.
 template <typename T, int BN, int D, bool GROUPED = false>
 __device__ __forceinline__ bool load_tile_tma(unsigned char *s, const fa_cuda_tmap *map, const fa_cuda_pages &g,
                                               int page, int b, int hk, const T *pool, int64_t sp, int64_t st,
