@@ -112,11 +112,20 @@ typedef struct fa_tensor {
  * factor for the whole tensor; FlashAttention-3's [batch, num_heads_kv] layout is
  * stride_batch = num_heads_kv, stride_head = 1. data NULL is a factor of 1. Factors must be
  * finite and positive (like the inputs, they are not read for validation).
+ *
+ * Per block of rows (block quantisation): with block_rows > 0, row i of its sequence (query
+ * rows for q_descale, key rows for k_descale and v_descale) takes the factor at
+ * [b * stride_batch + g * stride_head + (i / block_rows) * stride_block] instead; e.g.
+ * [batch, num_heads_kv, ceil(seqlen / block_rows)] is stride_batch = num_heads_kv * blocks,
+ * stride_head = blocks, stride_block = 1. block_rows 0 (the default) is one factor for every
+ * row. The CPU takes any block_rows; CUDA takes none yet (FA_ERR_UNSUPPORTED).
  */
 typedef struct fa_descale {
     const float *data;
     int64_t stride_batch;
     int64_t stride_head;
+    int64_t stride_block; /* with block_rows > 0: between consecutive blocks of rows, >= 0 */
+    int32_t block_rows;   /* 0: one factor for every row; else rows a factor, 1 .. 2^30 */
 } fa_descale;
 
 /*

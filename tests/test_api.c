@@ -383,9 +383,9 @@ static void test_fp8_validation(void **state)
     fa_attention_desc e = f->d; /* the fixture's float buffers hold the bytes */
     e.q.dtype = e.k.dtype = e.v.dtype = FA_DTYPE_E4M3;
     e.o.dtype = FA_DTYPE_BF16;
-    e.q_descale = (fa_descale){ ds[0][0], HK, 1 };
-    e.k_descale = (fa_descale){ ds[1][0], 0, 0 };
-    e.v_descale = (fa_descale){ ds[2][0], HK, 1 };
+    e.q_descale = (fa_descale){ .data = ds[0][0], .stride_batch = HK, .stride_head = 1 };
+    e.k_descale = (fa_descale){ .data = ds[1][0] };
+    e.v_descale = (fa_descale){ .data = ds[2][0], .stride_batch = HK, .stride_head = 1 };
     memset(f->q, 0x38, sizeof(f->q)); /* e4m3 1.0 */
     memset(f->k, 0x38, sizeof(f->k));
     memset(f->v, 0x40, sizeof(f->v)); /* e4m3 2.0: o = 2 * 0.5 everywhere */
@@ -410,18 +410,26 @@ static void test_fp8_validation(void **state)
     expect_error(f, &d, FA_ERR_INVALID_STRIDE, "v_descale.data");
     d = e, d.q_descale.data = (const float *)((const char *)ds[0][0] + 2);
     expect_error(f, &d, FA_ERR_INVALID_ARGUMENT, "q_descale.data");
+    d = e, d.k_descale.block_rows = -1;
+    expect_error(f, &d, FA_ERR_INVALID_ARGUMENT, "k_descale.block_rows");
+    d = e, d.q_descale.block_rows = (1 << 30) + 1;
+    expect_error(f, &d, FA_ERR_INVALID_ARGUMENT, "q_descale.block_rows");
+    d = e, d.v_descale.block_rows = 1, d.v_descale.stride_block = -2;
+    expect_error(f, &d, FA_ERR_INVALID_STRIDE, "v_descale.stride_block");
+    d = e, d.v_descale.block_rows = 1, d.v_descale.stride_block = INT64_MAX / 4; /* SK blocks */
+    expect_error(f, &d, FA_ERR_SIZE_OVERFLOW, "v_descale");
     /* factors whose product passes float's range (1e40) while the scores do not (1.3e12 x
      * scale 1e-30): equal scores, o = v's 2 x 2^-10 everywhere */
     static const float big = 1e20f, small = 0x1p-10f;
     d = e, d.scale = 1e-30f, d.o.dtype = FA_DTYPE_F32;
-    d.q_descale = d.k_descale = (fa_descale){ &big, 0, 0 };
-    d.v_descale = (fa_descale){ &small, 0, 0 };
+    d.q_descale = d.k_descale = (fa_descale){ .data = &big };
+    d.v_descale = (fa_descale){ .data = &small };
     assert_int_equal(fa_forward(f->ctx, &d), FA_OK);
     for (int i = 0; i < B * SQ * HQ * D; i++)
         assert_true(((const float *)f->o)[i] == 0x1p-9f);
     /* v's factor FLT_MIN over 7 keys would be subnormal: o = 2 x FLT_MIN still exact */
     static const float tiny = 0x1p-126f;
-    d.v_descale = (fa_descale){ &tiny, 0, 0 };
+    d.v_descale = (fa_descale){ .data = &tiny };
     assert_int_equal(fa_forward(f->ctx, &d), FA_OK);
     for (int i = 0; i < B * SQ * HQ * D; i++)
         assert_true(((const float *)f->o)[i] == 0x1p-125f);

@@ -303,7 +303,7 @@ void forward_fp8(in_array q, in_array k, in_array v, array o, std::optional<arra
             a.shape(1) != (size_t)c.d.num_heads_kv)
             bad(std::string("flashattn: ") + x.name + " must be float32 [batch, num_heads_kv] ([" +
                 std::to_string(c.d.batch) + ", " + std::to_string(c.d.num_heads_kv) + "] here)");
-        *x.out = fa_descale{ (const float *)a.data(), a.stride(0), a.stride(1) };
+        *x.out = fa_descale{ (const float *)a.data(), a.stride(0), a.stride(1), 0, 0 };
     }
     run_on(q, stream, [&](fa_context_t ctx) { return fa_forward(ctx, &c.d); });
 }

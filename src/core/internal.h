@@ -64,6 +64,17 @@ static inline float fa_descale_at(const fa_descale *s, int32_t b, int32_t g)
     return s->data ? s->data[(int64_t)b * s->stride_batch + (int64_t)g * s->stride_head] : 1.0f;
 }
 
+/* The factor of row i (of its sequence) there: its block's with block_rows > 0. */
+static inline float fa_descale_row(const fa_descale *s, int32_t b, int32_t g, int64_t i)
+{
+    if (!s->data)
+        return 1.0f;
+    int64_t at = (int64_t)b * s->stride_batch + (int64_t)g * s->stride_head;
+    if (s->block_rows > 0)
+        at += i / s->block_rows * s->stride_block;
+    return s->data[at];
+}
+
 /* Sequence b's extents and offsets (paged: from the host-side lengths, keys from 0). */
 fa_seq fa_problem_seq(const fa_problem *p, int32_t b);
 

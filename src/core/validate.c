@@ -133,8 +133,9 @@ static fa_status check_dtypes(fa_context_t ctx, const fa_attention_desc *d)
     return FA_OK;
 }
 
-/* The descale factors of fp8 inputs: absent for other dtypes, strides >= 0, their extent in
- * range; each present one's bytes as an input view in *v (count in *n). */
+/* The descale factors of fp8 inputs: absent for other dtypes, strides >= 0, block_rows in
+ * range, their extent in range (ceil(rows / block_rows) blocks, rows the tensor's seqlen);
+ * each present one's bytes as an input view in *v (count in *n). */
 static fa_status check_descales(fa_context_t ctx, const fa_attention_desc *d, fa_byte_view *v, int *n)
 {
     const struct {
@@ -160,11 +161,24 @@ static fa_status check_descales(fa_context_t ctx, const fa_attention_desc *d, fa
             return fa_error(ctx, FA_ERR_INVALID_STRIDE, "%s.%s (%lld) must be >= 0", ds[i].name,
                             s->stride_batch < 0 ? "stride_batch" : "stride_head",
                             (long long)(s->stride_batch < 0 ? s->stride_batch : s->stride_head));
+        if (s->block_rows < 0 || s->block_rows > (1 << 30))
+            return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                            "%s.block_rows (%d) must be 0 (one factor for every row) or 1 .. 2^30", ds[i].name,
+                            (int)s->block_rows);
+        if (s->block_rows && s->stride_block < 0)
+            return fa_error(ctx, FA_ERR_INVALID_STRIDE, "%s.stride_block (%lld) must be >= 0", ds[i].name,
+                            (long long)s->stride_block);
         /* a stride of 0 reads one factor for the whole axis */
-        const int64_t stride[3] = { s->stride_head, s->stride_batch, 0 };
-        const int64_t count[3] = { s->stride_head ? d->num_heads_kv : 1, s->stride_batch ? d->batch : 1, 1 };
-        fa_axis ax[2] = { { "stride_head", stride[0], count[0] }, { "stride_batch", stride[1], count[1] } };
-        int64_t last = fa_max_offset(ax, 2), bytes;
+        const int64_t rows = i == 0 ? d->seqlen_q : d->seqlen_k;
+        const int64_t blocks = s->block_rows ? (rows + s->block_rows - 1) / s->block_rows : 1;
+        const int64_t sblk = s->block_rows ? s->stride_block : 0;
+        const int64_t stride[3] = { s->stride_head, s->stride_batch, sblk };
+        const int64_t count[3] = { s->stride_head ? d->num_heads_kv : 1, s->stride_batch ? d->batch : 1,
+                                   sblk && blocks > 0 ? blocks : 1 };
+        fa_axis ax[3] = { { "stride_head", stride[0], count[0] },
+                          { "stride_batch", stride[1], count[1] },
+                          { "stride_block", stride[2], count[2] } };
+        int64_t last = fa_max_offset(ax, 3), bytes;
         if (last < 0 || !fa_add_ok(last, 1, &last) || !fa_mul_ok(last, 4, &bytes))
             return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "%s spans more than 2^63 bytes", ds[i].name);
         fa_status st = fa_byte_view_make(ctx, &v[*n], ds[i].data_name, s->data, 4, stride, count, 4);

@@ -203,10 +203,10 @@ static void pass_a(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu
         cc.r0 = r0;
         cc.npos = (int32_t)(cc.seq.q_len - r0 < qpos ? cc.seq.q_len - r0 : qpos);
         cc.ncols = cc.npos * p->group;
-        fa_cpu_pack_cols(kern, p, &d->q, &cc, cols_pad, 1, dim, qmul, bf->qt, bf->tmp);
-        fa_cpu_pack_cols(kern, p, &bd->d_o, &cc, cols_pad, 1, dim, 1.0f, bf->dot, bf->tmp);
-        fa_cpu_pack_cols(kern, p, &d->q, &cc, cols_pad, 0, dpad, p->scale, bf->qr, bf->tmp);
-        fa_cpu_pack_cols(kern, p, &bd->d_o, &cc, cols_pad, 0, dpad, 1.0f, bf->dor, bf->tmp);
+        fa_cpu_pack_cols(kern, p, &d->q, &cc, cols_pad, 1, dim, qmul, NULL, bf->qt, bf->tmp);
+        fa_cpu_pack_cols(kern, p, &bd->d_o, &cc, cols_pad, 1, dim, 1.0f, NULL, bf->dot, bf->tmp);
+        fa_cpu_pack_cols(kern, p, &d->q, &cc, cols_pad, 0, dpad, p->scale, NULL, bf->qr, bf->tmp);
+        fa_cpu_pack_cols(kern, p, &bd->d_o, &cc, cols_pad, 0, dpad, 1.0f, NULL, bf->dor, bf->tmp);
         load_row_stats(p, &cc, dsum, bf, cols_pad);
         tile_grads(kern, p, pl, &cc, k0, kn, cols_pad, bf);
         /* dV += (P Z)^T dO and dK += dS^T (scale Q): keys down, over the tile's columns */
@@ -245,8 +245,8 @@ static void pass_b(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu
     const float qmul = p->softcap > 0.0f ? p->scale : p->scale * FA_LOG2E;
     fa_cpu_cols cc = fa_cpu_task_cols(p, pl, t);
 
-    fa_cpu_pack_cols(kern, p, &d->q, &cc, cols_pad, 1, dim, qmul, bf->qt, bf->tmp);
-    fa_cpu_pack_cols(kern, p, &bd->d_o, &cc, cols_pad, 1, dim, 1.0f, bf->dot, bf->tmp);
+    fa_cpu_pack_cols(kern, p, &d->q, &cc, cols_pad, 1, dim, qmul, NULL, bf->qt, bf->tmp);
+    fa_cpu_pack_cols(kern, p, &bd->d_o, &cc, cols_pad, 1, dim, 1.0f, NULL, bf->dot, bf->tmp);
     load_row_stats(p, &cc, dsum, bf, cols_pad);
     memset(bf->dq, 0, sizeof(float) * (size_t)cols_pad * (size_t)dpad);
     for (int32_t i = 0; i < cols_pad; i++)

@@ -159,12 +159,12 @@ int64_t fa_cpu_build_tasks(const fa_problem *p, const fa_cpu_plan *plan, fa_cpu_
 
 fa_cpu_cols fa_cpu_task_cols(const fa_problem *p, const fa_cpu_plan *plan, const fa_cpu_task *t);
 
-/* Load the columns' rows of a query-shaped tensor t (q, d_o, o) scaled by mul:
- * transposed into nr-wide panels [cols_pad/nr][dim][nr], or row-major rows of
- * ld floats (zero-padded, cols_pad rows). */
+/* Load the columns' rows of a query-shaped tensor t (q, d_o, o) scaled by mul (and by each
+ * row's factor in rows, fp8 factors per block of rows, NULL: none): transposed into nr-wide
+ * panels [cols_pad/nr][dim][nr], or row-major rows of ld floats (zero-padded, cols_pad rows). */
 void fa_cpu_pack_cols(const fa_cpu_kernels *kern, const fa_problem *p, const fa_tensor *t,
                       const fa_cpu_cols *cc, int32_t cols_pad, int transposed, int32_t ld, float mul,
-                      float *dst, float *tmp);
+                      const fa_descale *rows, float *dst, float *tmp);
 
 /* Queries: transposed panels (gemm path) or row-major [ncols][dim] (dot path). */
 void fa_cpu_pack_q(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_cols *cc,

@@ -11,7 +11,7 @@
 
 void fa_cpu_pack_cols(const fa_cpu_kernels *kern, const fa_problem *p, const fa_tensor *t,
                       const fa_cpu_cols *cc, int32_t cols_pad, int transposed, int32_t ld, float mul,
-                      float *dst, float *tmp)
+                      const fa_descale *rows, float *dst, float *tmp)
 {
     const int32_t dim = p->dim, nr = kern->nr;
     for (int32_t c = 0; c < cols_pad; c++) {
@@ -20,7 +20,7 @@ void fa_cpu_pack_cols(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
             int64_t pos = cc->r0 + c / p->group;
             int32_t h = cc->hk * p->group + c % p->group;
             const char *src = fa_elem_ptr(t, fa_row_offset(p, t, cc->b, cc->seq.q_start + pos, h));
-            kern->load(t->dtype, src, row, dim, mul);
+            kern->load(t->dtype, src, row, dim, rows ? mul * fa_descale_row(rows, cc->b, cc->hk, pos) : mul);
             if (p->paged && p->paged->rope_dim && t == &p->desc->q) /* rotation is linear: after mul */
                 fa_rope_row(p->paged, row,
                             fa_rope_position(p->paged, cc->seq.q_start + pos, pos, cc->seq.q_len,
@@ -44,11 +44,14 @@ void fa_cpu_pack_q(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu
                    int32_t cols_pad, int transposed, float mul, float *dst, float *tmp)
 {
     const fa_attention_desc *d = p->desc; /* fp8: the factors of q and k scale the scores (in
-                                           * double: their product alone may pass float's range) */
-    mul = (float)((double)mul * fa_descale_at(&d->q_descale, cc->b, cc->hk) *
-                  fa_descale_at(&d->k_descale, cc->b, cc->hk));
-    fa_cpu_pack_cols(kern, p, &d->q, cc, transposed ? cols_pad : cc->ncols, transposed, p->dim, mul, dst,
-                     tmp);
+                                           * double: their product alone may pass float's range);
+                                           * factors per block of rows scale their rows instead
+                                           * (q's here, k's as they load) */
+    const fa_descale *qd = &d->q_descale, *kd = &d->k_descale;
+    mul = (float)((double)mul * (qd->block_rows ? 1.0f : fa_descale_at(qd, cc->b, cc->hk)) *
+                  (kd->block_rows ? 1.0f : fa_descale_at(kd, cc->b, cc->hk)));
+    fa_cpu_pack_cols(kern, p, &d->q, cc, transposed ? cols_pad : cc->ncols, transposed, p->dim, mul,
+                     qd->data && qd->block_rows ? qd : NULL, dst, tmp);
 }
 
 void fa_cpu_load_rows(const fa_cpu_kernels *kern, const fa_problem *p, const fa_tensor *t,
@@ -57,6 +60,10 @@ void fa_cpu_load_rows(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
     const int32_t dim = p->dim;
     const int64_t row_bytes = (int64_t)dim * fa_dtype_bytes(t->dtype);
     const int64_t step = t->stride_seq * fa_dtype_bytes(t->dtype);
+    /* fp8 factors per block of rows scale k's and v's rows as they load */
+    const fa_descale *ds = t == &p->desc->k ? &p->desc->k_descale : t == &p->desc->v ? &p->desc->v_descale : NULL;
+    if (ds && (!ds->data || !ds->block_rows))
+        ds = NULL;
     for (int32_t j = 0; j < n;) {
         int32_t run;
         const char *src = fa_cpu_kv_row(p, t, cc, j0 + j, &run);
@@ -68,7 +75,7 @@ void fa_cpu_load_rows(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
                 for (int64_t at = 0; at < row_bytes; at += 64)
                     __builtin_prefetch(src + FA_PREFETCH_ROWS * step + at);
             float *row = dst + (int64_t)j * ld;
-            kern->load(t->dtype, src, row, dim, 1.0f);
+            kern->load(t->dtype, src, row, dim, ds ? fa_descale_row(ds, cc->b, cc->hk, j0 + j) : 1.0f);
             if (ld > dim)
                 memset(row + dim, 0, sizeof(float) * (size_t)(ld - dim));
         }
@@ -131,7 +138,8 @@ void fa_cpu_store_out(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
 {
     const fa_attention_desc *d = p->desc;
     const float *sinks = p->paged ? p->paged->desc->sinks : NULL;
-    const float vmul = fa_descale_at(&d->v_descale, cc->b, cc->hk); /* fp8: v's factor */
+    /* fp8: v's factor (its rows' own, per block, scaled them as they loaded) */
+    const float vmul = d->v_descale.block_rows ? 1.0f : fa_descale_at(&d->v_descale, cc->b, cc->hk);
     for (int32_t c = 0; c < cc->ncols; c++) {
         int64_t row = cc->seq.q_start + cc->r0 + c / p->group;
         int32_t h = cc->hk * p->group + c % p->group;

@@ -426,6 +426,14 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
                         "head_dim (%d) with fp8 (FA_DTYPE_E4M3) inputs: the CUDA backend runs them up to "
                         "head_dim %d; use the CPU backend",
                         (int)p->dim, sm90_fp8_tiles.dim);
+    const fa_descale *ds[3] = { &d->q_descale, &d->k_descale, &d->v_descale };
+    static const char *const ds_names[3] = { "q_descale", "k_descale", "v_descale" };
+    for (int i = 0; i < 3; i++)
+        if (ds[i]->data && ds[i]->block_rows)
+            return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                            "%s.block_rows (%d): the CUDA backend takes one descale factor per (batch, kv "
+                            "head), not per block of rows, yet; set block_rows 0, or use the CPU backend",
+                            ds_names[i], (int)ds[i]->block_rows);
     c->tl = tiles_for(p->dim);
     if (!c->tl)
         return fa_error(ctx, FA_ERR_UNSUPPORTED, "head_dim (%d) exceeds the largest CUDA tile (%d)",

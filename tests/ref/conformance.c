@@ -35,7 +35,10 @@ void fa_case_format(const fa_case *c, char *buf, size_t cap)
              "%s%s%s b%d sq%d sk%d hq%d hkv%d d%d causal%d window(%d,%d) softcap%g scale%g %s%s%s "
              "logits%g dropout%g seed=%llu",
              dtype_name(c->dtype), c->o_f32 ? "->f32" : "",
-             c->descale == 1 ? " descale/tensor" : c->descale == 2 ? " descale/(b,hkv)" : "", (int)c->batch, (int)c->seqlen_q,
+             c->descale == 1   ? " descale/tensor"
+             : c->descale == 2 ? " descale/(b,hkv)"
+             : c->descale == 3 ? " descale/(b,hkv,block)"
+                               : "", (int)c->batch, (int)c->seqlen_q,
              (int)c->seqlen_k, (int)c->heads_q, (int)c->heads_kv, (int)c->head_dim,
              (int)c->causal, (int)c->window_left, (int)c->window_right, (double)c->softcap,
              (double)c->scale, layouts[c->layout], c->varlen ? " varlen" : "",
@@ -346,17 +349,29 @@ int fa_case_inputs_make(const fa_case *c, int with_lse, fa_case_inputs *in)
     }
     fa_ref_v_first_nonneg(c->dtype, d->v.data, nb, d->v.stride_batch, tk, d->v.stride_seq, hk, d->v.stride_head);
     in->o_bytes = q_n * fa_ref_dtype_bytes(odt);
-    if (c->descale) { /* factors in [0.5, 2): one a tensor (strides 0), or per (batch, kv head) */
-        const int64_t per = c->descale == 2 ? B * hk : 1;
-        in->ds_bytes = 3 * per * (int64_t)sizeof(float);
+    if (c->descale) { /* factors in [0.5, 2): one a tensor (strides 0), per (batch, kv head), or
+                       * per (batch, kv head, block of 16 query rows or 32 key rows) */
+        const int32_t blk[3] = { c->descale == 3 ? 16 : 0, c->descale == 3 ? 32 : 0, c->descale == 3 ? 32 : 0 };
+        const int64_t rows[3] = { tq, tk, tk };
+        int64_t nblk[3], per[3], total = 0;
+        for (int i = 0; i < 3; i++) {
+            nblk[i] = blk[i] && rows[i] > blk[i] ? (rows[i] + blk[i] - 1) / blk[i] : 1;
+            per[i] = c->descale >= 2 ? B * hk * nblk[i] : 1;
+            total += per[i];
+        }
+        in->ds_bytes = total * (int64_t)sizeof(float);
         in->ds = malloc((size_t)in->ds_bytes);
         if (!in->ds)
             goto oom;
-        for (int64_t i = 0; i < 3 * per; i++)
+        for (int64_t i = 0; i < total; i++)
             in->ds[i] = (float)exp2(fa_rng_uniform(&rng));
         fa_descale *ds[3] = { &d->q_descale, &d->k_descale, &d->v_descale };
-        for (int i = 0; i < 3; i++)
-            *ds[i] = (fa_descale){ in->ds + i * per, c->descale == 2 ? hk : 0, c->descale == 2 ? 1 : 0 };
+        for (int i = 0, at = 0; i < 3; at += (int)per[i], i++)
+            *ds[i] = (fa_descale){ .data = in->ds + at,
+                                   .stride_batch = c->descale >= 2 ? hk * nblk[i] : 0,
+                                   .stride_head = c->descale >= 2 ? nblk[i] : 0,
+                                   .stride_block = blk[i] ? 1 : 0,
+                                   .block_rows = blk[i] };
     }
     in->o = malloc((size_t)(in->o_bytes ? in->o_bytes : 1));
     if (with_lse) {
@@ -502,7 +517,10 @@ const char *fa_backend_refuses(fa_context_t ctx, const fa_case *c)
 {
     const fa_backend b = fa_context_backend(ctx);
     if (b == FA_BACKEND_CUDA && c->dtype == FA_DTYPE_E4M3)
-        return !cuda_runs_fp8(ctx) ? "dtype" : c->head_dim > 128 ? "head_dim" : NULL;
+        return !cuda_runs_fp8(ctx)  ? "dtype"
+               : c->head_dim > 128 ? "head_dim"
+               : c->descale == 3   ? "block_rows"
+                                   : NULL;
     if ((b == FA_BACKEND_CUDA && c->dtype == FA_DTYPE_F32) || (b != FA_BACKEND_CPU && c->dtype == FA_DTYPE_E4M3))
         return "dtype";
     if (b == FA_BACKEND_GLES && c->dropout_p > 0.0f)
@@ -636,8 +654,9 @@ int fa_grid_build(int level, uint64_t seed, fa_case *out, int cap)
             out[n++] = c;
         }
 
-    /* fp8 (e4m3) inputs, o bf16 or float32, without descale factors, with one a tensor or one
-     * per (batch, kv head): prefill shapes, then decode rows (a few query rows, many keys) */
+    /* fp8 (e4m3) inputs, o bf16 or float32, without descale factors, with one a tensor, one
+     * per (batch, kv head) or one per block of rows: prefill shapes, then decode rows (a few
+     * query rows, many keys) */
     static const int32_t f8_dims[] = { 8, 64, 80, 128 };
     for (int i = 0; i < 24; i++) {
         if (n >= cap)
@@ -664,7 +683,7 @@ int fa_grid_build(int level, uint64_t seed, fa_case *out, int cap)
         c.scale = i % 7 == 5 ? 0.5f : 0.0f;
         c.logit_scale = i % 9 == 4 ? 300.0f : 1.0f;
         c.dropout_p = i == 7 ? 0.17f : 0.0f;
-        c.descale = i % 3;
+        c.descale = i % 4;
         bound_work(&c);
         c.seed = fa_rng_next(&rng);
         out[n++] = c;

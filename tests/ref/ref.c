@@ -86,10 +86,13 @@ uint64_t fa_rng_next(fa_rng *r)
 
 double fa_rng_uniform(fa_rng *r) { return (double)(fa_rng_next(r) >> 11) * 0x1.0p-52 - 1.0; }
 
-/* fp8 inputs: the factor of (sequence b, kv head g), 1 without one */
-static double descale(const fa_descale *s, int32_t b, int32_t g)
+/* fp8 inputs: the factor of row i (of its sequence) of (sequence b, kv head g), 1 without one */
+static double descale(const fa_descale *s, int32_t b, int32_t g, int64_t i)
 {
-    return s->data ? s->data[(int64_t)b * s->stride_batch + (int64_t)g * s->stride_head] : 1.0;
+    if (!s->data)
+        return 1.0;
+    return s->data[(int64_t)b * s->stride_batch + (int64_t)g * s->stride_head +
+                   (s->block_rows > 0 ? i / s->block_rows * s->stride_block : 0)];
 }
 
 static int64_t elem(const fa_attention_desc *d, const fa_tensor *t, int32_t b, int64_t row, int32_t h)
@@ -121,9 +124,8 @@ int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, 
         int64_t sk = d->cu_seqlens_k ? d->cu_seqlens_k[b + 1] - k0 : d->seqlen_k;
         for (int32_t h = 0; h < hq; h++) {
             int32_t hk = h / group;
-            const double qk_ds = descale(&d->q_descale, b, hk) * descale(&d->k_descale, b, hk);
-            const double v_ds = descale(&d->v_descale, b, hk);
             for (int64_t i = 0; i < sq; i++) {
+                const double q_ds = descale(&d->q_descale, b, hk, i);
                 int64_t row = q0 + i;
                 if (rows_every > 1 && row % rows_every != 0)
                     continue;
@@ -139,7 +141,7 @@ int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, 
                     for (int32_t x = 0; x < dim; x++)
                         acc += fa_ref_decode(d->q.dtype, d->q.data, qa + x) *
                                fa_ref_decode(d->k.dtype, d->k.data, ka + x);
-                    acc *= scale * qk_ds;
+                    acc *= scale * q_ds * descale(&d->k_descale, b, hk, j);
                     if (fabs(acc) > smax)
                         smax = fabs(acc);
                     if (d->softcap > 0.0f)
@@ -176,6 +178,7 @@ int fa_ref_attention(const fa_attention_desc *d, int64_t rows_every, double *o, 
                     if (!keep[j])
                         continue;
                     int64_t va = elem(d, &d->v, b, k0 + j, hk);
+                    const double v_ds = descale(&d->v_descale, b, hk, j);
                     for (int32_t x = 0; x < dim; x++)
                         orow[x] += pj * kept * v_ds * fa_ref_decode(d->v.dtype, d->v.data, va + x);
                 }
