@@ -6,7 +6,8 @@
  * one per head (amax / 448, round to nearest), the last also with q and k rotated by a
  * random-sign Hadamard transform first (rotate below), and then with v rotated as well by a
  * transform of its own and o rotated back (a model folds the two into its v and output
- * projections). Each runs fa_forward on the chosen
+ * projections), and with a factor per head and block of 64 rows (block quantisation, q_descale
+ * .block_rows; the CPU only), also with q and k rotated. Each runs fa_forward on the chosen
  * backend, o float32. The CPU accumulates in float32 from the exact input values, so its
  * figures are those of the inputs' rounding alone; the CUDA fp8 kernel also rounds P to e4m3
  * for its second product. Prints the RMSE and the largest error of o per variant and shape,
@@ -46,18 +47,22 @@ static uint8_t to_e4m3(double x)
     return (uint8_t)(best | (x < 0.0 ? 0x80 : 0));
 }
 
-/* src [s, h, d] quantised with a factor per head (per_head) or one: dst bytes, scale [h]. */
-static void quantise(const double *src, int s, int h, int d, int per_head, uint8_t *dst, float *scale)
+/* src [s, h, d] quantised with a factor per head (per_head; with block > 0 per head and block
+ * of rows) or one: dst bytes, scale [h][blocks] (h * blocks <= 256). */
+static void quantise(const double *src, int s, int h, int d, int per_head, int block, uint8_t *dst, float *scale)
 {
+    const int nb = block ? (s + block - 1) / block : 1;
     double amax[256] = { 0.0 }, all = 0.0;
+#define SLOT(at) ((int)((at) / d % h) * nb + (block ? (int)((at) / d / h) / block : 0))
     for (size_t at = 0; at < (size_t)s * h * d; at++)
-        amax[at / d % h] = fmax(amax[at / d % h], fabs(src[at]));
-    for (int g = 0; g < h; g++)
+        amax[SLOT(at)] = fmax(amax[SLOT(at)], fabs(src[at]));
+    for (int g = 0; g < h * nb; g++)
         all = fmax(all, amax[g]);
-    for (int g = 0; g < h; g++)
+    for (int g = 0; g < h * nb; g++)
         scale[g] = (float)((per_head ? amax[g] : all) / 448.0);
     for (size_t at = 0; at < (size_t)s * h * d; at++)
-        dst[at] = to_e4m3(src[at] / scale[at / d % h]);
+        dst[at] = to_e4m3(src[at] / scale[SLOT(at)]);
+#undef SLOT
 }
 
 /* The random signs D of a rotation's seed, d of them. */
@@ -160,10 +165,11 @@ static int run(fa_context_t ctx, int s, int h, int d, int causal, uint64_t seed)
             rot[k][i] = x[k][i];
         rotate(rot[k], s, h, d, k < 2 ? seed ^ 0x5eed : seed ^ 0x7a11); /* v's transform its own */
     }
-    for (int variant = 0; variant < 5; variant++) {
+    for (int variant = 0; variant < 7; variant++) {
         fa_attention_desc dv = d0;
         fa_dtype t = variant == 0 ? FA_DTYPE_BF16 : FA_DTYPE_E4M3;
-        const int slot = variant == 1 ? 0 : 1; /* per-head factors for variants 2 to 4 */
+        const int slot = variant == 1 ? 0 : 1;    /* per-head factors for variants 2 to 6 */
+        const int block = variant >= 5 ? 64 : 0; /* 5 and 6: a factor per head and 64 rows */
         void *in[3];
         for (int k = 0; k < 3; k++) {
             if (variant == 0) {
@@ -178,8 +184,8 @@ static int run(fa_context_t ctx, int s, int h, int d, int causal, uint64_t seed)
                 }
                 in[k] = xb[k];
             } else {
-                const int rotated = (variant == 3 && k < 2) || variant == 4;
-                quantise(rotated ? rot[k] : x[k], s, h, d, variant >= 2, x8[k], sc[k][slot]);
+                const int rotated = ((variant == 3 || variant == 6) && k < 2) || variant == 4;
+                quantise(rotated ? rot[k] : x[k], s, h, d, variant >= 2, block, x8[k], sc[k][slot]);
                 in[k] = x8[k];
             }
         }
@@ -198,10 +204,11 @@ static int run(fa_context_t ctx, int s, int h, int d, int causal, uint64_t seed)
             dv.v = fa_tensor_contiguous(buf[2], t, FA_LAYOUT_BSHD, s, h, d);
             dv.o = fa_tensor_contiguous(buf[6], FA_DTYPE_F32, FA_LAYOUT_BSHD, s, h, d);
             if (variant) {
-                const int64_t sh = variant >= 2 ? 1 : 0;
-                dv.q_descale = (fa_descale){ buf[3], 0, sh };
-                dv.k_descale = (fa_descale){ buf[4], 0, sh };
-                dv.v_descale = (fa_descale){ buf[5], 0, sh };
+                const int64_t sh = variant >= 2 ? (block ? (s + block - 1) / block : 1) : 0, sblk = block ? 1 : 0;
+                fa_descale *ds[3] = { &dv.q_descale, &dv.k_descale, &dv.v_descale };
+                for (int k = 0; k < 3; k++)
+                    *ds[k] = (fa_descale){ .data = buf[3 + k], .stride_head = sh, .stride_block = sblk,
+                                           .block_rows = block };
             }
             ok = fa_forward(ctx, &dv) == FA_OK && fa_memory_download(ctx, o, buf[6], n * sizeof(float)) == FA_OK;
         }
@@ -222,8 +229,9 @@ static int run(fa_context_t ctx, int s, int h, int d, int causal, uint64_t seed)
             se += e * e, mx = fmax(mx, fabs(e));
         }
         static const char *names[] = { "bf16", "e4m3, a factor a tensor", "e4m3, a factor a head",
-                                       "e4m3, a head, q k rotated", "e4m3, a head, q k v rotated" };
-        printf("s%-5d h%d d%d %-7s %-27s rmse %.2e  max %.2e  (rms of o %.3f)\n", s, h, d,
+                                       "e4m3, a head, q k rotated", "e4m3, a head, q k v rotated",
+                                       "e4m3, a factor a 64-row block", "e4m3, 64-row blocks, q k rotated" };
+        printf("s%-5d h%d d%d %-7s %-32s rmse %.2e  max %.2e  (rms of o %.3f)\n", s, h, d,
                causal ? "causal" : "", names[variant], sqrt(se / (double)n), mx, ref_rms);
     }
     for (int t = 0; t < 3; t++)
