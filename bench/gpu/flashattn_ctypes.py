@@ -14,7 +14,8 @@ class Tensor(C.Structure):
 
 
 class Descale(C.Structure):
-    _fields_ = [("data", C.c_void_p), ("stride_batch", C.c_int64), ("stride_head", C.c_int64)]
+    _fields_ = [("data", C.c_void_p), ("stride_batch", C.c_int64), ("stride_head", C.c_int64),
+                ("stride_block", C.c_int64), ("block_rows", C.c_int32)]
 
 
 class AttentionDesc(C.Structure):

@@ -163,7 +163,7 @@ fa_cpu_cols fa_cpu_task_cols(const fa_problem *p, const fa_cpu_plan *plan, const
  * row's factor in rows, fp8 factors per block of rows, NULL: none): transposed into nr-wide
  * panels [cols_pad/nr][dim][nr], or row-major rows of ld floats (zero-padded, cols_pad rows). */
 void fa_cpu_pack_cols(const fa_cpu_kernels *kern, const fa_problem *p, const fa_tensor *t,
-                      const fa_cpu_cols *cc, int32_t cols_pad, int transposed, int32_t ld, float mul,
+                      const fa_cpu_cols *cc, int32_t cols_pad, int transposed, int32_t ld, double mul,
                       const fa_descale *rows, float *dst, float *tmp);
 
 /* Queries: transposed panels (gemm path) or row-major [ncols][dim] (dot path). */

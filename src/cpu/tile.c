@@ -10,7 +10,7 @@
 #define FA_PREFETCH_ROWS 8
 
 void fa_cpu_pack_cols(const fa_cpu_kernels *kern, const fa_problem *p, const fa_tensor *t,
-                      const fa_cpu_cols *cc, int32_t cols_pad, int transposed, int32_t ld, float mul,
+                      const fa_cpu_cols *cc, int32_t cols_pad, int transposed, int32_t ld, double mul,
                       const fa_descale *rows, float *dst, float *tmp)
 {
     const int32_t dim = p->dim, nr = kern->nr;
@@ -20,7 +20,7 @@ void fa_cpu_pack_cols(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
             int64_t pos = cc->r0 + c / p->group;
             int32_t h = cc->hk * p->group + c % p->group;
             const char *src = fa_elem_ptr(t, fa_row_offset(p, t, cc->b, cc->seq.q_start + pos, h));
-            kern->load(t->dtype, src, row, dim, rows ? mul * fa_descale_row(rows, cc->b, cc->hk, pos) : mul);
+            kern->load(t->dtype, src, row, dim, (float)(rows ? mul * fa_descale_row(rows, cc->b, cc->hk, pos) : mul));
             if (p->paged && p->paged->rope_dim && t == &p->desc->q) /* rotation is linear: after mul */
                 fa_rope_row(p->paged, row,
                             fa_rope_position(p->paged, cc->seq.q_start + pos, pos, cc->seq.q_len,
@@ -48,10 +48,11 @@ void fa_cpu_pack_q(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu
                                            * factors per block of rows scale their rows instead
                                            * (q's here, k's as they load) */
     const fa_descale *qd = &d->q_descale, *kd = &d->k_descale;
-    mul = (float)((double)mul * (qd->block_rows ? 1.0f : fa_descale_at(qd, cc->b, cc->hk)) *
-                  (kd->block_rows ? 1.0f : fa_descale_at(kd, cc->b, cc->hk)));
-    fa_cpu_pack_cols(kern, p, &d->q, cc, transposed ? cols_pad : cc->ncols, transposed, p->dim, mul,
-                     qd->data && qd->block_rows ? qd : NULL, dst, tmp);
+    const double m = (double)mul * (qd->block_rows ? 1.0f : fa_descale_at(qd, cc->b, cc->hk)) *
+                     (kd->block_rows ? 1.0f : fa_descale_at(kd, cc->b, cc->hk));
+    fa_cpu_pack_cols(kern, p, &d->q, cc, transposed ? cols_pad : cc->ncols, transposed, p->dim,
+                     qd->data && qd->block_rows ? m : (double)(float)m, qd->data && qd->block_rows ? qd : NULL, dst,
+                     tmp);
 }
 
 void fa_cpu_load_rows(const fa_cpu_kernels *kern, const fa_problem *p, const fa_tensor *t,
