@@ -350,8 +350,11 @@ int fa_case_inputs_make(const fa_case *c, int with_lse, fa_case_inputs *in)
     fa_ref_v_first_nonneg(c->dtype, d->v.data, nb, d->v.stride_batch, tk, d->v.stride_seq, hk, d->v.stride_head);
     in->o_bytes = q_n * fa_ref_dtype_bytes(odt);
     if (c->descale) { /* factors in [0.5, 2): one a tensor (strides 0), per (batch, kv head), or
-                       * per (batch, kv head, block of 16 query rows or 32 key rows) */
-        const int32_t blk[3] = { c->descale == 3 ? 16 : 0, c->descale == 3 ? 32 : 0, c->descale == 3 ? 32 : 0 };
+                       * per (batch, kv head, block of 16, 1 or 48 query rows and 32, 5 or 128
+                       * key rows, by the case's seed) */
+        static const int32_t qblk[3] = { 16, 1, 48 }, kblk[3] = { 32, 5, 128 };
+        const int32_t bq = c->descale == 3 ? qblk[c->seed % 3] : 0, bk = c->descale == 3 ? kblk[c->seed / 3 % 3] : 0;
+        const int32_t blk[3] = { bq, bk, bk };
         const int64_t rows[3] = { tq, tk, tk };
         int64_t nblk[3], per[3], total = 0;
         for (int i = 0; i < 3; i++) {
@@ -683,7 +686,7 @@ int fa_grid_build(int level, uint64_t seed, fa_case *out, int cap)
         c.scale = i % 7 == 5 ? 0.5f : 0.0f;
         c.logit_scale = i % 9 == 4 ? 300.0f : 1.0f;
         c.dropout_p = i == 7 ? 0.17f : 0.0f;
-        c.descale = i % 4;
+        c.descale = (i + i / 8) % 4;
         bound_work(&c);
         c.seed = fa_rng_next(&rng);
         out[n++] = c;

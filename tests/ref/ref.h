@@ -68,7 +68,7 @@ typedef struct fa_case {
     float logit_scale; /* inputs drawn in [-logit_scale, logit_scale) for q (large logits) */
     float dropout_p;   /* 0 = off */
     int descale;       /* fp8 inputs: 0 no factors, 1 one a tensor, 2 one per (batch, kv head),
-                        * 3 one per (batch, kv head, block of 16 query / 32 key rows) */
+                        * 3 one per (batch, kv head, block of rows: sizes by the seed) */
     uint64_t seed;
 } fa_case;
 
