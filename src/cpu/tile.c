@@ -48,11 +48,12 @@ void fa_cpu_pack_q(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu
                                            * factors per block of rows scale their rows instead
                                            * (q's here, k's as they load) */
     const fa_descale *qd = &d->q_descale, *kd = &d->k_descale;
+    const fa_descale *q_rows = qd->data && qd->block_rows ? qd : NULL;
     const double m = (double)mul * (qd->block_rows ? 1.0f : fa_descale_at(qd, cc->b, cc->hk)) *
                      (kd->block_rows ? 1.0f : fa_descale_at(kd, cc->b, cc->hk));
+    /* one multiplier for every row: rounded to float once, as the rows' loads take it */
     fa_cpu_pack_cols(kern, p, &d->q, cc, transposed ? cols_pad : cc->ncols, transposed, p->dim,
-                     qd->data && qd->block_rows ? m : (double)(float)m, qd->data && qd->block_rows ? qd : NULL, dst,
-                     tmp);
+                     q_rows ? m : (double)(float)m, q_rows, dst, tmp);
 }
 
 void fa_cpu_load_rows(const fa_cpu_kernels *kern, const fa_problem *p, const fa_tensor *t,
