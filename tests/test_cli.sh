@@ -57,6 +57,8 @@ expect_usage "missing value" "$fa" bench --seq
 expect_usage "missing value after a common option" "$fa" bench --threads
 expect_usage "bad dtype" "$fa" bench --dtype f64
 expect_usage "bad window" "$fa" bench --window 3
+expect_usage "descale factors without fp8" "$fa" bench --descale-rows 4
+expect_usage "negative descale rows" "$fa" bench --dtype e4m3 --descale-rows -1
 expect_usage "bad backend" "$fa" info --backend tpu
 expect_usage "bad seed" "$fa" check --seed x
 # a negative or too large seed is refused, not wrapped into 2^64 - 1 and run
@@ -150,6 +152,14 @@ done
 # errors against float64 must be small and present
 if grep -q '"max_abs_err":\(nan\|inf\)' "$tmp/b.json"; then echo "FAIL: non-finite error in bench"; fails=$((fails + 1)); fi
 grep -q "<svg" "$tmp/b.svg" || { echo "FAIL: no SVG plot"; fails=$((fails + 1)); }
+# fp8 inputs with descale factors per block of 5 rows: the error against float64 stays small
+expect_rc 0 "fp8 bench with block factors" "$fa" bench --backend cpu --dtype e4m3 --descale-rows 5 --seq 70 \
+  --heads 2 --dim 32 --causal yes --reps 3 --no-standard --no-sgemm --json "$tmp/f.json"
+python3 -c '
+import json, sys
+r = json.loads(open(sys.argv[1]).readline())
+assert r["descale_rows"] == 5 and r["dtype"] == "e4m3" and r["rel_l2_err"] < 1e-2, r
+' "$tmp/f.json" || { echo "FAIL: fp8 bench with block factors"; cat "$tmp/f.json"; fails=$((fails + 1)); }
 
 # the serving suite on a tiny shape: the bandwidth of the run, rows with GB/s and their share
 # of it, JSON lines that parse and carry every column

@@ -46,6 +46,9 @@ static const char *help =
     "  --dropout P           attention dropout probability          [0]\n"
     "  --dtype f32|f16|bf16|e4m3  q, k, v and o dtype (e4m3: fp8 inputs, o bf16; forward only)\n"
     "                        [f32; bf16 on cuda]\n"
+    "  --descale-rows N      e4m3: descale factors in [0.5, 2) for q, k and v, one per\n"
+    "                        (batch, kv head) and block of N rows; 0: one per (batch,\n"
+    "                        kv head)                               [none]\n"
     "  --layout bshd|bhsd                                           [bshd]\n"
     "run:\n"
     "  --backend auto|cpu|cuda|gles                                 [auto]\n"
@@ -65,6 +68,7 @@ typedef struct opts {
     long seqs[MAXV], heads[MAXV], dims[MAXV];
     int nseq, nheads, ndims;
     long seq_q, kv_heads, batch, wl, wr, reps, threads;
+    long descale_rows; /* -1: no descale factors */
     int causal_lo, causal_hi;
     double softcap, dropout;
     fa_dtype dtype;
@@ -374,20 +378,49 @@ static int run_row(fa_context_t ctx, const opts *o, long sq, long sk, long h, lo
     desc.v = fa_tensor_contiguous(v, o->dtype, o->layout, (int32_t)sk, (int32_t)hk, (int32_t)d);
     desc.o = fa_tensor_contiguous(out, cli_out_dtype(o->dtype), o->layout, (int32_t)sq, (int32_t)h, (int32_t)d);
     float *lse = NULL; /* the backward needs the forward's log-sum-exp */
+    /* descale factors: q's, k's and v's one after the other, [b, hk, blocks] each */
+    float *ds = NULL;
+    size_t ds_bytes = 0;
+    if (o->descale_rows >= 0) {
+        const long nr = o->descale_rows, rows[3] = { sq, sk, sk };
+        long nblk[3], total = 0;
+        for (int i = 0; i < 3; i++)
+            total += b * hk * (nblk[i] = nr ? (rows[i] + nr - 1) / nr : 1);
+        ds_bytes = (size_t)total * sizeof(float);
+        if (!(ds = malloc(ds_bytes))) {
+            free(q);
+            free(k);
+            free(v);
+            free(out);
+            fprintf(stderr, "flashattn bench: out of memory for the descale factors\n");
+            return CLI_EXIT_FAIL;
+        }
+        for (long i = 0; i < total; i++)
+            ds[i] = (float)exp2(fa_rng_uniform(&rng));
+        fa_descale *f[3] = { &desc.q_descale, &desc.k_descale, &desc.v_descale };
+        for (long i = 0, at = 0; i < 3; at += b * hk * nblk[i], i++)
+            *f[i] = (fa_descale){ .data = ds + at, .stride_batch = hk * nblk[i], .stride_head = nblk[i],
+                                  .stride_block = nr ? 1 : 0, .block_rows = (int32_t)nr };
+    }
     /* the same tensors in the memory the backend computes on (device memory for CUDA) */
     fa_attention_desc hdesc = desc;
-    void *dev[4] = { NULL, NULL, NULL, NULL };
-    const size_t bytes[4] = { sz.q, sz.k, sz.k, sz.o };
-    void *const host[4] = { q, k, v, out };
+    void *dev[5] = { NULL, NULL, NULL, NULL, NULL };
+    const size_t bytes[5] = { sz.q, sz.k, sz.k, sz.o, ds_bytes };
+    void *const host[5] = { q, k, v, out, ds };
     memset(r, 0, sizeof(*r));
     int rc = 0;
-    for (int i = 0; i < 4; i++)
-        if (fa_memory_alloc(ctx, bytes[i], &dev[i]) != FA_OK ||
-            (i < 3 && fa_memory_upload(ctx, dev[i], host[i], bytes[i]) != FA_OK))
+    for (int i = 0; i < 5; i++)
+        if ((i < 4 || ds) && (fa_memory_alloc(ctx, bytes[i], &dev[i]) != FA_OK ||
+                              (i != 3 && fa_memory_upload(ctx, dev[i], host[i], bytes[i]) != FA_OK)))
             goto api_error;
     if (o->backward && fa_memory_alloc(ctx, sz.lse, (void **)&lse) != FA_OK)
         goto api_error;
     desc.q.data = dev[0], desc.k.data = dev[1], desc.v.data = dev[2], desc.o.data = dev[3];
+    if (ds) { /* the same offsets into the device copy */
+        fa_descale *f[3] = { &desc.q_descale, &desc.k_descale, &desc.v_descale };
+        for (int i = 0; i < 3; i++)
+            f[i]->data = (const float *)dev[4] + (f[i]->data - ds);
+    }
     desc.lse = lse;
 
     r->b = b, r->h = h, r->hk = hk, r->sq = sq, r->sk = sk, r->d = d, r->causal = causal;
@@ -436,9 +469,10 @@ api_error:
     fprintf(stderr, "flashattn bench: %s\n", fa_context_last_error(ctx));
     rc = CLI_EXIT_FAIL;
 done:
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         fa_memory_free(ctx, dev[i]);
     fa_memory_free(ctx, lse);
+    free(ds);
     free(q);
     free(k);
     free(v);
@@ -526,6 +560,8 @@ static void json_row(FILE *f, const opts *o, const row *r, double sgemm)
             "\"err_rows_sampled\":%lld,\"rows\":%lld",
             r->max_err, r->mean_err, r->frac_err, r->rel_l2, sgemm, o->wl, o->wr, o->softcap,
             o->dropout, (long long)r->sampled_rows, (long long)r->rows);
+    if (o->descale_rows >= 0)
+        fprintf(f, ",\"descale_rows\":%ld", o->descale_rows);
     if (r->has_bwd) {
         const cli_bwd_row *w = &r->bwd;
         fprintf(f, ",\"ms_backward\":%.6f,\"gflops_backward\":%.3f,\"bytes_backward\":%llu", w->ms,
@@ -560,6 +596,7 @@ static int parse(int argc, char **argv, opts *o)
     memcpy(o->dims, def_dims, sizeof(def_dims));
     o->ndims = 2;
     o->batch = 1;
+    o->descale_rows = -1;
     o->wl = o->wr = -1;
     o->causal_lo = 0;
     o->causal_hi = 1;
@@ -567,14 +604,15 @@ static int parse(int argc, char **argv, opts *o)
     o->layout = FA_LAYOUT_BSHD;
     o->backend = FA_BACKEND_AUTO;
     enum { SEQ, SEQ_Q, HEADS, KV_HEADS, DIM, BATCH, CAUSAL, WINDOW, SOFTCAP, DROPOUT, DTYPE,
-           LAYOUT, REPS, JSON, PLOT, BACKWARD, NO_STANDARD, NO_SGEMM, N_OPTIONS };
+           DESCALE_ROWS, LAYOUT, REPS, JSON, PLOT, BACKWARD, NO_STANDARD, NO_SGEMM, N_OPTIONS };
     static const cli_option options[N_OPTIONS] = {
         [SEQ] = { "--seq", 1 },         [SEQ_Q] = { "--seq-q", 1 },
         [HEADS] = { "--heads", 1 },     [KV_HEADS] = { "--kv-heads", 1 },
         [DIM] = { "--dim", 1 },         [BATCH] = { "--batch", 1 },
         [CAUSAL] = { "--causal", 1 },   [WINDOW] = { "--window", 1 },
         [SOFTCAP] = { "--softcap", 1 }, [DROPOUT] = { "--dropout", 1 },
-        [DTYPE] = { "--dtype", 1 },     [LAYOUT] = { "--layout", 1 },
+        [DTYPE] = { "--dtype", 1 },     [DESCALE_ROWS] = { "--descale-rows", 1 },
+        [LAYOUT] = { "--layout", 1 },
         [REPS] = { "--reps", 1 },       [JSON] = { "--json", 1 },
         [PLOT] = { "--plot", 1 },       [BACKWARD] = { "--backward", 0 },
         [NO_STANDARD] = { "--no-standard", 0 }, [NO_SGEMM] = { "--no-sgemm", 0 },
@@ -641,6 +679,10 @@ static int parse(int argc, char **argv, opts *o)
                 return cli_usage_error("bench", "--dtype needs f32, f16, bf16 or e4m3");
             o->dtype_given = 1;
             break;
+        case DESCALE_ROWS:
+            if (cli_parse_int(v, 0, 1 << 30, &o->descale_rows))
+                return cli_usage_error("bench", "--descale-rows needs a row count in 0..1073741824");
+            break;
         case LAYOUT:
             if (strcmp(v, "bshd") == 0)
                 o->layout = FA_LAYOUT_BSHD;
@@ -674,6 +716,8 @@ static int parse(int argc, char **argv, opts *o)
         return rc;
     if (o->backward && o->dtype == FA_DTYPE_E4M3)
         return cli_usage_error("bench", "--dtype e4m3 is forward only: drop --backward");
+    if (o->descale_rows >= 0 && o->dtype != FA_DTYPE_E4M3)
+        return cli_usage_error("bench", "--descale-rows is for fp8 inputs: add --dtype e4m3");
     for (int i = 0; i < o->nheads; i++)
         if (o->kv_heads && o->heads[i] % o->kv_heads)
             return cli_usage_error("bench", "--heads %ld is not a multiple of --kv-heads %ld",
