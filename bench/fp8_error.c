@@ -6,8 +6,8 @@
  * one per head (amax / 448, round to nearest), the last also with q and k rotated by a
  * random-sign Hadamard transform first (rotate below), and then with v rotated as well by a
  * transform of its own and o rotated back (a model folds the two into its v and output
- * projections), and with a factor per head and block of 64 rows (block quantisation, q_descale
- * .block_rows; the CPU only), also with q and k rotated. Each runs fa_forward on the chosen
+ * projections), and with a factor per head and block of 64 rows (block quantisation,
+ * fa_descale.block_rows), also with q and k rotated. Each runs fa_forward on the chosen
  * backend, o float32. The CPU accumulates in float32 from the exact input values, so its
  * figures are those of the inputs' rounding alone; the CUDA fp8 kernel also rounds P to e4m3
  * for its second product. Prints the RMSE and the largest error of o per variant and shape,

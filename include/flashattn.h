@@ -118,9 +118,9 @@ typedef struct fa_tensor {
  * [b * stride_batch + g * stride_head + (i / block_rows) * stride_block] instead; e.g.
  * [batch, num_heads_kv, ceil(seqlen / block_rows)] is stride_batch = num_heads_kv * blocks,
  * stride_head = blocks, stride_block = 1. block_rows 0 (the default) is one factor for every
- * row. The CPU takes any block_rows and scales each k and v row by its factor in float32, so
- * 448 times a block factor of k or v must stay finite (below 7.5e35); CUDA takes none yet
- * (FA_ERR_UNSUPPORTED).
+ * row. Any block_rows works on every backend that takes fp8. Block factors are applied in
+ * float32 (the CPU scales k and v rows by them, CUDA the raw scores by q's times k's), so keep
+ * each below 7.5e35 and q's times k's below 1e30.
  */
 typedef struct fa_descale {
     const float *data;

@@ -314,11 +314,26 @@ fa_status fa_cuda_check_ptr(fa_context_t ctx, const cuda_state *s, const void *p
     return FA_OK;
 }
 
+/* mul and shr with i / d == umulhi(i, mul) >> shr for every i < 2^31 (1 <= d <= 2^30):
+ * mul = ceil(2^(31 + l) / d), l = ceil(log2 d), shr = l - 1 (Granlund and Montgomery's
+ * round-up method; its error, below 2^-l, never reaches the next integer); d 1: mul 0. */
+static void divisor_of(uint32_t d, uint32_t *mul, int32_t *shr)
+{
+    int l = 0;
+    while (((uint64_t)1 << l) < d)
+        l++;
+    *mul = d > 1 ? (uint32_t)((((uint64_t)1 << (31 + l)) + d - 1) / d) : 0;
+    *shr = d > 1 ? l - 1 : 0;
+}
+
 static void descale_of(fa_cuda_descale *d, const fa_descale *s)
 {
     d->p = s->data;
     d->sb = s->stride_batch;
     d->sh = s->stride_head;
+    d->rows = s->data ? s->block_rows : 0;
+    d->sblk = d->rows ? s->stride_block : 0;
+    divisor_of((uint32_t)(d->rows ? d->rows : 1), &d->mul, &d->shr);
 }
 
 static void view_of(fa_cuda_view *v, const fa_tensor *t, int varlen)
@@ -426,14 +441,6 @@ static fa_status prepare(fa_context_t ctx, const cuda_state *s, const fa_problem
                         "head_dim (%d) with fp8 (FA_DTYPE_E4M3) inputs: the CUDA backend runs them up to "
                         "head_dim %d; use the CPU backend",
                         (int)p->dim, sm90_fp8_tiles.dim);
-    const fa_descale *ds[3] = { &d->q_descale, &d->k_descale, &d->v_descale };
-    static const char *const ds_names[3] = { "q_descale", "k_descale", "v_descale" };
-    for (int i = 0; i < 3; i++)
-        if (ds[i]->data && ds[i]->block_rows)
-            return fa_error(ctx, FA_ERR_UNSUPPORTED,
-                            "%s.block_rows (%d): the CUDA backend takes one descale factor per (batch, kv "
-                            "head), not per block of rows, yet; set block_rows 0, or use the CPU backend",
-                            ds_names[i], (int)ds[i]->block_rows);
     c->tl = tiles_for(p->dim);
     if (!c->tl)
         return fa_error(ctx, FA_ERR_UNSUPPORTED, "head_dim (%d) exceeds the largest CUDA tile (%d)",

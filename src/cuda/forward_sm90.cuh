@@ -42,7 +42,8 @@ template <int BN> __device__ __forceinline__ tiles_t warp_full_tiles(const mask_
 template <int D, int BN>
 __device__ __forceinline__ void softmax_step(const fa_cuda_params &p, const mask_t &mk, const tiles_t &full,
                                              sm90_rows<D, BN> &r, int64_t wr0, int n, int g, int t,
-                                             float (&alpha)[1][2], float cap_in, float scale_log2, float slack)
+                                             float (&alpha)[1][2], const float (&cap_in)[2],
+                                             const float (&scale_log2)[2], float slack)
 {
     to_logits(p, r.sc, cap_in, scale_log2);
     if (n < full.lo || n >= full.hi)
@@ -345,7 +346,9 @@ template <int STAGES> struct ring_pos {
 // cores while the softmax turns S(n) into P(n), and the last P V after the loop. G holds what
 // the two differ in, the products and P's operand: G::s(sf, stage) and G::pv(of, stage) issue
 // them (the descriptors built once: stage s is s * KV / 16 further), G::fence_p() fences P's
-// fragments and G::to_p(r) makes them from r.sc.
+// fragments and G::to_p(r) makes them from r.sc. G::scores(r.sc, n, rs) sees tile n's raw
+// scores before the softmax and gives the factors of its rows' scale, G::weights(alpha, n) its
+// alpha after (fp8 factors per block of rows; nothing, and factors of 1, for f16 / bf16).
 template <int D, int BN, int NWG, int STAGES, int NQ, typename G>
 __device__ __forceinline__ void key_tiles(const fa_cuda_params &p, const query_tile_t &qt, kv_ring<STAGES, NQ> &ring,
                                           sm90_rows<D, BN> &r, G &gm, int it, int wg, int wr0, int lane, int g,
@@ -374,8 +377,12 @@ __device__ __forceinline__ void key_tiles(const fa_cuda_params &p, const query_t
         reg_fence(sf);
         if (ring_lead<D>(lane))
             mbar_arrive(&ring.empty_k[rp.st]);
+        float rs[2]; // the rows' factors of the tile's scale
+        gm.scores(r.sc, n, rs);
+        const float ci[2] = { cap_in * rs[0], cap_in * rs[1] }, sl[2] = { scale_log2 * rs[0], scale_log2 * rs[1] };
         float alpha[1][2];
-        softmax_step(p, qt.mk, full, r, wr0, n, g, t, alpha, cap_in, scale_log2, sm90_slack<D>(p));
+        softmax_step(p, qt.mk, full, r, wr0, n, g, t, alpha, ci, sl, sm90_slack<D>(p));
+        gm.weights(alpha, n);
         wgmma_wait<0>(); // P(n-1) V(n-1) done: o and P are ours again
         reg_fence(of);
         gm.fence_p();
@@ -419,6 +426,8 @@ template <typename T, int D, int BN, int BM, bool GROUPED> struct sm90_products 
     {
         wg_gemm_rn_kv<T, D, BN>(of, r.pa[0], dv + st * (KV >> 4), l);
     }
+    __device__ __forceinline__ void scores(float (&)[1][BN / 8][4], int, float (&rs)[2]) { rs[0] = rs[1] = 1.0f; }
+    __device__ __forceinline__ void weights(float (&)[1][2], int) {}
     __device__ __forceinline__ void fence_p() { reg_fence(r.pa[0]); }
     __device__ __forceinline__ void to_p(sm90_rows<D, BN> &rr) { to_a<T, 1, BN / 8>(rr.pa, rr.sc); }
 };

@@ -27,8 +27,9 @@ constexpr int kE4m3Lag = 2;
 
 template <int BM, int BN, int D, int STAGES, int NQ, int STAGING> struct e4m3_smem {
     static constexpr int q = BM * D, kv = BN * D;
-    // Q buffers, the K ring, the V^T ring, V's staging tiles (+ alignment slack)
-    static constexpr size_t bytes = 1024 + NQ * (size_t)q + (2 * STAGES + STAGING) * (size_t)kv;
+    static constexpr int fac = (BM / 16) * 2 * BN * 4; // each consumer warp's factors by column
+    // Q buffers, the K ring, the V^T ring, V's staging tiles, the factors (+ alignment slack)
+    static constexpr size_t bytes = 1024 + NQ * (size_t)q + (2 * STAGES + STAGING) * (size_t)kv + fac;
 };
 
 // ROWS x D bytes of a strided [seq, head_dim] e4m3 slab into the swizzled layout; rows >=
@@ -242,15 +243,52 @@ __device__ __forceinline__ void load_tiles_e4m3_tma(const fa_cuda_params &p, int
 }
 
 // The fp8 products of key_tiles (forward_sm90.cuh): P in e4m3 fragments of its own, V^T
-// (K-major, transposed by the loader) read from its tile.
+// (K-major, transposed by the loader) read from its tile. Descale factors per block of rows
+// (fa_cuda_descale.rows): q's of the thread's rows and k's of a tile that shares one (a block
+// of a multiple of BN rows) go into the rows' scale; k's that differ within the tile multiply
+// the raw scores by column. v's go into P before its rounding, over the tile's largest (vref,
+// which O is kept in units of: weights() moves alpha by the ratio of the last tile's to this
+// one's), so that P keeps e4m3's range. A tile's factors are fetched while the tile before it
+// is worked on: its own, or (by column) PER keys a lane, which the warp then shares through
+// shared memory (fac: this warp's BN of k's, then BN of v's).
 template <int D, int BN, int BM> struct sm90_products_e4m3 {
-    static constexpr int KV = BN * D;
+    static constexpr int KV = BN * D, NS = BN / 8, PER = BN / 32;
+    static_assert(PER == 4, "a lane's keys are one 16-byte store");
     uint32_t pa[BN / 32][4];
     uint32_t dq, dk, dv;
-    __device__ __forceinline__ sm90_products_e4m3(uint32_t qa, uint32_t ka, uint32_t va)
-        : dq(sw_desc_lo(qa, 16)), dk(sw_desc_lo(ka, 16)), dv(sw_desc_lo(va, 16))
+    const fa_cuda_params &p;
+    const int b, hk, last, lane; // last: the sequence's last key
+    float *const fac;
+    const bool kcol, vcol;  // factors by column
+    float qf[2];            // q's of rows g and g + 8
+    float kn[PER], vn[PER]; // the next tile's: keys c + PER * lane + i by column, else [0] the tile's
+    float kt = 1.0f, vt = 1.0f, vref = 0.0f;
+    __device__ __forceinline__ sm90_products_e4m3(uint32_t qa, uint32_t ka, uint32_t va, const fa_cuda_params &p_,
+                                                  const query_tile_t &qt, int wr0, int g, float *fac_)
+        : dq(sw_desc_lo(qa, 16)), dk(sw_desc_lo(ka, 16)), dv(sw_desc_lo(va, 16)), p(p_), b(qt.blk.b), hk(qt.hk),
+          last(qt.s.sk - 1), lane(threadIdx.x % 32), fac(fac_), kcol(p_.k_ds.rows % BN != 0),
+          vcol(p_.v_ds.rows % BN != 0)
     {
         asm("" : "+r"(dq), "+r"(dk), "+r"(dv));
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+            qf[hf] = descale_row(p.q_ds, b, hk, min(wr0 + g + 8 * hf, qt.s.sq - 1));
+        fetch(qt.n_lo);
+    }
+    __device__ __forceinline__ void fetch_one(const fa_cuda_descale &d, bool col, float (&x)[PER], int c)
+    {
+        if (col) {
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                x[i] = descale_row(d, b, hk, min(c + PER * lane + i, last));
+        } else {
+            x[0] = descale_row(d, b, hk, min(c, last)); // 1 without blocks
+        }
+    }
+    __device__ __forceinline__ void fetch(int n)
+    {
+        fetch_one(p.k_ds, kcol, kn, n * BN);
+        fetch_one(p.v_ds, vcol, vn, n * BN);
     }
     __device__ __forceinline__ void s(float (&sf)[BN / 2], int st)
     {
@@ -260,17 +298,71 @@ template <int D, int BN, int BM> struct sm90_products_e4m3 {
     {
         wg_gemm_e4m3_rs<D, BN, D>(of, pa, dv + st * (KV >> 4));
     }
+    // factors of this thread's columns 8 nt + 2 t, + 1 (by column)
+    __device__ __forceinline__ float2 col_pair(const float *f, int nt) const
+    {
+        return *reinterpret_cast<const float2 *>(f + nt * 8 + 2 * (lane % 4));
+    }
+    __device__ __forceinline__ void scores(float (&sc)[1][NS][4], int n, float (&rs)[2])
+    {
+        if (kcol || vcol) { // the warp's lanes are done with the last tile's
+            __syncwarp();
+            if (kcol)
+                *reinterpret_cast<float4 *>(fac + PER * lane) = make_float4(kn[0], kn[1], kn[2], kn[3]);
+            if (vcol) {
+                *reinterpret_cast<float4 *>(fac + BN + PER * lane) = make_float4(vn[0], vn[1], vn[2], vn[3]);
+                vt = fmaxf(fmaxf(vn[0], vn[1]), fmaxf(vn[2], vn[3]));
+#pragma unroll
+                for (int w = 16; w > 0; w /= 2)
+                    vt = fmaxf(vt, __shfl_xor_sync(0xffffffffu, vt, w));
+            }
+            __syncwarp();
+        }
+        kt = kcol ? 1.0f : kn[0];
+        vt = vcol ? vt : vn[0];
+        fetch(n + 1); // past the last tile: clamped to the last key
+        if (kcol) {
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++) {
+                const float2 kf = col_pair(fac, nt);
+                sc[0][nt][0] *= kf.x, sc[0][nt][1] *= kf.y, sc[0][nt][2] *= kf.x, sc[0][nt][3] *= kf.y;
+            }
+        }
+        rs[0] = qf[0] * kt;
+        rs[1] = qf[1] * kt;
+    }
+    __device__ __forceinline__ void weights(float (&alpha)[1][2], int)
+    {
+        if (!p.v_ds.rows)
+            return;
+        const float ratio = vref > 0.0f ? vref / vt : 1.0f;
+        alpha[0][0] *= ratio;
+        alpha[0][1] *= ratio;
+        vref = vt;
+    }
     __device__ __forceinline__ void fence_p() { reg_fence(pa); }
-    __device__ __forceinline__ void to_p(sm90_rows<D, BN> &r) { to_a_e4m3<BN / 8>(pa, r.sc); }
+    __device__ __forceinline__ void to_p(sm90_rows<D, BN> &r)
+    {
+        if (vcol) {
+            const float inv = 1.0f / vref;
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++) {
+                const float2 vf = col_pair(fac + BN, nt);
+                const float w0 = vf.x * inv, w1 = vf.y * inv;
+                r.sc[0][nt][0] *= w0, r.sc[0][nt][1] *= w1, r.sc[0][nt][2] *= w0, r.sc[0][nt][3] *= w1;
+            }
+        }
+        to_a_e4m3<BN / 8>(pa, r.sc);
+    }
 };
 
 // One consumer warpgroup on one query tile, as attend_rows (forward_sm90.cuh) in fp8: the
-// factors of q and k folded into the softmax's scale; the rows go out straight from the
-// accumulators, times v's factor.
+// factors of q and k folded into the softmax's scale (those per block of rows through gm);
+// the rows go out straight from the accumulators, times v's factor.
 template <int D, int BN, int NWG, int STAGES, int NQ>
 __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const query_tile_t &qt,
                                                  kv_ring<STAGES, NQ> &ring, unsigned char *sQ, unsigned char *sK,
-                                                 unsigned char *sVt, int wg, int it)
+                                                 unsigned char *sVt, float *fac, int wg, int it)
 {
     const seq_t &s = qt.s;
     const int b = qt.blk.b, h = qt.blk.h;
@@ -281,9 +373,11 @@ __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const 
     const float cap_in = (float)(p.cap_in * qk), scale_log2 = (float)(p.scale_log2 * qk);
     sm90_rows<D, BN> r;
     init_rows(r);
-    sm90_products_e4m3<D, BN, 64 * NWG> gm(smem_addr(sQ) + wg * 64 * 128, smem_addr(sK), smem_addr(sVt));
+    sm90_products_e4m3<D, BN, 64 * NWG> gm(smem_addr(sQ) + wg * 64 * 128, smem_addr(sK), smem_addr(sVt), p, qt,
+                                           wr0, g, fac + (threadIdx.x / 32) * 2 * BN);
     key_tiles<D, BN, NWG, STAGES, NQ>(p, qt, ring, r, gm, it, wg, wr0, lane, g, t, cap_in, scale_log2);
-    const float vd = descale_at(p.v_ds, b, qt.hk); // after 1 / sum: their quotient may be subnormal
+    // after 1 / sum: their quotient may be subnormal
+    const float vd = descale_at(p.v_ds, b, qt.hk) * (p.v_ds.rows ? gm.vref : 1.0f);
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const row_out_t out = softmax_out(r.m[0][hf], r.l[0][hf], p.dropout_scale);
@@ -313,7 +407,8 @@ __device__ __forceinline__ void attend_rows_e4m3(const fa_cuda_params &p, const 
 template <int D, int BN_, int NWG_, int STAGES_, int NQ_, bool TMA> struct sm90_e4m3_mainloop {
     static constexpr int BN = BN_, NWG = NWG_, STAGES = STAGES_, NQ = NQ_, BM = 64 * NWG;
     static constexpr bool TURNS = sm90_turns<D, NWG>;
-    using L = e4m3_smem<BM, BN, D, STAGES, NQ, TMA ? kE4m3Lag + 1 : 2>;
+    static constexpr int STAGING = TMA ? kE4m3Lag + 1 : 2;
+    using L = e4m3_smem<BM, BN, D, STAGES, NQ, STAGING>;
     static constexpr size_t smem = L::bytes;
     static_assert(D % 128 == 0 && BN % 32 == 0 && (BN * D) % 1024 == 0, "tiles of whole 128-byte swizzle blocks");
     static_assert(L::bytes + sizeof(kv_ring<STAGES, NQ>) + 64 <= 232448, "within Hopper's 227 KiB a block");
@@ -331,7 +426,8 @@ template <int D, int BN_, int NWG_, int STAGES_, int NQ_, bool TMA> struct sm90_
                                                   int it)
     {
         unsigned char *sK = sQ + NQ * L::q;
-        attend_rows_e4m3<D, BN, NWG, STAGES, NQ>(p, qt, ring, sQ + qb * L::q, sK, sK + STAGES * L::kv, wg, it);
+        float *fac = reinterpret_cast<float *>(sK + (2 * STAGES + STAGING) * L::kv);
+        attend_rows_e4m3<D, BN, NWG, STAGES, NQ>(p, qt, ring, sQ + qb * L::q, sK, sK + STAGES * L::kv, fac, wg, it);
     }
 };
 

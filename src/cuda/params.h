@@ -81,10 +81,15 @@ typedef struct fa_cuda_pages {
     fa_cuda_tmap tk, tv, fk, fv;
 } fa_cuda_pages;
 
-/* fp8 inputs: the descale factor of (sequence b, kv head g) at p[b * sb + g * sh]; p NULL: 1. */
+/* fp8 inputs: the descale factor of (sequence b, kv head g) at p[b * sb + g * sh], with rows
+ * > 0 that of row i's block at p[b * sb + g * sh + (i / rows) * sblk]; p NULL: 1. i / rows
+ * is umulhi(i, mul) >> shr (mul 0: i), exact for i < 2^31 (backend.c: divisor_of). */
 typedef struct fa_cuda_descale {
     const float *p;
-    int64_t sb, sh;
+    int64_t sb, sh, sblk;
+    int32_t rows;
+    uint32_t mul;
+    int32_t shr;
 } fa_cuda_descale;
 
 /* The stage rings a test build's drop_ordering reaches: the Hopper decode kernel's K/V

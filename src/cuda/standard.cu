@@ -57,10 +57,12 @@ __device__ __forceinline__ row_t query_row(const fa_cuda_params &p)
 // The sums run through the tensor cores as the flash kernels' do (m16n8k16, 16 keys a step
 // into a float accumulator, whose additions the hardware rounds its own way): w is the A
 // operand's row 0, eight columns of m the B operand; warp w takes column tiles w, w + 4, ...
-// m's elements are M (T, or e4m3 for fp8 inputs: exact in bf16).
+// m's elements are M (T, or e4m3 for fp8 inputs: exact in bf16), times their block's factor
+// in m_rows (fp8 factors per block of rows; then rounded to T).
 template <typename T, typename M = T>
 __device__ void weighted_key_rows(const fa_cuda_params &p, const row_t &row, const T *w,
-                                  const fa_cuda_view &m, const fa_cuda_view &out, float mult, float mult2 = 1.0f)
+                                  const fa_cuda_view &m, const fa_cuda_view &out, float mult, float mult2 = 1.0f,
+                                  const fa_cuda_descale *m_rows = nullptr)
 {
     const int64_t oo = row_off(out, row.s, false, row.h, row.i);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane / 4, t = lane % 4;
@@ -70,7 +72,9 @@ __device__ void weighted_key_rows(const fa_cuda_params &p, const row_t &row, con
     for (int n0 = warp * 8; n0 < p.dim; n0 += kStdThreads / 4) {
         const int x = n0 + c; // this lane's column of the B operand
         auto mt = [&](int64_t j) {
-            return j < sk && x < p.dim ? to_float<M>(((const M *)m.p)[row_off(m, row.s, true, row.hk, j) + x]) : 0.0f;
+            return j < sk && x < p.dim ? to_float<M>(((const M *)m.p)[row_off(m, row.s, true, row.hk, j) + x]) *
+                                             (m_rows ? descale_row(*m_rows, row.b, row.hk, (int)j) : 1.0f)
+                                       : 0.0f;
         };
         float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
         for (int64_t j0 = 0; j0 < sk; j0 += 16) {
@@ -131,14 +135,17 @@ __global__ void __launch_bounds__(kStdThreads) std_softmax(const fa_cuda_params 
     const int64_t i = row.i;
     const mask_t mk = mask_of(p, s.sq, s.sk);
     const IN *q = (const IN *)p.q.p + row_off(p.q, s, false, h, i);
-    const double qk = F8 ? (double)descale_at(p.q_ds, b, hk) * descale_at(p.k_ds, b, hk) : 1.0;
+    const double qk = F8 ? (double)descale_at(p.q_ds, b, hk) * descale_at(p.k_ds, b, hk) *
+                               descale_row(p.q_ds, b, hk, (int)i)
+                         : 1.0;
     float *srow = p.s_ws + row.ws;
     T *prow = (T *)p.p_ws + row.ws;
     // every score, masked ones too; the mask is applied after, as an unfused framework's
     // Q K^T, masked softmax, P V (each thread reads back only the scores it wrote)
     for (int j = threadIdx.x; j < s.sk; j += kStdThreads) {
         const IN *k = (const IN *)p.k.p + row_off(p.k, s, true, hk, j);
-        srow[j] = logit2(p, F8 ? (float)(dot_rows(q, k, p.dim) * qk) : dot_rows(q, k, p.dim));
+        srow[j] = logit2(p, F8 ? (float)(dot_rows(q, k, p.dim) * qk * descale_row(p.k_ds, b, hk, (int)j))
+                               : dot_rows(q, k, p.dim));
     }
 #define MASKED(j) (mk.visible(i, j) ? srow[j] : -INFINITY)
     float mx = -INFINITY;
@@ -183,7 +190,7 @@ __global__ void __launch_bounds__(kStdThreads) std_pv_e4m3(const fa_cuda_params 
     const row_t row = query_row(p);
     const float inv = row.s.sk > 0 ? p.s_ws[row.ws] : 0.0f;
     weighted_key_rows<__nv_bfloat16, e4m3_t>(p, row, (const __nv_bfloat16 *)p.p_ws + row.ws, p.v, p.o,
-                                             p.dropout_scale * inv, descale_at(p.v_ds, row.b, row.hk));
+                                             p.dropout_scale * inv, descale_at(p.v_ds, row.b, row.hk), &p.v_ds);
 }
 
 // Backward, per row: the dropped P and dS (both rounded to T) from the forward's lse.

@@ -71,7 +71,9 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
     return __float2bfloat16_rn(x);
 }
 
-// An fp8 (e4m3) input element, and its descale factors (1 where the call gave none).
+// An fp8 (e4m3) input element, and its descale factors (1 where the call gave none): the one
+// every row of (b, g) takes (descale_at: 1 with factors per block of rows), and row i's block
+// factor (descale_row: 1 without).
 struct e4m3_t {
     uint8_t x;
 };
@@ -81,7 +83,12 @@ template <> __device__ __forceinline__ float to_float<e4m3_t>(e4m3_t v)
 }
 __device__ __forceinline__ float descale_at(const fa_cuda_descale &d, int b, int g)
 {
-    return d.p ? d.p[b * d.sb + g * d.sh] : 1.0f;
+    return d.p && !d.rows ? d.p[b * d.sb + g * d.sh] : 1.0f;
+}
+__device__ __forceinline__ float descale_row(const fa_cuda_descale &d, int b, int g, int i)
+{
+    const unsigned blk = d.mul ? __umulhi((unsigned)i, d.mul) >> d.shr : (unsigned)i; // i / d.rows
+    return d.p && d.rows ? d.p[b * d.sb + g * d.sh + (int)blk * d.sblk] : 1.0f;
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p)
@@ -372,10 +379,11 @@ __device__ __forceinline__ float logit2(const fa_cuda_params &p, float s)
 }
 
 // Raw scores -> log2-domain logits, the cap's branch taken once for the whole tile; cap_in and
-// scale_log2 are p's, or (fp8) p's times the descale factors of q and k.
+// scale_log2 are p's, or (fp8) p's times the descale factors of q and k, given per row of the
+// fragment (rows g and g + 8 of each m tile: element e's is [e / 2]) or for all.
 template <int MT, int NT>
-__device__ __forceinline__ void to_logits(const fa_cuda_params &p, float (&c)[MT][NT][4], float cap_in,
-                                          float scale_log2)
+__device__ __forceinline__ void to_logits(const fa_cuda_params &p, float (&c)[MT][NT][4], const float (&cap_in)[2],
+                                          const float (&scale_log2)[2])
 {
     if (p.softcap > 0.0f) {
 #pragma unroll
@@ -384,7 +392,7 @@ __device__ __forceinline__ void to_logits(const fa_cuda_params &p, float (&c)[MT
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    c[i][j][e] = p.cap_out * tanhf(c[i][j][e] * cap_in);
+                    c[i][j][e] = p.cap_out * tanhf(c[i][j][e] * cap_in[e / 2]);
     } else {
 #pragma unroll
         for (int i = 0; i < MT; i++)
@@ -392,8 +400,15 @@ __device__ __forceinline__ void to_logits(const fa_cuda_params &p, float (&c)[MT
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    c[i][j][e] *= scale_log2;
+                    c[i][j][e] *= scale_log2[e / 2];
     }
+}
+template <int MT, int NT>
+__device__ __forceinline__ void to_logits(const fa_cuda_params &p, float (&c)[MT][NT][4], float cap_in,
+                                          float scale_log2)
+{
+    const float ci[2] = { cap_in, cap_in }, sl[2] = { scale_log2, scale_log2 };
+    to_logits(p, c, ci, sl);
 }
 template <int MT, int NT>
 __device__ __forceinline__ void to_logits(const fa_cuda_params &p, float (&c)[MT][NT][4])

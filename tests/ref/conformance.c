@@ -350,11 +350,12 @@ int fa_case_inputs_make(const fa_case *c, int with_lse, fa_case_inputs *in)
     fa_ref_v_first_nonneg(c->dtype, d->v.data, nb, d->v.stride_batch, tk, d->v.stride_seq, hk, d->v.stride_head);
     in->o_bytes = q_n * fa_ref_dtype_bytes(odt);
     if (c->descale) { /* factors in [0.5, 2): one a tensor (strides 0), per (batch, kv head), or
-                       * per (batch, kv head, block of 16, 1 or 48 query rows and 32, 5 or 128
-                       * key rows, by the case's seed) */
+                       * per (batch, kv head, block of 16, 1 or 48 query rows and of 32, 5 or
+                       * 128 key rows for k and for v, each by the case's seed) */
         static const int32_t qblk[3] = { 16, 1, 48 }, kblk[3] = { 32, 5, 128 };
-        const int32_t bq = c->descale == 3 ? qblk[c->seed % 3] : 0, bk = c->descale == 3 ? kblk[c->seed / 3 % 3] : 0;
-        const int32_t blk[3] = { bq, bk, bk };
+        const int b3 = c->descale == 3;
+        const int32_t blk[3] = { b3 ? qblk[c->seed % 3] : 0, b3 ? kblk[c->seed / 3 % 3] : 0,
+                                 b3 ? kblk[c->seed / 9 % 3] : 0 };
         const int64_t rows[3] = { tq, tk, tk };
         int64_t nblk[3], per[3], total = 0;
         for (int i = 0; i < 3; i++) {
@@ -520,10 +521,7 @@ const char *fa_backend_refuses(fa_context_t ctx, const fa_case *c)
 {
     const fa_backend b = fa_context_backend(ctx);
     if (b == FA_BACKEND_CUDA && c->dtype == FA_DTYPE_E4M3)
-        return !cuda_runs_fp8(ctx)  ? "dtype"
-               : c->head_dim > 128 ? "head_dim"
-               : c->descale == 3   ? "block_rows"
-                                   : NULL;
+        return !cuda_runs_fp8(ctx) ? "dtype" : c->head_dim > 128 ? "head_dim" : NULL;
     if ((b == FA_BACKEND_CUDA && c->dtype == FA_DTYPE_F32) || (b != FA_BACKEND_CPU && c->dtype == FA_DTYPE_E4M3))
         return "dtype";
     if (b == FA_BACKEND_GLES && c->dropout_p > 0.0f)
