@@ -4,7 +4,8 @@
 # conformance test; the CUDA conformance grid (its e4m3 cases beside the rest, quick level), also
 # with three persistent blocks, and every other e4m3 case under compute-sanitizer; the error on outlier inputs beside bf16's (bench/fp8_error.c);
 # then TFLOP/s of e4m3 and bf16 at FlashAttention's shapes (batch x seq = 16k, 16 heads of 128),
-# each the median of the tool's timed runs. Logs to $OUT (or build/). Carry .devdeps
+# and of e4m3 with descale factors per head, per 128 and per 64 rows (b4 s4k), each the median
+# of the tool's timed runs. Logs to $OUT (or build/). Carry .devdeps
 # (bench/gpu/fetch_debs.sh).
 #   bench/gpu/device_fp8.sh [check|bench|all]
 set -uo pipefail
@@ -44,10 +45,16 @@ for bs in 4:4096 2:8192 1:16384; do
       --dim 128 --causal both --no-standard --json /tmp/fp8_row.jsonl > /dev/null && cat /tmp/fp8_row.jsonl >> "$out/fp8_bench.jsonl"
   done
 done
+# descale factors per (batch, kv head), per 128-row block (one a key tile) and per 64 rows (one a key)
+for n in 0 128 64; do
+  ./build/flashattn bench --backend cuda --dtype e4m3 --batch 4 --seq 4096 --heads 16 --dim 128 --causal both \
+    --no-standard --descale-rows $n --json /tmp/fp8_row.jsonl > /dev/null && cat /tmp/fp8_row.jsonl >> "$out/fp8_bench.jsonl"
+done
 python3 - "$out/fp8_bench.jsonl" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
+    ds = f"descale/{r['descale_rows']}" if 'descale_rows' in r else ''
     print(f"{r['dtype']:5} b{r['batch']} s{r['seq_q']:<6} {'causal' if r['causal'] else '      '} "
-          f"{r['ms_flash']:8.3f} ms {r['gflops'] / 1000:7.1f} TFLOP/s  {r['kernel']}")
+          f"{r['ms_flash']:8.3f} ms {r['gflops'] / 1000:7.1f} TFLOP/s  {r['kernel']} {ds}")
 PY
