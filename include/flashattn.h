@@ -119,8 +119,8 @@ typedef struct fa_tensor {
  * [batch, num_heads_kv, ceil(seqlen / block_rows)] is stride_batch = num_heads_kv * blocks,
  * stride_head = blocks, stride_block = 1. block_rows 0 (the default) is one factor for every
  * row. Any block_rows works on every backend that takes fp8. Block factors are applied in
- * float32 (the CPU scales k and v rows by them, CUDA the raw scores by q's times k's), so keep
- * each below 7.5e35 and q's times k's below 1e30.
+ * float32 (the CPU scales k and v rows by them, CUDA the raw scores), so keep each, and q's
+ * times k's, below 1e30, and v's of one sequence within 1e20 of each other.
  */
 typedef struct fa_descale {
     const float *data;

@@ -257,7 +257,7 @@ template <int D, int BN, int BM> struct sm90_products_e4m3 {
     uint32_t pa[BN / 32][4];
     uint32_t dq, dk, dv;
     const fa_cuda_params &p;
-    const int b, hk, last, lane; // last: the sequence's last key
+    const int b, hk, last, lane; // last: the sequence's last key (0 without keys: block 0 is in range)
     float *const fac;
     const bool kcol, vcol;  // factors by column
     float qf[2];            // q's of rows g and g + 8
@@ -266,7 +266,7 @@ template <int D, int BN, int BM> struct sm90_products_e4m3 {
     __device__ __forceinline__ sm90_products_e4m3(uint32_t qa, uint32_t ka, uint32_t va, const fa_cuda_params &p_,
                                                   const query_tile_t &qt, int wr0, int g, float *fac_)
         : dq(sw_desc_lo(qa, 16)), dk(sw_desc_lo(ka, 16)), dv(sw_desc_lo(va, 16)), p(p_), b(qt.blk.b), hk(qt.hk),
-          last(qt.s.sk - 1), lane(threadIdx.x % 32), fac(fac_), kcol(p_.k_ds.rows % BN != 0),
+          last(max(qt.s.sk - 1, 0)), lane(threadIdx.x % 32), fac(fac_), kcol(p_.k_ds.rows % BN != 0),
           vcol(p_.v_ds.rows % BN != 0)
     {
         asm("" : "+r"(dq), "+r"(dk), "+r"(dv));

@@ -58,7 +58,8 @@ __device__ __forceinline__ row_t query_row(const fa_cuda_params &p)
 // into a float accumulator, whose additions the hardware rounds its own way): w is the A
 // operand's row 0, eight columns of m the B operand; warp w takes column tiles w, w + 4, ...
 // m's elements are M (T, or e4m3 for fp8 inputs: exact in bf16), times their block's factor
-// in m_rows (fp8 factors per block of rows; then rounded to T).
+// in m_rows (fp8 factors per block of rows; then rounded to T, one rounding more than the
+// fused kernel's, well within the fp8 tolerance).
 template <typename T, typename M = T>
 __device__ void weighted_key_rows(const fa_cuda_params &p, const row_t &row, const T *w,
                                   const fa_cuda_view &m, const fa_cuda_view &out, float mult, float mult2 = 1.0f,
