@@ -196,21 +196,24 @@ def _kv_fit(q, k, v, nd):
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                     softcap=0.0, return_lse=False, deterministic=True, seed=0, q_descale=None, k_descale=None,
-                    v_descale=None):
+                    v_descale=None, descale_block_rows=0):
     """Attention over [batch, seqlen, heads, head_dim] tensors (k and v may have fewer heads:
     GQA / MQA). causal is bottom-right aligned when seqlen_q != seqlen_k. Returns out, or
     (out, lse) with lse float32 [batch, heads, seqlen_q] (natural log). torch tensors go
     through torch.ops.flashattn.fwd: differentiable (fa_backward) and traceable by
     torch.compile. float8_e4m3fn q, k, v (torch, or numpy through ml_dtypes) take
     FlashAttention-3's q_descale, k_descale, v_descale (float32 [batch, num_heads_kv], None
-    for 1) and give a bfloat16 out, forward only."""
+    for 1) and give a bfloat16 out, forward only. descale_block_rows (an int, or one each for
+    q, k and v) > 0 takes a factor per block of that many rows instead: float32 [batch,
+    num_heads_kv, ceil(seqlen / block_rows)]."""
     if not _is_torch(q):  # torch tensors: the torch ops check them, in code torch.compile traces
         _arrays(q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
         _flags(causal=causal, return_lse=return_lse)
-    if _is_fp8(q) or q_descale is not None or k_descale is not None or v_descale is not None:
+    if (_is_fp8(q) or q_descale is not None or k_descale is not None or v_descale is not None or
+            (descale_block_rows is not None and descale_block_rows != 0)):
         scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap, deterministic)
-        return _fp8_forward(q, k, v, None, None, 0, 0, (q_descale, k_descale, v_descale), scale, wl, wr, causal,
-                            softcap, dropout_p, _int("seed", seed, 0, 2 ** 64 - 1), return_lse)
+        return _fp8_forward(q, k, v, None, None, 0, 0, (q_descale, k_descale, v_descale), descale_block_rows, scale,
+                            wl, wr, causal, softcap, dropout_p, _int("seed", seed, 0, 2 ** 64 - 1), return_lse)
     if _is_torch(q) and _torch():
         return _torch().flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                                         return_lse, deterministic, seed)
@@ -280,11 +283,23 @@ def _same_dtype(q, **others):
             raise ValueError(f"flashattn: {name}'s dtype ({got}) must equal q's ({want})")
 
 
-def _fp8_forward(q, k, v, cu_q, cu_k, max_q, max_k, descales, scale, wl, wr, causal, softcap, dropout_p, seed,
-                 return_lse):
-    """fp8 (e4m3) q, k, v with FlashAttention-3's descale factors: out bfloat16, outside the
-    torch ops (fp8 has no backward). Elements go in as their bits (uint8 views)."""
+def _block_rows(x):
+    """descale_block_rows: one count for q, k and v, or a count each; 0 is one factor a (batch,
+    kv head)."""
+    if isinstance(x, (tuple, list)):
+        if len(x) != 3:
+            raise ValueError(f"flashattn: descale_block_rows must be an integer or three (q's, k's, v's), not {len(x)}")
+        return tuple(_int(f"descale_block_rows[{i}]", y, 0, 2 ** 30) for i, y in enumerate(x))
+    return (_int("descale_block_rows", x, 0, 2 ** 30),) * 3
+
+
+def _fp8_forward(q, k, v, cu_q, cu_k, max_q, max_k, descales, block_rows, scale, wl, wr, causal, softcap, dropout_p,
+                 seed, return_lse):
+    """fp8 (e4m3) q, k, v with FlashAttention-3's descale factors (per block of rows where
+    block_rows says): out bfloat16, outside the torch ops (fp8 has no backward). Elements go in
+    as their bits (uint8 views)."""
     varlen = cu_q is not None
+    blocks = _block_rows(block_rows)
     if not _is_fp8(q):
         raise ValueError(f"flashattn: descale factors are for float8_e4m3fn inputs; q is {getattr(q, 'dtype', type(q))}")
     _same_dtype(q, k=k, v=v)
@@ -306,12 +321,14 @@ def _fp8_forward(q, k, v, cu_q, cu_k, max_q, max_k, descales, scale, wl, wr, cau
     if 0 in tuple(q.shape) or (not varlen and getattr(k, "ndim", 0) == 4 and k.shape[1] == 0):
         _kv_fit(q, k, v, q.ndim)  # nothing to attend: the library never sees the call
         seqs = len(cu_q) - 1 if varlen else q.shape[0]
-        for name, x in zip(("q_descale", "k_descale", "v_descale"), descales):
-            if x is not None and (tuple(x.shape) != (seqs, k.shape[-2]) or "float32" not in str(x.dtype)):
-                raise ValueError(f"flashattn: {name} must be float32 [batch, num_heads_kv] ([{seqs}, "
-                                 f"{k.shape[-2]}] here)")
+        rows = (q.shape[0], k.shape[0], k.shape[0]) if varlen else (q.shape[1], k.shape[1], k.shape[1])
+        for name, x, n, r in zip(("q_descale", "k_descale", "v_descale"), descales, blocks, rows):
+            want = (seqs, k.shape[-2]) + (((r + n - 1) // n,) if n else ())
+            if x is not None and (tuple(x.shape) != want or "float32" not in str(x.dtype)):
+                raise ValueError(f"flashattn: {name} must be float32 [batch, num_heads_kv{', blocks' if n else ''}] "
+                                 f"({list(want)} here{f': a factor per block of {n} rows' if n else ''})")
     else:
-        _C.forward_fp8(bits(q), bits(k), bits(v), obits, lse, cu_q, cu_k, max_q, max_k, *descales, scale,
+        _C.forward_fp8(bits(q), bits(k), bits(v), obits, lse, cu_q, cu_k, max_q, max_k, *descales, *blocks, scale,
                        bool(causal), wl, wr, float(softcap), float(dropout_p), seed, _stream(q))
     return (out, lse) if return_lse else out
 
@@ -327,21 +344,25 @@ def _zeros(shape, like, float32=False):
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                            return_lse=False, deterministic=True, seed=0, q_descale=None, k_descale=None,
-                           v_descale=None):
+                           v_descale=None, descale_block_rows=0):
     """Attention over packed sequences: q [total_q, heads, head_dim], k and v [total_k,
     kv_heads, head_dim], sequence b's rows cu_seqlens[b] .. cu_seqlens[b + 1] (int32, on the
     CPU on every device); max_seqlen_* are Python ints. Returns out, or (out, lse) with lse
     float32 [heads, total_q]. torch tensors go through torch.ops.flashattn.varlen_fwd. fp8
-    inputs as flash_attn_func's, descale factors [num_sequences, num_heads_kv]."""
+    inputs as flash_attn_func's, descale factors [num_sequences, num_heads_kv] (per block of
+    rows: [num_sequences, num_heads_kv, ceil(total / block_rows)], total the packed rows of
+    q, or of k for k's and v's; a sequence's blocks count from its own first row)."""
     if not _is_torch(q):
         _arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, q_descale=q_descale,
                 k_descale=k_descale, v_descale=v_descale)
         _flags(causal=causal, return_lse=return_lse)
-    if _is_fp8(q) or q_descale is not None or k_descale is not None or v_descale is not None:
+    if (_is_fp8(q) or q_descale is not None or k_descale is not None or v_descale is not None or
+            (descale_block_rows is not None and descale_block_rows != 0)):
         scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap, deterministic)
         return _fp8_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, _int("max_seqlen_q", max_seqlen_q, 0, 2 ** 31 - 1),
                             _int("max_seqlen_k", max_seqlen_k, 0, 2 ** 31 - 1), (q_descale, k_descale, v_descale),
-                            scale, wl, wr, causal, softcap, dropout_p, _int("seed", seed, 0, 2 ** 64 - 1), return_lse)
+                            descale_block_rows, scale, wl, wr, causal, softcap, dropout_p,
+                            _int("seed", seed, 0, 2 ** 64 - 1), return_lse)
     if _is_torch(q) and _torch():
         return _torch().flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                dropout_p, softmax_scale, causal, window_size, softcap, return_lse,

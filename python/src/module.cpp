@@ -276,11 +276,14 @@ void forward(in_array q, in_array k, in_array v, array o, std::optional<array> l
 
 // fa_forward on fp8 (e4m3) q, k, v (their bits as uint8) into o (bf16 bits as uint16, or
 // float32), with FlashAttention-3's descale factors: float32 [batch, num_heads_kv] each (varlen:
-// batch = sequences), any strides (an expanded scalar is one factor for all), None for 1.
+// batch = sequences), any strides (an expanded scalar is one factor for all), None for 1; with
+// its block_rows > 0 (q's, k's, v's), a tensor's are [batch, num_heads_kv, blocks] instead, one
+// per block of that many rows, blocks = ceil(seqlen / block_rows) (varlen: the packed rows).
 void forward_fp8(in_array q, in_array k, in_array v, array o, std::optional<array> lse, std::optional<in_array> cu_q,
                  std::optional<in_array> cu_k, int max_q, int max_k, std::optional<in_array> q_descale,
-                 std::optional<in_array> k_descale, std::optional<in_array> v_descale, float scale, bool causal,
-                 int window_left, int window_right, float softcap, float dropout_p, uint64_t seed, uintptr_t stream)
+                 std::optional<in_array> k_descale, std::optional<in_array> v_descale, int q_block_rows,
+                 int k_block_rows, int v_block_rows, float scale, bool causal, int window_left, int window_right,
+                 float softcap, float dropout_p, uint64_t seed, uintptr_t stream)
 {
     dense_call c;
     describe(c, q, k, v, o, lse ? &*lse : nullptr, cu_q, cu_k, max_q, max_k, scale, causal, window_left,
@@ -291,19 +294,26 @@ void forward_fp8(in_array q, in_array k, in_array v, array o, std::optional<arra
         const std::optional<in_array> &a;
         const char *name;
         fa_descale *out;
-    } ds[] = { { q_descale, "q_descale", &c.d.q_descale },
-               { k_descale, "k_descale", &c.d.k_descale },
-               { v_descale, "v_descale", &c.d.v_descale } };
+        int block_rows, rows;
+    } ds[] = { { q_descale, "q_descale", &c.d.q_descale, q_block_rows, c.d.seqlen_q },
+               { k_descale, "k_descale", &c.d.k_descale, k_block_rows, c.d.seqlen_k },
+               { v_descale, "v_descale", &c.d.v_descale, v_block_rows, c.d.seqlen_k } };
     for (const auto &x : ds) {
         if (!x.a)
             continue;
         const in_array &a = *x.a;
         same_device(q, a, x.name);
-        if (a.dtype() != nb::dtype<float>() || a.ndim() != 2 || a.shape(0) != (size_t)c.d.batch ||
-            a.shape(1) != (size_t)c.d.num_heads_kv)
-            bad(std::string("flashattn: ") + x.name + " must be float32 [batch, num_heads_kv] ([" +
-                std::to_string(c.d.batch) + ", " + std::to_string(c.d.num_heads_kv) + "] here)");
-        *x.out = fa_descale{ (const float *)a.data(), a.stride(0), a.stride(1), 0, 0 };
+        const size_t blocks = x.block_rows > 0 ? ((size_t)x.rows + x.block_rows - 1) / x.block_rows : 0;
+        if (a.dtype() != nb::dtype<float>() || a.ndim() != (x.block_rows > 0 ? 3u : 2u) ||
+            a.shape(0) != (size_t)c.d.batch || a.shape(1) != (size_t)c.d.num_heads_kv ||
+            (x.block_rows > 0 && a.shape(2) != blocks))
+            bad(std::string("flashattn: ") + x.name + " must be float32 [batch, num_heads_kv" +
+                (x.block_rows > 0 ? ", blocks" : "") + "] ([" + std::to_string(c.d.batch) + ", " +
+                std::to_string(c.d.num_heads_kv) + (x.block_rows > 0 ? ", " + std::to_string(blocks) : "") +
+                "] here" + (x.block_rows > 0 ? ": a factor per block of " + std::to_string(x.block_rows) + " rows" : "") +
+                ")");
+        *x.out = fa_descale{ (const float *)a.data(), a.stride(0), a.stride(1),
+                             x.block_rows > 0 ? a.stride(2) : 0, x.block_rows };
     }
     run_on(q, stream, [&](fa_context_t ctx) { return fa_forward(ctx, &c.d); });
 }
@@ -641,8 +651,9 @@ NB_MODULE(_C, m)
     m.def("forward_fp8", &forward_fp8, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
           nb::arg("lse").none(), nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(),
           nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("q_descale").none(), nb::arg("k_descale").none(),
-          nb::arg("v_descale").none(), nb::arg("scale"), nb::arg("causal"), nb::arg("window_left"),
-          nb::arg("window_right"), nb::arg("softcap"), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("stream"));
+          nb::arg("v_descale").none(), nb::arg("q_block_rows"), nb::arg("k_block_rows"), nb::arg("v_block_rows"),
+          nb::arg("scale"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
+          nb::arg("dropout_p"), nb::arg("seed"), nb::arg("stream"));
     m.def("paged_forward", &paged_forward, nb::arg("q"), nb::arg("out"), nb::arg("k_cache"), nb::arg("v_cache"),
           nb::arg("block_table"), nb::arg("cu_seqlens_q"), nb::arg("cache_seqlens"), nb::arg("k").none(),
           nb::arg("v").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rope"),

@@ -233,6 +233,54 @@ def test_fp8(varlen):
         flashattn.flash_attn_func(q0, k[:, :, :1], v)
 
 
+@pytest.mark.parametrize("varlen", [False, True])
+def test_fp8_block_factors(varlen):
+    """fp8 inputs with a descale factor per (batch, kv head) and block of 16 query rows, 5 key
+    rows for k and 32 for v (descale_block_rows), against float64 of the exact values times
+    their rows' factors; a sequence's blocks count from its own first row."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(SEED + 41)
+    b, sq, sk, hq, hk, d = 2, 19, 37, 6, 2, 64
+    q, k, v = (rand(rng, b, s, h, d).astype(ml_dtypes.float8_e4m3fn) for s, h in ((sq, hq), (sk, hk), (sk, hk)))
+    blk, seqs = (16, 5, 32), (sq, sk, sk)
+    rows = tuple(b * s for s in seqs) if varlen else seqs  # varlen: blocks of the packed rows
+    ds = [rng.uniform(0.5, 2.0, (b, hk, -(-r // n))).astype(np.float32) for r, n in zip(rows, blk)]
+
+    def per_row(f, s, n, heads):  # [b, s, heads]: row i of its sequence takes block i // n
+        return np.repeat(f[:, :, np.arange(s) // n], heads // hk, axis=1).transpose(0, 2, 1).astype(np.float64)
+    wide = [x.astype(np.float64) * per_row(f, s, n, h)[..., None]
+            for x, f, s, n, h in zip((q, k, v), ds, seqs, blk, (hq, hk, hk))]
+    ro, rl = reference(*wide, causal=True)
+    if varlen:
+        cu_q, cu_k = (np.array([0, s, 2 * s], dtype=np.int32) for s in (sq, sk))
+        o, lse = flashattn.flash_attn_varlen_func(q.reshape(b * sq, hq, d), k.reshape(b * sk, hk, d),
+                                                  v.reshape(b * sk, hk, d), cu_q, cu_k, sq, sk, causal=True,
+                                                  return_lse=True, q_descale=ds[0], k_descale=ds[1], v_descale=ds[2],
+                                                  descale_block_rows=blk)
+        o, lse = o.reshape(b, sq, hq, d), lse.reshape(hq, b, sq).transpose(1, 0, 2)
+    else:
+        o, lse = flashattn.flash_attn_func(q, k, v, causal=True, return_lse=True, q_descale=ds[0],
+                                           k_descale=ds[1], v_descale=ds[2], descale_block_rows=blk)
+    assert np.max(np.abs(o.astype(np.float64) - ro)) <= 2 ** -8 * np.max(np.abs(ro)) + 1e-6
+    assert np.max(np.abs(lse - rl)) < 1e-4
+    if varlen:
+        return
+    with pytest.raises(ValueError, match=r"k_descale must be float32 \[batch, num_heads_kv, blocks\] \(\[2, 2, 8\]"):
+        flashattn.flash_attn_func(q, k, v, k_descale=ds[1][:, :, :7], descale_block_rows=blk)
+    with pytest.raises(ValueError, match=r"q_descale must be float32 \[batch, num_heads_kv\]"):
+        flashattn.flash_attn_func(q, k, v, q_descale=ds[0])  # per-block factors without the block size
+    with pytest.raises(ValueError, match="descale_block_rows must be an integer or three"):
+        flashattn.flash_attn_func(q, k, v, descale_block_rows=(16, 5))
+    with pytest.raises(ValueError, match=r"descale_block_rows \(-1\) must be in 0..1073741824"):
+        flashattn.flash_attn_func(q, k, v, descale_block_rows=-1)
+    with pytest.raises(ValueError, match="float8_e4m3fn inputs"):
+        x = rand(rng, b, sq, hk, d)
+        flashattn.flash_attn_func(x, x, x, descale_block_rows=16)
+    # no query rows: the shapes are checked all the same
+    with pytest.raises(ValueError, match=r"v_descale must be float32 \[batch, num_heads_kv, blocks\]"):
+        flashattn.flash_attn_func(q[:, :0], k, v, v_descale=ds[1], descale_block_rows=blk)
+
+
 def test_threads():
     """Calls from several threads take turns per device: every result right (decode shapes of
     different lengths regrow the context's scratch)."""
