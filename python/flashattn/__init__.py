@@ -209,11 +209,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     if not _is_torch(q):  # torch tensors: the torch ops check them, in code torch.compile traces
         _arrays(q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
         _flags(causal=causal, return_lse=return_lse)
-    if (_is_fp8(q) or q_descale is not None or k_descale is not None or v_descale is not None or
-            (descale_block_rows is not None and descale_block_rows != 0)):
+    blocks = _block_rows(descale_block_rows)
+    if _is_fp8(q) or q_descale is not None or k_descale is not None or v_descale is not None or any(blocks):
         scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap, deterministic)
-        return _fp8_forward(q, k, v, None, None, 0, 0, (q_descale, k_descale, v_descale), descale_block_rows, scale,
-                            wl, wr, causal, softcap, dropout_p, _int("seed", seed, 0, 2 ** 64 - 1), return_lse)
+        return _fp8_forward(q, k, v, None, None, 0, 0, (q_descale, k_descale, v_descale), blocks, scale, wl, wr,
+                            causal, softcap, dropout_p, _int("seed", seed, 0, 2 ** 64 - 1), return_lse)
     if _is_torch(q) and _torch():
         return _torch().flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                                         return_lse, deterministic, seed)
@@ -284,24 +284,31 @@ def _same_dtype(q, **others):
 
 
 def _block_rows(x):
-    """descale_block_rows: one count for q, k and v, or a count each; 0 is one factor a (batch,
-    kv head)."""
+    """descale_block_rows as (q's, k's, v's): one count for all three, or a count each; 0 (or
+    None) is one factor a (batch, kv head)."""
+    if type(x) is int and x == 0 or x is None:  # the default, first
+        return (0, 0, 0)
+
+    def count(name, y):
+        if type(y).__name__ in ("bool", "bool_"):  # an integer to operator.index, not a count
+            raise ValueError(f"flashattn: {name} must be an integer, not {type(y).__name__}")
+        return _int(name, y, 0, 2 ** 30)
     if isinstance(x, (tuple, list)):
         if len(x) != 3:
             raise ValueError(f"flashattn: descale_block_rows must be an integer or three (q's, k's, v's), not {len(x)}")
-        return tuple(_int(f"descale_block_rows[{i}]", y, 0, 2 ** 30) for i, y in enumerate(x))
-    return (_int("descale_block_rows", x, 0, 2 ** 30),) * 3
+        return tuple(count(f"descale_block_rows[{i}]", y) for i, y in enumerate(x))
+    return (count("descale_block_rows", x),) * 3
 
 
-def _fp8_forward(q, k, v, cu_q, cu_k, max_q, max_k, descales, block_rows, scale, wl, wr, causal, softcap, dropout_p,
+def _fp8_forward(q, k, v, cu_q, cu_k, max_q, max_k, descales, blocks, scale, wl, wr, causal, softcap, dropout_p,
                  seed, return_lse):
     """fp8 (e4m3) q, k, v with FlashAttention-3's descale factors (per block of rows where
-    block_rows says): out bfloat16, outside the torch ops (fp8 has no backward). Elements go in
-    as their bits (uint8 views)."""
+    blocks, _block_rows', says): out bfloat16, outside the torch ops (fp8 has no backward).
+    Elements go in as their bits (uint8 views)."""
     varlen = cu_q is not None
-    blocks = _block_rows(block_rows)
     if not _is_fp8(q):
-        raise ValueError(f"flashattn: descale factors are for float8_e4m3fn inputs; q is {getattr(q, 'dtype', type(q))}")
+        raise ValueError("flashattn: descale factors (q_descale, k_descale, v_descale, descale_block_rows) are for "
+                         f"float8_e4m3fn inputs; q is {getattr(q, 'dtype', type(q))}")
     _same_dtype(q, k=k, v=v)
     if getattr(q, "ndim", None) != (3 if varlen else 4):
         raise ValueError("flashattn: q must be [total_q, heads, head_dim] for varlen calls" if varlen else
@@ -356,12 +363,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         _arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, q_descale=q_descale,
                 k_descale=k_descale, v_descale=v_descale)
         _flags(causal=causal, return_lse=return_lse)
-    if (_is_fp8(q) or q_descale is not None or k_descale is not None or v_descale is not None or
-            (descale_block_rows is not None and descale_block_rows != 0)):
+    blocks = _block_rows(descale_block_rows)
+    if _is_fp8(q) or q_descale is not None or k_descale is not None or v_descale is not None or any(blocks):
         scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap, deterministic)
         return _fp8_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, _int("max_seqlen_q", max_seqlen_q, 0, 2 ** 31 - 1),
                             _int("max_seqlen_k", max_seqlen_k, 0, 2 ** 31 - 1), (q_descale, k_descale, v_descale),
-                            descale_block_rows, scale, wl, wr, causal, softcap, dropout_p,
+                            blocks, scale, wl, wr, causal, softcap, dropout_p,
                             _int("seed", seed, 0, 2 ** 64 - 1), return_lse)
     if _is_torch(q) and _torch():
         return _torch().flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -312,8 +312,14 @@ void forward_fp8(in_array q, in_array k, in_array v, array o, std::optional<arra
                 std::to_string(c.d.num_heads_kv) + (x.block_rows > 0 ? ", " + std::to_string(blocks) : "") +
                 "] here" + (x.block_rows > 0 ? ": a factor per block of " + std::to_string(x.block_rows) + " rows" : "") +
                 ")");
-        *x.out = fa_descale{ (const float *)a.data(), a.stride(0), a.stride(1),
-                             x.block_rows > 0 ? a.stride(2) : 0, x.block_rows };
+        int64_t st[3] = { 0, 0, 0 }; // an axis of one element: stride 0, whatever the array says
+        for (size_t i = 0; i < a.ndim(); i++) {
+            st[i] = a.shape(i) > 1 ? a.stride(i) : 0;
+            if (st[i] < 0)
+                bad(std::string("flashattn: ") + x.name + " has a negative stride (a reversed view); pass a "
+                    "contiguous copy (numpy.ascontiguousarray, or .contiguous() in torch)");
+        }
+        *x.out = fa_descale{ (const float *)a.data(), st[0], st[1], st[2], x.block_rows };
     }
     run_on(q, stream, [&](fa_context_t ctx) { return fa_forward(ctx, &c.d); });
 }

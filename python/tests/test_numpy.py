@@ -273,9 +273,17 @@ def test_fp8_block_factors(varlen):
         flashattn.flash_attn_func(q, k, v, descale_block_rows=(16, 5))
     with pytest.raises(ValueError, match=r"descale_block_rows \(-1\) must be in 0..1073741824"):
         flashattn.flash_attn_func(q, k, v, descale_block_rows=-1)
-    with pytest.raises(ValueError, match="float8_e4m3fn inputs"):
+    with pytest.raises(ValueError, match=r"descale_block_rows\[1\] must be an integer, not bool"):
+        flashattn.flash_attn_func(q, k, v, descale_block_rows=(16, True, 32))
+    with pytest.raises(ValueError, match="k_descale has a negative stride"):
+        flashattn.flash_attn_func(q, k, v, k_descale=ds[1][:, :, ::-1], descale_block_rows=blk)
+    with pytest.raises(ValueError, match="descale_block_rows\\) are for float8_e4m3fn inputs"):
         x = rand(rng, b, sq, hk, d)
         flashattn.flash_attn_func(x, x, x, descale_block_rows=16)
+    # None is the default's 0; a view with one block in reverse reads as well as a plain one
+    one = np.ones((b, hk, 1), np.float32)[:, :, ::-1]
+    o1 = flashattn.flash_attn_func(q, k, v, k_descale=one, descale_block_rows=(0, 64, 0))
+    assert np.array_equal(o1.astype(np.float32), flashattn.flash_attn_func(q, k, v, descale_block_rows=None).astype(np.float32))
     # no query rows: the shapes are checked all the same
     with pytest.raises(ValueError, match=r"v_descale must be float32 \[batch, num_heads_kv, blocks\]"):
         flashattn.flash_attn_func(q[:, :0], k, v, v_descale=ds[1], descale_block_rows=blk)
