@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# On a CUDA machine: where compute-sanitizer racecheck's hazard reports point. Builds the
+# library and grids with line information (-lineinfo, in build-lineinfo), runs racecheck on
+# the quick grids named (backward: every 16th case; forward: every 12th; paged: every 8th),
+# and prints each grid's reports as pairs of source lines (write <-> read), the kernel, and the
+# hazards counted, most first: the list to check against each kernel's mbarrier orderings
+# (bench/gpu/ordering_check.sh shows the Q/dO, Q buffer and decode stage orderings are
+# needed). LIB_DIR=dir runs a library and tests already built with -lineinfo there instead
+# (libflashattn.so, test_backward, test_conformance, test_paged). Logs go to $OUT (or
+# build-lineinfo/).
+#   bench/gpu/racecheck_map.sh [backward|forward|paged]...   (none: all three)
+set -uo pipefail
+case "${1:-}" in -h|--help) sed -n '3,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+for g in "$@"; do
+  case $g in backward|forward|paged) ;; *) echo "$0: grids are backward, forward or paged, not '$g' (see --help)" >&2; exit 2 ;; esac
+done
+cd "$(dirname "$0")/../.."
+. bench/gpu/device_env.sh
+out=${OUT:-build-lineinfo}
+mkdir -p "$out"
+if [ -n "${LIB_DIR:-}" ]; then
+  bin=$LIB_DIR
+  export LD_LIBRARY_PATH=$PWD/$bin:$LD_LIBRARY_PATH
+else
+  cmake -S . -B build-lineinfo -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_FLAGS=-lineinfo -DFA_WITH_CUDA=ON \
+    -DFA_WITH_GLES=OFF -DFA_BUILD_TOOLS=OFF -DFA_BUILD_TESTS=ON -DOPENBLAS_LIB=$blas/libopenblas.so \
+    -DCBLAS_INCLUDE=/usr/include/x86_64-linux-gnu/openblas-pthread > "$out/lineinfo_cmake.log" 2>&1 ||
+    { tail -20 "$out/lineinfo_cmake.log"; exit 1; }
+  cmake --build build-lineinfo -j "$(nproc)" --target test_backward test_conformance test_paged \
+    > "$out/lineinfo_build.log" 2>&1 || { grep -E "error" "$out/lineinfo_build.log" | head -20; exit 1; }
+  bin=build-lineinfo/tests
+fi
+# pairs of source lines from racecheck's analysis reports, counted
+summarise() {
+  python3 - "$1" <<'PY'
+import collections, re, sys
+access = re.compile(r'(Write|Read) access at \S+ in \S*?([^/\s:]+):(\d+):(.*?)(\s*\[\d+ hazards?\])?\s*$')
+pairs, first = collections.Counter(), None
+for line in open(sys.argv[1], errors='replace'):
+    if 'Race reported between' in line:
+        m = access.search(line)
+        first = m and f"{m.group(1)} {m.group(2)}:{m.group(3)}"
+    elif first and re.search(r'and (Read|Write) access at', line):
+        m, n = access.search(line), re.search(r'\[(\d+) hazards?\]', line)
+        kernel = re.sub(r'^void ', '', m.group(4)).replace('__nv_bfloat16', 'bf16')[:100] if m else '?'
+        second = f"{m.group(1)} {m.group(2)}:{m.group(3)}" if m else '?'
+        pairs[f"{first} <-> {second}  {kernel}"] += int(n.group(1)) if n else 1
+        first = None
+for key, hazards in pairs.most_common():
+    print(f"{hazards:6d}  {key}")
+print(f"{len(pairs)} pairs of lines, {sum(pairs.values())} hazards")
+PY
+}
+export FLASHATTN_TEST_BACKEND=cuda FLASHATTN_TEST_QUICK=1
+[ $# -gt 0 ] || set -- backward forward paged
+for g in "$@"; do
+  case $g in backward) test=test_backward every=16 ;; forward) test=test_conformance every=12 ;; paged) test=test_paged every=8 ;; esac
+  FLASHATTN_TEST_EVERY=$every timeout 300 compute-sanitizer --tool racecheck --racecheck-report analysis \
+    --print-limit 100000 "$bin/$test" > "$out/racecheck_map_$g.log" 2>&1
+  echo "$g: rc=$? $(grep -hE "RACECHECK SUMMARY" "$out/racecheck_map_$g.log" | tail -1)"
+  summarise "$out/racecheck_map_$g.log"
+done
