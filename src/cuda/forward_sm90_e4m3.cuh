@@ -262,7 +262,7 @@ template <int D, int BN, int BM> struct sm90_products_e4m3 {
     const bool kcol, vcol;  // factors by column
     float qf[2];            // q's of rows g and g + 8
     float kn[PER], vn[PER]; // the next tile's: keys c + PER * lane + i by column, else [0] the tile's
-    float kt = 1.0f, vt = 1.0f, vref = 0.0f;
+    float vt = 1.0f, vref = 0.0f; // v's factor of the tile (by column: its largest), O's unit
     __device__ __forceinline__ sm90_products_e4m3(uint32_t qa, uint32_t ka, uint32_t va, const fa_cuda_params &p_,
                                                   const query_tile_t &qt, int wr0, int g, float *fac_)
         : dq(sw_desc_lo(qa, 16)), dk(sw_desc_lo(ka, 16)), dv(sw_desc_lo(va, 16)), p(p_), b(qt.blk.b), hk(qt.hk),
@@ -318,8 +318,9 @@ template <int D, int BN, int BM> struct sm90_products_e4m3 {
             }
             __syncwarp();
         }
-        kt = kcol ? 1.0f : kn[0];
-        vt = vcol ? vt : vn[0];
+        const float kt = kcol ? 1.0f : kn[0];
+        if (!vcol)
+            vt = vn[0];
         fetch(n + 1); // past the last tile: clamped to the last key
         if (kcol) {
 #pragma unroll
