@@ -301,6 +301,21 @@ expect_rc 0 "generate with --tokenizer over the directory's" "$fa" generate --mo
 expect_rc 0 "export-hf over an export" "$fa" export-hf --model "$(dirname "$0")/../models/stories260K.bin" --out "$tmp/hf2"
 [ ! -e "$tmp/hf2/tokenizer.json" ] && grep -q "tokenizer.json, from another export, removed" "$tmp/out" ||
   { echo "FAIL: export-hf left another export's tokenizer.json"; cat "$tmp/out"; fails=$((fails + 1)); }
+# an export never writes over the checkpoint it reads (mapped while it runs), by any name
+cp "$(dirname "$0")/../models/stories260K.bin" "$tmp/hf2/config.json"
+ln -s "$tmp/hf2/config.json" "$tmp/link.bin"
+expect_usage "export-hf over its own checkpoint" "$fa" export-hf --model "$tmp/link.bin" --out "$tmp/hf2"
+cmp -s "$(dirname "$0")/../models/stories260K.bin" "$tmp/hf2/config.json" ||
+  { echo "FAIL: export-hf wrote over the checkpoint it read"; fails=$((fails + 1)); }
+cp "$tmp/hf2/config.json" "$tmp/hf2/model-00002-of-00003.safetensors"
+expect_usage "export-hf over its own checkpoint as a shard" "$fa" export-hf --model "$tmp/hf2/model-00002-of-00003.safetensors" \
+  --out "$tmp/hf2" --shards 3
+rm -f "$tmp/hf2/model-00002-of-00003.safetensors" "$tmp/link.bin"
+# gen-model's failed write removes its partial file, never what --out named if not a file
+if [ "$(id -u)" = 0 ] && mknod "$tmp/full" c 1 7 2>/dev/null; then
+  expect_rc 1 "gen-model onto a full device" "$fa" gen-model --config 64x1x8x4x172x512x64 --out "$tmp/full"
+  [ -c "$tmp/full" ] || { echo "FAIL: gen-model removed the device it could not write"; fails=$((fails + 1)); }
+fi
 # a file's text and the command line reach the error line with control characters escaped
 cp -r "$tmp/hf" "$tmp/hf3"
 sed -i 's/"model_type":[[:space:]]*"llama"/"model_type": "lla\\nma\\u001b[2J"/' "$tmp/hf3/config.json"
@@ -314,6 +329,10 @@ done
 for list in 1,2, '' 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17; do
   expect_usage "bench-model --batch '$list'" "$fa" bench-model --batch "$list"
 done
+expect_usage "bench-model --batch past seq_len" "$fa" bench-model --config 64x1x8x4x172x512x64 --prompt-len 8 --decode 1 \
+  --batch 1,65
+[ -s "$tmp/out" ] && { echo "FAIL: bench-model --batch past seq_len printed rows first"; fails=$((fails + 1)); }
+expect_usage "bench --softcap past its range" "$fa" bench --softcap 1e38
 # memory sized to the run, not to a context of 10^8 positions (51 s and 9 GB before)
 expect_rc 0 "bench-serve on a model of a long context" timeout 30 "$fa" bench-serve --config 64x1x8x4x172x512x100000000 \
   --requests 2 --prompt-len 4,4 --output-len 2,2

@@ -421,6 +421,9 @@ int cmd_gen_model(int argc, char **argv)
         return cli_fail("gen-model", "the checkpoint takes %.2f GiB and '%s' has %.2f GiB free",
                         (double)bytes / 1073741824.0, dir, (double)fs.f_bavail * (double)fs.f_frsize / 1073741824.0);
     }
+    /* a failed write removes the partial checkpoint, never a device or FIFO named by --out */
+    struct stat was;
+    const int regular = stat(out, &was) != 0 || S_ISREG(was.st_mode);
     FILE *f = fopen(out, "wb");
     if (!f) {
         fprintf(stderr, "flashattn gen-model: cannot create '%s'\n", out);
@@ -432,7 +435,8 @@ int cmd_gen_model(int argc, char **argv)
         snprintf(err, sizeof(err), "closing '%s' failed", out);
     }
     if (s != FA_OK) { /* the config passed: what failed is the machine's writing */
-        remove(out);
+        if (regular)
+            remove(out);
         cli_lib_error("gen-model", err, s);
         return CLI_EXIT_FAIL;
     }
@@ -462,6 +466,29 @@ static const char *ex_help =
     "                        [--model DIR's tokenizer.json if it has one, else none]\n"
     "  --dtype f32|f16|bf16  tensor type                              [f32]\n"
     "  --shards N            safetensors files                        [1]\n";
+
+/* The name under DIR that an export would write over the checkpoint at model (a llama2.c
+ * file, mapped while the export reads it: the same file by any name or link), or NULL. An HF
+ * directory is read into memory whole, so writing over its files loses nothing. */
+static const char *export_clash(const char *model, const char *dir, int shards)
+{
+    static char name[64];
+    struct stat in, sb;
+    char path[4200];
+    if (stat(model, &in) != 0 || !S_ISREG(in.st_mode))
+        return NULL;
+    const char *fixed[] = { "config.json", "model.safetensors", "model.safetensors.index.json", "tokenizer.json" };
+    for (int i = 0; i < 4 + (shards > 1 ? shards : 0); i++) {
+        if (i < 4)
+            snprintf(name, sizeof(name), "%s", fixed[i]);
+        else
+            snprintf(name, sizeof(name), "model-%05d-of-%05d.safetensors", i - 3, shards);
+        if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, name) < sizeof(path) && stat(path, &sb) == 0 &&
+            sb.st_dev == in.st_dev && sb.st_ino == in.st_ino)
+            return name;
+    }
+    return NULL;
+}
 
 int cmd_export_hf(int argc, char **argv)
 {
@@ -503,6 +530,10 @@ int cmd_export_hf(int argc, char **argv)
         return cli_usage_error("export-hf", "--model and --out are required");
     if (!tok_path && dir_tokenizer(model_path, dir_tok, sizeof(dir_tok)))
         tok_path = dir_tok;
+    const char *clash = export_clash(model_path, out, (int)shards);
+    if (clash)
+        return cli_usage_error("export-hf", "--out would overwrite the checkpoint being read (as '%s'): choose "
+                                            "another directory", clash);
     char err[FA_MODEL_ERR_LEN], tok_out[4096];
     fa_model *m;
     fa_tokenizer *t = NULL;
