@@ -301,8 +301,9 @@ static void test_refusals(void **state)
     free(nul);
 }
 
-/* A pattern that backtracks without end stops at PCRE2's step limit, and text that is not UTF-8
- * is refused: a status and a message, in bounded time. */
+/* A pattern that backtracks without end stops at PCRE2's step limit, so does one whose every
+ * match backtracks heavily, and text that is not UTF-8 is refused: a status and a message, in
+ * bounded time. */
 static void test_encode_refusals(void **state)
 {
     (void)state;
@@ -332,7 +333,19 @@ static void test_encode_refusals(void **state)
     if (fa_tokenizer_encode(g, ab, 0, 0, many, len + 3, &k, err) != FA_OK)
         fail_msg("%s", err);
     assert_true(k > 0 && k <= len);
-    fa_tokenizer_free(t), fa_tokenizer_free(u), fa_tokenizer_free(g), free(slow), free(group), free(ab), free(many);
+    /* each character a heavy match that succeeds (2^18 ways of spelling a run of a's before the
+     * fallback '.'): the encoding stops after a few such matches instead of taking them all */
+    char *heavy = with("pre_tokenizer.pretokenizers.0", "{\"type\": \"Split\", \"pattern\": {\"Regex\": "
+                                                        "\"(?:a|a){1,18}c|.\"}, \"behavior\": \"Isolated\"}");
+    fa_tokenizer *h = load(heavy);
+    memset(ab, 'a', 2000);
+    ab[2000] = 0;
+    const clock_t c1 = clock();
+    assert_int_equal(fa_tokenizer_encode(h, ab, 0, 0, many, len + 3, &k, err), FA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "more steps or memory than its limits"));
+    print_message("heavy matches at every character stopped after %.2f s\n", (double)(clock() - c1) / CLOCKS_PER_SEC);
+    fa_tokenizer_free(t), fa_tokenizer_free(u), fa_tokenizer_free(g), fa_tokenizer_free(h);
+    free(slow), free(group), free(heavy), free(ab), free(many);
 }
 
 int main(void)

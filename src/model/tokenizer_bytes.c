@@ -18,10 +18,15 @@
 static const char gpt2_pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-/* Backtracking steps one match may take (a pattern from a file cannot stall a match without
- * end; a text of n characters takes at most n matches), the JIT's stack and the interpreter's
- * heap: repeated groups over long texts need more than PCRE2's 32 KiB default JIT stack. */
-#define MATCH_LIMIT 10000000u
+/* Backtracking steps a match may take: LIGHT_LIMIT each, and MATCH_LIMIT for at most
+ * HEAVY_MATCHES of an encoding's matches (the pre-tokenizer patterns of real tokenizers take
+ * a few steps a match; a pattern from a file that backtracks heavily fails the text's encoding
+ * within a bounded time instead of stalling it: a text of n characters takes at most n
+ * matches), the JIT's stack and the interpreter's heap: repeated groups over long texts need
+ * more than PCRE2's 32 KiB default JIT stack. */
+#define LIGHT_LIMIT 10000u
+#define MATCH_LIMIT 1000000u
+#define HEAVY_MATCHES 16u
 #define JIT_STACK_MAX (16u << 20)
 #define HEAP_LIMIT_KIB (64u << 10)
 
@@ -36,6 +41,7 @@ struct fa_tok_matcher {
     pcre2_match_context *mctx;
     pcre2_jit_stack *stack;
     pcre2_match_data *md;
+    unsigned heavy; /* matches past LIGHT_LIMIT so far */
 };
 
 void fa_tok_split_free(fa_tok_split *s)
@@ -66,7 +72,7 @@ fa_tok_matcher *fa_tok_matcher_new(const fa_tok_split *s)
     }
     if (s->jit && (m->stack = pcre2_jit_stack_create(32u << 10, JIT_STACK_MAX, NULL)))
         pcre2_jit_stack_assign(m->mctx, NULL, m->stack);
-    pcre2_set_match_limit(m->mctx, MATCH_LIMIT);
+    pcre2_set_match_limit(m->mctx, LIGHT_LIMIT);
     pcre2_set_heap_limit(m->mctx, HEAP_LIMIT_KIB);
     return m;
 }
@@ -99,14 +105,26 @@ fa_status fa_tok_split_compile(const char *pattern, size_t len, int literal, fa_
     return FA_OK;
 }
 
+static int match_at(const fa_tok_split *s, fa_tok_matcher *m, const char *text, size_t n, size_t at)
+{
+    int rc = pcre2_match(s->code, (PCRE2_SPTR)text, n, at, PCRE2_NO_UTF_CHECK, m->md, m->mctx);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT) /* past even the large stack: the interpreter's heap */
+        rc = pcre2_match(s->code, (PCRE2_SPTR)text, n, at, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, m->md, m->mctx);
+    return rc;
+}
+
 int fa_tok_split_next(const fa_tok_split *s, fa_tok_matcher *m, const char *text, size_t n, size_t at, size_t *from,
                       size_t *to)
 {
     if (at > n)
         return 0;
-    int rc = pcre2_match(s->code, (PCRE2_SPTR)text, n, at, PCRE2_NO_UTF_CHECK, m->md, m->mctx);
-    if (rc == PCRE2_ERROR_JIT_STACKLIMIT) /* past even the large stack: the interpreter's heap */
-        rc = pcre2_match(s->code, (PCRE2_SPTR)text, n, at, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, m->md, m->mctx);
+    int rc = match_at(s, m, text, n, at);
+    if (rc == PCRE2_ERROR_MATCHLIMIT && m->heavy < HEAVY_MATCHES) {
+        m->heavy++;
+        pcre2_set_match_limit(m->mctx, MATCH_LIMIT);
+        rc = match_at(s, m, text, n, at);
+        pcre2_set_match_limit(m->mctx, LIGHT_LIMIT);
+    }
     if (rc == PCRE2_ERROR_NOMATCH)
         return 0;
     if (rc < 0)
