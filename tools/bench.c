@@ -667,8 +667,8 @@ static int parse(int argc, char **argv, opts *o)
             break;
         }
         case SOFTCAP:
-            if (cli_parse_float(v, &o->softcap) || o->softcap < 0)
-                return cli_usage_error("bench", "--softcap needs a number >= 0");
+            if (cli_parse_float(v, &o->softcap) || !(o->softcap >= 0 && o->softcap <= FA_MAX_SCALE))
+                return cli_usage_error("bench", "--softcap needs a number in 0..%g", (double)FA_MAX_SCALE);
             break;
         case DROPOUT:
             if (cli_parse_float(v, &o->dropout) || !(o->dropout >= 0 && o->dropout < 1))

@@ -256,6 +256,14 @@ int cmd_bench_model(int argc, char **argv)
             goto done;
         }
     }
+    /* a decode step of B rows runs within the engine's token budget, at most seq_len rows */
+    for (int i = 0; engine && i < n_batches; i++)
+        if (batches[i] > c.seq_len) {
+            rc = cli_usage_error("bench-model", "--batch %ld exceeds the model's seq_len (%d), the rows a step "
+                                                "can take: use batch sizes up to %d",
+                                 batches[i], (int)c.seq_len, (int)c.seq_len);
+            goto done;
+        }
     uint64_t wbytes = 0;
     if ((st = fa_model_config_check(&c, &wbytes, err)) != FA_OK) {
         rc = cli_lib_error("bench-model", err, st);

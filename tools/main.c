@@ -367,7 +367,8 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
         if (strcmp(cmd, commands[i].name) == 0) {
             int rc = commands[i].run(argc - 1, argv + 1);
-            /* standard output that could not be written (a full disk, a closed pipe) is a failure */
+            /* standard output that could not be written (a full disk) is a failure; a reader that
+             * closes its pipe ends the process by SIGPIPE, as it ends cat or grep */
             errno = 0;
             if (fflush(stdout) != 0 || ferror(stdout)) {
                 fprintf(stderr, "flashattn %s: writing the standard output failed%s%s\n", cmd, errno ? ": " : "",

@@ -146,9 +146,8 @@ fa_status fa_engine_create(const fa_model *m, const fa_engine_options *o, fa_eng
         fa_engine_free(e);
         return st;
     }
-    e->info.kv_tokens = o->num_pages * o->page_size;
-    if (e->info.kv_tokens / o->page_size != o->num_pages) /* the product overflowed */
-        e->info.kv_tokens = INT32_MAX;
+    const int64_t kv = (int64_t)o->num_pages * o->page_size; /* both int32: fits */
+    e->info.kv_tokens = kv < INT32_MAX ? (int32_t)kv : INT32_MAX;
     *out = e;
     return FA_OK;
 }

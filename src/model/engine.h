@@ -54,7 +54,7 @@ typedef struct fa_engine_info {
     uint64_t weight_bytes;    /* as the backend holds them */
     uint64_t kv_bytes;        /* the cache: every layer's pages */
     uint64_t activation_bytes;
-    int32_t kv_tokens;        /* num_pages * page_size */
+    int32_t kv_tokens;        /* num_pages * page_size (INT32_MAX past it) */
     int32_t graphs;           /* cuda: decode steps replay CUDA graphs (0: direct launches, and cpu) */
     int32_t graphs_captured;  /* batches whose decode step has been captured so far */
     int64_t graph_replays;    /* decode steps replayed from a graph so far */

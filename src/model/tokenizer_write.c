@@ -128,7 +128,8 @@ static cJSON *bin_to_json(const fa_tokenizer *t, char *err, fa_status *st)
             i = k ? i + k : n;
         }
     }
-    qsort(sp, n_splits, sizeof(split), cmp_split);
+    if (n_splits) /* sp may be NULL when there are none */
+        qsort(sp, n_splits, sizeof(split), cmp_split);
     j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "version", "1.0");
     cJSON_AddNullToObject(j, "truncation");
