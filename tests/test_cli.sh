@@ -333,6 +333,9 @@ expect_usage "bench-model --batch past seq_len" "$fa" bench-model --config 64x1x
   --batch 1,65
 [ -s "$tmp/out" ] && { echo "FAIL: bench-model --batch past seq_len printed rows first"; fails=$((fails + 1)); }
 expect_usage "bench --softcap past its range" "$fa" bench --softcap 1e38
+expect_usage "bench-model with --model and --config" "$fa" bench-model --model "$(dirname "$0")/../models/stories260K.bin" \
+  --config 64x1x8x4x172x512x64
+expect_usage "generate with a hex temperature" "$fa" generate --temperature 0x10 --steps 2
 # memory sized to the run, not to a context of 10^8 positions (51 s and 9 GB before)
 expect_rc 0 "bench-serve on a model of a long context" timeout 30 "$fa" bench-serve --config 64x1x8x4x172x512x100000000 \
   --requests 2 --prompt-len 4,4 --output-len 2,2

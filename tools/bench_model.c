@@ -156,7 +156,7 @@ int cmd_bench_model(int argc, char **argv)
     fa_matvec mv = FA_MATVEC_AUTO;
     fa_backend backend = FA_BACKEND_CPU;
     long batches[16] = { 1, 8, 32 };
-    int n_batches = 3, engine = 0;
+    int n_batches = 3, engine = 0, config_set = 0;
     enum { CONFIG, MODEL, PROMPT_LEN, DECODE, SEED, MATVEC, NO_STANDARD, BATCH, GRAPHS, PAGE, REPS, N_OPTIONS };
     static const cli_option options[N_OPTIONS] = {
         [CONFIG] = { "--config", 1 }, [MODEL] = { "--model", 1 },
@@ -173,6 +173,7 @@ int cmd_bench_model(int argc, char **argv)
         switch (opt) {
         case CONFIG:
             spec = v;
+            config_set = 1;
             break;
         case MODEL:
             path = v;
@@ -223,6 +224,8 @@ int cmd_bench_model(int argc, char **argv)
         return rc == CLI_HELP ? 0 : rc;
     if (backend != FA_BACKEND_CPU && backend != FA_BACKEND_CUDA)
         return cli_usage_error("bench-model", "--backend: the runner runs on cpu or cuda");
+    if (path && config_set)
+        return cli_usage_error("bench-model", "--config and --model both name the model: give one");
     engine |= backend == FA_BACKEND_CUDA;
     if (page_set && !engine)
         return cli_usage_error("bench-model", "--page-size sizes the engine's KV pages: add --batch or --backend cuda");

@@ -160,7 +160,7 @@ int cli_parse_float(const char *s, double *out)
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || *end || !isfinite(v))
+    if (errno || *end || !isfinite(v) || strpbrk(s, "xX")) /* decimal only: no hex floats */
         return -1;
     *out = v;
     return 0;

@@ -216,7 +216,9 @@ fa_status fa_tokenizer_open(const char *path, int32_t vocab_size, fa_tokenizer *
         return fa_model_fail(err, FA_ERR_NULL_POINTER, "path is NULL");
     unsigned char *buf;
     size_t n;
-    fa_status st = fa_model_read_file(path, "tokenizer", 1u << 30, FA_ERR_SIZE_OVERFLOW, &buf, &n, err);
+    /* 128 MiB: four times the largest tokenizers published (Gemma's tokenizer.json, about 33
+     * MB); reading a tokenizer.json takes about 40 times its size */
+    fa_status st = fa_model_read_file(path, "tokenizer", 128u << 20, FA_ERR_SIZE_OVERFLOW, &buf, &n, err);
     if (st != FA_OK)
         return st;
     size_t pl = strlen(path);
