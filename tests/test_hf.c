@@ -923,8 +923,9 @@ static void test_llama3_ids(void **state)
     assert_int_equal(fa_tokenizer_encode(t, prompt, 1, 0, ids, 64, &n, err), FA_OK);
     assert_int_equal(ids[0], 863);
     collect *a = malloc(sizeof(collect)), *b = malloc(sizeof(collect));
-    /* the EOS list gets a token greedy decoding makes for the first time, 3 steps in or later;
-     * some seeds' weights repeat a few tokens from the start (seed 224): the next seed then */
+    /* the EOS list gets a token greedy decoding makes for the first time, 3 steps in or later,
+     * other than BOS, the EOS already listed and id 2 (checked not to stop); some seeds' weights
+     * repeat a few tokens from the start (seed 224): the next seed then */
     uint64_t ms = seed;
     int j = 0;
     for (;; ms++) {
@@ -933,7 +934,7 @@ static void test_llama3_ids(void **state)
         greedy_with(m, t, prompt, 80, a);
         fa_model_free(m);
         for (j = n - 1 + 3; j < a->n; j++) {
-            int seen = a->ids[j] == 863;
+            int seen = a->ids[j] == 863 || a->ids[j] == 867 || a->ids[j] == 2;
             for (int k = n - 1; k < j && !seen; k++)
                 seen = a->ids[k] == a->ids[j];
             if (!seen)
