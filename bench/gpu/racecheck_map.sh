@@ -3,15 +3,16 @@
 # On a CUDA machine: where compute-sanitizer racecheck's hazard reports point. Builds the
 # library and grids with line information (-lineinfo, in build-lineinfo), runs racecheck on
 # the quick grids named (backward: every 16th case; forward: every 12th; paged: every 8th),
-# and prints each grid's reports as pairs of source lines (write <-> read), the kernel, and the
-# hazards counted, most first: the list to check against each kernel's mbarrier orderings
+# and prints each grid's reports as pairs of source lines (a write and the access it races
+# with, each with its function) and the hazards counted, most first (racecheck's cap on the
+# count raised to 10^9): the list to check against each kernel's mbarrier orderings
 # (bench/gpu/ordering_check.sh shows the Q/dO, Q buffer and decode stage orderings are
 # needed). LIB_DIR=dir runs a library and tests already built with -lineinfo there instead
 # (libflashattn.so, test_backward, test_conformance, test_paged). Logs go to $OUT (or
 # build-lineinfo/).
 #   bench/gpu/racecheck_map.sh [backward|forward|paged]...   (none: all three)
 set -uo pipefail
-case "${1:-}" in -h|--help) sed -n '3,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '3,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 for g in "$@"; do
   case $g in backward|forward|paged) ;; *) echo "$0: grids are backward, forward or paged, not '$g' (see --help)" >&2; exit 2 ;; esac
 done
@@ -35,23 +36,26 @@ fi
 summarise() {
   python3 - "$1" <<'PY'
 import collections, re, sys
-access = re.compile(r'(Write|Read) access at \S+ in \S*?([^/\s:]+):(\d+):(.*?)(\s*\[\d+ hazards?\])?\s*$')
+# "Race reported between Write access at FUNCTION+0xOFF in FILE:LINE", then one
+# "and Read access at FUNCTION+0xOFF in FILE:LINE [N hazards]" line per instruction
+access = re.compile(r'(Write|Read) access at (.*?)\+0x[0-9a-f]+ in (?:\S*/)?([^/\s:]+):(\d+)(?:\s*\[(\d+) hazards?\])?')
+name = lambda f: re.sub(r'[(<].*', '', re.sub(r'^void |<unnamed>::', '', f))[:48]
 pairs, first = collections.Counter(), None
 for line in open(sys.argv[1], errors='replace'):
+    m = access.search(line)
     if 'Race reported between' in line:
-        m = access.search(line)
-        first = m and f"{m.group(1)} {m.group(2)}:{m.group(3)}"
-    elif first and re.search(r'and (Read|Write) access at', line):
-        m, n = access.search(line), re.search(r'\[(\d+) hazards?\]', line)
-        kernel = re.sub(r'^void ', '', m.group(4)).replace('__nv_bfloat16', 'bf16')[:100] if m else '?'
-        second = f"{m.group(1)} {m.group(2)}:{m.group(3)}" if m else '?'
-        pairs[f"{first} <-> {second}  {kernel}"] += int(n.group(1)) if n else 1
-        first = None
+        first = m and (f"{m.group(1)} {m.group(3)}:{m.group(4)}", name(m.group(2)))
+    elif first and m and 'and ' in line:
+        key = f"{first[0]} ({first[1]}) <-> {m.group(1)} {m.group(3)}:{m.group(4)} ({name(m.group(2))})"
+        pairs[key] += int(m.group(5)) if m.group(5) else 1
 for key, hazards in pairs.most_common():
-    print(f"{hazards:6d}  {key}")
+    print(f"{hazards:9d}  {key}")
 print(f"{len(pairs)} pairs of lines, {sum(pairs.values())} hazards")
 PY
 }
+# racecheck stops counting at 10M hazards by default (its warning says so): far more here, so
+# that every pair of lines is reached
+export NV_COMPUTE_SANITIZER_MAX_RACECHECK_HAZARDS=${NV_COMPUTE_SANITIZER_MAX_RACECHECK_HAZARDS:-1000000000}
 export FLASHATTN_TEST_BACKEND=cuda FLASHATTN_TEST_QUICK=1
 [ $# -gt 0 ] || set -- backward forward paged
 for g in "$@"; do
