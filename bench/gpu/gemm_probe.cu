@@ -8,8 +8,10 @@
  *              6 timed runs of 20 calls, after one;
  *   --chain    a batch-1 step's projections alone: qkv, o, w13, w2 of 32 layers (12.9 GB of
  *              distinct weights) queued back to back on one stream, through cublasGemmEx and
- *              through cuBLAS's bf16 GEMV; the chain's best of 5 after one, and each
- *              projection's mean when timed one by one.
+ *              through cuBLAS's bf16 GEMV, each with the weights as the runner keeps them
+ *              ([out, in], "T") and transposed ([in, out], "N"); the chain's best of 5 after
+ *              one, and each projection's mean when timed one by one; then each projection at
+ *              8192 rows (a prefill step) in both layouts, best of 3 after one.
  *
  *   nvcc -O2 -o gemm_probe bench/gpu/gemm_probe.cu -lcublasLt -lcublas && ./gemm_probe [--chain]
  */
@@ -40,20 +42,25 @@ static const shape kShapes[] = {
 };
 enum { kLayers = 32, kLayerShapes = 4 }; /* --chain: 32 layers of the first four */
 
-/* --chain: projection i of a layer whose weights start at w, through GemmEx or the GEMV. */
+/* --chain: projection i of a layer whose weights start at w ([out, in], or [in, out] with
+ * trans), for T rows, through GemmEx or the GEMV (T = 1). */
 static void project(cublasHandle_t h, const __nv_bfloat16 *w, const __nv_bfloat16 *x, __nv_bfloat16 *yb, float *yf,
-                    int i, int gemv)
+                    int i, int gemv, int trans, int T)
 {
     const shape *s = &kShapes[i];
     const float one = 1.0f, zero = 0.0f, *beta = s->residual ? &one : &zero;
+    const cublasOperation_t op = trans ? CUBLAS_OP_N : CUBLAS_OP_T;
+    const int lda = trans ? s->out : s->in;
     if (!gemv)
-        CK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s->out, 1, s->in, &one, w, CUDA_R_16BF, s->in, x, CUDA_R_16BF,
-                        s->in, beta, s->residual ? (void *)yf : yb, s->residual ? CUDA_R_32F : CUDA_R_16BF, s->out,
+        CK(cublasGemmEx(h, op, CUBLAS_OP_N, s->out, T, s->in, &one, w, CUDA_R_16BF, lda, x, CUDA_R_16BF, s->in, beta,
+                        s->residual ? (void *)yf : yb, s->residual ? CUDA_R_32F : CUDA_R_16BF, s->out,
                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     else if (s->residual)
-        CK(cublasTSSgemvStridedBatched(h, CUBLAS_OP_T, s->in, s->out, &one, w, s->in, 0, x, 1, 0, beta, yf, 1, 0, 1));
+        CK(cublasTSSgemvStridedBatched(h, op, trans ? s->out : s->in, trans ? s->in : s->out, &one, w, lda, 0, x, 1,
+                                       0, beta, yf, 1, 0, 1));
     else
-        CK(cublasTSTgemvStridedBatched(h, CUBLAS_OP_T, s->in, s->out, &one, w, s->in, 0, x, 1, 0, beta, yb, 1, 0, 1));
+        CK(cublasTSTgemvStridedBatched(h, op, trans ? s->out : s->in, trans ? s->in : s->out, &one, w, lda, 0, x, 1,
+                                       0, beta, yb, 1, 0, 1));
 }
 
 static int chain(void)
@@ -69,11 +76,12 @@ static int chain(void)
     cudaEvent_t e0, e1;
     CK(cudaMalloc((void **)&w, per * kLayers * 2));
     CK(cudaMemset(w, 0, per * kLayers * 2));
-    CK(cudaMalloc((void **)&x, 11008 * 2));
-    CK(cudaMemset(x, 0, 11008 * 2));
-    CK(cudaMalloc((void **)&yb, 22016 * 2));
-    CK(cudaMalloc((void **)&yf, 22016 * 4));
-    CK(cudaMemset(yf, 0, 22016 * 4));
+    const size_t P = 8192; /* the prefill rows */
+    CK(cudaMalloc((void **)&x, P * 11008 * 2));
+    CK(cudaMemset(x, 0, P * 11008 * 2));
+    CK(cudaMalloc((void **)&yb, P * 22016 * 2));
+    CK(cudaMalloc((void **)&yf, P * 22016 * 4));
+    CK(cudaMemset(yf, 0, P * 22016 * 4));
     CK(cublasCreate(&h));
     CK(cudaMalloc(&ws, (size_t)32 << 20));
     CK(cublasSetWorkspace(h, ws, (size_t)32 << 20)); /* as the runner's engine */
@@ -81,7 +89,8 @@ static int chain(void)
     CK(cublasSetStream(h, st));
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    for (int gemv = 0; gemv < 2; gemv++) {
+    for (int variant = 0; variant < 4; variant++) {
+        const int gemv = variant & 1, trans = variant >> 1;
         double one_by_one[kLayerShapes] = { 0 };
         float best = 1e30f, ms;
         for (int rep = 0; rep < 6; rep++) {
@@ -89,7 +98,7 @@ static int chain(void)
                 const __nv_bfloat16 *lw = w + per * l;
                 for (int i = 0; i < kLayerShapes; lw += (size_t)kShapes[i].out * kShapes[i].in, i++) {
                     CK(cudaEventRecord(e0, st));
-                    project(h, lw, x, yb, yf, i, gemv);
+                    project(h, lw, x, yb, yf, i, gemv, trans, 1);
                     CK(cudaEventRecord(e1, st));
                     CK(cudaEventSynchronize(e1));
                     CK(cudaEventElapsedTime(&ms, e0, e1));
@@ -101,7 +110,7 @@ static int chain(void)
             for (int l = 0; l < kLayers; l++) {
                 const __nv_bfloat16 *lw = w + per * l;
                 for (int i = 0; i < kLayerShapes; lw += (size_t)kShapes[i].out * kShapes[i].in, i++)
-                    project(h, lw, x, yb, yf, i, gemv);
+                    project(h, lw, x, yb, yf, i, gemv, trans, 1);
             }
             CK(cudaEventRecord(e1, st));
             CK(cudaEventSynchronize(e1));
@@ -109,10 +118,28 @@ static int chain(void)
             if (rep > 0 && ms < best)
                 best = ms;
         }
-        printf("%-8s chain %.3f ms (%.2f TB/s);", gemv ? "gemv" : "gemmEx", best,
+        printf("%-6s %s chain %.3f ms (%.2f TB/s);", gemv ? "gemv" : "gemmEx", trans ? "N" : "T", best,
                (double)per * kLayers * 2 / (best * 1e-3) / 1e12);
         for (int i = 0; i < kLayerShapes; i++)
             printf(" %s %.1f us", kShapes[i].name, one_by_one[i] * 1e3);
+        printf("\n");
+    }
+    for (int trans = 0; trans < 2; trans++) { /* a prefill step's rows */
+        printf("gemmEx %s at %zu rows:", trans ? "N" : "T", P);
+        for (int i = 0; i < kLayerShapes; i++) {
+            float best = 1e30f, ms;
+            for (int rep = 0; rep < 4; rep++) {
+                CK(cudaEventRecord(e0, st));
+                project(h, w, x, yb, yf, i, 0, trans, (int)P);
+                CK(cudaEventRecord(e1, st));
+                CK(cudaEventSynchronize(e1));
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                if (rep > 0 && ms < best)
+                    best = ms;
+            }
+            printf(" %s %.3f ms (%.0f TFLOP/s)", kShapes[i].name, best,
+                   2.0 * P * kShapes[i].out * kShapes[i].in / (best * 1e-3) / 1e12);
+        }
         printf("\n");
     }
     return 0;
