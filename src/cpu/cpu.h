@@ -85,6 +85,9 @@ fa_status fa_cpu_paged_run(fa_context_t ctx, void *state, void *plan, const fa_p
                            fa_run_info *info);
 void fa_cpu_paged_plan_free(void *state, void *plan);
 fa_status fa_cpu_append(fa_context_t ctx, void *state, const fa_problem *p);
+/* A paged call's new rows into its pages (RoPE on the keys first); the forwards call it for
+ * p->paged->append once their workspace is held, so that nothing is written on error. */
+fa_status fa_cpu_append_rows(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p);
 fa_status fa_cpu_merge(fa_context_t ctx, void *state, const fa_merge_desc *d);
 
 /* Carve `count` floats from a per-thread block at offset *n (64-byte aligned

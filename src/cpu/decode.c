@@ -341,6 +341,9 @@ fa_status fa_cpu_decode_forward(fa_context_t ctx, fa_cpu_state *s, const fa_prob
         s->scratch = grown;
         s->scratch_bytes = need;
     }
+    fa_status st;
+    if (p->paged && p->paged->append && (st = fa_cpu_append_rows(ctx, s, p)) != FA_OK)
+        return st;
     char *at = s->scratch;
     float *ws = (float *)at, *slots = (float *)(at + b_ws);
     int64_t *first = (int64_t *)(at + b_ws + b_slots);

@@ -131,6 +131,12 @@ fa_status fa_cpu_flash_forward(fa_context_t ctx, const fa_cpu_state *s, const fa
         return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating %llu bytes of workspace",
                         (unsigned long long)pl->workspace_bytes);
     }
+    fa_status st;
+    if (p->paged && p->paged->append && (st = fa_cpu_append_rows(ctx, s, p)) != FA_OK) {
+        free(ws);
+        free(tasks);
+        return st;
+    }
     /* Unused padded score columns are read by the softmax: keep them finite. */
     memset(ws, 0, (size_t)pl->threads * per * sizeof(float));
 

@@ -76,9 +76,8 @@ static void append_row(const fa_cpu_kernels *kern, const fa_problem *p, int32_t 
     }
 }
 
-fa_status fa_cpu_append(fa_context_t ctx, void *state, const fa_problem *p)
+fa_status fa_cpu_append_rows(fa_context_t ctx, const fa_cpu_state *s, const fa_problem *p)
 {
-    const fa_cpu_state *s = state;
     float *tmp = fa_alloc_aligned(sizeof(float) * (size_t)p->dim);
     if (!tmp)
         return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the append's row");
@@ -91,14 +90,18 @@ fa_status fa_cpu_append(fa_context_t ctx, void *state, const fa_problem *p)
     return FA_OK;
 }
 
+fa_status fa_cpu_append(fa_context_t ctx, void *state, const fa_problem *p)
+{
+    return fa_cpu_append_rows(ctx, state, p);
+}
+
+/* The call's append (p->paged->append) runs inside the forward, once its workspace is held:
+ * a call refused for memory leaves the cache as it was. */
 fa_status fa_cpu_paged_run(fa_context_t ctx, void *state, void *plan, const fa_problem *p,
                            fa_run_info *info)
 {
     (void)info;
     const paged_plan *pp = plan;
-    fa_status st;
-    if (p->paged->append && (st = fa_cpu_append(ctx, state, p)) != FA_OK)
-        return st;
     return pp->pl.use_dot ? fa_cpu_decode_forward(ctx, state, p, &pp->pl)
                           : fa_cpu_flash_forward(ctx, state, p, &pp->pl);
 }
