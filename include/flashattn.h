@@ -565,7 +565,8 @@ typedef struct fa_paged_desc {
 
     /* Keys per KV split, a multiple of 16 (0 = the backend's default). Split
      * boundaries depend on nothing but a sequence's own length and this, so a
-     * sequence gets the same bits alone or in any batch. */
+     * sequence gets the same bits alone or in any batch of one plan (or of
+     * one-shot calls of the same max_seqlen_q: the bounds choose the kernel). */
     int32_t kv_split;
     int32_t check_tables; /* 1: check device-side lengths and page ids first (CUDA; syncs) */
 } fa_paged_desc;
@@ -589,9 +590,9 @@ FA_API fa_status fa_kv_append(fa_context_t ctx, const fa_paged_desc *desc);
  * workspace. fa_paged_run then takes any call within those bounds: the same
  * num_heads_q, head_dim, cache.num_heads, page_size, dtypes, rope style, kv_split
  * and presence of k_new, lse and sinks; batch, total_q, max_seqlen_q and max_seqlen_k
- * at most the plan's. It allocates nothing, synchronises with nothing and reads
- * no device memory from the host, so on CUDA it may be captured in a graph and
- * replayed. The plan belongs to its context (one thread at a time, errors in the
+ * at most the plan's. On CUDA it allocates nothing, synchronises with nothing
+ * and reads no device memory from the host, so it may be captured in a graph
+ * and replayed (the CPU takes its thread buffers per call). The plan belongs to its context (one thread at a time, errors in the
  * context's message) and must be destroyed before it.
  */
 typedef struct fa_paged_plan *fa_paged_plan_t;
