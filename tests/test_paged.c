@@ -221,6 +221,9 @@ static void test_bad_input(void **state)
     small_make(&s);
     s.d.num_heads_q = 3;
     expect_refused(ctx, &s, FA_ERR_INVALID_SHAPE, "num_heads_q");
+    small_make(&s); /* all of an odd head_dim rotated: the odd head_dim is what is named */
+    s.d.head_dim = 15, s.d.rope = FA_ROPE_NEOX;
+    expect_refused(ctx, &s, FA_ERR_INVALID_VALUE, "head_dim (15), which is odd");
     small_make(&s);
     s.d.o.data = s.k + 8; /* the output inside the cache that is written */
     expect_refused(ctx, &s, FA_ERR_INVALID_STRIDE, "overlaps");
@@ -404,6 +407,12 @@ static void test_merge(void **state)
     assert_int_equal(fa_merge_states(ctx, &m), FA_ERR_INVALID_SHAPE);
     assert_non_null(strstr(fa_context_last_error(ctx), "num_states"));
     m.num_states = S;
+    /* strides past 2^63 bytes: the message names the input's lse, not the absent output's */
+    fa_merge_desc huge = m;
+    huge.lse = NULL;
+    huge.lse_in_stride_row = 1, huge.lse_in_stride_head = INT64_MAX / 2, huge.lse_in_stride_state = 8;
+    assert_int_equal(fa_merge_states(ctx, &huge), FA_ERR_SIZE_OVERFLOW);
+    assert_non_null(strstr(fa_context_last_error(ctx), "lse_in spans"));
     m.o.data = o_in + 8;
     assert_int_equal(fa_merge_states(ctx, &m), FA_ERR_INVALID_STRIDE);
     fa_context_destroy(ctx);

@@ -156,6 +156,10 @@ static fa_status check_types(fa_context_t ctx, const fa_paged_desc *d, int appen
         return fa_error(ctx, FA_ERR_INVALID_VALUE, "rope (%d) is not a fa_rope", (int)d->rope);
     if (d->rope != FA_ROPE_NONE) {
         int32_t rd = d->rope_dim ? d->rope_dim : d->head_dim;
+        if (!d->rope_dim && rd % 2)
+            return fa_error(ctx, FA_ERR_INVALID_VALUE,
+                            "rope_dim 0 rotates all of head_dim (%d), which is odd: give an even rope_dim "
+                            "below it", (int)d->head_dim);
         if (rd < 2 || rd % 2 || rd > d->head_dim)
             return fa_error(ctx, FA_ERR_INVALID_VALUE,
                             "rope_dim (%d) must be 0 (head_dim) or even and in 2..head_dim (%d)",
@@ -748,11 +752,10 @@ fa_status fa_merge_states(fa_context_t ctx, const fa_merge_desc *d)
                             (long long)(in_s[i] <= 0 ? in_s[i] : out_s[i]));
     fa_axis ai[3] = { { in_names[0], in_s[0], r }, { in_names[1], in_s[1], h }, { in_names[2], in_s[2], ns } };
     fa_axis ao[2] = { { out_names[0], out_s[0], r }, { out_names[1], out_s[1], h } };
-    int64_t last;
-    if ((last = fa_max_offset(ai, 3)) < 0 || last > INT64_MAX / 8 ||
-        (d->lse && ((last = fa_max_offset(ao, 2)) < 0 || last > INT64_MAX / 8)))
-        return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "%s spans more than 2^63 bytes",
-                        fa_max_offset(ai, 3) < 0 ? "lse_in" : "lse");
+    const int64_t last_in = fa_max_offset(ai, 3), last_out = d->lse ? fa_max_offset(ao, 2) : 0;
+    if (last_in < 0 || last_in > INT64_MAX / 8 || last_out < 0 || last_out > INT64_MAX / 8)
+        return fa_error(ctx, FA_ERR_SIZE_OVERFLOW, "%s spans more than 2^63 bytes (its strides)",
+                        last_in < 0 || last_in > INT64_MAX / 8 ? "lse_in" : "lse");
     if ((st = fa_byte_view_make(ctx, &v[1], "lse_in", d->lse_in, 4, in_s, ci, 4)) != FA_OK)
         return st;
     int n = 3;
