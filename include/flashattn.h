@@ -592,8 +592,9 @@ FA_API fa_status fa_kv_append(fa_context_t ctx, const fa_paged_desc *desc);
  * and presence of k_new, lse and sinks; batch, total_q, max_seqlen_q and max_seqlen_k
  * at most the plan's. On CUDA it allocates nothing, synchronises with nothing
  * and reads no device memory from the host, so it may be captured in a graph
- * and replayed (the CPU takes its thread buffers per call). The plan belongs to its context (one thread at a time, errors in the
- * context's message) and must be destroyed before it.
+ * and replayed (the CPU takes its thread buffers per call). The plan belongs
+ * to its context (one thread at a time, errors in the context's message) and
+ * must be destroyed before it.
  */
 typedef struct fa_paged_plan *fa_paged_plan_t;
 FA_API fa_status fa_paged_plan_create(fa_context_t ctx, const fa_paged_desc *bounds,
