@@ -326,7 +326,11 @@ int cmd_generate(int argc, char **argv)
         const int32_t cap = context ? context : m->config.seq_len;
         fa_model_state_options so = { chunk < cap ? (int32_t)chunk : 0, FA_ALGORITHM_FLASH, matvec, NULL, NULL, 0,
                                       context };
-        if ((s = fa_model_state_create(m, ctx, &so, &st, err)) == FA_OK)
+        if ((s = fa_model_state_create(m, ctx, &so, &st, err)) != FA_OK) {
+            char *lib = strstr(err, "options.context may lower"); /* the library's field: here --steps */
+            if (lib)
+                snprintf(lib, (size_t)(err + sizeof(err) - lib), "--steps N lowers to N positions");
+        } else
             s = fa_generate(m, tok, st, smp, prompt, (int32_t)(steps > INT32_MAX ? 0 : steps), on_token, &k,
                             &gs, err);
     }
