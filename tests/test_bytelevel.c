@@ -333,6 +333,22 @@ static void test_encode_refusals(void **state)
     if (fa_tokenizer_encode(g, ab, 0, 0, many, len + 3, &k, err) != FA_OK)
         fail_msg("%s", err);
     assert_true(k > 0 && k <= len);
+    /* the same group without the JIT, over 20 words of 5,000 characters: each word a heavy
+     * match, each earning the next by its length */
+    char *words = with("pre_tokenizer.pretokenizers.0", "{\"type\": \"Split\", \"pattern\": {\"Regex\": "
+                                                        "\"(*NO_JIT)(?:a|b)+|\\\\s+\"}, \"behavior\": \"Isolated\"}");
+    fa_tokenizer *wt = load(words);
+    const int32_t wlen = 20 * 5001;
+    char *text20 = malloc((size_t)wlen + 1);
+    int32_t *ids20 = malloc(sizeof(int32_t) * ((size_t)wlen + 3));
+    assert_non_null(text20), assert_non_null(ids20);
+    for (int32_t i = 0; i < wlen; i++)
+        text20[i] = i % 5001 == 5000 ? ' ' : i % 2 ? 'b' : 'a';
+    text20[wlen] = 0;
+    if (fa_tokenizer_encode(wt, text20, 0, 0, ids20, wlen + 3, &k, err) != FA_OK)
+        fail_msg("20 words of 5,000 characters without the JIT: %s", err);
+    fa_tokenizer_free(wt);
+    free(words), free(text20), free(ids20);
     /* each character a heavy match that succeeds (2^18 ways of spelling a run of a's before the
      * fallback '.'): the encoding stops after a few such matches instead of taking them all */
     char *heavy = with("pre_tokenizer.pretokenizers.0", "{\"type\": \"Split\", \"pattern\": {\"Regex\": "

@@ -18,15 +18,18 @@
 static const char gpt2_pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-/* Backtracking steps a match may take: LIGHT_LIMIT each, and MATCH_LIMIT for at most
- * HEAVY_MATCHES of an encoding's matches (the pre-tokenizer patterns of real tokenizers take
- * a few steps a match; a pattern from a file that backtracks heavily fails the text's encoding
- * within a bounded time instead of stalling it: a text of n characters takes at most n
- * matches), the JIT's stack and the interpreter's heap: repeated groups over long texts need
- * more than PCRE2's 32 KiB default JIT stack. */
+/* Backtracking steps a match may take: LIGHT_LIMIT each, and MATCH_LIMIT for HEAVY_MATCHES of
+ * an encoding's matches plus one for every HEAVY_BYTES of text that such matches took (the
+ * pre-tokenizer patterns of real tokenizers take a few steps a match, or a few a character
+ * over a long word, as a repeated group does without the JIT; a pattern from a file that
+ * backtracks heavily at every character fails the text's encoding within a bounded time
+ * instead of stalling it: a text of n characters takes at most n matches), the JIT's stack
+ * and the interpreter's heap: repeated groups over long texts need more than PCRE2's 32 KiB
+ * default JIT stack. */
 #define LIGHT_LIMIT 10000u
 #define MATCH_LIMIT 1000000u
 #define HEAVY_MATCHES 16u
+#define HEAVY_BYTES 256u
 #define JIT_STACK_MAX (16u << 20)
 #define HEAP_LIMIT_KIB (64u << 10)
 
@@ -41,7 +44,7 @@ struct fa_tok_matcher {
     pcre2_match_context *mctx;
     pcre2_jit_stack *stack;
     pcre2_match_data *md;
-    unsigned heavy; /* matches past LIGHT_LIMIT so far */
+    size_t heavy, heavy_bytes; /* matches past LIGHT_LIMIT so far, and the text they took */
 };
 
 void fa_tok_split_free(fa_tok_split *s)
@@ -118,9 +121,9 @@ int fa_tok_split_next(const fa_tok_split *s, fa_tok_matcher *m, const char *text
 {
     if (at > n)
         return 0;
-    int rc = match_at(s, m, text, n, at);
-    if (rc == PCRE2_ERROR_MATCHLIMIT && m->heavy < HEAVY_MATCHES) {
-        m->heavy++;
+    int rc = match_at(s, m, text, n, at), heavy = 0;
+    if (rc == PCRE2_ERROR_MATCHLIMIT && m->heavy < HEAVY_MATCHES + m->heavy_bytes / HEAVY_BYTES) {
+        m->heavy++, heavy = 1;
         pcre2_set_match_limit(m->mctx, MATCH_LIMIT);
         rc = match_at(s, m, text, n, at);
         pcre2_set_match_limit(m->mctx, LIGHT_LIMIT);
@@ -133,6 +136,8 @@ int fa_tok_split_next(const fa_tok_split *s, fa_tok_matcher *m, const char *text
     if (ov[1] < ov[0]) /* \K in a lookahead: a match that ends before it starts */
         return -2;
     *from = ov[0], *to = ov[1];
+    if (heavy)
+        m->heavy_bytes += ov[1] > at ? ov[1] - at : 0;
     return 1;
 }
 
