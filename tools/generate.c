@@ -471,26 +471,29 @@ static const char *ex_help =
     "  --dtype f32|f16|bf16  tensor type                              [f32]\n"
     "  --shards N            safetensors files                        [1]\n";
 
+/* 1 when dir/name is the file `in` describes. */
+static int same_file(const struct stat *in, const char *dir, const char *name)
+{
+    char path[4200];
+    struct stat sb;
+    return (size_t)snprintf(path, sizeof(path), "%s/%s", dir, name) < sizeof(path) && stat(path, &sb) == 0 &&
+           sb.st_dev == in->st_dev && sb.st_ino == in->st_ino;
+}
+
 /* The name under DIR that an export would write over the checkpoint at model (a llama2.c
  * file, mapped while the export reads it: the same file by any name or link), or NULL. An HF
  * directory is read into memory whole, so writing over its files loses nothing. */
 static const char *export_clash(const char *model, const char *dir, int shards)
 {
     static char name[64];
-    struct stat in, sb;
-    char path[4200];
+    struct stat in;
     if (stat(model, &in) != 0 || !S_ISREG(in.st_mode))
         return NULL;
-    const char *fixed[] = { "config.json", "model.safetensors", "model.safetensors.index.json", "tokenizer.json" };
-    for (int i = 0; i < 4 + (shards > 1 ? shards : 0); i++) {
-        if (i < 4)
-            snprintf(name, sizeof(name), "%s", fixed[i]);
-        else
-            snprintf(name, sizeof(name), "model-%05d-of-%05d.safetensors", i - 3, shards);
-        if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, name) < sizeof(path) && stat(path, &sb) == 0 &&
-            sb.st_dev == in.st_dev && sb.st_ino == in.st_ino)
+    if (same_file(&in, dir, "tokenizer.json"))
+        return "tokenizer.json";
+    for (int i = 0; fa_model_hf_file(shards, i, name, sizeof(name)); i++)
+        if (same_file(&in, dir, name))
             return name;
-    }
     return NULL;
 }
 

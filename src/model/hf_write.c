@@ -192,16 +192,23 @@ static fa_status write_shard(const fa_model *m, const char *path, const int *slo
     return ok ? FA_OK : fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot write '%s' (disk full?)", path);
 }
 
+int fa_model_hf_file(int32_t shards, int i, char *name, size_t n)
+{
+    static const char *const fixed[] = { "config.json", "model.safetensors", "model.safetensors.index.json" };
+    if (i >= 0 && i < 3)
+        return snprintf(name, n, "%s", fixed[i]), 1;
+    const int k = i - 2; /* shard k of shards */
+    if (shards < 2 || shards > 99999 || k < 1 || k > shards)
+        return 0;
+    snprintf(name, n, "model-%05d-of-%05d.safetensors", k, (int)shards);
+    return 1;
+}
+
 void fa_model_hf_remove(const char *dir, int32_t shards, int remove_dir)
 {
-    char path[4096];
-    const char *fixed[] = { "config.json", "model.safetensors", "model.safetensors.index.json" };
-    for (int i = 0; dir && i < 3; i++)
-        if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, fixed[i]) < sizeof(path))
-            unlink(path);
-    for (int k = 1; dir && shards > 1 && k <= shards && k <= 99999; k++)
-        if ((size_t)snprintf(path, sizeof(path), "%s/model-%05d-of-%05d.safetensors", dir, k, (int)shards) <
-            sizeof(path))
+    char path[4096], name[64];
+    for (int i = 0; dir && fa_model_hf_file(shards, i, name, sizeof(name)); i++)
+        if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, name) < sizeof(path))
             unlink(path);
     if (dir && remove_dir)
         rmdir(dir); /* only when it is empty now */
@@ -273,7 +280,7 @@ fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtyp
     for (int k = 0; k < shards && st == FA_OK; k++) {
         int lo = (int)((int64_t)n * k / shards), hi = (int)((int64_t)n * (k + 1) / shards);
         char file[64];
-        snprintf(file, sizeof(file), "model-%05d-of-%05d.safetensors", k + 1, (int)shards);
+        fa_model_hf_file(shards, 3 + k, file, sizeof(file)); /* shard k + 1 */
         snprintf(path, sizeof(path), "%s/%s", dir, file);
         for (int i = lo; i < hi; i++) {
             char name[96];

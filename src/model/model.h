@@ -153,6 +153,11 @@ fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtyp
  * is set and it is empty; missing files are no error. */
 void fa_model_hf_remove(const char *dir, int32_t shards, int remove_dir);
 
+/* Name i of the files fa_model_write_hf(.., shards) writes or removes in its directory:
+ * config.json, model.safetensors and model.safetensors.index.json, then (shards > 1) each
+ * shard's; into name (64 bytes hold any). 0 past the last. */
+int fa_model_hf_file(int32_t shards, int i, char *name, size_t n);
+
 /* Shapes by name: "110m" (dim 768, 12 layers, 12 heads), "1b" (TinyLlama-1.1B:
  * 2048, 22 layers, 32 heads, 4 kv heads), "7b" (Llama-2-7B), "llama3-8b" (32 heads over
  * 8 kv heads, vocab 128256, rope_theta 5e5, context 8192), or
