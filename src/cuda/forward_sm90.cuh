@@ -2,8 +2,11 @@
 // The flash forward on Hopper's warpgroup tensor cores (sm_90a). A block's NWG consumer
 // warpgroups own 64 query rows each of one head; each computes S = Q K^T with wgmma from
 // 128-byte-swizzled shared memory and O += P V with P straight from registers. The products
-// of consecutive key tiles overlap the softmax: while the tensor cores run P(n-1) V(n-1),
-// the warpgroup turns S(n) into P(n). One more warpgroup, its registers handed to the
+// of consecutive key tiles go out together, S(n) and P(n-1) V(n-1), so that the softmax of
+// S(n) may run under the second; ptxas waits for both ahead of it where the mask's branch
+// joins (bench/gpu/sass_overlap.py; forcing it ahead lost on short causal tiles:
+// docs/perf/h200.md), so a softmax overlaps the other warpgroup's products (the turns
+// below), not its own. One more warpgroup, its registers handed to the
 // consumers (setmaxnreg), loads K/V tiles by cp.async STAGES deep through full/empty
 // mbarriers, so the consumer warpgroups run free of each other and one's softmax overlaps
 // another's products (measured against all threads loading behind one block barrier per
@@ -342,8 +345,8 @@ template <int STAGES> struct ring_pos {
 };
 
 // The key-tile loop of a consumer warpgroup, both Hopper forwards' (attend_rows; fp8's
-// attend_rows_e4m3): from ring position it, S(n) = Q K(n)^T, then P(n-1) V(n-1) on the tensor
-// cores while the softmax turns S(n) into P(n), and the last P V after the loop. G holds what
+// attend_rows_e4m3): from ring position it, S(n) = Q K(n)^T and P(n-1) V(n-1) issued
+// together, the softmax turning S(n) into P(n), and the last P V after the loop. G holds what
 // the two differ in, the products and P's operand: G::s(sf, stage) and G::pv(of, stage) issue
 // them (the descriptors built once: stage s is s * KV / 16 further), G::fence_p() fences P's
 // fragments and G::to_p(r) makes them from r.sc. G::scores(r.sc, n, rs) sees tile n's raw
