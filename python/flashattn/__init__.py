@@ -178,6 +178,16 @@ def _trivial(q, k, v, out_shape, lse_shape, return_lse, zeros_like):
     return (out, lse) if return_lse else out
 
 
+def _i32_table(name, x, nd, rows=None):
+    """x: an int32 array of nd dimensions (rows rows where given), as the library takes it
+    (the check of a call that never reaches it, having nothing to attend)."""
+    if getattr(x, "ndim", None) != nd or str(getattr(x, "dtype", "")).replace("torch.", "") != "int32":
+        raise ValueError(f"flashattn: {name} must be int32 of {nd} dimension{'s' if nd > 1 else ''}, not "
+                         f"{getattr(x, 'dtype', type(x))} of shape {tuple(getattr(x, 'shape', ()))}")
+    if rows is not None and x.shape[0] != rows:
+        raise ValueError(f"flashattn: {name} has {x.shape[0]} rows, want {rows}")
+
+
 def _kv_fit(q, k, v, nd):
     """k and v: arrays of q's dtype and nd dimensions, shaped to go with q (the checks the
     library makes of a call that it never sees, having nothing to attend)."""
@@ -188,8 +198,8 @@ def _kv_fit(q, k, v, nd):
     if tuple(v.shape) != tuple(k.shape) or k.shape[-1] != q.shape[-1] or (nd == 4 and k.shape[0] != q.shape[0]):
         raise ValueError(f"flashattn: k {tuple(k.shape)} and v {tuple(v.shape)} do not go with q {tuple(q.shape)}")
     hq, hk = q.shape[-2], k.shape[-2]
-    if hk == 0 or hq % hk:
-        raise ValueError(f"flashattn: q's heads ({hq}) must be a multiple of k's ({hk})")
+    if hq == 0 or hk == 0 or hq % hk:
+        raise ValueError(f"flashattn: q's heads ({hq}) must be a multiple of k's ({hk}), both at least 1")
     if not 1 <= q.shape[-1] <= 256:
         raise ValueError(f"flashattn: head_dim ({q.shape[-1]}) must be in 1..256")
 
@@ -253,6 +263,15 @@ def _arrays(**named):
     for name, x in named.items():
         if x is not None and not (hasattr(x, "shape") and hasattr(x, "dtype")):
             raise ValueError(f"flashattn: {name} must be a numpy array or a torch tensor, not {type(x).__name__}")
+        if isinstance(x, _np_ndarray):  # dtypes the bindings would refuse with a type error naming no argument
+            dt = x.dtype
+            if not dt.isnative:
+                raise ValueError(f"flashattn: {name} is in non-native byte order ({dt.str}): pass "
+                                 f"{name}.astype({name}.dtype.newbyteorder('='))")
+            if dt.kind == "O" or (dt.name.startswith(("float8_", "float6_", "float4_"))
+                                  and dt.name != "float8_e4m3fn") or dt.name in ("int4", "uint4", "int2", "uint2"):
+                raise ValueError(f"flashattn: {name}'s dtype ({dt.name}) is not one flashattn takes: float32, "
+                                 "float16, bfloat16, float8_e4m3fn (forward only) and int32 tables")
 
 
 def _writable(**named):
@@ -381,6 +400,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     max_q = _int("max_seqlen_q", max_seqlen_q, 0, 2 ** 31 - 1)
     max_k = _int("max_seqlen_k", max_seqlen_k, 0, 2 ** 31 - 1)
     if 0 in tuple(q.shape):
+        _i32_table("cu_seqlens_q", cu_seqlens_q, 1)
+        _i32_table("cu_seqlens_k", cu_seqlens_k, 1, rows=cu_seqlens_q.shape[0])
+        if cu_seqlens_q.shape[0] == 0:
+            raise ValueError("flashattn: cu_seqlens_q must hold num_sequences + 1 offsets")
+        for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]), ("cu_seqlens_k", cu_seqlens_k, k.shape[0])):
+            at = [int(x) for x in cu.tolist()]
+            if at[0] < 0 or any(b < a for a, b in zip(at, at[1:])) or at[-1] > total:
+                raise ValueError(f"flashattn: {name} must rise from 0 or more to at most {total} rows, not {at[:8]}")
         return _trivial(q, k, v, tuple(q.shape), (q.shape[1], q.shape[0]), return_lse, _zeros)
     # rows past cu_seqlens_q[-1] are not written: zeros (and lse -inf) rather than stale memory
     out = _zeros(tuple(q.shape), q)
@@ -450,6 +477,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                                 cache_batch_idx, block_table, softmax_scale, causal, window_size,
                                                 softcap, rotary_interleaved, return_softmax_lse)
     scale, wl, wr = _common(0.0, softmax_scale, window_size, softcap, True)
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        if _is_fp8(x):
+            raise ValueError(f"flashattn: {name} is float8_e4m3fn; flash_attn_with_kvcache takes float32, float16 "
+                             "or bfloat16 (fp8 is a forward of flash_attn_func / flash_attn_varlen_func)")
     if getattr(q, "ndim", None) != 4:
         raise ValueError("flashattn: q must be [batch, seqlen_q, heads, head_dim]")
     b, sq, hq, d = (int(x) for x in q.shape)
@@ -490,6 +521,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if k is not None:
         _writable(k_cache=k_cache, v_cache=v_cache)
     if b == 0:  # no sequence: nothing to attend or append (validated as far as shapes go)
+        _i32_table("block_table", block_table, 2, rows=0)
+        _i32_table("cache_seqlens", cache_seqlens, 1, rows=0)
+        if k_cache.ndim != 4 or tuple(v_cache.shape) != tuple(k_cache.shape) or k_cache.shape[3] != d:
+            raise ValueError(f"flashattn: k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must be "
+                             f"[pages, page_size, kv_heads, {d}]")
+        if hq == 0 or k_cache.shape[2] == 0 or hq % k_cache.shape[2] or not 1 <= d <= 256:
+            raise ValueError(f"flashattn: q's heads ({hq}) must be a multiple of the cache's ({k_cache.shape[2]}), "
+                             f"both at least 1, and head_dim ({d}) in 1..256")
+        _same_dtype(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
         out = _zeros((0, sq, hq, d), q)
         return (out, _zeros((0, hq, sq), q, float32=True)) if return_softmax_lse else out
     out = _empty((b * sq, hq, d), q)
@@ -536,6 +576,8 @@ def merge_states(o, lse):
     if getattr(o, "ndim", None) != 4 or getattr(lse, "ndim", None) != 3:
         raise ValueError("flashattn: merge_states takes o [states, rows, heads, head_dim] and lse "
                          "[states, heads, rows]")
+    if _is_fp8(o):
+        raise ValueError("flashattn: merge_states' o is float8_e4m3fn; it takes float32, float16 or bfloat16")
     out = _empty(tuple(o.shape[1:]), o)
     lse_out = _empty((o.shape[2], o.shape[1]), o, float32=True)
     if _is_torch(o) and _torch():  # DLPack capsules, which tensors that require grad may give too

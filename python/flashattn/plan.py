@@ -38,9 +38,10 @@ def _torch_stream(device):
 
 class PagedPlan:
     """The paged attention of a serving loop, planned once: the kernel, KV split and GQA
-    packing are chosen and the workspace allocated here, from host-side bounds; run() then
-    takes any step within them, allocating nothing in the library and (on CUDA) reading no
-    device memory from the host, so a CUDA graph may capture it.
+    packing are chosen here, from host-side bounds, and on CUDA the workspace allocated; run()
+    then takes any step within them, on CUDA allocating nothing and reading no device memory
+    from the host, so a CUDA graph may capture it (the CPU takes its threads' buffers a call,
+    MemoryError where they do not fit).
 
     Bounds: batch (sequences), total_q (packed query rows), max_seqlen_q (query rows of one
     sequence) and max_seqlen_k (its keys, cached plus appended) are upper bounds; num_heads_q,
@@ -61,7 +62,7 @@ class PagedPlan:
                  page_size, dtype="float32", device="cpu", append=True, rotary=None, rotary_dim=0,
                  return_lse=False, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, kv_split=0):
         scale, wl, wr = _common(0.0, softmax_scale, window_size, softcap, True)
-        if rotary not in _ROPES:
+        if not (rotary is None or isinstance(rotary, str)) or rotary not in _ROPES:
             raise ValueError(f"flashattn: rotary ({rotary!r}) must be None, 'neox' or 'interleaved'")
         for name, flag in (("append", append), ("return_lse", return_lse), ("causal", causal)):
             if not isinstance(flag, bool):

@@ -61,20 +61,23 @@ device_ctx &context_for(int device_type, int device_id)
 }
 
 // The library's status (its message copied under the context's lock) as a Python exception:
-// bad arguments are ValueError.
+// bad arguments are ValueError, running out of memory MemoryError with the library's message.
 [[noreturn]] void raise(fa_status st, const std::string &message)
 {
     std::string msg = "flashattn: " + message;
-    if (st == FA_ERR_OUT_OF_MEMORY)
-        throw std::bad_alloc();
+    if (st == FA_ERR_OUT_OF_MEMORY) {
+        PyErr_SetString(PyExc_MemoryError, msg.c_str());
+        throw nb::python_error();
+    }
     if (st == FA_ERR_BACKEND || st == FA_ERR_BACKEND_UNAVAILABLE)
         throw std::runtime_error(msg);
     bad(msg);
 }
 
 // call(ctx) on context dc with the GIL released and its lock held (CUDA: on `stream`); a
-// failure raised with the message copied under that lock.
-template <typename F> void run_in(device_ctx &dc, bool cuda, uintptr_t stream, F call)
+// failure raised with the message copied under that lock, or with *why where the call set it
+// (a failure of the binding's own, such as a plan closed by another thread meanwhile).
+template <typename F> void run_in(device_ctx &dc, bool cuda, uintptr_t stream, F call, const char *const *why = nullptr)
 {
     fa_status st = FA_OK;
     std::string message;
@@ -86,7 +89,7 @@ template <typename F> void run_in(device_ctx &dc, bool cuda, uintptr_t stream, F
         if (st == FA_OK)
             st = call(dc.ctx);
         if (st != FA_OK)
-            message = fa_context_last_error(dc.ctx);
+            message = why && *why ? *why : fa_context_last_error(dc.ctx);
     }
     if (st != FA_OK)
         raise(st, message);
@@ -571,8 +574,15 @@ struct paged_plan {
                        rope, lse, bounds.max_seqlen_q, max_k, bounds.scale, bounds.causal != 0, bounds.window_left,
                        bounds.window_right, bounds.softcap, bf16_bits);
         c.d.kv_split = bounds.kv_split; /* rope_dim: the tables' width, checked against the plan's */
-        run_in(*dc, device_type == nb::device::cuda::value, stream,
-               [&](fa_context_t) { return plan ? fa_paged_run(plan, &c.d) : FA_ERR_INVALID_ARGUMENT; });
+        const char *why = nullptr; // closed by another thread since the test above
+        run_in(
+            *dc, device_type == nb::device::cuda::value, stream,
+            [&](fa_context_t) {
+                if (!plan)
+                    why = "the plan is closed";
+                return plan ? fa_paged_run(plan, &c.d) : FA_ERR_INVALID_ARGUMENT;
+            },
+            &why);
     }
 
     nb::dict info()
@@ -581,7 +591,15 @@ struct paged_plan {
             bad("flashattn: the plan is closed");
         fa_run_info ri;
         ri.size = sizeof(ri);
-        run_in(*dc, false, 0, [&](fa_context_t) { return fa_paged_plan_info(plan, &ri); });
+        const char *why = nullptr;
+        run_in(
+            *dc, false, 0,
+            [&](fa_context_t) {
+                if (!plan)
+                    why = "the plan is closed";
+                return plan ? fa_paged_plan_info(plan, &ri) : FA_ERR_INVALID_ARGUMENT;
+            },
+            &why);
         nb::dict r;
         r["backend"] = std::string(ri.backend_name ? ri.backend_name : "");
         r["kernel"] = std::string(ri.kernel ? ri.kernel : "");

@@ -190,6 +190,43 @@ def test_bad_input():
     with pytest.raises(ValueError, match="cu_seqlens"):
         cu = np.array([0, 8], dtype=np.int64)
         flashattn.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8)
+    # dtypes the bindings cannot take are refused by name
+    with pytest.raises(ValueError, match="q is in non-native byte order"):
+        qs = q.astype(">f4")
+        flashattn.flash_attn_func(qs, qs, qs)
+    with pytest.raises(ValueError, match=r"k's dtype \(object\) is not one flashattn takes"):
+        flashattn.flash_attn_func(q, q.astype(object), q)
+    if ml_dtypes is not None:
+        q5 = q.astype(ml_dtypes.float8_e5m2)
+        with pytest.raises(ValueError, match=r"q's dtype \(float8_e5m2\)"):
+            flashattn.flash_attn_func(q5, q5, q5)
+        q8 = np.zeros((1, 1, 4, 32), ml_dtypes.float8_e4m3fn)
+        c8 = np.zeros((2, 16, 4, 32), ml_dtypes.float8_e4m3fn)
+        with pytest.raises(ValueError, match="q is float8_e4m3fn; flash_attn_with_kvcache takes"):
+            flashattn.flash_attn_with_kvcache(q8, c8, c8)
+        with pytest.raises(ValueError, match="merge_states' o is float8_e4m3fn"):
+            flashattn.merge_states(np.zeros((2, 3, 4, 32), ml_dtypes.float8_e4m3fn), np.zeros((2, 4, 3), np.float32))
+
+
+def test_empty_calls_validate():
+    """Calls with nothing to compute refuse what a call with work refuses."""
+    q0, k = np.zeros((0, 2, 8), np.float32), np.zeros((12, 2, 8), np.float32)
+    cu0 = np.zeros(3, np.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_k must be int32"):
+        flashattn.flash_attn_varlen_func(q0, k, k, cu0, np.ones((2, 2), np.int32), 0, 7)
+    with pytest.raises(ValueError, match="cu_seqlens_k must rise"):
+        flashattn.flash_attn_varlen_func(q0, k, k, cu0, np.array([0, 9, 3], np.int32), 0, 9)
+    assert flashattn.flash_attn_varlen_func(q0, k, k, cu0, np.array([0, 9, 12], np.int32), 0, 9).shape == q0.shape
+    with pytest.raises(ValueError, match=r"q's heads \(0\)"):
+        flashattn.flash_attn_func(np.zeros((1, 4, 0, 8), np.float32), np.zeros((1, 4, 2, 8), np.float32),
+                                  np.zeros((1, 4, 2, 8), np.float32))
+    qb, cache = np.zeros((0, 1, 4, 16), np.float32), np.zeros((6, 4, 2, 16), np.float32)
+    with pytest.raises(ValueError, match="block_table must be int32"):
+        flashattn.flash_attn_with_kvcache(qb, cache, cache, block_table=np.zeros((0, 3), np.float32))
+    with pytest.raises(ValueError, match=r"must be \[pages, page_size, kv_heads, 8\]"):
+        flashattn.flash_attn_with_kvcache(np.zeros((0, 1, 4, 8), np.float32), cache, cache,
+                                          block_table=np.zeros((0, 3), np.int32))
+    assert flashattn.flash_attn_with_kvcache(qb, cache, cache, block_table=np.zeros((0, 3), np.int32)).shape == qb.shape
 
 
 @pytest.mark.parametrize("varlen", [False, True])

@@ -107,6 +107,7 @@ def test_bounds_refused():
     (dict(dtype=np.int16), "dtype"),
     (dict(device="tpu"), "device"),
     (dict(rotary="yarn"), "rotary"),
+    (dict(rotary=[]), "rotary"),
     (dict(rotary="neox", rotary_dim=3), "rope_dim"),
     (dict(kv_split=10), "kv_split"),
     (dict(softmax_scale=0.0), "softmax_scale"),
@@ -127,3 +128,44 @@ def test_plan_dtype_forms():
         plan = flashattn.PagedPlan(batch=1, total_q=1, max_seqlen_q=1, max_seqlen_k=16, num_heads_q=2,
                                    num_heads_kv=2, head_dim=16, page_size=16, dtype=dt)
         plan.close()
+
+
+def test_plan_closed_while_running():
+    """A plan closed by one thread while another runs it: the runner's error says so."""
+    import threading
+    kc = np.zeros((8, 16, 2, 64), np.float32)
+    bt, lens = np.arange(8, dtype=np.int32).reshape(2, 4), np.array([50, 50], np.int32)
+    cu, q = np.array([0, 2, 4], np.int32), np.zeros((4, 4, 64), np.float32)
+    errors = []
+    for _ in range(5):
+        plan = flashattn.PagedPlan(batch=2, total_q=4, max_seqlen_q=2, max_seqlen_k=64, num_heads_q=4,
+                                   num_heads_kv=2, head_dim=64, page_size=16, append=False)
+
+        def loop():
+            try:
+                while True:
+                    plan.run(q, kc, kc, bt, lens, cu)
+            except ValueError as e:
+                errors.append(str(e))
+
+        t = threading.Thread(target=loop)
+        t.start()
+        plan.close()
+        t.join()
+    assert errors and all(e == "flashattn: the plan is closed" for e in errors), errors
+
+
+def test_plan_out_of_memory():
+    """A CPU run whose thread buffers do not fit: MemoryError with the library's message, the
+    cache untouched."""
+    plan = flashattn.PagedPlan(batch=2 ** 31 - 1, total_q=2 ** 31 - 1, max_seqlen_q=2 ** 31 - 1,
+                               max_seqlen_k=2 ** 31 - 1, num_heads_q=4, num_heads_kv=2, head_dim=8, page_size=4,
+                               append=False)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if plan.info()["workspace_bytes"] < 2 * memory:  # the kernel's overcommit may grant it
+        pytest.skip(f"{plan.info()['workspace_bytes']} bytes of workspace may fit in {memory} bytes of memory")
+    kc = np.ones((2, 4, 2, 8), np.float32)
+    with pytest.raises(MemoryError, match="out of memory allocating"):
+        plan.run(np.zeros((1, 4, 8), np.float32), kc, kc, np.zeros((1, 2), np.int32), np.array([4], np.int32),
+                 np.array([0, 1], np.int32))
+    assert (kc == 1).all()
