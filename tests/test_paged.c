@@ -289,6 +289,13 @@ static void test_plan_bounds(void **state)
     s.d.sinks = sinks; /* the plan has none: a setting of the plan, like lse */
     assert_int_equal(fa_paged_run(plan, &s.d), FA_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(fa_context_last_error(ctx), "sinks"));
+    fa_paged_plan_t plan32; /* an f16 call on an f32 plan: the dtypes by name */
+    bounds.q.dtype = bounds.o.dtype = bounds.cache.dtype = bounds.k_new.dtype = bounds.v_new.dtype = FA_DTYPE_F32;
+    assert_int_equal(fa_paged_plan_create(ctx, &bounds, &plan32), FA_OK);
+    small_make(&s);
+    assert_int_equal(fa_paged_run(plan32, &s.d), FA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fa_context_last_error(ctx), "cache.dtype (f16) differs from the plan's (f32)"));
+    fa_paged_plan_destroy(plan32);
     fa_paged_plan_destroy(plan);
     fa_paged_plan_destroy(NULL);
     fa_context_destroy(ctx);

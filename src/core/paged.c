@@ -619,10 +619,16 @@ static fa_status check_against_plan(fa_context_t ctx, const struct fa_paged_plan
                { "k_new.data (set or NULL)", pg->append, pl->append },
                { "lse (set or NULL)", d->lse != NULL, b->lse != NULL },
                { "sinks (set or NULL)", d->sinks != NULL, b->sinks != NULL } };
-    for (size_t i = 0; i < sizeof(eq) / sizeof(eq[0]); i++)
-        if (eq[i].got != eq[i].want)
-            return fa_error(ctx, FA_ERR_INVALID_ARGUMENT, "%s (%lld) differs from the plan's (%lld)",
-                            eq[i].name, (long long)eq[i].got, (long long)eq[i].want);
+    static const char *const dtypes[] = { "f32", "f16", "bf16", "e4m3" }; /* fa_dtype's order */
+    for (size_t i = 0; i < sizeof(eq) / sizeof(eq[0]); i++) {
+        if (eq[i].got == eq[i].want)
+            continue;
+        if (strstr(eq[i].name, ".dtype") && eq[i].got >= 0 && eq[i].got < 4 && eq[i].want >= 0 && eq[i].want < 4)
+            return fa_error(ctx, FA_ERR_INVALID_ARGUMENT, "%s (%s) differs from the plan's (%s)", eq[i].name,
+                            dtypes[eq[i].got], dtypes[eq[i].want]);
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT, "%s (%lld) differs from the plan's (%lld)", eq[i].name,
+                        (long long)eq[i].got, (long long)eq[i].want);
+    }
     return FA_OK;
 }
 
