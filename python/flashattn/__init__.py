@@ -121,7 +121,9 @@ def _check_float(name, x):
 
 
 def _int(name, x, lo, hi):
-    """An integer argument (no float, no string) in lo..hi."""
+    """An integer argument (no float, no string, no bool) in lo..hi."""
+    if isinstance(x, bool) or type(x).__name__ == "bool_":
+        raise ValueError(f"flashattn: {name} must be an integer, not {x!r}")
     try:
         v = operator.index(x)
     except TypeError:

@@ -3,8 +3,8 @@
 layer) on tensors alone, over fa_paged_plan_create / fa_paged_run."""
 import sys
 
-from . import (_C, _arrays, _bf16_numpy, _common, _device, _empty, _int, _is_torch, _same_dtype, _stream, _writable,
-               _torch, _zeros)
+from . import (_C, _arrays, _bf16_numpy, _common, _device, _empty, _flags, _int, _is_torch, _same_dtype, _stream,
+               _writable, _torch, _zeros)
 
 _DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
 _ROPES = {None: 0, "neox": 1, "interleaved": 2}
@@ -64,9 +64,11 @@ class PagedPlan:
         scale, wl, wr = _common(0.0, softmax_scale, window_size, softcap, True)
         if not (rotary is None or isinstance(rotary, str)) or rotary not in _ROPES:
             raise ValueError(f"flashattn: rotary ({rotary!r}) must be None, 'neox' or 'interleaved'")
-        for name, flag in (("append", append), ("return_lse", return_lse), ("causal", causal)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"flashattn: {name} must be True or False, not {flag!r}")
+        _flags(append=append, return_lse=return_lse, causal=causal)
+        append, return_lse, causal = bool(append), bool(return_lse), bool(causal)
+        if rotary is None and rotary_dim:
+            raise ValueError(f"flashattn: rotary_dim ({rotary_dim!r}) applies to a rotary plan: give rotary 'neox' or "
+                             "'interleaved', or rotary_dim 0")
         dims = {name: _int(name, value, 0, _I32) for name, value in (
             ("batch", batch), ("total_q", total_q), ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k),
             ("num_heads_q", num_heads_q), ("num_heads_kv", num_heads_kv), ("head_dim", head_dim),

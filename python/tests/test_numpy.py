@@ -149,6 +149,8 @@ def test_bad_input():
         flashattn.flash_attn_func(q, q, q, softmax_scale=-0.5)
     with pytest.raises(ValueError, match="window_size"):
         flashattn.flash_attn_func(q, q, q, window_size=5)
+    with pytest.raises(ValueError, match=r"window_size\[0\] must be an integer, not True"):
+        flashattn.flash_attn_func(q, q, q, window_size=(True, False))
     with pytest.raises(ValueError, match=r"softcap \(1e\+300\) does not fit in float32"):
         flashattn.flash_attn_func(q, q, q, softcap=1e300)
     with pytest.raises(ValueError, match="softmax_scale"):
