@@ -137,6 +137,12 @@ template <typename A> fa_tensor view_of(const A &a, const char *name, int ndim, 
         bad(std::string("flashattn: ") + name +
             "'s last dimension is strided; flashattn reads head_dim contiguously: pass a contiguous copy "
             "(x.contiguous() in torch, np.ascontiguousarray in numpy)");
+    for (int i = 0; i < ndim - 1; i++)
+        if (st[i] <= 0)
+            bad(std::string("flashattn: ") + name + "'s dimension " + std::to_string(i) +
+                " is " + (st[i] == 0 ? "broadcast (stride 0)" : "reversed (negative stride)") +
+                "; flashattn takes positive strides: pass a copy (x.contiguous() in torch, np.ascontiguousarray "
+                "in numpy)");
     fa_tensor t;
     t.data = (void *)a.data();
     t.dtype = dtype_of(a, name, bf16_bits);

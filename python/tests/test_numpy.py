@@ -137,6 +137,10 @@ def test_bad_input():
         flashattn.flash_attn_func(q, k, k)
     with pytest.raises(ValueError, match="contiguous"):
         flashattn.flash_attn_func(q[..., ::2], q[..., ::2], q[..., ::2])
+    with pytest.raises(ValueError, match=r"k's dimension 1 is broadcast \(stride 0\)"):
+        flashattn.flash_attn_func(q, np.broadcast_to(q[:, :1], q.shape), q)
+    with pytest.raises(ValueError, match=r"v's dimension 1 is reversed"):
+        flashattn.flash_attn_func(q, q, q[:, ::-1])
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
         qi = q.astype(np.int32)
         flashattn.flash_attn_func(qi, qi, qi)
