@@ -122,7 +122,7 @@ def _check_float(name, x):
 
 def _int(name, x, lo, hi):
     """An integer argument (no float, no string, no bool) in lo..hi."""
-    if isinstance(x, bool) or type(x).__name__ == "bool_":
+    if isinstance(x, bool) or _numpy_bool(x):
         raise ValueError(f"flashattn: {name} must be an integer, not {x!r}")
     try:
         v = operator.index(x)
@@ -284,13 +284,16 @@ def _writable(**named):
                              "(np.require(x, requirements='W') gives a writable copy)")
 
 
+def _numpy_bool(x):
+    return type(x).__module__ == "numpy" and type(x).__name__ in ("bool_", "bool")
+
+
 def _flags(**named):
     """Each value is a bool (or an integer 0 or 1): a string such as 'no' would be true."""
     for name, x in named.items():
         if x is True or x is False:  # the usual case, first (and plain for torch.compile to trace)
             continue
-        numpy_bool = type(x).__module__ == "numpy" and type(x).__name__ in ("bool_", "bool")
-        if not (numpy_bool or (isinstance(x, numbers.Integral) and x in (0, 1))):
+        if not (_numpy_bool(x) or (isinstance(x, numbers.Integral) and x in (0, 1))):
             raise ValueError(f"flashattn: {name} must be True or False, not {x!r}")
 
 

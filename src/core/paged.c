@@ -587,6 +587,12 @@ fa_status fa_paged_plan_info(fa_paged_plan_t plan, fa_run_info *info)
     return FA_OK;
 }
 
+/* A dtype of the plan's messages (the call's dtypes are validated: one of the four). */
+static const char *dtype_name(fa_dtype t)
+{
+    return t == FA_DTYPE_F32 ? "f32" : t == FA_DTYPE_F16 ? "f16" : t == FA_DTYPE_BF16 ? "bf16" : "e4m3";
+}
+
 /* A call within the plan's bounds and settings, or the first field that is not. */
 static fa_status check_against_plan(fa_context_t ctx, const struct fa_paged_plan *pl,
                                     const fa_paged_desc *d, const fa_paged_problem *pg)
@@ -611,24 +617,24 @@ static fa_status check_against_plan(fa_context_t ctx, const struct fa_paged_plan
                { "head_dim", d->head_dim, b->head_dim },
                { "cache.num_heads", d->cache.num_heads, b->cache.num_heads },
                { "cache.page_size", d->cache.page_size, b->cache.page_size },
-               { "cache.dtype", d->cache.dtype, b->cache.dtype },
-               { "o.dtype", d->o.dtype, b->o.dtype },
                { "rope", d->rope, b->rope },
                { "rope_dim", pg->rope_dim, pl->rope_dim },
                { "kv_split", d->kv_split, b->kv_split },
                { "k_new.data (set or NULL)", pg->append, pl->append },
                { "lse (set or NULL)", d->lse != NULL, b->lse != NULL },
                { "sinks (set or NULL)", d->sinks != NULL, b->sinks != NULL } };
-    static const char *const dtypes[] = { "f32", "f16", "bf16", "e4m3" }; /* fa_dtype's order */
-    for (size_t i = 0; i < sizeof(eq) / sizeof(eq[0]); i++) {
-        if (eq[i].got == eq[i].want)
-            continue;
-        if (strstr(eq[i].name, ".dtype") && eq[i].got >= 0 && eq[i].got < 4 && eq[i].want >= 0 && eq[i].want < 4)
-            return fa_error(ctx, FA_ERR_INVALID_ARGUMENT, "%s (%s) differs from the plan's (%s)", eq[i].name,
-                            dtypes[eq[i].got], dtypes[eq[i].want]);
-        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT, "%s (%lld) differs from the plan's (%lld)", eq[i].name,
-                        (long long)eq[i].got, (long long)eq[i].want);
-    }
+    for (size_t i = 0; i < sizeof(eq) / sizeof(eq[0]); i++)
+        if (eq[i].got != eq[i].want)
+            return fa_error(ctx, FA_ERR_INVALID_ARGUMENT, "%s (%lld) differs from the plan's (%lld)",
+                            eq[i].name, (long long)eq[i].got, (long long)eq[i].want);
+    const struct {
+        const char *name;
+        fa_dtype got, want;
+    } dt[] = { { "cache.dtype", d->cache.dtype, b->cache.dtype }, { "o.dtype", d->o.dtype, b->o.dtype } };
+    for (size_t i = 0; i < sizeof(dt) / sizeof(dt[0]); i++)
+        if (dt[i].got != dt[i].want)
+            return fa_error(ctx, FA_ERR_INVALID_ARGUMENT, "%s (%s) differs from the plan's (%s)", dt[i].name,
+                            dtype_name(dt[i].got), dtype_name(dt[i].want));
     return FA_OK;
 }
 
