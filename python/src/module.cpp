@@ -61,7 +61,8 @@ device_ctx &context_for(int device_type, int device_id)
 }
 
 // The library's status (its message copied under the context's lock) as a Python exception:
-// bad arguments are ValueError, running out of memory MemoryError with the library's message.
+// bad arguments are ValueError (a stride refused with the copy to pass), running out of memory
+// MemoryError with the library's message.
 [[noreturn]] void raise(fa_status st, const std::string &message)
 {
     std::string msg = "flashattn: " + message;
@@ -71,6 +72,9 @@ device_ctx &context_for(int device_type, int device_id)
     }
     if (st == FA_ERR_BACKEND || st == FA_ERR_BACKEND_UNAVAILABLE)
         throw std::runtime_error(msg);
+    if (st == FA_ERR_INVALID_STRIDE) // the library's field names are element strides of the array
+        msg += " (a broadcast, reversed or overlapping view: pass a copy, x.contiguous() in torch or "
+               "np.ascontiguousarray in numpy)";
     bad(msg);
 }
 
@@ -137,12 +141,6 @@ template <typename A> fa_tensor view_of(const A &a, const char *name, int ndim, 
         bad(std::string("flashattn: ") + name +
             "'s last dimension is strided; flashattn reads head_dim contiguously: pass a contiguous copy "
             "(x.contiguous() in torch, np.ascontiguousarray in numpy)");
-    for (int i = 0; i < ndim - 1; i++)
-        if (st[i] <= 0)
-            bad(std::string("flashattn: ") + name + "'s dimension " + std::to_string(i) +
-                " is " + (st[i] == 0 ? "broadcast (stride 0)" : "reversed (negative stride)") +
-                "; flashattn takes positive strides: pass a copy (x.contiguous() in torch, np.ascontiguousarray "
-                "in numpy)");
     fa_tensor t;
     t.data = (void *)a.data();
     t.dtype = dtype_of(a, name, bf16_bits);
@@ -322,12 +320,8 @@ void forward_fp8(in_array q, in_array k, in_array v, array o, std::optional<arra
                 "] here" + (x.block_rows > 0 ? ": a factor per block of " + std::to_string(x.block_rows) + " rows" : "") +
                 ")");
         int64_t st[3] = { 0, 0, 0 }; // an axis of one element: stride 0, whatever the array says
-        for (size_t i = 0; i < a.ndim(); i++) {
+        for (size_t i = 0; i < a.ndim(); i++)
             st[i] = a.shape(i) > 1 ? a.stride(i) : 0;
-            if (st[i] < 0)
-                bad(std::string("flashattn: ") + x.name + " has a negative stride (a reversed view); pass a "
-                    "contiguous copy (numpy.ascontiguousarray, or .contiguous() in torch)");
-        }
         *x.out = fa_descale{ (const float *)a.data(), st[0], st[1], st[2], x.block_rows };
     }
     run_on(q, stream, [&](fa_context_t ctx) { return fa_forward(ctx, &c.d); });
