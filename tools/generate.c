@@ -327,9 +327,9 @@ int cmd_generate(int argc, char **argv)
         fa_model_state_options so = { chunk < cap ? (int32_t)chunk : 0, FA_ALGORITHM_FLASH, matvec, NULL, NULL, 0,
                                       context };
         if ((s = fa_model_state_create(m, ctx, &so, &st, err)) != FA_OK) {
-            char *lib = strstr(err, "options.context may lower"); /* the library's field: here --steps */
-            if (lib)
-                snprintf(lib, (size_t)(err + sizeof(err) - lib), "--steps N lowers to N positions");
+            const size_t n = strlen(err); /* the library's options.context is --steps here */
+            if (s == FA_ERR_OUT_OF_MEMORY && !context && n < sizeof(err))
+                snprintf(err + n, sizeof(err) - n, " (--steps N sets it to N positions)");
         } else
             s = fa_generate(m, tok, st, smp, prompt, (int32_t)(steps > INT32_MAX ? 0 : steps), on_token, &k,
                             &gs, err);
