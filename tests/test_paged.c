@@ -296,6 +296,37 @@ static void test_plan_bounds(void **state)
     assert_int_equal(fa_paged_run(plan32, &s.d), FA_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(fa_context_last_error(ctx), "cache.dtype (f16) differs from the plan's (f32)"));
     fa_paged_plan_destroy(plan32);
+    /* bounds at the ends of their ranges: the planner's products of them in 64 bits, checked
+     * (the sanitizer builds turn an overflow into a failure) */
+    fa_paged_desc huge;
+    fa_paged_desc_init(&huge);
+    huge.batch = huge.total_q = 65536;
+    huge.max_seqlen_q = 1;
+    huge.max_seqlen_k = INT32_MAX;
+    huge.num_heads_q = 1024;
+    huge.head_dim = 128;
+    huge.max_pages_per_seq = INT32_MAX / 16 + 1;
+    huge.q.dtype = huge.o.dtype = FA_DTYPE_F16;
+    huge.cache = fa_kv_cache_contiguous(NULL, NULL, FA_DTYPE_F16, FA_LAYOUT_BSHD, 1, 16, 1024, 128);
+    fa_paged_plan_t big = NULL;
+    const fa_status st = fa_paged_plan_create(ctx, &huge, &big);
+    assert_true(st == FA_OK || st == FA_ERR_SIZE_OVERFLOW || st == FA_ERR_OUT_OF_MEMORY);
+    fa_paged_plan_destroy(st == FA_OK ? big : NULL);
+    static uint16_t word[128];
+    fa_attention_desc dense; /* one query row a sequence against 2^31 - 1 keys: the decode plan */
+    fa_attention_desc_init(&dense);
+    dense.batch = 64;
+    dense.seqlen_q = dense.num_heads_q = dense.num_heads_kv = dense.head_dim = 1;
+    dense.seqlen_k = INT32_MAX;
+    dense.q = fa_tensor_contiguous(word, FA_DTYPE_F16, FA_LAYOUT_BSHD, 1, 1, 1); /* [64][1][1][1] */
+    dense.o = fa_tensor_contiguous(word + 64, FA_DTYPE_F16, FA_LAYOUT_BSHD, 1, 1, 1);
+    dense.k = dense.v = fa_tensor_contiguous((void *)(uintptr_t)4096, FA_DTYPE_F16, FA_LAYOUT_BSHD, INT32_MAX, 1, 1);
+    fa_run_info ri = { .size = sizeof(ri) };
+    const fa_status ds = fa_forward_plan(ctx, &dense, &ri);
+    if (ds != FA_OK && ds != FA_ERR_SIZE_OVERFLOW)
+        fail_msg("%s", fa_context_last_error(ctx));
+    if (ds == FA_OK)
+        assert_true(ri.block_k >= 256);
     fa_paged_plan_destroy(plan);
     fa_paged_plan_destroy(NULL);
     fa_context_destroy(ctx);

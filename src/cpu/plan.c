@@ -133,9 +133,8 @@ static fa_status plan_decode(fa_context_t ctx, const fa_cpu_state *s, const fa_p
     if (!chunk) {
         int64_t streams = (int64_t)p->batch * groups;
         int64_t per = streams >= 64 ? 1 : (64 + streams - 1) / streams;
-        chunk = round_up((int32_t)((p->max_k + per - 1) / per), 64);
-        if (chunk < 256)
-            chunk = 256;
+        const int64_t keys = ((p->max_k + per - 1) / per + 63) / 64 * 64; /* int64: max_k may be 2^31 - 1 */
+        chunk = keys < 256 ? 256 : keys > INT32_MAX ? INT32_MAX / 64 * 64 : (int32_t)keys;
     }
     pl->block_k = chunk;
     int64_t nslots = 0; /* paged: a bound, every sequence at its longest */
@@ -149,7 +148,9 @@ static fa_status plan_decode(fa_context_t ctx, const fa_cpu_state *s, const fa_p
     /* Tens of microseconds of work do not pay for waking threads (a small model's decode
      * step ran 3x slower on two threads than on one): one thread below 2^17 multiply-adds
      * per product. The bits do not depend on the thread count. */
-    if ((int64_t)p->batch * p->heads_q * (int64_t)p->max_k * p->dim < ((int64_t)1 << 17))
+    int64_t work;
+    if (fa_mul_ok((int64_t)p->batch * p->heads_q, p->max_k, &work) && fa_mul_ok(work, p->dim, &work) &&
+        work < ((int64_t)1 << 17))
         pl->threads = 1;
     pl->per_thread_floats = fa_cpu_decode_thread_floats(s->kern, p, pl);
     int64_t bytes;
