@@ -683,7 +683,8 @@ static int parse(int argc, char **argv, popts *o)
     return 0;
 }
 
-/* The rows to run: the product of the lists, or the default suite of the backend. */
+/* The rows to run: the product of the lists, or the default suite of the backend; -1 after
+ * naming what the lists ask that a run cannot hold. */
 static int build_specs(popts *o, int cuda, spec *out)
 {
     static const long cpu_batch[] = { 1, 4 }, cpu_seq[] = { 4096, 16384 }, cuda_batch[] = { 8, 32 },
@@ -702,15 +703,29 @@ static int build_specs(popts *o, int cuda, spec *out)
         o->kv_heads[1] = 8;
         o->nkv = o->heads % 8 == 0 && o->heads > 8 ? 2 : 1;
     }
+    /* the query rows are the last of a sequence's cached keys (causal, bottom-right) */
+    for (int q = 0; q < o->nseqs; q++)
+        if (o->seq_q > o->seqs[q] || o->mix > o->seqs[q]) {
+            const int sq = o->seq_q > o->seqs[q];
+            cli_usage_error("bench", "--%s (%ld) asks for more query rows than --seq %ld has keys: they are the "
+                                     "last of the cached keys", sq ? "seq-q" : "mix", sq ? o->seq_q : o->mix,
+                            o->seqs[q]);
+            return -1;
+        }
+    const long rows = (long)o->npages * o->nkv * o->nbatches * o->nseqs * (o->mix ? 2 : 1) + (suite ? 4 : 0);
+    if (rows > MAX_ROWS) {
+        cli_usage_error("bench", "the lists of --page-size, --kv-heads, --batch and --seq (and --mix) make %ld rows, "
+                                 "more than %d a run: split them over runs", rows, MAX_ROWS);
+        return -1;
+    }
     int n = 0;
     for (int p = 0; p < o->npages; p++)
         for (int k = 0; k < o->nkv; k++)
             for (int b = 0; b < o->nbatches; b++)
                 for (int q = 0; q < o->nseqs; q++) {
                     spec s = { o->pages[p], o->batches[b], o->seqs[q], o->seq_q, 0, o->kv_heads[k] };
-                    if (n < MAX_ROWS)
-                        out[n++] = s;
-                    if (o->mix && n < MAX_ROWS) {
+                    out[n++] = s;
+                    if (o->mix) {
                         s.mix = o->mix;
                         out[n++] = s;
                     }
@@ -765,6 +780,10 @@ int cmd_bench_paged(int argc, char **argv)
     static spec specs[MAX_ROWS];
     const int n = build_specs(&o, cuda, specs);
     FILE *jf = NULL;
+    if (n < 0) {
+        rc = CLI_EXIT_USAGE;
+        goto out;
+    }
     if ((rc = check_specs(&o, specs, n)) != 0)
         goto out;
     if (o.json && !(jf = strcmp(o.json, "-") == 0 ? stdout : fopen(o.json, "w"))) {
