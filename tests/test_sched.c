@@ -293,12 +293,63 @@ static void test_refusals(void **state)
     assert_non_null(strstr(err, "block table"));
 }
 
+/* Handles: held requests are found by id and released ones are not, over many times more
+ * requests than slots (slots and table entries reused in random order); stats count the
+ * finished ones. */
+static void test_handles(void **state)
+{
+    (void)state;
+    enum { SLOTS = 37, OPS = 20000 };
+    char err[256];
+    fa_sched *s;
+    const fa_sched_options o = { .num_pages = 4 * SLOTS, .page_size = 4, .max_batch = 8, .token_budget = 64,
+                                 .max_context = 16, .max_requests = SLOTS };
+    assert_int_equal(fa_sched_create(&o, &s, err), FA_OK);
+    int64_t held[SLOTS], gone = -1;
+    int done[SLOTS];
+    int32_t n = 0, finished = 0, toks[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+    uint64_t r = seed ^ 0x5EED;
+    for (int op = 0; op < OPS; op++) {
+        r = mix(r + (uint64_t)op);
+        fa_request_info info;
+        if (n < SLOTS && (n == 0 || r % 3)) {
+            const int32_t len = 1 + (int32_t)((r >> 8) % 8);
+            if (fa_sched_add(s, toks, len, 2, &held[n], err) != FA_OK)
+                fail_msg("add at op %d, %d held: %s", op, (int)n, err);
+            done[n] = 0;
+            assert_int_equal(fa_sched_request(s, held[n], &info, err), FA_OK);
+            assert_int_equal(info.prompt_len, len);
+            n++;
+        } else { /* finish and release a random held one */
+            const int32_t i = (int32_t)((r >> 16) % (uint64_t)n);
+            assert_int_equal(fa_sched_finish(s, held[i], err), FA_OK); /* again: no change */
+            finished += !done[i];
+            done[i] = 1;
+            assert_int_equal(fa_sched_get_stats(s).finished, finished);
+            if ((r >> 40) % 4) {
+                assert_int_equal(fa_sched_release(s, held[i], err), FA_OK);
+                finished--;
+                gone = held[i];
+                n--;
+                held[i] = held[n], done[i] = done[n];
+                assert_int_equal(fa_sched_request(s, gone, &info, err), FA_ERR_INVALID_VALUE);
+            }
+        }
+        for (int32_t i = 0; op % 97 == 0 && i < n; i++)
+            assert_int_equal(fa_sched_request(s, held[i], &info, err), FA_OK);
+    }
+    const fa_sched_stats st = fa_sched_get_stats(s);
+    assert_int_equal(st.waiting + st.finished, n);
+    fa_sched_free(s);
+}
+
 int main(void)
 {
     const char *s = getenv("FLASHATTN_TEST_SEED");
     seed = s && *s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
     printf("sched: seed %llu (replay: FLASHATTN_TEST_SEED=%llu)\n", (unsigned long long)seed,
            (unsigned long long)seed);
-    const struct CMUnitTest tests[] = { cmocka_unit_test(test_workloads), cmocka_unit_test(test_refusals) };
+    const struct CMUnitTest tests[] = { cmocka_unit_test(test_workloads), cmocka_unit_test(test_refusals),
+                                        cmocka_unit_test(test_handles) };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -23,8 +23,14 @@ struct fa_sched {
     fa_sched_options o;
     int32_t bt_row; /* pages of the longest context */
     req *reqs;      /* max_requests slots */
+    int32_t *free_slots, nfree_slots;
+    /* request id -> slot: open addressing over 2x max_requests or more entries (a power of 2),
+     * key -1 empty; held requests are found in constant time however many there are */
+    int64_t *hkey;
+    int32_t *hslot, hmask;
+    int32_t nfinished; /* held requests in FA_REQUEST_FINISHED */
     int32_t *free_pages, nfree;
-    int32_t *waitq, nwait; /* slots, front first */
+    int32_t *waitq, whead, nwait; /* a ring of max_requests slots, its front at whead */
     int32_t *run, nrun;    /* slots in admission order */
     int64_t next_id, steps, preemptions;
     int32_t pending; /* a step awaits its commit */
@@ -37,6 +43,54 @@ struct fa_sched {
 };
 
 static int32_t known(const req *r) { return r->prompt_len + r->generated; }
+
+/* The waiting queue's i-th slot from the front, and its ends. */
+static int32_t *wait_at(const fa_sched *s, int32_t i) { return &s->waitq[(s->whead + i) % s->o.max_requests]; }
+static void wait_push_back(fa_sched *s, int32_t slot) { *wait_at(s, s->nwait++) = slot; }
+static void wait_push_front(fa_sched *s, int32_t slot)
+{
+    s->whead = (s->whead + s->o.max_requests - 1) % s->o.max_requests;
+    s->waitq[s->whead] = slot;
+    s->nwait++;
+}
+static void wait_pop_front(fa_sched *s)
+{
+    s->whead = (s->whead + 1) % s->o.max_requests;
+    s->nwait--;
+}
+/* slot out of the queue wherever it is (a waiting request finished early) */
+static void wait_remove(fa_sched *s, int32_t slot)
+{
+    int32_t i = 0;
+    while (i < s->nwait && *wait_at(s, i) != slot)
+        i++;
+    for (; i + 1 < s->nwait; i++)
+        *wait_at(s, i) = *wait_at(s, i + 1);
+    s->nwait -= i < s->nwait;
+}
+
+/* The id table: the entry of id, or the empty one where it would go. */
+static int32_t id_entry(const fa_sched *s, int64_t id)
+{
+    int32_t e = (int32_t)((uint64_t)id * 0x9E3779B97F4A7C15ull >> 40) & s->hmask;
+    while (s->hkey[e] >= 0 && s->hkey[e] != id)
+        e = (e + 1) & s->hmask;
+    return e;
+}
+static void id_forget(fa_sched *s, int64_t id)
+{
+    int32_t e = id_entry(s, id);
+    s->hkey[e] = -1;
+    /* later entries of the probe run move up into the hole where their home allows */
+    for (int32_t j = (e + 1) & s->hmask; s->hkey[j] >= 0; j = (j + 1) & s->hmask) {
+        const int32_t home = (int32_t)((uint64_t)s->hkey[j] * 0x9E3779B97F4A7C15ull >> 40) & s->hmask;
+        if (((j - home) & s->hmask) >= ((j - e) & s->hmask)) {
+            s->hkey[e] = s->hkey[j], s->hslot[e] = s->hslot[j];
+            s->hkey[j] = -1;
+            e = j;
+        }
+    }
+}
 static int32_t pages_for(const fa_sched *s, int64_t tokens) { return (int32_t)((tokens + s->o.page_size - 1) / s->o.page_size); }
 
 fa_status fa_sched_create(const fa_sched_options *o, fa_sched **out, char *err)
@@ -71,6 +125,13 @@ fa_status fa_sched_create(const fa_sched_options *o, fa_sched **out, char *err)
     }
     const size_t nb = (size_t)o->max_batch, nq = (size_t)o->token_budget, nr = (size_t)o->max_requests;
     s->reqs = calloc(nr, sizeof(req));
+    s->free_slots = malloc(sizeof(int32_t) * nr);
+    int32_t entries = 1;
+    while (entries < 2 * o->max_requests)
+        entries *= 2;
+    s->hmask = entries - 1;
+    s->hkey = malloc(sizeof(int64_t) * (size_t)entries);
+    s->hslot = malloc(sizeof(int32_t) * (size_t)entries);
     s->free_pages = malloc(sizeof(int32_t) * (size_t)o->num_pages);
     s->waitq = malloc(sizeof(int32_t) * nr);
     s->run = malloc(sizeof(int32_t) * nr);
@@ -83,13 +144,18 @@ fa_status fa_sched_create(const fa_sched_options *o, fa_sched **out, char *err)
     s->seq_slot = malloc(sizeof(int32_t) * nb);
     s->order = malloc(sizeof(int32_t) * nr);
     s->sample = malloc(nb);
-    if (!s->reqs || !s->free_pages || !s->waitq || !s->run || !s->ids || !s->cu || !s->lens || !s->bt ||
+    if (!s->reqs || !s->free_slots || !s->hkey || !s->hslot || !s->free_pages || !s->waitq || !s->run || !s->ids || !s->cu || !s->lens || !s->bt ||
         !s->tokens || !s->positions || !s->seq_slot || !s->order || !s->sample) {
         fa_sched_free(s);
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the scheduler's tables");
     }
-    for (size_t i = 0; i < nr; i++)
+    for (size_t i = 0; i < nr; i++) {
         s->reqs[i].id = -1;
+        s->free_slots[i] = (int32_t)(nr - 1 - i); /* slot 0 first */
+    }
+    s->nfree_slots = (int32_t)nr;
+    for (int32_t e = 0; e < entries; e++)
+        s->hkey[e] = -1;
     /* page 0 handed out first */
     for (int32_t i = 0; i < o->num_pages; i++)
         s->free_pages[i] = o->num_pages - 1 - i;
@@ -106,7 +172,7 @@ void fa_sched_free(fa_sched *s)
         free(s->reqs[i].tokens);
         free(s->reqs[i].pages);
     }
-    free(s->reqs), free(s->free_pages), free(s->waitq), free(s->run), free(s->ids), free(s->cu), free(s->lens);
+    free(s->reqs), free(s->free_slots), free(s->hkey), free(s->hslot), free(s->free_pages), free(s->waitq), free(s->run), free(s->ids), free(s->cu), free(s->lens);
     free(s->bt), free(s->tokens), free(s->positions), free(s->seq_slot), free(s->order), free(s->sample);
     free(s);
 }
@@ -131,15 +197,10 @@ fa_status fa_sched_add(fa_sched *s, const int32_t *tokens, int32_t n, int32_t ma
                              "cache has %d",
                              (int)n, (int)max_new, (int)pages_for(s, held), (int)s->o.page_size,
                              (int)s->o.num_pages);
-    int32_t slot = -1;
-    for (int32_t i = 0; i < s->o.max_requests && slot < 0; i++)
-        if (s->reqs[i].id < 0)
-            slot = i;
-    if (slot < 0)
+    if (s->nfree_slots == 0)
         return fa_model_fail(err, FA_ERR_INVALID_VALUE,
                              "the scheduler holds max_requests (%d) requests: release finished ones",
                              (int)s->o.max_requests);
-    req *r = &s->reqs[slot];
     int32_t *t = malloc(sizeof(int32_t) * ((size_t)n + (size_t)max_new));
     int32_t *p = malloc(sizeof(int32_t) * (size_t)pages_for(s, held > 0 ? held : 1));
     if (!t || !p) {
@@ -147,9 +208,13 @@ fa_status fa_sched_add(fa_sched *s, const int32_t *tokens, int32_t n, int32_t ma
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory adding a request of %d tokens", (int)n);
     }
     memcpy(t, tokens, sizeof(int32_t) * (size_t)n);
+    const int32_t slot = s->free_slots[--s->nfree_slots];
+    req *r = &s->reqs[slot];
+    const int32_t e = id_entry(s, s->next_id);
+    s->hkey[e] = s->next_id, s->hslot[e] = slot;
     *r = (req){ .id = s->next_id++, .state = FA_REQUEST_WAITING, .prompt_len = n, .max_new = max_new,
                 .tokens = t, .pages = p };
-    s->waitq[s->nwait++] = slot;
+    wait_push_back(s, slot);
     *id = r->id;
     return FA_OK;
 }
@@ -179,9 +244,7 @@ static void preempt(fa_sched *s, int32_t slot)
     r->state = FA_REQUEST_WAITING;
     r->preemptions++;
     remove_slot(s->run, &s->nrun, slot);
-    memmove(s->waitq + 1, s->waitq, sizeof(int32_t) * (size_t)s->nwait);
-    s->waitq[0] = slot;
-    s->nwait++;
+    wait_push_front(s, slot);
     s->preemptions++;
     s->step.preempted++;
 }
@@ -282,7 +345,7 @@ fa_status fa_sched_step(fa_sched *s, fa_step *out, char *err)
         }
     }
     while (s->nwait > 0 && s->nrun < s->o.max_batch && budget > 0) {
-        const int32_t slot = s->waitq[0];
+        const int32_t slot = *wait_at(s, 0);
         req *r = &s->reqs[slot];
         const int32_t left = known(r) - r->cached;
         grow(s, r, (int64_t)r->cached + (left < budget ? left : budget));
@@ -291,7 +354,7 @@ fa_status fa_sched_step(fa_sched *s, fa_step *out, char *err)
             free_pages_of(s, r);
             break;
         }
-        remove_slot(s->waitq, &s->nwait, slot);
+        wait_pop_front(s);
         s->run[s->nrun++] = slot;
         r->state = FA_REQUEST_RUNNING;
         const int32_t rows = left < budget ? left : budget;
@@ -320,8 +383,9 @@ static void finish(fa_sched *s, int32_t slot)
     if (r->state == FA_REQUEST_RUNNING)
         remove_slot(s->run, &s->nrun, slot);
     else if (r->state == FA_REQUEST_WAITING)
-        remove_slot(s->waitq, &s->nwait, slot);
+        wait_remove(s, slot);
     r->state = FA_REQUEST_FINISHED;
+    s->nfinished++;
 }
 
 fa_status fa_sched_commit(fa_sched *s, const int32_t *next, const uint8_t *stop, char *err)
@@ -358,10 +422,10 @@ fa_status fa_sched_abort(fa_sched *s, char *err)
 
 static int32_t slot_of(const fa_sched *s, int64_t id)
 {
-    for (int32_t i = 0; id >= 0 && i < s->o.max_requests; i++)
-        if (s->reqs[i].id == id)
-            return i;
-    return -1;
+    if (id < 0)
+        return -1;
+    const int32_t e = id_entry(s, id);
+    return s->hkey[e] == id ? s->hslot[e] : -1;
 }
 
 fa_status fa_sched_finish(fa_sched *s, int64_t id, char *err)
@@ -397,17 +461,18 @@ fa_status fa_sched_release(fa_sched *s, int64_t id, char *err)
     if (r->state != FA_REQUEST_FINISHED)
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "request %lld has not finished", (long long)id);
     free(r->tokens), free(r->pages);
+    id_forget(s, id);
     memset(r, 0, sizeof(*r));
     r->id = -1;
+    s->free_slots[s->nfree_slots++] = slot;
+    s->nfinished--;
     return FA_OK;
 }
 
 fa_sched_stats fa_sched_get_stats(const fa_sched *s)
 {
-    fa_sched_stats t = { s->nwait, s->nrun, 0, s->nfree, s->o.num_pages - s->nfree, s->steps, s->preemptions };
-    for (int32_t i = 0; i < s->o.max_requests; i++)
-        t.finished += s->reqs[i].id >= 0 && s->reqs[i].state == FA_REQUEST_FINISHED;
-    return t;
+    return (fa_sched_stats){ s->nwait, s->nrun, s->nfinished, s->nfree, s->o.num_pages - s->nfree, s->steps,
+                             s->preemptions };
 }
 
 fa_status fa_step_check_arrays(const fa_step *st, int32_t vocab_size, char *err)
