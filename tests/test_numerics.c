@@ -322,6 +322,79 @@ static void test_output_rounding(void **state)
     fa_context_destroy(ctx);
 }
 
+/* f16 decode, dense and paged: 4,088 keys e^-17.5 below the row's maximum (v = 1) beside 8
+ * keys at it (v = 0). Each probability (2.5e-8) is under f16's smallest value, and o
+ * (1.28e-5) is what they add up to: a kernel that rounds probabilities to f16 must keep them
+ * (neon_fhm's axpy_f16p did not: o = 0). Against float64, within the standard's tolerance. */
+static void test_f16_small_probabilities(void **state)
+{
+    (void)state;
+    enum { N = 4096, D = 8, PAGE = 16 };
+    fa_context_t ctx = make_ctx(0);
+    uint16_t *q = calloc(D, 2), *o = calloc(D, 2), *k = calloc((size_t)N * D, 2), *v = calloc((size_t)N * D, 2);
+    assert_true(q && o && k && v);
+    fa_ref_encode(FA_DTYPE_F16, q, 0, 1.0);
+    double num = 0.0, den = 0.0;
+    for (int64_t j = 0; j < N; j++) {
+        const int big = j % 512 == 0;
+        fa_ref_encode(FA_DTYPE_F16, k, j * D, big ? 17.5 : 0.0);
+        for (int32_t x = 0; x < D; x++)
+            fa_ref_encode(FA_DTYPE_F16, v, j * D + x, big ? 0.0 : 1.0);
+        const double w = exp(fa_ref_decode(FA_DTYPE_F16, k, j * D) - 17.5);
+        den += w;
+        num += big ? 0.0 : w;
+    }
+    const double want = num / den;
+    fa_attention_desc d;
+    fa_attention_desc_init(&d);
+    d.batch = d.seqlen_q = d.num_heads_q = d.num_heads_kv = 1;
+    d.seqlen_k = N;
+    d.head_dim = D;
+    d.scale = 1.0f;
+    d.q = fa_tensor_contiguous(q, FA_DTYPE_F16, FA_LAYOUT_BSHD, 1, 1, D);
+    d.k = fa_tensor_contiguous(k, FA_DTYPE_F16, FA_LAYOUT_BSHD, N, 1, D);
+    d.v = fa_tensor_contiguous(v, FA_DTYPE_F16, FA_LAYOUT_BSHD, N, 1, D);
+    d.o = fa_tensor_contiguous(o, FA_DTYPE_F16, FA_LAYOUT_BSHD, 1, 1, D);
+    double worst[3] = { 0.0, 0.0, 0.0 };
+    for (int run = 0; run < 3; run++) { /* standard, flash dense, flash paged */
+        d.algorithm = run ? FA_ALGORITHM_FLASH : FA_ALGORITHM_STANDARD;
+        memset(o, 0xff, (size_t)D * 2);
+        if (run < 2) {
+            assert_int_equal(fa_forward(ctx, &d), FA_OK);
+        } else {
+            int32_t cu[2] = { 0, 1 }, len[1] = { N }, table[N / PAGE];
+            for (int32_t i = 0; i < N / PAGE; i++)
+                table[i] = i;
+            fa_paged_desc pd;
+            fa_paged_desc_init(&pd);
+            pd.batch = pd.total_q = pd.max_seqlen_q = pd.num_heads_q = 1;
+            pd.max_seqlen_k = N;
+            pd.head_dim = D;
+            pd.scale = 1.0f;
+            pd.kv_split = N; /* one split: all 4,096 keys in one walk */
+            pd.q = d.q;
+            pd.o = d.o;
+            pd.cu_seqlens_q = cu;
+            pd.cache_seqlens = len;
+            pd.block_table = table;
+            pd.max_pages_per_seq = N / PAGE;
+            pd.cache = fa_kv_cache_contiguous(k, v, FA_DTYPE_F16, FA_LAYOUT_BSHD, N / PAGE, PAGE, 1, D);
+            assert_int_equal(fa_paged_forward(ctx, &pd), FA_OK);
+        }
+        for (int32_t x = 0; x < D; x++)
+            worst[run] = fmax(worst[run], fabs(fa_ref_decode(FA_DTYPE_F16, o, x) - want));
+    }
+    const double tol = fa_output_tolerance(worst[0], want, FA_DTYPE_F16, FA_DTYPE_F16);
+    print_message("f16 decode, o %.4g: error standard %.3g, dense %.3g, paged %.3g (allowed %.3g)\n", want, worst[0],
+                  worst[1], worst[2], tol);
+    assert_true(worst[1] <= tol && worst[2] <= tol);
+    free(q);
+    free(o);
+    free(k);
+    free(v);
+    fa_context_destroy(ctx);
+}
+
 /* ---- sums past float32, and scores scaled before their products ---- */
 
 /* The contexts the cases below run on: the CPU, and where a GLES driver is reachable each of
@@ -553,6 +626,7 @@ int main(void)
         cmocka_unit_test(test_large_logits),
         cmocka_unit_test(test_deterministic_across_threads),
         cmocka_unit_test(test_output_rounding),
+        cmocka_unit_test(test_f16_small_probabilities),
         cmocka_unit_test(test_decode_split),
         cmocka_unit_test(test_block_override),
         cmocka_unit_test(test_masked_rows_ignore_nan),

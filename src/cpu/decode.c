@@ -141,10 +141,12 @@ static void walk(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_p
      * 10% faster on a Zen 4 guest, docs/perf/cpu-decode.md); one column a head (MHA decode)
      * streams at the read rate without them. */
     const int hints = cc->ncols > 1;
-    /* f16 probabilities only where the output's own f16 rounding is as large (kernels.h) */
-    fa_cpu_axpy_fn *const axpy =
-        kern->axpy_f16p && d->v.dtype == FA_DTYPE_F16 && d->o.dtype == FA_DTYPE_F16 ? kern->axpy_f16p
-                                                                                    : kern->axpy;
+    /* f16 probabilities only where the output's own f16 rounding is as large, and at most 1
+     * (no dropout's 1 / (1 - p)): kernels.h */
+    fa_cpu_axpy_fn *const axpy = kern->axpy_f16p && d->v.dtype == FA_DTYPE_F16 && d->o.dtype == FA_DTYPE_F16 &&
+                                         p->dropout_p == 0.0f
+                                     ? kern->axpy_f16p
+                                     : kern->axpy;
 
     for (int64_t j0 = c0; j0 < c1; j0 += tile) {
         int32_t n = (int32_t)(c1 - j0 < tile ? c1 - j0 : tile);

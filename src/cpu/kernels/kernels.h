@@ -75,9 +75,10 @@ typedef struct fa_cpu_kernels {
     fa_cpu_axpy_fn *axpy;
 
     /*
-     * axpy with st rounded to f16 first when t is f16 and dim a multiple of 8 (f16 x f16
-     * products, exact in float32; float32 sums), else axpy; NULL in tables without one. The decode path calls it only for f16 V and an
-     * output stored f16, whose own rounding (2^-11) bounds the probabilities' (docs/kernels.md).
+     * axpy with st (at most 1) rounded to f16 first, scaled into f16's normal range, when t is
+     * f16 and dim a multiple of 8 (f16 x f16 products, exact in float32; float32 sums), else
+     * axpy; NULL in tables without one. The decode path calls it only for f16 V, no dropout and
+     * an output stored f16, whose own rounding (2^-11) bounds the probabilities' (docs/kernels.md).
      */
     fa_cpu_axpy_fn *axpy_f16p;
 

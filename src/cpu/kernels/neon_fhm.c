@@ -21,6 +21,15 @@ static void fhm_axpy(fa_dtype t, const fa_cpu_heads *hs, int m, int n, int dim, 
 #define KAXPY_F16P fhm_axpy
 #include "neon.c"
 
+/* The probabilities (at most 1) go to f16 times 2^14, the outputs' registers held in the same
+ * units: rounded as they were, a long row's many small probabilities fell below f16's normal
+ * range (2^-14) and its smallest subnormal (2^-24), and what they add up to was lost (4,088
+ * keys e^-17.5 below the row's maximum came out 0). At 2^14, 1 is 16384 < 65504, f16's
+ * normal range reaches down to 2^-28 and only terms under 2^-39 vanish; powers of 2 scale
+ * the f32 outputs exactly. */
+#define FHM_UP 0x1p14f
+#define FHM_DOWN 0x1p-14f
+
 /* o rows 0 .. MI - 1 (MI <= 4), elements p .. p + 8 PV - 1 (PV 1 or 2), over keys 0 .. nb - 1:
  * the outputs stay in f32 registers over the keys (scaled by alpha first when given); each
  * key's MI probabilities are rounded to f16 once and FMLAL / FMLAL2 take them by lane. */
@@ -33,9 +42,7 @@ fhm_block(const int MI, const int PV, const float *sh, ptrdiff_t lds, const floa
     for (int i = 0; i < MI; i++)
 #pragma GCC unroll 4
         for (int b = 0; b < 2 * PV; b++) {
-            acc[i][b] = vld1q_f32(oh + i * ldo + p + 4 * b);
-            if (alpha)
-                acc[i][b] = vmulq_n_f32(acc[i][b], alpha[i]);
+            acc[i][b] = vmulq_n_f32(vld1q_f32(oh + i * ldo + p + 4 * b), alpha ? alpha[i] * FHM_UP : FHM_UP);
         }
     for (int j = 0; j < nb; j++) {
         float16x8_t x[2];
@@ -48,7 +55,7 @@ fhm_block(const int MI, const int PV, const float *sh, ptrdiff_t lds, const floa
 #pragma GCC unroll 4
             for (int i = 0; i < MI; i++)
                 s[i] = sj[i];
-        const float16x4_t ps = vcvt_f16_f32(s);
+        const float16x4_t ps = vcvt_f16_f32(vmulq_n_f32(s, FHM_UP));
 #define FHM_ROW(i)                                                                             \
     if (MI > i)                                                                                \
         for (int u = 0; u < PV; u++) {                                                         \
@@ -65,7 +72,7 @@ fhm_block(const int MI, const int PV, const float *sh, ptrdiff_t lds, const floa
     for (int i = 0; i < MI; i++)
 #pragma GCC unroll 4
         for (int b = 0; b < 2 * PV; b++)
-            vst1q_f32(oh + i * ldo + p + 4 * b, acc[i][b]);
+            vst1q_f32(oh + i * ldo + p + 4 * b, vmulq_n_f32(acc[i][b], FHM_DOWN));
 }
 
 static inline __attribute__((always_inline)) void
