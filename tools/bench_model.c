@@ -125,7 +125,7 @@ static int run(const fa_model *m, fa_context_t ctx, fa_algorithm alg, fa_matvec 
     line.on = 0;
     /* decode: greedy continuation of the prompt, one token per forward */
     int32_t tok = ids[n - 1];
-    double t0 = cli_now();
+    double t0 = cli_now(), shown = t0;
     for (int32_t i = 0; i < decode; i++) {
         int32_t best = 0;
         for (int32_t v = 1; v < m->config.vocab_size; v++)
@@ -133,8 +133,15 @@ static int run(const fa_model *m, fa_context_t ctx, fa_algorithm alg, fa_matvec 
         tok = best;
         if ((st = fa_model_forward(m, s, &tok, 1, n + i, &logits, err)) != FA_OK)
             goto fail;
+        if (cli_now() - shown >= 1.0) { /* a line for decodes that take seconds */
+            shown = cli_now();
+            fprintf(stderr, "\r  %s decode: token %d/%d", name, (int)i + 1, (int)decode);
+            fflush(stderr);
+        }
     }
     double dt = cli_now() - t0;
+    if (shown > t0)
+        fprintf(stderr, "\r  %s decode: token %d/%d\n", name, (int)decode, (int)decode);
     r->decode_tok_s = decode > 0 ? decode / dt : 0.0;
     fa_model_stats fin = fa_model_state_stats(s);
     if (fin.attention_workspace > r->workspace)
@@ -238,6 +245,12 @@ int cmd_bench_model(int argc, char **argv)
             return cli_usage_error("bench-model", "--config: %s", err);
         if (c.seq_len < prompt_len + decode)
             c.seq_len = (int32_t)(prompt_len + decode);
+    }
+    if (backend != FA_BACKEND_CPU) { /* the device first: before the weights are made or read */
+        fa_context_t dev = cli_context(backend, 0);
+        if (!dev)
+            return CLI_EXIT_FAIL;
+        fa_context_destroy(dev);
     }
     fa_context_t ctx = cli_context(FA_BACKEND_CPU, (int)threads);
     if (!ctx)
