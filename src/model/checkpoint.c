@@ -2,6 +2,7 @@
 /* llama2.c checkpoints: header rules, sizes, memory mapping. Trusts nothing in the file. */
 #include "fail.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <float.h>
@@ -28,7 +29,7 @@ fa_status fa_model_open_file(const char *path, const char *what, int *fd, uint64
     /* O_NONBLOCK: open() of a FIFO would otherwise wait for a writer */
     int f = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (f < 0)
-        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot open %s '%s'", what, path);
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot open %s '%s': %s", what, path, strerror(errno));
     struct stat sb;
     if (fstat(f, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(f);
@@ -377,7 +378,9 @@ fa_status fa_model_config_parse(const char *spec, fa_model_config *c, char *err)
         for (int i = 0; i < 7; i++) {
             char *end;
             long x = strtol(s, &end, 10);
-            if (end == s || x < INT32_MIN + 1 || x > INT32_MAX || (i < 6 ? *end != 'x' : *end != 0))
+            /* digits only (a '-' before the vocab): strtol alone takes spaces and '+' */
+            const int digits = isdigit((unsigned char)*s) || (i == 5 && *s == '-' && isdigit((unsigned char)s[1]));
+            if (!digits || end == s || x < INT32_MIN + 1 || x > INT32_MAX || (i < 6 ? *end != 'x' : *end != 0))
                 return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                             "config '%s' is not 110m, 1b, 7b, llama3-8b or "
                             "DIMxLAYERSxHEADSxKVHEADSxHIDDENxVOCABxSEQ",

@@ -51,7 +51,8 @@ static fa_status json_float(const cJSON *o, const char *file, const char *key, d
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     double d = !v || cJSON_IsNull(v) ? dflt : cJSON_IsNumber(v) ? v->valuedouble : NAN;
     if (!(d > 0.0 && d <= FLT_MAX && (float)d > 0.0f))
-        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "'%s': %s must be a positive number", file, key);
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE, "'%s': %s must be a positive number a float32 holds "
+                                                        "(at most 3.4e38)", file, key);
     *out = (float)d;
     return FA_OK;
 }
@@ -860,7 +861,7 @@ static fa_status enough_data(const char *dir, const fa_model_config *c, char *er
     if (!files)
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
                              "'%s' holds neither model.safetensors nor any shard model.safetensors.index.json "
-                             "could name (no .safetensors file)",
+                             "could name (no .safetensors regular file)",
                              dir);
     if (have < need)
         return fa_model_fail(err, FA_ERR_INVALID_SHAPE,

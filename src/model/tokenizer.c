@@ -226,6 +226,11 @@ fa_status fa_tokenizer_open(const char *path, int32_t vocab_size, fa_tokenizer *
         st = fa_tokenizer_from_json(path, (const char *)buf, n, vocab_size, out, err);
     } else {
         st = fa_tokenizer_from_memory(buf, n, vocab_size, out, err);
+        if (st != FA_OK && st != FA_ERR_OUT_OF_MEMORY && err) { /* the file the record is in */
+            char what[FA_MODEL_ERR_LEN];
+            snprintf(what, sizeof(what), "'%s': %s", path, err);
+            memcpy(err, what, sizeof(what));
+        }
         size_t i = 0;
         while (i < n && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t'))
             i++;
