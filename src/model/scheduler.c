@@ -69,10 +69,15 @@ static void wait_remove(fa_sched *s, int32_t slot)
     s->nwait -= i < s->nwait;
 }
 
-/* The id table: the entry of id, or the empty one where it would go. */
+/* The id table: where id's probe starts (Fibonacci hashing), its entry or the empty one where
+ * it would go, and its removal. */
+static int32_t id_home(const fa_sched *s, int64_t id)
+{
+    return (int32_t)((uint64_t)id * 0x9E3779B97F4A7C15ull >> 40) & s->hmask;
+}
 static int32_t id_entry(const fa_sched *s, int64_t id)
 {
-    int32_t e = (int32_t)((uint64_t)id * 0x9E3779B97F4A7C15ull >> 40) & s->hmask;
+    int32_t e = id_home(s, id);
     while (s->hkey[e] >= 0 && s->hkey[e] != id)
         e = (e + 1) & s->hmask;
     return e;
@@ -83,7 +88,7 @@ static void id_forget(fa_sched *s, int64_t id)
     s->hkey[e] = -1;
     /* later entries of the probe run move up into the hole where their home allows */
     for (int32_t j = (e + 1) & s->hmask; s->hkey[j] >= 0; j = (j + 1) & s->hmask) {
-        const int32_t home = (int32_t)((uint64_t)s->hkey[j] * 0x9E3779B97F4A7C15ull >> 40) & s->hmask;
+        const int32_t home = id_home(s, s->hkey[j]);
         if (((j - home) & s->hmask) >= ((j - e) & s->hmask)) {
             s->hkey[e] = s->hkey[j], s->hslot[e] = s->hslot[j];
             s->hkey[j] = -1;
@@ -144,8 +149,8 @@ fa_status fa_sched_create(const fa_sched_options *o, fa_sched **out, char *err)
     s->seq_slot = malloc(sizeof(int32_t) * nb);
     s->order = malloc(sizeof(int32_t) * nr);
     s->sample = malloc(nb);
-    if (!s->reqs || !s->free_slots || !s->hkey || !s->hslot || !s->free_pages || !s->waitq || !s->run || !s->ids || !s->cu || !s->lens || !s->bt ||
-        !s->tokens || !s->positions || !s->seq_slot || !s->order || !s->sample) {
+    if (!s->reqs || !s->free_slots || !s->hkey || !s->hslot || !s->free_pages || !s->waitq || !s->run || !s->ids ||
+        !s->cu || !s->lens || !s->bt || !s->tokens || !s->positions || !s->seq_slot || !s->order || !s->sample) {
         fa_sched_free(s);
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the scheduler's tables");
     }
@@ -172,8 +177,9 @@ void fa_sched_free(fa_sched *s)
         free(s->reqs[i].tokens);
         free(s->reqs[i].pages);
     }
-    free(s->reqs), free(s->free_slots), free(s->hkey), free(s->hslot), free(s->free_pages), free(s->waitq), free(s->run), free(s->ids), free(s->cu), free(s->lens);
-    free(s->bt), free(s->tokens), free(s->positions), free(s->seq_slot), free(s->order), free(s->sample);
+    free(s->reqs), free(s->free_slots), free(s->hkey), free(s->hslot), free(s->free_pages), free(s->waitq);
+    free(s->run), free(s->ids), free(s->cu), free(s->lens), free(s->bt), free(s->tokens), free(s->positions);
+    free(s->seq_slot), free(s->order), free(s->sample);
     free(s);
 }
 
