@@ -58,7 +58,9 @@ typedef enum fa_status {
     FA_ERR_BACKEND_UNAVAILABLE = 8, /* backend not built or no usable device */
     FA_ERR_OUT_OF_MEMORY = 9,     /* workspace allocation failed */
     FA_ERR_BACKEND = 10,          /* the backend's runtime reported an error */
-    FA_ERR_INVALID_ARGUMENT = 11  /* any other bad argument (wrong struct size, ...) */
+    FA_ERR_INVALID_ARGUMENT = 11, /* any other bad argument (wrong struct size, ...) */
+    FA_ERR_IO = 12                /* a file could not be written (a full disk, a failing device):
+                                     the runner's checkpoint and export writers */
 } fa_status;
 
 typedef enum fa_dtype {

@@ -40,8 +40,9 @@ for cmd in bench check info generate gen-model export-hf bench-model bench-serve
   grep -q "unknown option '--bogus' (see \`flashattn $cmd --help\`)" "$tmp/err" ||
     { echo "FAIL: $cmd --bogus is not called an unknown option"; cat "$tmp/err"; fails=$((fails + 1)); }
 done
-expect_rc 2 "no command" "$fa"
-grep -q "^  bench-model  " "$tmp/err" || { echo "FAIL: no command: the usage omits bench-model"; fails=$((fails + 1)); }
+expect_usage "no command" "$fa"
+grep -q "no command given; \`flashattn --help\` lists the commands" "$tmp/err" ||
+  { echo "FAIL: no command: want the line pointing at --help"; cat "$tmp/err"; fails=$((fails + 1)); }
 expect_usage "unknown command" "$fa" frobnicate
 expect_usage "a stray argument" "$fa" bench 512
 expect_usage "head_dim too large" "$fa" bench --dim 300
@@ -368,12 +369,28 @@ expect_usage "bench --plot in a missing directory" "$fa" bench --seq 64 --plot "
 expect_usage "bench --plot naming a directory" "$fa" bench --seq 64 --plot "$tmp"
 expect_usage "bench --json in a missing directory" "$fa" bench --seq 64 --json "$tmp/none/x.json"
 expect_usage "gen-model --out in a missing directory" "$fa" gen-model --config 8x1x1x1x8x512x16 --out "$tmp/none/x.bin"
-if [ -c /dev/full ]; then # a full disk under standard output and under --json: exit 1, saying so
-  "$fa" generate --steps 8 --temperature 0 >/dev/full 2>"$tmp/err"
-  rc=$?
-  if [ $rc -eq 1 ] && grep -q "writing the standard output failed" "$tmp/err"; then pass=$((pass + 1)); else
-    echo "FAIL: generate into a full disk: exit $rc"; cat "$tmp/err"; fails=$((fails + 1)); fi
-  expect_rc 1 "bench --json into a full disk" "$fa" bench --seq 64 --heads 2 --dim 16 --reps 1 --json /dev/full
+# a full disk under standard output and under each output option: exit 1, one line naming the
+# file and the reason (generate: no statistics of the text it lost)
+if [ -c /dev/full ]; then
+  for args in "--help" "--version" "bench --help" "generate --steps 20 --temperature 0" \
+    "bench --seq 16 --heads 1 --dim 8 --no-sgemm --reps 1" "bench --seq 16 --heads 1 --dim 8 --no-sgemm --reps 1 --json -"; do
+    "$fa" $args >/dev/full 2>"$tmp/err"
+    rc=$?
+    # (bench's title goes to stderr with --json -)
+    if [ $rc -eq 1 ] && grep -q "writing the standard output failed: No space left on device" "$tmp/err" &&
+      [ "$(grep -vc "^flashattn [0-9.]* bench: backend" "$tmp/err")" -eq 1 ]; then
+      pass=$((pass + 1))
+    else
+      echo "FAIL: $args into a full disk: exit $rc, want 1 and one line naming stdout"; cat "$tmp/err"; fails=$((fails + 1))
+    fi
+  done
+  for args in "bench --seq 64 --heads 2 --dim 16 --reps 1 --json" "bench --seq 64 --heads 2 --dim 16 --reps 1 --plot" \
+    "bench-serve --requests 2 --prompt-len 4,4 --output-len 2,2 --json" "gen-model --config 8x1x1x1x8x8x8 --out"; do
+    "$fa" $args /dev/full >/dev/null 2>"$tmp/err"
+    rc=$?
+    grep -q "cannot write --[a-z]* file '/dev/full': No space left on device" "$tmp/err" && [ $rc -eq 1 ] ||
+      { echo "FAIL: $args /dev/full: exit $rc, want 1 and the reason"; cat "$tmp/err"; fails=$((fails + 1)); }
+  done
 fi
 expect_usage "bench-serve arrivals past an hour" timeout 20 "$fa" bench-serve --requests 2 --arrival poisson --rate 1e-300
 # a prompt longer than the context is refused by its token count (encoded in O(n log n): 0.03 s here)
@@ -391,6 +408,77 @@ if "$fa" info --backend cuda >/dev/null 2>&1; then
     --max-batch 4 --token-budget 16 --pages 12 --json "$tmp/serve_cuda.json"
   grep -q "^engine: cuda on .*, graphs on" "$tmp/out" || { echo "FAIL: bench-serve on cuda report"; cat "$tmp/out"; fails=$((fails + 1)); }
 fi
+
+# output files are written whole or not at all: a write that fails (a file size limit stands in
+# for a full disk) leaves the earlier file as it was and no temporary beside it, exit 1
+no_partials() { # description, directory
+  if ls -a "$2" | grep -q "\.partial$\|\.json\.\|\.bin\.\|\.svg\."; then
+    echo "FAIL: $1: a temporary was left"; ls -a "$2"; fails=$((fails + 1))
+  fi
+}
+mkdir "$tmp/w"
+echo old >"$tmp/w/b.json"
+echo old >"$tmp/w/g.bin"
+(trap '' XFSZ; ulimit -f 1; exec "$fa" bench --seq 16,24,32,40,48 --heads 1 --dim 8 --no-sgemm --reps 1 \
+  --json "$tmp/w/b.json" >/dev/null 2>"$tmp/err")
+rc=$?
+[ $rc -eq 1 ] && [ "$(cat "$tmp/w/b.json")" = old ] && grep -q "cannot write --json file '.*b.json': File too large" "$tmp/err" ||
+  { echo "FAIL: bench --json past the file size limit: exit $rc"; cat "$tmp/err"; fails=$((fails + 1)); }
+(trap '' XFSZ; ulimit -f 64; exec "$fa" gen-model --config 64x2x4x2x96x512x64 --out "$tmp/w/g.bin" >/dev/null 2>"$tmp/err")
+rc=$?
+[ $rc -eq 1 ] && [ "$(cat "$tmp/w/g.bin")" = old ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] ||
+  { echo "FAIL: gen-model past the file size limit: exit $rc"; cat "$tmp/err"; fails=$((fails + 1)); }
+no_partials "bench and gen-model past the file size limit" "$tmp/w"
+# an export that fails (past the limit, or a directory where a file goes) leaves the earlier one whole
+expect_rc 0 "export-hf to replace" "$fa" export-hf --model "$(dirname "$0")/../models/stories260K.bin" --out "$tmp/w/hf" \
+  --tokenizer "$(dirname "$0")/../models/tok512.bin"
+(cd "$tmp/w/hf" && cksum config.json model.safetensors tokenizer.json) >"$tmp/w/sums"
+(trap '' XFSZ; ulimit -f 64; exec "$fa" export-hf --model "$(dirname "$0")/../models/stories260K.bin" --out "$tmp/w/hf" \
+  --tokenizer "$(dirname "$0")/../models/tok512.bin" --shards 2 >/dev/null 2>"$tmp/err")
+rc=$?
+[ $rc -eq 1 ] && grep -q "File too large" "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ] ||
+  { echo "FAIL: export-hf past the file size limit: exit $rc, want 1"; cat "$tmp/err"; fails=$((fails + 1)); }
+mkdir "$tmp/w/hf/model-00002-of-00002.safetensors"
+expect_usage "export-hf with a directory where a shard goes" "$fa" export-hf \
+  --model "$(dirname "$0")/../models/stories260K.bin" --out "$tmp/w/hf" --shards 2
+grep -q "model-00002-of-00002.safetensors' is in the way" "$tmp/err" ||
+  { echo "FAIL: export-hf: the file in the way is not named"; cat "$tmp/err"; fails=$((fails + 1)); }
+rmdir "$tmp/w/hf/model-00002-of-00002.safetensors"
+(cd "$tmp/w/hf" && cksum config.json model.safetensors tokenizer.json) | cmp -s - "$tmp/w/sums" &&
+  [ "$(ls "$tmp/w/hf" | wc -l)" -eq 3 ] || { echo "FAIL: a failed export-hf changed the earlier one"; ls -a "$tmp/w/hf"; fails=$((fails + 1)); }
+no_partials "a failed export-hf" "$tmp/w/hf"
+# a run stopped by a signal (^C one second into a run of many seconds) leaves no temporary either
+timeout -s INT 1 "$fa" bench --seq 2048,2049,2050,2051,2052,2053,2054,2055 --heads 8 --dim 64 --no-sgemm \
+  --reps 20 --json "$tmp/w/b.json" >/dev/null 2>&1
+[ "$(cat "$tmp/w/b.json")" = old ] || { echo "FAIL: bench stopped by SIGINT replaced its --json file"; fails=$((fails + 1)); }
+no_partials "bench stopped by SIGINT" "$tmp/w"
+# an output that is a FIFO would block the run: refused at once; /dev/null is written
+for args in "gen-model --config 8x1x1x1x8x8x8 --out" "bench --seq 16 --json" "bench --seq 16 --plot" "bench-serve --json"; do
+  expect_usage "$args FIFO" timeout 20 "$fa" $args "$tmp/fifo"
+  grep -q "is a FIFO, not a regular file" "$tmp/err" || { echo "FAIL: $args FIFO: not named"; cat "$tmp/err"; fails=$((fails + 1)); }
+done
+expect_rc 0 "gen-model into /dev/null" "$fa" gen-model --config 8x1x1x1x8x8x8 --out /dev/null
+# --json and --plot on one file: refused, by any name of it
+for plot in "$tmp/w/same.out" "$tmp/w/../w/same.out"; do
+  expect_usage "bench --json and --plot on one file" "$fa" bench --seq 16 --json "$tmp/w/same.out" --plot "$plot"
+done
+[ -e "$tmp/w/same.out" ] && { echo "FAIL: bench wrote the file its --json and --plot share"; fails=$((fails + 1)); }
+# bench-serve --json -: standard output is the JSON object alone, the report on stderr; a file
+# holds one object after two runs
+expect_rc 0 "bench-serve --json -" "$fa" bench-serve --requests 2 --prompt-len 4,4 --output-len 2,2 --json -
+python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["requests"] == 2' "$tmp/out" &&
+  grep -q "^throughput: " "$tmp/err" || { echo "FAIL: bench-serve --json - mixes the report into the JSON"; cat "$tmp/out"; fails=$((fails + 1)); }
+for run in 1 2; do
+  "$fa" bench-serve --requests 2 --prompt-len 4,4 --output-len 2,2 --json "$tmp/w/s.json" >/dev/null 2>&1
+done
+python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/w/s.json" ||
+  { echo "FAIL: bench-serve --json: two runs leave more than one object"; cat "$tmp/w/s.json"; fails=$((fails + 1)); }
+# a closed standard output does not send the table into the --json file
+(exec "$fa" bench --seq 16 --heads 1 --dim 8 --no-sgemm --reps 1 --json "$tmp/w/cl.json" >&- 2>/dev/null)
+python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 2, len(rows)' "$tmp/w/cl.json" || { echo "FAIL: closed stdout: the --json file holds other text"; cat "$tmp/w/cl.json"; fails=$((fails + 1)); }
 
 echo "cli: $pass passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -529,7 +529,6 @@ static void print_row(const opts *o, const row *r)
                    w->rel_l2[2]);
         printf("\n");
     }
-    fflush(stdout);
 }
 
 static void json_row(FILE *f, const opts *o, const row *r, double sgemm)
@@ -580,8 +579,7 @@ static void json_row(FILE *f, const opts *o, const row *r, double sgemm)
                 fprintf(f, ",\"%s_rel_l2_err\":null,\"%s_max_abs_err\":null", g[i], g[i]);
         }
     }
-    fprintf(f, "}\n");
-    fflush(f);
+    fprintf(f, "}\n"); /* flushed by the caller, which checks the write */
 }
 
 static int parse(int argc, char **argv, opts *o)
@@ -737,6 +735,8 @@ int cmd_bench(int argc, char **argv)
     if ((o.plot && (rc = cli_output_ok("bench", "--plot", o.plot, 0)) != 0) ||
         (o.json && (rc = cli_output_ok("bench", "--json", o.json, 1)) != 0))
         return rc;
+    if (o.plot && o.json && strcmp(o.json, "-") != 0 && cli_same_output(o.json, o.plot))
+        return cli_usage_error("bench", "--json and --plot name the same file '%s'; give each its own", o.plot);
     fa_context_t ctx = cli_context(o.backend, (int)o.threads);
     if (!ctx)
         return CLI_EXIT_FAIL;
@@ -746,16 +746,12 @@ int cmd_bench(int argc, char **argv)
         fa_context_destroy(ctx);
         return rc;
     }
-    FILE *jf = NULL;
-    if (o.json) {
-        jf = strcmp(o.json, "-") == 0 ? stdout : fopen(o.json, "w");
-        if (!jf) {
-            fprintf(stderr, "flashattn bench: cannot write --json file '%s'\n", o.json);
-            fa_context_destroy(ctx);
-            return CLI_EXIT_FAIL;
-        }
+    cli_out json = { 0 };
+    if (o.json && (rc = cli_out_open(&json, "bench", "--json", o.json, 1)) != 0) {
+        fa_context_destroy(ctx);
+        return rc;
     }
-    FILE *out = jf == stdout ? stderr : stdout; /* keep stdout pure JSON with --json - */
+    FILE *jf = json.f, *out = jf == stdout ? stderr : stdout; /* keep stdout pure JSON with --json - */
     int threads = (int)o.threads;
     double sgemm = o.no_sgemm || fa_context_backend(ctx) != FA_BACKEND_CPU ? 0.0 : sgemm_gflops(threads);
     if (sgemm > 0)
@@ -789,10 +785,18 @@ int cmd_bench(int argc, char **argv)
                         break;
                     done++;
                     any_sampled |= r.sampled_rows < r.rows;
-                    if (out == stdout)
+                    if (out == stdout) { /* a write that fails ends the run, said once by main */
                         print_row(&o, &r);
-                    if (jf)
+                        if (cli_stdout_ok() != 0) {
+                            rc = CLI_EXIT_FAIL;
+                            break;
+                        }
+                    }
+                    if (jf) {
                         json_row(jf, &o, &r, sgemm);
+                        if ((rc = cli_out_check(&json)) != 0)
+                            break;
+                    }
                     if (r.has_std) {
                         char series[64];
                         snprintf(series, sizeof(series), "h%ld d%ld%s", r.h, r.d, c ? " causal" : "");
@@ -806,17 +810,18 @@ int cmd_bench(int argc, char **argv)
         snprintf(title, sizeof(title), "flashattn %s: flash vs standard attention (%s, %s)",
                  fa_version_string(), fa_backend_name(fa_context_backend(ctx)),
                  cli_dtype_name(o.dtype));
-        if (fa_plot_write_svg(&plot, o.plot, title, "sequence length", "speed-up (x)") != 0) {
-            fprintf(stderr, "flashattn bench: cannot write --plot file '%s'\n", o.plot);
-            rc = CLI_EXIT_FAIL;
-        } else {
-            fprintf(out, "plot written to %s\n", o.plot);
+        cli_out svg;
+        if ((rc = cli_out_open(&svg, "bench", "--plot", o.plot, 0)) == 0) {
+            fa_plot_write_svg(&plot, svg.f, title, "sequence length", "speed-up (x)");
+            if ((rc = cli_out_commit(&svg)) == 0)
+                fprintf(out, "plot written to %s\n", o.plot);
         }
     }
-    if (jf && jf != stdout && cli_close(jf) != 0) {
-        fprintf(stderr, "flashattn bench: writing --json file '%s' failed\n", o.json);
-        rc = CLI_EXIT_FAIL;
-    }
+    /* the rows replace an earlier --json file only when the whole run went through */
+    if (jf && rc == 0)
+        rc = cli_out_commit(&json);
+    else if (jf)
+        cli_out_abort(&json);
     fa_context_destroy(ctx);
     return rc;
 }

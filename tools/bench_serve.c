@@ -216,6 +216,8 @@ int cmd_bench_serve(int argc, char **argv)
         return rc < 0 ? 0 : rc;
     if (o.json && (rc = cli_output_ok("bench-serve", "--json", o.json, 1)) != 0)
         return rc;
+    /* with the JSON on standard output, the report goes to stderr (as bench does) */
+    FILE *out = o.json && strcmp(o.json, "-") == 0 ? stderr : stdout;
     char err[FA_MODEL_ERR_LEN];
     fa_model *m = NULL;
     fa_status st;
@@ -383,55 +385,50 @@ int cmd_bench_serve(int argc, char **argv)
     qsort(e2e, (size_t)o.requests, sizeof(double), cmp_double);
     qsort(itl, n_itl, sizeof(double), cmp_double);
     const fa_sched_stats fin = fa_sched_get_stats(sc);
-    printf("%ld requests (%s), prompts %ld..%ld, outputs %ld..%ld tokens; %d pages of %d, batch <= %d, "
-           "budget %d rows\n",
-           o.requests, o.poisson ? "Poisson arrivals" : "all at once", o.p_lo, o.p_hi, o.o_lo, o.o_hi,
-           (int)so.num_pages, (int)so.page_size, (int)so.max_batch, (int)so.token_budget);
-    printf("throughput: %.1f generated tok/s, %.1f tok/s with prompts, %.2f s, %ld steps, %lld preemptions\n",
-           tokens_out / wall, (tokens_out + tokens_in) / wall, wall, steps, (long long)fin.preemptions);
-    printf("time to first token ms: p50 %.2f  p90 %.2f  p99 %.2f\n", quantile(ttft, (size_t)o.requests, 0.5),
-           quantile(ttft, (size_t)o.requests, 0.9), quantile(ttft, (size_t)o.requests, 0.99));
-    printf("inter-token latency ms: p50 %.3f  p90 %.3f  p99 %.3f\n", quantile(itl, n_itl, 0.5),
-           quantile(itl, n_itl, 0.9), quantile(itl, n_itl, 0.99));
-    printf("end-to-end latency ms:  p50 %.1f  p90 %.1f  p99 %.1f\n", quantile(e2e, (size_t)o.requests, 0.5),
-           quantile(e2e, (size_t)o.requests, 0.9), quantile(e2e, (size_t)o.requests, 0.99));
-    printf("pages in use: mean %.0f%%, peak %.0f%%\n", 100.0 * pages_sum / (double)steps, 100.0 * pages_peak);
+    fprintf(out, "%ld requests (%s), prompts %ld..%ld, outputs %ld..%ld tokens; %d pages of %d, batch <= %d, "
+            "budget %d rows\n",
+            o.requests, o.poisson ? "Poisson arrivals" : "all at once", o.p_lo, o.p_hi, o.o_lo, o.o_hi,
+            (int)so.num_pages, (int)so.page_size, (int)so.max_batch, (int)so.token_budget);
+    fprintf(out, "throughput: %.1f generated tok/s, %.1f tok/s with prompts, %.2f s, %ld steps, %lld "
+            "preemptions\n",
+            tokens_out / wall, (tokens_out + tokens_in) / wall, wall, steps, (long long)fin.preemptions);
+    fprintf(out, "time to first token ms: p50 %.2f  p90 %.2f  p99 %.2f\n",
+            quantile(ttft, (size_t)o.requests, 0.5), quantile(ttft, (size_t)o.requests, 0.9),
+            quantile(ttft, (size_t)o.requests, 0.99));
+    fprintf(out, "inter-token latency ms: p50 %.3f  p90 %.3f  p99 %.3f\n", quantile(itl, n_itl, 0.5),
+            quantile(itl, n_itl, 0.9), quantile(itl, n_itl, 0.99));
+    fprintf(out, "end-to-end latency ms:  p50 %.1f  p90 %.1f  p99 %.1f\n",
+            quantile(e2e, (size_t)o.requests, 0.5), quantile(e2e, (size_t)o.requests, 0.9),
+            quantile(e2e, (size_t)o.requests, 0.99));
+    fprintf(out, "pages in use: mean %.0f%%, peak %.0f%%\n", 100.0 * pages_sum / (double)steps, 100.0 * pages_peak);
     const fa_engine_info ei = fa_engine_get_info(e);
     if (ei.backend == FA_BACKEND_CUDA)
-        printf("engine: cuda on %s, graphs %s (%d batches captured, %lld decode steps replayed)%s%s\n", ei.device,
-               ei.graphs ? "on" : "off", (int)ei.graphs_captured, (long long)ei.graph_replays,
-               ei.graphs_off ? "; turned off: " : "", ei.graphs_off ? ei.graphs_off : "");
+        fprintf(out, "engine: cuda on %s, graphs %s (%d batches captured, %lld decode steps replayed)%s%s\n",
+                ei.device, ei.graphs ? "on" : "off", (int)ei.graphs_captured, (long long)ei.graph_replays,
+                ei.graphs_off ? "; turned off: " : "", ei.graphs_off ? ei.graphs_off : "");
     else
-        printf("engine: cpu\n");
+        fprintf(out, "engine: cpu\n");
     rc = 0;
-    if (o.json) {
-        FILE *f = strcmp(o.json, "-") ? fopen(o.json, "a") : stdout;
-        if (!f) {
-            fprintf(stderr, "flashattn bench-serve: cannot open %s\n", o.json);
-            rc = CLI_EXIT_FAIL;
-        } else {
-            fprintf(f,
-                    "{\"requests\": %ld, \"arrival\": \"%s\", \"rate\": %g, \"prompt_len\": [%ld, %ld], "
-                    "\"output_len\": [%ld, %ld], \"pages\": %d, \"page_size\": %d, \"max_batch\": %d, "
-                    "\"token_budget\": %d, \"seconds\": %.6f, \"generated_tok_s\": %.3f, \"total_tok_s\": %.3f, "
-                    "\"steps\": %ld, \"preemptions\": %lld, \"ttft_ms\": [%.4f, %.4f, %.4f], "
-                    "\"itl_ms\": [%.4f, %.4f, %.4f], \"e2e_ms\": [%.4f, %.4f, %.4f], \"pages_mean\": %.4f, "
-                    "\"pages_peak\": %.4f, \"seed\": %ld, \"backend\": \"%s\", \"graphs\": %d, "
-                    "\"graph_replays\": %lld}\n",
-                    o.requests, o.poisson ? "poisson" : "all", o.poisson ? o.rate : 0.0, o.p_lo, o.p_hi, o.o_lo,
-                    o.o_hi, (int)so.num_pages, (int)so.page_size, (int)so.max_batch, (int)so.token_budget, wall,
-                    tokens_out / wall, (tokens_out + tokens_in) / wall, steps, (long long)fin.preemptions,
-                    quantile(ttft, (size_t)o.requests, 0.5), quantile(ttft, (size_t)o.requests, 0.9),
-                    quantile(ttft, (size_t)o.requests, 0.99), quantile(itl, n_itl, 0.5), quantile(itl, n_itl, 0.9),
-                    quantile(itl, n_itl, 0.99), quantile(e2e, (size_t)o.requests, 0.5),
-                    quantile(e2e, (size_t)o.requests, 0.9), quantile(e2e, (size_t)o.requests, 0.99),
-                    pages_sum / (double)steps, pages_peak, o.seed, fa_backend_name(ei.backend), (int)ei.graphs,
-                    (long long)ei.graph_replays);
-            if (f != stdout && cli_close(f) != 0) {
-                fprintf(stderr, "flashattn bench-serve: writing %s failed\n", o.json);
-                rc = CLI_EXIT_FAIL;
-            }
-        }
+    cli_out json;
+    if (o.json && (rc = cli_out_open(&json, "bench-serve", "--json", o.json, 1)) == 0) {
+        fprintf(json.f,
+                "{\"requests\": %ld, \"arrival\": \"%s\", \"rate\": %g, \"prompt_len\": [%ld, %ld], "
+                "\"output_len\": [%ld, %ld], \"pages\": %d, \"page_size\": %d, \"max_batch\": %d, "
+                "\"token_budget\": %d, \"seconds\": %.6f, \"generated_tok_s\": %.3f, \"total_tok_s\": %.3f, "
+                "\"steps\": %ld, \"preemptions\": %lld, \"ttft_ms\": [%.4f, %.4f, %.4f], "
+                "\"itl_ms\": [%.4f, %.4f, %.4f], \"e2e_ms\": [%.4f, %.4f, %.4f], \"pages_mean\": %.4f, "
+                "\"pages_peak\": %.4f, \"seed\": %ld, \"backend\": \"%s\", \"graphs\": %d, "
+                "\"graph_replays\": %lld}\n",
+                o.requests, o.poisson ? "poisson" : "all", o.poisson ? o.rate : 0.0, o.p_lo, o.p_hi, o.o_lo,
+                o.o_hi, (int)so.num_pages, (int)so.page_size, (int)so.max_batch, (int)so.token_budget, wall,
+                tokens_out / wall, (tokens_out + tokens_in) / wall, steps, (long long)fin.preemptions,
+                quantile(ttft, (size_t)o.requests, 0.5), quantile(ttft, (size_t)o.requests, 0.9),
+                quantile(ttft, (size_t)o.requests, 0.99), quantile(itl, n_itl, 0.5), quantile(itl, n_itl, 0.9),
+                quantile(itl, n_itl, 0.99), quantile(e2e, (size_t)o.requests, 0.5),
+                quantile(e2e, (size_t)o.requests, 0.9), quantile(e2e, (size_t)o.requests, 0.99),
+                pages_sum / (double)steps, pages_peak, o.seed, fa_backend_name(ei.backend), (int)ei.graphs,
+                (long long)ei.graph_replays);
+        rc = cli_out_commit(&json);
     }
     free(ttft), free(e2e);
 done:

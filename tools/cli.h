@@ -33,17 +33,51 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 /* Print "flashattn <cmd>: <message>" to stderr; returns CLI_EXIT_FAIL (the machine could not). */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Whether the file at path can be written at the end of a run (a writable file, or a new one
- * in a writable directory; "-", standard output, where dash is set): checked before the run,
- * so that a bad output path costs no run. 0, or CLI_EXIT_USAGE after naming the option and
- * the reason. */
+/* Whether the file at path can be written at the end of a run (a writable file, or a new one,
+ * in a writable directory; a character device such as /dev/null; "-", standard output, where
+ * dash is set): checked before the run, so that a bad output path costs no run. A FIFO, a
+ * socket or a block device is refused (a FIFO nobody reads would block the run forever). 0,
+ * or CLI_EXIT_USAGE after naming the option and the reason. */
 int cli_output_ok(const char *cmd, const char *option, const char *path, int dash);
 
-/* The directory a file at path would be created in: path up to its last '/', or ".". */
-void cli_dir_of(const char *path, char *dir, size_t cap);
+/* 1 when paths a and b would write the same file (the same inode where both exist, else the
+ * same name in the same directory); character devices (/dev/null) are never the same. */
+int cli_same_output(const char *a, const char *b);
+
+/* An output file written whole or not at all. A regular file (or a new one) is written as a
+ * temporary beside it, PATH.XXXXXX, renamed over it by cli_out_commit after every write, the
+ * flush, fsync and close succeeded: a failure, or SIGINT, SIGTERM, SIGHUP or SIGPIPE on the
+ * way, removes the temporary and leaves an earlier file as it was. "-" (standard output) and a
+ * character device are written directly. Every function below that fails has printed one
+ * line naming the option, the file and the system's reason (standard output's is left to
+ * main, which says it once at exit) and returns CLI_EXIT_FAIL, the temporary removed. */
+typedef struct cli_out {
+    FILE *f;
+    const char *cmd, *option, *path; /* in messages: "bench", "--json", the name given */
+    char target[4096];               /* what is renamed over: path, or the file a link names */
+    char tmp[4200];                  /* the temporary; "" when written directly */
+    int slot;                        /* its place in the signal handler's list, or -1 */
+} cli_out;
+
+/* dash: "-" is standard output (else a file of that name). */
+int cli_out_open(cli_out *o, const char *cmd, const char *option, const char *path, int dash);
+/* Whether every write so far reached the file (flushed): call it after each record, so that a
+ * run stops at the first write that fails, and right after a failed write, whose errno gives
+ * the reason. */
+int cli_out_check(cli_out *o);
+int cli_out_commit(cli_out *o);
+/* Drop what was written: the temporary removed (a direct file is closed as it is). */
+void cli_out_abort(cli_out *o);
 
 /* fclose(f), non-zero also where a write to f had failed before. */
 int cli_close(FILE *f);
+
+/* 0 while standard output takes what is written to it (flushed here), -1 once a write to it
+ * failed; main then prints one line with the reason at exit. */
+int cli_stdout_ok(void);
+
+/* The directory a file at path would be created in: path up to its last '/', or ".". */
+void cli_dir_of(const char *path, char *dir, size_t cap);
 
 /* Print "flashattn <cmd>: <err> (<status>)" to stderr; returns CLI_EXIT_USAGE where st says
  * the input was bad (a value, shape, dtype, size or file refused, or a request the backend

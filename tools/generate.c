@@ -5,6 +5,7 @@
 #include "engine.h"
 #include "model.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,8 +93,7 @@ static int on_token(void *user, int32_t token, const char *text, size_t len)
             k->open_line = c != '\n';
         }
     }
-    fflush(stdout);
-    return 0;
+    return cli_stdout_ok() != 0; /* a standard output that fails stops the run (main says why) */
 }
 
 /* A step through the engine: its wall seconds into *dt. */
@@ -335,6 +335,8 @@ int cmd_generate(int argc, char **argv)
                             &gs, err);
     }
     end_text(&k);
+    if (cli_stdout_ok() != 0) /* the text was lost: no statistics of it */
+        goto done;
     if (s != FA_OK) {
         rc = cli_lib_error("generate", err, s);
         goto done;
@@ -384,6 +386,26 @@ static const char *gm_help =
     "  --out PATH            the checkpoint to write\n"
     "  --seed S                                                      [1]\n";
 
+/* gen-model's progress on stderr for a checkpoint of PROGRESS_BYTES or more: one line rewritten
+ * in place on a terminal, else a line every 10%. */
+#define PROGRESS_BYTES (256ull << 20)
+typedef struct progress {
+    const char *path;
+    int tty, shown, width; /* shown: the percent last printed; width: the terminal line's */
+} progress;
+
+static void on_progress(void *user, uint64_t done, uint64_t total)
+{
+    progress *p = user;
+    const int pct = (int)(100 * done / total), at = p->tty ? pct : pct / 10 * 10;
+    if (at <= p->shown)
+        return;
+    p->shown = at;
+    const int n = fprintf(stderr, "%s  writing %s: %d%% of %.2f GiB%s", p->tty ? "\r" : "", p->path, at,
+                          (double)total / 1073741824.0, p->tty ? "" : "\n");
+    p->width = n > p->width ? n : p->width;
+}
+
 int cmd_gen_model(int argc, char **argv)
 {
     const char *spec = NULL, *out = NULL;
@@ -425,25 +447,22 @@ int cmd_gen_model(int argc, char **argv)
         return cli_fail("gen-model", "the checkpoint takes %.2f GiB and '%s' has %.2f GiB free",
                         (double)bytes / 1073741824.0, dir, (double)fs.f_bavail * (double)fs.f_frsize / 1073741824.0);
     }
-    /* a failed write removes the partial checkpoint, never a device or FIFO named by --out */
-    struct stat was;
-    const int regular = stat(out, &was) != 0 || S_ISREG(was.st_mode);
-    FILE *f = fopen(out, "wb");
-    if (!f) {
-        fprintf(stderr, "flashattn gen-model: cannot create '%s'\n", out);
-        return CLI_EXIT_FAIL;
+    cli_out f;
+    if ((rc = cli_out_open(&f, "gen-model", "--out", out, 0)) != 0)
+        return rc;
+    progress pg = { out, isatty(STDERR_FILENO), 0, 0 };
+    fa_status s = fa_model_synth_write(&c, (uint64_t)seed, f.f, bytes >= PROGRESS_BYTES ? on_progress : NULL, &pg,
+                                       err);
+    if (pg.tty && pg.width)
+        fprintf(stderr, "\r%*s\r", pg.width, "");
+    if (s != FA_OK && ferror(f.f)) /* the write's own reason, naming the file */
+        return cli_out_check(&f);
+    if (s != FA_OK) {
+        cli_out_abort(&f);
+        return cli_lib_error("gen-model", err, s);
     }
-    fa_status s = fa_model_synth_write(&c, (uint64_t)seed, f, err);
-    if (fclose(f) != 0 && s == FA_OK) {
-        s = FA_ERR_INVALID_ARGUMENT;
-        snprintf(err, sizeof(err), "closing '%s' failed", out);
-    }
-    if (s != FA_OK) { /* the config passed: what failed is the machine's writing */
-        if (regular)
-            remove(out);
-        cli_lib_error("gen-model", err, s);
-        return CLI_EXIT_FAIL;
-    }
+    if ((rc = cli_out_commit(&f)) != 0)
+        return rc;
     printf("wrote %s: dim %d, layers %d, heads %d, kv heads %d, hidden %d, vocab %d%s, seq %d, "
            "%.1f MiB, seed %ld\n",
            out, (int)c.dim, (int)c.n_layers, (int)c.n_heads, (int)c.n_kv_heads, (int)c.hidden_dim,
@@ -497,6 +516,40 @@ static const char *export_clash(const char *model, const char *dir, int shards)
     return NULL;
 }
 
+/* tokenizer.json written as DIR/tokenizer.json.partial (its name into tok_tmp, the final one
+ * into tok_out), DIR created where missing (*made), before the model's files: it is renamed
+ * into place after them, so that an export that fails leaves an earlier one whole. 0, or the
+ * exit status after one line. */
+static int stage_tokenizer(const fa_tokenizer *t, const char *dir, char *tok_out, char *tok_tmp, int *made)
+{
+    struct stat sb;
+    if ((size_t)snprintf(tok_out, 4096, "%s/tokenizer.json", dir) >= 4096)
+        return cli_usage_error("export-hf", "--out: path '%.200s/tokenizer.json' is too long", dir);
+    *made = mkdir(dir, 0777) == 0;
+    if (!*made && errno != EEXIST)
+        return cli_usage_error("export-hf", "--out: cannot create directory '%s': %s", dir, strerror(errno));
+    if (!*made && (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)))
+        return cli_usage_error("export-hf", "--out: '%s' exists and is not a directory", dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return cli_usage_error("export-hf", "--out: cannot write in '%s': %s", dir, strerror(errno));
+    if (stat(tok_out, &sb) == 0 && !S_ISREG(sb.st_mode))
+        return cli_usage_error("export-hf", "--out: '%s' is in the way: it is not a regular file", tok_out);
+    snprintf(tok_tmp, 4200, "%s.partial", tok_out);
+    char err[FA_MODEL_ERR_LEN];
+    errno = 0;
+    fa_status s = fa_tokenizer_write_json(t, tok_tmp, err);
+    if (s == FA_OK)
+        return 0;
+    const int e = errno; /* the directory takes files: what failed is the machine's writing */
+    unlink(tok_tmp);
+    *tok_tmp = '\0';
+    if (*made)
+        rmdir(dir);
+    if (s != FA_ERR_INVALID_ARGUMENT) /* no memory for its text */
+        return cli_lib_error("export-hf", err, s);
+    return cli_fail("export-hf", "cannot write '%s': %s", tok_out, strerror(e ? e : EIO));
+}
+
 int cmd_export_hf(int argc, char **argv)
 {
     const char *model_path = NULL, *out = NULL, *tok_path = NULL;
@@ -541,32 +594,35 @@ int cmd_export_hf(int argc, char **argv)
     if (clash)
         return cli_usage_error("export-hf", "--out would overwrite the checkpoint being read (as '%s'): choose "
                                             "another directory", clash);
-    char err[FA_MODEL_ERR_LEN], tok_out[4096];
+    char err[FA_MODEL_ERR_LEN], tok_out[4096], tok_tmp[4200] = "";
     fa_model *m;
     fa_tokenizer *t = NULL;
     fa_status s = fa_model_load(model_path, &m, err);
     /* the tokenizer is read before anything is written, so that a bad one leaves no files */
     if (s == FA_OK && tok_path && (s = fa_tokenizer_open(tok_path, m->config.vocab_size, &t, err)) != FA_OK)
         fa_model_free(m);
-    if (s == FA_OK && t && (size_t)snprintf(tok_out, sizeof(tok_out), "%s/tokenizer.json", out) >= sizeof(tok_out)) {
-        s = FA_ERR_INVALID_ARGUMENT;
-        snprintf(err, sizeof(err), "path '%.200s/tokenizer.json' is too long", out);
+    if (s != FA_OK)
+        return cli_lib_error("export-hf", err, s);
+    int made = 0;
+    if (t && (rc = stage_tokenizer(t, out, tok_out, tok_tmp, &made)) != 0) {
+        fa_tokenizer_free(t);
         fa_model_free(m);
-    }
-    struct stat before;
-    int existed = stat(out, &before) == 0;
-    if (s == FA_OK) {
-        s = fa_model_write_hf(m, out, dtype, (int32_t)shards, err);
-        fa_model_free(m);
-    }
-    /* an export is written whole or not at all: a tokenizer that fails takes the model files along */
-    if (s == FA_OK && t && (s = fa_tokenizer_write_json(t, tok_out, err)) != FA_OK) {
-        remove(tok_out);
-        fa_model_hf_remove(out, (int32_t)shards, !existed);
+        return rc;
     }
     fa_tokenizer_free(t);
-    if (s != FA_OK) {
+    s = fa_model_write_hf(m, out, dtype, (int32_t)shards, err);
+    fa_model_free(m);
+    if (s != FA_OK) { /* the directory as it was: the staged tokenizer.json goes too */
+        if (*tok_tmp)
+            unlink(tok_tmp);
+        if (made)
+            rmdir(out);
         return cli_lib_error("export-hf", err, s);
+    }
+    if (*tok_tmp && rename(tok_tmp, tok_out) != 0) {
+        const int e = errno;
+        unlink(tok_tmp);
+        return cli_fail("export-hf", "cannot write '%s': %s (the model's files are written)", tok_out, strerror(e));
     }
     /* a tokenizer.json left from another export would be read with this model */
     int stale = 0;

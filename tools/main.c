@@ -4,7 +4,10 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +88,18 @@ void cli_dir_of(const char *path, char *dir, size_t cap)
     snprintf(dir, cap, "%.*s", slash ? (int)(slash == path ? 1 : slash - path) : 1, slash ? path : ".");
 }
 
+/* The file a write to path replaces: the one a symbolic link names (the link stays a link),
+ * else path itself. */
+static void out_target(const char *path, char *target, size_t cap)
+{
+    struct stat sb;
+    char real[PATH_MAX];
+    if (lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode) && realpath(path, real) && strlen(real) < cap)
+        snprintf(target, cap, "%s", real);
+    else
+        snprintf(target, cap, "%s", path);
+}
+
 int cli_output_ok(const char *cmd, const char *option, const char *path, int dash)
 {
     struct stat sb;
@@ -92,18 +107,180 @@ int cli_output_ok(const char *cmd, const char *option, const char *path, int das
         return 0;
     if (!*path)
         return cli_usage_error(cmd, "%s: the file name is empty", option);
+    char target[4096], dir[4096];
+    out_target(path, target, sizeof(target));
+    cli_dir_of(target, dir, sizeof(dir));
     if (stat(path, &sb) == 0) {
         if (S_ISDIR(sb.st_mode))
             return cli_usage_error(cmd, "%s: '%s' is a directory; give a file name", option, path);
-        if (access(path, W_OK) == 0)
+        if (!S_ISREG(sb.st_mode) && !S_ISCHR(sb.st_mode)) {
+            const char *what = S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISSOCK(sb.st_mode) ? "a socket" : "a block device";
+            return cli_usage_error(cmd, "%s: '%s' is %s, not a regular file; give a file name%s", option, path, what,
+                                   dash ? ", or - for standard output" : "");
+        }
+        if (access(path, W_OK) != 0)
+            return cli_usage_error(cmd, "%s: cannot write '%s': %s", option, path, strerror(errno));
+        if (S_ISCHR(sb.st_mode) || access(dir, W_OK | X_OK) == 0)
             return 0;
-    } else if (errno == ENOENT) { /* a new file: its directory must take it */
-        char dir[4096];
-        cli_dir_of(path, dir, sizeof(dir));
-        if (access(dir, W_OK | X_OK) == 0)
-            return 0;
+        /* a file is replaced whole: its new contents are written beside it first */
+        return cli_usage_error(cmd, "%s: cannot replace '%s': its directory '%s' is not writable (%s)", option, path,
+                               dir, strerror(errno));
     }
+    if (errno == ENOENT && access(dir, W_OK | X_OK) == 0) /* a new file: its directory must take it */
+        return 0;
     return cli_usage_error(cmd, "%s: cannot write '%s': %s", option, path, strerror(errno));
+}
+
+int cli_same_output(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    const int has_a = stat(a, &sa) == 0, has_b = stat(b, &sb) == 0;
+    if (has_a || has_b)
+        return has_a && has_b && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino && !S_ISCHR(sa.st_mode);
+    char da[4096], db[4096], ra[PATH_MAX], rb[PATH_MAX];
+    const char *na = strrchr(a, '/'), *nb = strrchr(b, '/');
+    cli_dir_of(a, da, sizeof(da));
+    cli_dir_of(b, db, sizeof(db));
+    return strcmp(na ? na + 1 : a, nb ? nb + 1 : b) == 0 && realpath(da, ra) && realpath(db, rb) &&
+           strcmp(ra, rb) == 0;
+}
+
+/* The temporaries being written, removed by on_signal: a run stopped by ^C, a kill or a reader
+ * that closed its pipe leaves no PATH.XXXXXX behind. */
+#define OUT_PENDING 4
+static char pending[OUT_PENDING][4200];
+static volatile sig_atomic_t pending_set[OUT_PENDING];
+
+static void on_signal(int sig)
+{
+    for (int i = 0; i < OUT_PENDING; i++)
+        if (pending_set[i])
+            unlink(pending[i]);
+    signal(sig, SIG_DFL);
+    raise(sig); /* the default action once this returns: the four signals are blocked in here, so
+                 * a second one (timeout signals the process and then its group) waits too */
+}
+
+/* Register o's temporary with on_signal, installed on first use where the signal is not ignored
+ * (nohup's SIGHUP stays ignored). */
+static void pend(cli_out *o)
+{
+    static int installed;
+    static const int sigs[] = { SIGINT, SIGTERM, SIGHUP, SIGPIPE };
+    struct sigaction sa = { .sa_handler = on_signal };
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+        sigaddset(&sa.sa_mask, sigs[i]);
+    for (size_t i = 0; !installed && i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+        struct sigaction old;
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_DFL)
+            sigaction(sigs[i], &sa, NULL);
+    }
+    installed = 1;
+    for (int i = 0; i < OUT_PENDING; i++)
+        if (!pending_set[i]) {
+            memcpy(pending[i], o->tmp, sizeof(o->tmp));
+            pending_set[i] = 1;
+            o->slot = i;
+            return;
+        }
+}
+
+/* Close o's file and remove its temporary; one line naming the file and strerror(e) where e. */
+static int out_drop(cli_out *o, int e)
+{
+    if (o->f && o->f != stdout)
+        fclose(o->f);
+    o->f = NULL;
+    if (o->tmp[0])
+        unlink(o->tmp);
+    if (o->slot >= 0)
+        pending_set[o->slot] = 0;
+    o->slot = -1;
+    o->tmp[0] = '\0';
+    return e ? cli_fail(o->cmd, "cannot write %s file '%s': %s", o->option, o->path, strerror(e)) : CLI_EXIT_FAIL;
+}
+
+int cli_out_open(cli_out *o, const char *cmd, const char *option, const char *path, int dash)
+{
+    memset(o, 0, sizeof(*o));
+    o->cmd = cmd, o->option = option, o->path = path, o->slot = -1;
+    if (dash && strcmp(path, "-") == 0) {
+        o->f = stdout;
+        return 0;
+    }
+    out_target(path, o->target, sizeof(o->target));
+    struct stat sb;
+    const int exists = stat(o->target, &sb) == 0;
+    if (exists && S_ISCHR(sb.st_mode)) /* /dev/null and the like cannot be replaced */
+        return (o->f = fopen(o->target, "w")) ? 0 : out_drop(o, errno);
+    if ((size_t)snprintf(o->tmp, sizeof(o->tmp), "%s.XXXXXX", o->target) >= sizeof(o->tmp)) {
+        o->tmp[0] = '\0';
+        return out_drop(o, ENAMETOOLONG);
+    }
+    const int fd = mkstemp(o->tmp);
+    if (fd < 0) {
+        o->tmp[0] = '\0';
+        return out_drop(o, errno);
+    }
+    pend(o);
+    const mode_t mask = umask(0);
+    umask(mask);
+    /* the replaced file's permissions, or a new file's (mkstemp makes it 0600) */
+    if (fchmod(fd, exists ? sb.st_mode & 07777 : 0666 & ~mask) != 0 || !(o->f = fdopen(fd, "w"))) {
+        const int e = errno;
+        close(fd);
+        return out_drop(o, e);
+    }
+    return 0;
+}
+
+int cli_out_check(cli_out *o)
+{
+    const int before = errno; /* a write that failed just before left its reason here */
+    if (!o->f)
+        return CLI_EXIT_FAIL;
+    if (o->f == stdout)
+        return cli_stdout_ok() == 0 ? 0 : CLI_EXIT_FAIL;
+    errno = 0;
+    if (fflush(o->f) == 0 && !ferror(o->f))
+        return 0;
+    return out_drop(o, errno ? errno : before ? before : EIO);
+}
+
+int cli_out_commit(cli_out *o)
+{
+    int rc = cli_out_check(o);
+    if (rc != 0 || o->f == stdout) {
+        o->f = NULL;
+        return rc;
+    }
+    int e = o->tmp[0] && fsync(fileno(o->f)) != 0 ? errno : 0;
+    if (fclose(o->f) != 0 && !e)
+        e = errno ? errno : EIO;
+    o->f = NULL;
+    if (!e && o->tmp[0] && rename(o->tmp, o->target) != 0)
+        e = errno;
+    if (e)
+        return out_drop(o, e);
+    if (o->slot >= 0)
+        pending_set[o->slot] = 0;
+    o->slot = -1;
+    return 0;
+}
+
+void cli_out_abort(cli_out *o) { out_drop(o, 0); }
+
+static int stdout_errno; /* of the first write to standard output that failed */
+
+int cli_stdout_ok(void)
+{
+    if (!stdout_errno) {
+        errno = 0;
+        if (fflush(stdout) != 0 || ferror(stdout))
+            stdout_errno = errno ? errno : EIO;
+    }
+    return stdout_errno ? -1 : 0;
 }
 
 int cli_close(FILE *f)
@@ -117,8 +294,9 @@ int cli_lib_error(const char *cmd, const char *err, fa_status st)
     char tail[64];
     snprintf(tail, sizeof(tail), " (%s)", fa_status_string(st));
     lib_line(cmd, tail, "%s", err);
-    return st == FA_ERR_BACKEND_UNAVAILABLE || st == FA_ERR_OUT_OF_MEMORY || st == FA_ERR_BACKEND ? CLI_EXIT_FAIL
-                                                                                                    : CLI_EXIT_USAGE;
+    return st == FA_ERR_BACKEND_UNAVAILABLE || st == FA_ERR_OUT_OF_MEMORY || st == FA_ERR_BACKEND || st == FA_ERR_IO
+               ? CLI_EXIT_FAIL
+               : CLI_EXIT_USAGE;
 }
 
 /* strtol and strtoull skip leading spaces and take a sign; the parsers take neither */
@@ -342,20 +520,26 @@ fa_context_t cli_context(fa_backend backend, int threads)
     return ctx;
 }
 
+/* A descriptor 0, 1 or 2 that the caller closed (`>&-`) would be taken by the first file the
+ * tool opens, and what is meant for standard output would land in that file: each closed one
+ * is opened on /dev/null first. -1 when that fails. */
+static int open_std_fds(void)
+{
+    for (int fd = 0; fd < 3; fd++)
+        if (fcntl(fd, F_GETFD) == -1 && errno == EBADF && open("/dev/null", fd ? O_WRONLY : O_RDONLY) != fd)
+            return -1; /* open takes the lowest free descriptor: fd, the ones below it being open */
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (open_std_fds() != 0) {
+        fprintf(stderr, "flashattn: cannot open /dev/null for a closed standard stream: %s\n", strerror(errno));
+        return CLI_EXIT_FAIL;
+    }
     if (argc < 2) {
-        fputs(usage, stderr);
+        fputs("flashattn: no command given; `flashattn --help` lists the commands\n", stderr);
         return CLI_EXIT_USAGE;
-    }
-    const char *cmd = argv[1];
-    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
-        fputs(usage, stdout);
-        return 0;
-    }
-    if (strcmp(cmd, "--version") == 0) {
-        printf("flashattn %s\n", fa_version_string());
-        return 0;
     }
     static const struct {
         const char *name;
@@ -364,19 +548,29 @@ int main(int argc, char **argv)
                      { "info", cmd_info },             { "generate", cmd_generate },
                      { "bench-model", cmd_bench_model }, { "bench-serve", cmd_bench_serve },
                      { "gen-model", cmd_gen_model },   { "export-hf", cmd_export_hf } };
-    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-        if (strcmp(cmd, commands[i].name) == 0) {
-            int rc = commands[i].run(argc - 1, argv + 1);
-            /* standard output that could not be written (a full disk) is a failure; a reader that
-             * closes its pipe ends the process by SIGPIPE, as it ends cat or grep */
-            errno = 0;
-            if (fflush(stdout) != 0 || ferror(stdout)) {
-                fprintf(stderr, "flashattn %s: writing the standard output failed%s%s\n", cmd, errno ? ": " : "",
-                        errno ? strerror(errno) : "");
-                return rc ? rc : CLI_EXIT_FAIL;
-            }
-            return rc;
+    const char *cmd = argv[1], *name = ""; /* name: the command in the message below */
+    int rc = 0;
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        fputs(usage, stdout);
+    } else if (strcmp(cmd, "--version") == 0) {
+        printf("flashattn %s\n", fa_version_string());
+    } else {
+        size_t i = 0, n = sizeof(commands) / sizeof(commands[0]);
+        while (i < n && strcmp(cmd, commands[i].name) != 0)
+            i++;
+        if (i == n) {
+            fprintf(stderr, "flashattn: unknown command '%s' (see `flashattn --help`)\n", cmd);
+            return CLI_EXIT_USAGE;
         }
-    fprintf(stderr, "flashattn: unknown command '%s' (see `flashattn --help`)\n", cmd);
-    return CLI_EXIT_USAGE;
+        name = cmd;
+        rc = commands[i].run(argc - 1, argv + 1);
+    }
+    /* standard output that could not be written (a full disk) is a failure; a reader that
+     * closes its pipe ends the process by SIGPIPE, as it ends cat or grep */
+    if (cli_stdout_ok() != 0) {
+        fprintf(stderr, "flashattn%s%s: writing the standard output failed: %s\n", *name ? " " : "", name,
+                strerror(stdout_errno));
+        return rc ? rc : CLI_EXIT_FAIL;
+    }
+    return rc;
 }

@@ -1,5 +1,4 @@
 /* SPDX-License-Identifier: MIT */
-#include "cli.h"
 #include "plot.h"
 
 #include <math.h>
@@ -27,8 +26,7 @@ void fa_plot_add(fa_plot *p, const char *series, double x, double y)
     }
 }
 
-int fa_plot_write_svg(const fa_plot *p, const char *path, const char *title, const char *xlabel,
-                      const char *ylabel)
+int fa_plot_write_svg(const fa_plot *p, FILE *f, const char *title, const char *xlabel, const char *ylabel)
 {
     static const char *colors[] = { "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
                                     "#e377c2", "#7f7f7f", "#bcbd22", "#17becf" };
@@ -47,9 +45,6 @@ int fa_plot_write_svg(const fa_plot *p, const char *path, const char *title, con
     if (x1 - x0 < 1)
         x1 = x0 + 1;
     y1 = ceil(y1 * 1.1);
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return -1;
 #define PX(v) (L + ((v) - x0) / (x1 - x0) * (W - L - R))
 #define PY(v) (H - B - (v) / y1 * (H - T - B))
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
@@ -92,5 +87,5 @@ int fa_plot_write_svg(const fa_plot *p, const char *path, const char *title, con
 #undef PX
 #undef PY
     fprintf(f, "</svg>\n");
-    return cli_close(f);
+    return ferror(f) ? -1 : 0;
 }

@@ -3,6 +3,8 @@
 #ifndef FA_TOOLS_PLOT_H
 #define FA_TOOLS_PLOT_H
 
+#include <stdio.h>
+
 #define FA_PLOT_MAX_SERIES 16
 #define FA_PLOT_MAX_POINTS 32
 
@@ -20,8 +22,7 @@ typedef struct fa_plot {
 void fa_plot_init(fa_plot *p);
 /* Add a point to the named series (created on first use); extra points are dropped. */
 void fa_plot_add(fa_plot *p, const char *series, double x, double y);
-/* Write the chart; 0 on success. */
-int fa_plot_write_svg(const fa_plot *p, const char *path, const char *title, const char *xlabel,
-                      const char *ylabel);
+/* Write the chart to f; 0, or -1 where a write failed (ferror). */
+int fa_plot_write_svg(const fa_plot *p, FILE *f, const char *title, const char *xlabel, const char *ylabel);
 
 #endif

@@ -24,6 +24,7 @@ const char *fa_status_string(fa_status status)
     case FA_ERR_OUT_OF_MEMORY: return "FA_ERR_OUT_OF_MEMORY";
     case FA_ERR_BACKEND: return "FA_ERR_BACKEND";
     case FA_ERR_INVALID_ARGUMENT: return "FA_ERR_INVALID_ARGUMENT";
+    case FA_ERR_IO: return "FA_ERR_IO";
     }
     return "FA_ERR_UNKNOWN_STATUS";
 }

@@ -71,16 +71,53 @@ static uint64_t tensor_bytes(const fa_hf_tensor *t, fa_hf_dtype d)
     return t->rows * (t->cols ? t->cols : 1) * (d == FA_HF_F32 ? 4 : 2);
 }
 
+/* Each file of an export is written as NAME.partial beside its place and renamed there once
+ * every file is written: an export that fails leaves the directory's earlier export whole. */
+#define PARTIAL ".partial"
+
+/* The error of a write to path that failed with errno e: the machine's (FA_ERR_IO: a full
+ * disk, a failing device; FA_ERR_OUT_OF_MEMORY), or else the choice of directory (no
+ * permission, a read-only file system). */
+static fa_status write_failed(char *err, const char *path, int e)
+{
+    e = e ? e : EIO;
+    const fa_status st = e == ENOSPC || e == EDQUOT || e == EFBIG || e == EIO ? FA_ERR_IO
+                         : e == ENOMEM                                        ? FA_ERR_OUT_OF_MEMORY
+                                                                              : FA_ERR_INVALID_ARGUMENT;
+    return fa_model_fail(err, st, "cannot write '%s': %s", path, strerror(e));
+}
+
+/* path's NAME.partial, opened for writing, or NULL with the error in *st. */
+static FILE *open_partial(const char *path, fa_status *st, char *err)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%s" PARTIAL, path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        *st = write_failed(err, path, errno);
+    return f;
+}
+
+/* Close f after its writes (ok: all went through): FA_OK, or the error naming path. */
+static fa_status close_partial(FILE *f, int ok, const char *path, char *err)
+{
+    int e = ok ? 0 : errno;
+    if (fclose(f) != 0 && ok)
+        ok = 0, e = errno;
+    return ok ? FA_OK : write_failed(err, path, e);
+}
+
 static fa_status write_json(const char *path, cJSON *j, char *err)
 {
     char *s = j ? cJSON_Print(j) : NULL;
     if (!s)
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for '%s'", path);
-    FILE *f = fopen(path, "wb");
-    int ok = f && fputs(s, f) >= 0 && fputc('\n', f) != EOF;
-    ok = (f && fclose(f) == 0) && ok;
+    fa_status st = FA_OK;
+    FILE *f = open_partial(path, &st, err);
+    if (f)
+        st = close_partial(f, fputs(s, f) >= 0 && fputc('\n', f) != EOF, path, err);
     free(s);
-    return ok ? FA_OK : fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot write '%s'", path);
+    return st;
 }
 
 /* The shortest decimal that reads back as f (1e-05 rather than 9.99999974737875e-06). */
@@ -176,7 +213,8 @@ static fa_status write_shard(const fa_model *m, const char *path, const int *slo
     unsigned char len[8];
     for (int i = 0; i < 8; i++)
         len[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-    FILE *f = fopen(path, "wb");
+    fa_status st = FA_OK;
+    FILE *f = open_partial(path, &st, err);
     int ok = f && fwrite(len, 1, 8, f) == 8 && fwrite(js, 1, n, f) == n;
     for (size_t i = n; ok && i < padded; i++)
         ok = fputc(' ', f) != EOF;
@@ -186,10 +224,11 @@ static fa_status write_shard(const fa_model *m, const char *path, const int *slo
         emit(buf, image, &t, d);
         ok = fwrite(buf, 1, (size_t)b, f) == b;
     }
-    ok = (f && fclose(f) == 0) && ok;
+    if (f)
+        st = close_partial(f, ok, path, err);
     free(js);
     free(buf);
-    return ok ? FA_OK : fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot write '%s' (disk full?)", path);
+    return st;
 }
 
 int fa_model_hf_file(int32_t shards, int i, char *name, size_t n)
@@ -204,14 +243,61 @@ int fa_model_hf_file(int32_t shards, int i, char *name, size_t n)
     return 1;
 }
 
-void fa_model_hf_remove(const char *dir, int32_t shards, int remove_dir)
+/* Remove the NAME.partial files an export of shards into dir may have written. */
+static void remove_partials(const char *dir, int32_t shards)
+{
+    char path[4200], name[64];
+    for (int i = 0; fa_model_hf_file(shards, i, name, sizeof(name)); i++)
+        if ((size_t)snprintf(path, sizeof(path), "%s/%s" PARTIAL, dir, name) < sizeof(path))
+            unlink(path);
+}
+
+/* The entry file of the other layout (the index for one file, model.safetensors for shards):
+ * it goes once this export is in place, as a loader would read it before this one's. */
+static const char *other_entry(int32_t shards)
+{
+    return shards == 1 ? "model.safetensors.index.json" : "model.safetensors";
+}
+
+/* dir/NAME.partial renamed to dir/NAME. */
+static fa_status place(const char *dir, const char *name, char *err)
+{
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    snprintf(tmp, sizeof(tmp), "%s" PARTIAL, path);
+    return rename(tmp, path) == 0 ? FA_OK : write_failed(err, path, errno);
+}
+
+/* Every file this export wrote put in place, config.json last (a loader that finds it finds
+ * the weights), then the other layout's entry file removed. */
+static fa_status commit(const char *dir, int32_t shards, char *err)
+{
+    char name[64], path[4096];
+    fa_status st = FA_OK;
+    for (int i = 1; st == FA_OK && fa_model_hf_file(shards, i, name, sizeof(name)); i++)
+        if (strcmp(name, other_entry(shards)) != 0)
+            st = place(dir, name, err);
+    if (st != FA_OK || (st = place(dir, "config.json", err)) != FA_OK)
+        return st;
+    snprintf(path, sizeof(path), "%s/%s", dir, other_entry(shards));
+    if (unlink(path) != 0 && errno != ENOENT)
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot remove '%s', left from another export: %s", path,
+                             strerror(errno));
+    return FA_OK;
+}
+
+/* A directory (or a FIFO) where a file of the export goes would stop its renames half way:
+ * refused before anything is written. */
+static fa_status nothing_in_the_way(const char *dir, int32_t shards, char *err)
 {
     char path[4096], name[64];
-    for (int i = 0; dir && fa_model_hf_file(shards, i, name, sizeof(name)); i++)
-        if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, name) < sizeof(path))
-            unlink(path);
-    if (dir && remove_dir)
-        rmdir(dir); /* only when it is empty now */
+    struct stat sb;
+    for (int i = 0; fa_model_hf_file(shards, i, name, sizeof(name)); i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, name);
+        if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+            return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s' is in the way: it is not a regular file", path);
+    }
+    return FA_OK;
 }
 
 fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtype, int32_t shards,
@@ -256,12 +342,8 @@ fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtyp
         st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "directory name '%.200s' is too long", dir);
         goto done;
     }
-    /* the other layout's entry file goes: a loader would read it before this one */
-    snprintf(path, sizeof(path), "%s/%s", dir, shards == 1 ? "model.safetensors.index.json" : "model.safetensors");
-    if (unlink(path) != 0 && errno != ENOENT) {
-        st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot remove '%s', left from another export", path);
+    if ((st = nothing_in_the_way(dir, shards, err)) != FA_OK)
         goto done;
-    }
     snprintf(path, sizeof(path), "%s/config.json", dir);
     cfg = config_json(c, dtype);
     wrote = 1; /* from here on an error removes what this call wrote */
@@ -269,7 +351,8 @@ fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtyp
         goto done;
     if (shards == 1) {
         snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-        st = write_shard(m, path, order, n, dtype, err);
+        if ((st = write_shard(m, path, order, n, dtype, err)) == FA_OK)
+            st = commit(dir, shards, err);
         goto done;
     }
     /* shard k holds tensors [k n / shards, (k + 1) n / shards) of the file order */
@@ -294,11 +377,14 @@ fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtyp
     cJSON_AddNumberToObject(meta, "total_size", (double)total);
     if (st == FA_OK) {
         snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
-        st = write_json(path, index, err);
+        if ((st = write_json(path, index, err)) == FA_OK)
+            st = commit(dir, shards, err);
     }
 done:
-    if (st != FA_OK && (wrote || made)) /* a directory this call made holds nothing else */
-        fa_model_hf_remove(dir, shards, made);
+    if (st != FA_OK && wrote)
+        remove_partials(dir, shards);
+    if (st != FA_OK && made) /* a directory this call made holds nothing else */
+        rmdir(dir);
     cJSON_Delete(cfg);
     cJSON_Delete(index);
     free(order);

@@ -143,15 +143,13 @@ typedef enum fa_hf_dtype { FA_HF_F32 = 0, FA_HF_F16 = 1, FA_HF_BF16 = 2 } fa_hf_
 /* Write m as a Hugging Face Llama directory (created if missing; existing files of the same
  * names are replaced): config.json and model.safetensors when shards is 1, else
  * model-0000k-of-0000N.safetensors and model.safetensors.index.json. Weights are rounded to
- * dtype to nearest even; q_proj/k_proj rows are permuted into HF's rotate-half order. On an
- * error (a full disk, say) the files of that layout are removed again, and the directory too
- * when this call created it. */
+ * dtype to nearest even; q_proj/k_proj rows are permuted into HF's rotate-half order. Each file
+ * is written as NAME.partial and renamed into place once all are written, so an error leaves
+ * the directory as it was (its earlier export whole; a directory this call created removed):
+ * FA_ERR_IO where the disk is full or the device fails, FA_ERR_INVALID_ARGUMENT where the
+ * directory cannot take the files (no permission, a directory where a file goes). */
 fa_status fa_model_write_hf(const fa_model *m, const char *dir, fa_hf_dtype dtype, int32_t shards,
                             char *err);
-
-/* Remove what fa_model_write_hf(.., dir, .., shards) writes, then dir itself when remove_dir
- * is set and it is empty; missing files are no error. */
-void fa_model_hf_remove(const char *dir, int32_t shards, int remove_dir);
 
 /* Name i of the files fa_model_write_hf(.., shards) writes or removes in its directory:
  * config.json, model.safetensors and model.safetensors.index.json, then (shards > 1) each
@@ -165,13 +163,18 @@ int fa_model_hf_file(int32_t shards, int i, char *name, size_t n);
  * separate classifier). The result passed fa_model_config_check. */
 fa_status fa_model_config_parse(const char *spec, fa_model_config *c, char *err);
 
+/* Bytes written so far, of total: called as a long write goes on. */
+typedef void (*fa_progress_fn)(void *user, uint64_t done, uint64_t total);
+
 /* Synthetic checkpoints: seeded uniform weights scaled by 1/sqrt(fan_in) (unit
  * gains), so activations keep their size through any depth. The in-memory model takes the
  * config's rope_theta, norm_eps (when positive), rope_scaling and, when n_eos > 0, its special
  * ids (else llama2.c's 1 and 2), none of which a llama2.c file holds. Value i of the
  * float section is a pure function of (seed, i): the file and the in-memory
- * image hold the same bits. */
-fa_status fa_model_synth_write(const fa_model_config *c, uint64_t seed, FILE *f, char *err);
+ * image hold the same bits. fa_model_synth_write calls progress (where not NULL) after each
+ * 4 MiB; a write that fails is FA_ERR_IO. */
+fa_status fa_model_synth_write(const fa_model_config *c, uint64_t seed, FILE *f, fa_progress_fn progress, void *user,
+                               char *err);
 fa_status fa_model_synth(const fa_model_config *c, uint64_t seed, fa_model **out, char *err);
 
 /* ---- tokenizers: llama2.c tokenizer.bin (max_token_length, then per id: float score,

@@ -2,6 +2,7 @@
 /* Synthetic checkpoints in llama2.c's format: seeded weights for benchmarks of any shape. */
 #include "fail.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,7 +94,8 @@ static void header(const fa_model_config *c, int32_t h[7])
     h[6] = c->seq_len;
 }
 
-fa_status fa_model_synth_write(const fa_model_config *c, uint64_t seed, FILE *f, char *err)
+fa_status fa_model_synth_write(const fa_model_config *c, uint64_t seed, FILE *f, fa_progress_fn progress, void *user,
+                               char *err)
 {
     uint64_t bytes;
     fa_status st = fa_model_config_check(c, &bytes, err);
@@ -115,10 +117,13 @@ fa_status fa_model_synth_write(const fa_model_config *c, uint64_t seed, FILE *f,
         uint64_t n = total - at < chunk ? total - at : chunk;
         fill(c, s, nseg, seed, at, buf, n, 0);
         ok = fwrite(buf, sizeof(float), n, f) == n;
+        if (ok && progress)
+            progress(user, FA_MODEL_HEADER_BYTES + 4 * (at + n), bytes);
     }
+    const int e = errno;
     free(buf);
     if (!ok)
-        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "writing the checkpoint failed (disk full?)");
+        return fa_model_fail(err, FA_ERR_IO, "writing the checkpoint failed: %s", strerror(e ? e : EIO));
     return FA_OK;
 }
 
