@@ -190,6 +190,11 @@ expect_usage "bench --paged kv heads not dividing heads" "$fa" bench --paged --h
 expect_usage "bench --paged --batch 1,,2" "$fa" bench --paged --batch 1,,2
 expect_usage "bench --paged --dtype f64" "$fa" bench --paged --dtype f64
 expect_usage "bench --paged --bogus" "$fa" bench --paged --bogus
+# query rows are the last of the cached keys: more of them than keys has no meaning
+expect_usage "bench --paged --seq-q past --seq" "$fa" bench --paged --heads 2 --dim 8 --seq 16 --batch 1 --seq-q 17
+expect_usage "bench --paged --mix past --seq" "$fa" bench --paged --heads 2 --dim 8 --seq 16 --batch 1 --mix 17
+expect_usage "bench --paged lists of more than 256 rows" "$fa" bench --paged --heads 2 --dim 8 \
+  --page-size 1,2,3,4,5,6,7,8,9 --seq 16,17,18,19,20,21,22,23 --batch 1,2,3,4
 expect_usage "bench --paged on gles" "$fa" bench --paged --backend gles
 grep -q "paged" "$tmp/err" || { echo "FAIL: bench --paged on gles: the message names no paged calls"; cat "$tmp/err"; fails=$((fails + 1)); }
 expect_rc 1 "bench --paged: pages past int32" "$fa" bench --paged --seq 16777216 --page-size 1 --batch 65536 --heads 1 --dim 1
@@ -424,6 +429,15 @@ echo old >"$tmp/w/g.bin"
 rc=$?
 [ $rc -eq 1 ] && [ "$(cat "$tmp/w/b.json")" = old ] && grep -q "cannot write --json file '.*b.json': File too large" "$tmp/err" ||
   { echo "FAIL: bench --json past the file size limit: exit $rc"; cat "$tmp/err"; fails=$((fails + 1)); }
+echo old >"$tmp/w/p.json"
+(trap '' XFSZ; ulimit -f 1; exec "$fa" bench --paged --heads 2 --dim 8 --seq 16,32,48,64,80,96 --batch 1,2,3 \
+  --reps 1 --warm --json "$tmp/w/p.json" >/dev/null 2>"$tmp/err")
+rc=$?
+[ $rc -eq 1 ] && [ "$(cat "$tmp/w/p.json")" = old ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] ||
+  { echo "FAIL: bench --paged --json past the file size limit: exit $rc"; cat "$tmp/err"; fails=$((fails + 1)); }
+expect_usage "bench --dropout 1 as a float32" "$fa" bench --seq 16 --heads 1 --dim 8 --no-sgemm --dropout 0.999999999
+expect_usage "bench --softcap 0 as a float32" "$fa" bench --seq 16 --heads 1 --dim 8 --no-sgemm --softcap 1e-320
+expect_usage "generate --temperature past float" "$fa" generate --temperature 1e39
 (trap '' XFSZ; ulimit -f 64; exec "$fa" gen-model --config 64x2x4x2x96x512x64 --out "$tmp/w/g.bin" >/dev/null 2>"$tmp/err")
 rc=$?
 [ $rc -eq 1 ] && [ "$(cat "$tmp/w/g.bin")" = old ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] ||

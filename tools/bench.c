@@ -667,10 +667,13 @@ static int parse(int argc, char **argv, opts *o)
         case SOFTCAP:
             if (cli_parse_float(v, &o->softcap) || !(o->softcap >= 0 && o->softcap <= FA_MAX_SCALE))
                 return cli_usage_error("bench", "--softcap needs a number in 0..%g", (double)FA_MAX_SCALE);
+            if (o->softcap > 0 && (float)o->softcap == 0.0f)
+                return cli_usage_error("bench", "--softcap %s is 0 as a float32, which turns the softcap off", v);
             break;
         case DROPOUT:
-            if (cli_parse_float(v, &o->dropout) || !(o->dropout >= 0 && o->dropout < 1))
-                return cli_usage_error("bench", "--dropout needs a probability in [0, 1)");
+            if (cli_parse_float(v, &o->dropout) || !(o->dropout >= 0 && (float)o->dropout < 1.0f))
+                return cli_usage_error("bench", "--dropout needs a probability in [0, 1) (below 1 as a float32: "
+                                                "at most 0.99999994)");
             break;
         case DTYPE:
             if (cli_parse_dtype(v, &o->dtype))

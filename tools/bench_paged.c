@@ -779,19 +779,16 @@ int cmd_bench_paged(int argc, char **argv)
         o.dtype = FA_DTYPE_BF16;
     static spec specs[MAX_ROWS];
     const int n = build_specs(&o, cuda, specs);
-    FILE *jf = NULL;
+    cli_out json = { .f = NULL };
     if (n < 0) {
         rc = CLI_EXIT_USAGE;
         goto out;
     }
     if ((rc = check_specs(&o, specs, n)) != 0)
         goto out;
-    if (o.json && !(jf = strcmp(o.json, "-") == 0 ? stdout : fopen(o.json, "w"))) {
-        fprintf(stderr, "flashattn bench: cannot write --json file '%s'\n", o.json);
-        rc = CLI_EXIT_FAIL;
+    if (o.json && (rc = cli_out_open(&json, "bench --paged", "--json", o.json, 1)) != 0)
         goto out;
-    }
-    FILE *out = jf == stdout ? stderr : stdout; /* keep stdout pure JSON with --json - */
+    FILE *out = json.f == stdout ? stderr : stdout; /* keep stdout pure JSON with --json - */
     fprintf(out, "flashattn %s bench --paged: backend %s, %s, h%ld d%ld, shuffled page tables, medians "
                  "after warm-up, paged and contiguous in turns%s\n",
             fa_version_string(), fa_backend_name(o.backend), cli_dtype_name(o.dtype), o.heads, o.dim,
@@ -823,8 +820,10 @@ int cmd_bench_paged(int argc, char **argv)
         sampled |= r.checked < r.check_total;
         if (out == stdout)
             print_row(out, &o, &r);
-        if (jf)
-            json_row(jf, &o, &r, &bw);
+        if (json.f) {
+            json_row(json.f, &o, &r, &bw);
+            rc = cli_out_check(&json); /* the first write that fails stops the run */
+        }
     }
     if (rc == 0 && out == stdout) {
         printf("q: query rows per sequence (+ the prefill sequence's); GB/s: K and V of every key once per "
@@ -835,10 +834,10 @@ int cmd_bench_paged(int argc, char **argv)
     }
 out_bw:
     bw_free(&bw);
-    if (jf && jf != stdout && cli_close(jf) != 0) {
-        fprintf(stderr, "flashattn bench --paged: writing --json file '%s' failed\n", o.json);
-        rc = CLI_EXIT_FAIL;
-    }
+    if (json.f && rc == 0)
+        rc = cli_out_commit(&json);
+    else if (json.f)
+        cli_out_abort(&json);
 out:
     fa_context_destroy(ctx);
     return rc;

@@ -46,7 +46,7 @@ int cli_same_output(const char *a, const char *b);
 
 /* An output file written whole or not at all. A regular file (or a new one) is written as a
  * temporary beside it, PATH.XXXXXX, renamed over it by cli_out_commit after every write, the
- * flush, fsync and close succeeded: a failure, or SIGINT, SIGTERM, SIGHUP or SIGPIPE on the
+ * flush, fsync and close succeeded: a failure, or SIGINT, SIGTERM, SIGHUP, SIGPIPE or SIGXFSZ on the
  * way, removes the temporary and leaves an earlier file as it was. "-" (standard output) and a
  * character device are written directly. Every function below that fails has printed one
  * line naming the option, the file and the system's reason (standard output's is left to

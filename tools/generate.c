@@ -6,6 +6,7 @@
 #include "model.h"
 
 #include <errno.h>
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -246,7 +247,7 @@ int cmd_generate(int argc, char **argv)
                 return cli_usage_error("generate", "--steps needs an integer in 0..%d", INT32_MAX);
             break;
         case TEMPERATURE:
-            if (cli_parse_float(v, &temperature) != 0 || temperature < 0)
+            if (cli_parse_float(v, &temperature) != 0 || temperature < 0 || temperature > FLT_MAX)
                 return cli_usage_error("generate", "--temperature needs a number >= 0 (0: argmax) within float's "
                                                    "range, not '%s'", v);
             break;
@@ -444,8 +445,11 @@ int cmd_gen_model(int argc, char **argv)
     cli_dir_of(out, dir, sizeof(dir));
     struct statvfs fs;
     if (statvfs(dir, &fs) == 0 && (double)fs.f_bavail * (double)fs.f_frsize < (double)bytes) {
-        return cli_fail("gen-model", "the checkpoint takes %.2f GiB and '%s' has %.2f GiB free",
-                        (double)bytes / 1073741824.0, dir, (double)fs.f_bavail * (double)fs.f_frsize / 1073741824.0);
+        const double free_b = (double)fs.f_bavail * (double)fs.f_frsize;
+        const int gib = (double)bytes >= 1073741824.0; /* small checkpoints in MiB, not 0.00 GiB */
+        return cli_fail("gen-model", "the checkpoint takes %.2f %s and '%s' has %.2f %s free",
+                        (double)bytes / (gib ? 1073741824.0 : 1048576.0), gib ? "GiB" : "MiB", dir,
+                        free_b / (gib ? 1073741824.0 : 1048576.0), gib ? "GiB" : "MiB");
     }
     cli_out f;
     if ((rc = cli_out_open(&f, "gen-model", "--out", out, 0)) != 0)

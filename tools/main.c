@@ -157,7 +157,7 @@ static void on_signal(int sig)
         if (pending_set[i])
             unlink(pending[i]);
     signal(sig, SIG_DFL);
-    raise(sig); /* the default action once this returns: the four signals are blocked in here, so
+    raise(sig); /* the default action once this returns: the signals are blocked in here, so
                  * a second one (timeout signals the process and then its group) waits too */
 }
 
@@ -166,7 +166,7 @@ static void on_signal(int sig)
 static void pend(cli_out *o)
 {
     static int installed;
-    static const int sigs[] = { SIGINT, SIGTERM, SIGHUP, SIGPIPE };
+    static const int sigs[] = { SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGXFSZ };
     struct sigaction sa = { .sa_handler = on_signal };
     sigemptyset(&sa.sa_mask);
     for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
@@ -338,7 +338,8 @@ int cli_parse_float(const char *s, double *out)
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || *end || !isfinite(v) || strpbrk(s, "xX")) /* decimal only: no hex floats */
+    /* decimal only: no hex floats; an underflow (1e-320) reads as the tiny value strtod gives */
+    if ((errno && !(errno == ERANGE && fabs(v) < 1.0)) || *end || !isfinite(v) || strpbrk(s, "xX"))
         return -1;
     *out = v;
     return 0;
