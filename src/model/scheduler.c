@@ -58,15 +58,29 @@ static void wait_pop_front(fa_sched *s)
     s->whead = (s->whead + 1) % s->o.max_requests;
     s->nwait--;
 }
-/* slot out of the queue wherever it is (a waiting request finished early) */
+/* slot out of the queue wherever it is (a waiting request finished early): the ring's two runs
+ * (up to its end, then from its start) searched and closed up with memmove */
 static void wait_remove(fa_sched *s, int32_t slot)
 {
-    int32_t i = 0;
-    while (i < s->nwait && *wait_at(s, i) != slot)
+    const int32_t cap = s->o.max_requests, n1 = cap - s->whead < s->nwait ? cap - s->whead : s->nwait;
+    const int32_t n2 = s->nwait - n1;
+    int32_t *a = s->waitq + s->whead, *b = s->waitq, i = 0, j = 0;
+    while (i < n1 && a[i] != slot)
         i++;
-    for (; i + 1 < s->nwait; i++)
-        *wait_at(s, i) = *wait_at(s, i + 1);
-    s->nwait -= i < s->nwait;
+    if (i < n1) {
+        memmove(a + i, a + i + 1, sizeof(int32_t) * (size_t)(n1 - i - 1));
+        if (n2 > 0) {
+            a[n1 - 1] = b[0];
+            memmove(b, b + 1, sizeof(int32_t) * (size_t)(n2 - 1));
+        }
+    } else {
+        while (j < n2 && b[j] != slot)
+            j++;
+        if (j == n2)
+            return;
+        memmove(b + j, b + j + 1, sizeof(int32_t) * (size_t)(n2 - j - 1));
+    }
+    s->nwait--;
 }
 
 /* The id table: where id's probe starts (Fibonacci hashing), its entry or the empty one where
