@@ -226,9 +226,26 @@ static void test_refusals(void **state)
     bad.page_size = 0;
     assert_int_equal(fa_sched_create(&bad, &s, err), FA_ERR_INVALID_VALUE);
     assert_non_null(strstr(err, "page_size"));
+    assert_int_equal(fa_sched_create(NULL, &s, err), FA_ERR_NULL_POINTER);
+    assert_int_equal(fa_sched_create(&o, NULL, err), FA_ERR_NULL_POINTER);
     assert_int_equal(fa_sched_create(&o, &s, err), FA_OK);
     int32_t toks[100] = { 1 };
     int64_t id;
+    fa_step none;
+    fa_request_info no;
+    assert_int_equal(fa_sched_add(s, toks, 4, 4, NULL, err), FA_ERR_NULL_POINTER); /* nothing queued */
+    assert_int_equal(fa_sched_get_stats(s).waiting, 0);
+    assert_int_equal(fa_sched_add(NULL, toks, 4, 4, &id, err), FA_ERR_NULL_POINTER);
+    assert_int_equal(fa_sched_step(s, NULL, err), FA_ERR_NULL_POINTER);
+    assert_int_equal(fa_sched_step(NULL, &none, err), FA_ERR_NULL_POINTER);
+    assert_int_equal(fa_sched_request(s, 0, NULL, err), FA_ERR_NULL_POINTER);
+    assert_int_equal(fa_sched_request(NULL, 0, &no, err), FA_ERR_NULL_POINTER);
+    assert_int_equal(fa_sched_commit(NULL, NULL, NULL, err), FA_ERR_NULL_POINTER);
+    assert_int_equal(fa_sched_abort(NULL, err), FA_ERR_NULL_POINTER);
+    assert_int_equal(fa_sched_finish(NULL, 0, err), FA_ERR_NULL_POINTER);
+    assert_int_equal(fa_sched_release(NULL, 0, err), FA_ERR_NULL_POINTER);
+    assert_int_equal(fa_step_check_arrays(NULL, 8, err), FA_ERR_NULL_POINTER);
+    assert_int_equal(fa_sched_get_stats(NULL).waiting, 0);
     assert_int_equal(fa_sched_add(s, toks, 0, 4, &id, err), FA_ERR_INVALID_VALUE);
     assert_non_null(strstr(err, "0 tokens"));
     assert_int_equal(fa_sched_add(s, toks, 100, 30, &id, err), FA_ERR_INVALID_VALUE); /* 129 held */

@@ -114,6 +114,8 @@ static int32_t pages_for(const fa_sched *s, int64_t tokens) { return (int32_t)((
 
 fa_status fa_sched_create(const fa_sched_options *o, fa_sched **out, char *err)
 {
+    if (!o || !out)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "%s is NULL", o ? "out" : "options");
     *out = NULL;
     const struct {
         const char *name;
@@ -199,6 +201,8 @@ void fa_sched_free(fa_sched *s)
 
 fa_status fa_sched_add(fa_sched *s, const int32_t *tokens, int32_t n, int32_t max_new, int64_t *id, char *err)
 {
+    if (!s || !id)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "%s is NULL", s ? "id" : "the scheduler");
     if (!tokens && n > 0)
         return fa_model_fail(err, FA_ERR_NULL_POINTER, "tokens must not be NULL");
     if (n < 1)
@@ -329,6 +333,8 @@ static int32_t fit(fa_sched *s, int32_t slot, int32_t rows, int must)
 
 fa_status fa_sched_step(fa_sched *s, fa_step *out, char *err)
 {
+    if (!s || !out)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "%s is NULL", s ? "out" : "the scheduler");
     if (s->pending)
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "the previous step is not committed (fa_sched_commit)");
     fa_step *st = &s->step;
@@ -410,6 +416,8 @@ static void finish(fa_sched *s, int32_t slot)
 
 fa_status fa_sched_commit(fa_sched *s, const int32_t *next, const uint8_t *stop, char *err)
 {
+    if (!s)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "the scheduler is NULL");
     if (!s->pending)
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "no step to commit");
     const fa_step *st = &s->step;
@@ -432,6 +440,8 @@ fa_status fa_sched_commit(fa_sched *s, const int32_t *next, const uint8_t *stop,
 
 fa_status fa_sched_abort(fa_sched *s, char *err)
 {
+    if (!s)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "the scheduler is NULL");
     if (!s->pending)
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "no step to abort");
     for (int32_t b = 0; b < s->step.batch; b++)
@@ -450,6 +460,8 @@ static int32_t slot_of(const fa_sched *s, int64_t id)
 
 fa_status fa_sched_finish(fa_sched *s, int64_t id, char *err)
 {
+    if (!s)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "the scheduler is NULL");
     const int32_t slot = slot_of(s, id);
     if (slot < 0)
         return fa_model_fail(err, FA_ERR_INVALID_VALUE, "request %lld is not held", (long long)id);
@@ -463,6 +475,8 @@ fa_status fa_sched_finish(fa_sched *s, int64_t id, char *err)
 
 fa_status fa_sched_request(const fa_sched *s, int64_t id, fa_request_info *info, char *err)
 {
+    if (!s || !info)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "%s is NULL", s ? "info" : "the scheduler");
     const int32_t slot = slot_of(s, id);
     if (slot < 0)
         return fa_model_fail(err, FA_ERR_INVALID_VALUE, "request %lld is not held", (long long)id);
@@ -474,6 +488,8 @@ fa_status fa_sched_request(const fa_sched *s, int64_t id, fa_request_info *info,
 
 fa_status fa_sched_release(fa_sched *s, int64_t id, char *err)
 {
+    if (!s)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "the scheduler is NULL");
     const int32_t slot = slot_of(s, id);
     if (slot < 0)
         return fa_model_fail(err, FA_ERR_INVALID_VALUE, "request %lld is not held", (long long)id);
@@ -491,12 +507,16 @@ fa_status fa_sched_release(fa_sched *s, int64_t id, char *err)
 
 fa_sched_stats fa_sched_get_stats(const fa_sched *s)
 {
+    if (!s)
+        return (fa_sched_stats){ 0 };
     return (fa_sched_stats){ s->nwait, s->nrun, s->nfinished, s->nfree, s->o.num_pages - s->nfree, s->steps,
                              s->preemptions };
 }
 
 fa_status fa_step_check_arrays(const fa_step *st, int32_t vocab_size, char *err)
 {
+    if (!st)
+        return fa_model_fail(err, FA_ERR_NULL_POINTER, "step is NULL");
     const struct {
         const void *p;
         const char *name;

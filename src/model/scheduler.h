@@ -109,6 +109,7 @@ fa_status fa_sched_request(const fa_sched *s, int64_t id, fa_request_info *info,
 /* Forget a finished request (its slot becomes free for fa_sched_add). */
 fa_status fa_sched_release(fa_sched *s, int64_t id, char *err);
 
+/* The scheduler's counts (all 0 for NULL). */
 fa_sched_stats fa_sched_get_stats(const fa_sched *s);
 
 #endif
