@@ -503,6 +503,19 @@ static void test_refusals(void **state)
         assert_int_equal(next[0], -7); /* nothing written */
         *cases[i].field = keep;
     }
+    /* an interior offset whose difference overflows 32 bits is refused, not computed with */
+    int32_t cu3[4] = { 0, 1, INT32_MIN, 1 }, len3[3] = { 0, 0, 0 }, bt3[3] = { 0, 1, 2 }, next3[3] = { -7, -7, -7 };
+    uint8_t smp3[3] = { 1, 0, 0 };
+    int64_t ids3[3] = { 0, 1, 2 };
+    fa_step three = { 3, 1, 1, 1, 1, 16, ids3, cu3, len3, bt3, tok, pos, smp3, 0 };
+    fa_engine *e3;
+    eo.max_batch = 3;
+    assert_int_equal(fa_engine_create(model, &eo, &e3, err), FA_OK);
+    if (fa_engine_step(e3, &three, &p, next3, NULL, err) != FA_ERR_INVALID_VALUE)
+        fail_msg("%s", err);
+    assert_non_null(strstr(err, "cu_seqlens_q[1..2]"));
+    assert_int_equal(next3[0], -7);
+    fa_engine_free(e3);
     p.temperature = NAN;
     assert_int_equal(fa_engine_step(e, &st, &p, next, NULL, err), FA_ERR_INVALID_VALUE);
     assert_non_null(strstr(err, "temperature"));

@@ -238,6 +238,10 @@ static void test_refusals(void **state)
     assert_int_equal(fa_model_forward_step(m, s, kv, &st, logits, err), FA_ERR_NULL_POINTER);
     assert_non_null(strstr(err, "step.tokens"));
     st.tokens = toks;
+    st.max_pages_per_seq = INT32_MAX; /* rows 2^31 - 1 entries apart: refused before the table is read */
+    assert_int_equal(fa_model_forward_step(m, s, kv, &st, logits, err), FA_ERR_INVALID_SHAPE);
+    assert_non_null(strstr(err, "max_pages_per_seq"));
+    st.max_pages_per_seq = 1;
     st.page_size = 8;
     assert_int_equal(fa_model_forward_step(m, s, kv, &st, logits, err), FA_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(err, "page_size"));

@@ -234,16 +234,18 @@ static fa_status check_step(const fa_engine *e, const fa_step *st, const fa_samp
                              "step.cu_seqlens_q must run from 0 to total_q (%d), not %d .. %d", (int)st->total_q,
                              (int)st->cu_seqlens_q[0], (int)st->cu_seqlens_q[st->batch]);
     for (int32_t b = 0; b < st->batch; b++) {
-        const int32_t n = st->cu_seqlens_q[b + 1] - st->cu_seqlens_q[b], cached = st->cache_seqlens[b];
+        /* in 64 bits: a hostile table's differences need not fit in 32 */
+        const int64_t n = (int64_t)st->cu_seqlens_q[b + 1] - st->cu_seqlens_q[b];
+        const int32_t cached = st->cache_seqlens[b];
         if (n < 0 || st->cu_seqlens_q[b + 1] > st->total_q)
             return fa_model_fail(err, FA_ERR_INVALID_VALUE, "step.cu_seqlens_q[%d..%d] (%d..%d) is not ordered",
                                  (int)b, (int)b + 1, (int)st->cu_seqlens_q[b], (int)st->cu_seqlens_q[b + 1]);
-        if (cached < 0 || (int64_t)cached + n > c->seq_len || cached + n > st->max_seqlen_k || n > st->max_seqlen_q)
+        if (cached < 0 || cached + n > c->seq_len || cached + n > st->max_seqlen_k || n > st->max_seqlen_q)
             return fa_model_fail(err, FA_ERR_INVALID_VALUE,
                                  "step.cache_seqlens[%d] (%d) + its %d rows exceed seq_len (%d) or the step's "
                                  "max_seqlen_k (%d)",
                                  (int)b, (int)cached, (int)n, (int)c->seq_len, (int)st->max_seqlen_k);
-        const int32_t used = (cached + n + e->o.page_size - 1) / e->o.page_size;
+        const int32_t used = (int32_t)((cached + n + e->o.page_size - 1) / e->o.page_size);
         if (used > st->max_pages_per_seq)
             return fa_model_fail(err, FA_ERR_INVALID_VALUE, "sequence %d needs %d pages, more than max_pages_per_seq (%d)",
                                  (int)b, (int)used, (int)st->max_pages_per_seq);

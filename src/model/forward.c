@@ -607,6 +607,12 @@ fa_status fa_model_forward_step(const fa_model *m, fa_model_state *s, fa_model_k
     fa_status ck = fa_step_check_arrays(st, c->vocab_size, err);
     if (ck != FA_OK)
         return ck;
+    /* a table row wider than the model's context claims memory no step can use (and the paged
+     * call would read rows that far apart) */
+    const int64_t pages_cap = ((int64_t)c->seq_len + kv->page_size - 1) / kv->page_size;
+    if (st->max_pages_per_seq < 1 || st->max_pages_per_seq > pages_cap)
+        return fa_model_fail(err, FA_ERR_INVALID_SHAPE, "step.max_pages_per_seq (%d) must be in 1..%lld",
+                             (int)st->max_pages_per_seq, (long long)pages_cap);
     /* the paged call checks the tables against the cache; the logits read each sampled
      * sequence's last row, so it must have one */
     for (int32_t b = 0; b < st->batch; b++)
