@@ -242,6 +242,14 @@ static void test_refusals(void **state)
     assert_int_equal(fa_model_forward_step(m, s, kv, &st, logits, err), FA_ERR_INVALID_SHAPE);
     assert_non_null(strstr(err, "max_pages_per_seq"));
     st.max_pages_per_seq = 1;
+    /* a table wider than the plan's (made at the first step): planned again, not refused */
+    int32_t cu1[2] = { 0, 1 }, lens20[1] = { 20 }, bt23[2] = { 2, 3 }, pos20[1] = { 20 };
+    uint8_t smp1[1] = { 1 };
+    const fa_step wide = { .batch = 1, .total_q = 1, .max_seqlen_q = 1, .max_seqlen_k = 21, .max_pages_per_seq = 2,
+                           .page_size = 16, .ids = ids, .cu_seqlens_q = cu1, .cache_seqlens = lens20,
+                           .block_table = bt23, .tokens = toks, .positions = pos20, .sample = smp1 };
+    if (fa_model_forward_step(m, s, kv, &wide, logits, err) != FA_OK)
+        fail_msg("a wider table: %s", err);
     st.page_size = 8;
     assert_int_equal(fa_model_forward_step(m, s, kv, &st, logits, err), FA_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(err, "page_size"));

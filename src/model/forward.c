@@ -37,6 +37,7 @@ struct fa_model_state {
     float *kn, *vn; /* [max_tokens, kv_dim] a step's new keys and values (paged steps) */
     fa_paged_plan_t plan;       /* the paged calls' plan, for steps over plan_kv */
     const struct fa_model_kv *plan_kv;
+    int32_t plan_pages;         /* the plan's table width (max_pages_per_seq) */
     fa_model_stats stats;
 };
 
@@ -426,7 +427,10 @@ static fa_status attention_paged(const fa_model *m, fa_model_state *s, const fa_
     d.rope_sin = kv->sin;
     d.causal = 1;
     double t0 = now();
-    if (s->plan_kv != kv) { /* one plan for every step over kv: bounds of max_tokens rows */
+    /* one plan for every step over kv: bounds of max_tokens rows and the widest table so far
+     * (planned again for a wider one: a plan at the model's whole context would size its
+     * splits for seq_len keys) */
+    if (s->plan_kv != kv || st->max_pages_per_seq > s->plan_pages) {
         fa_paged_plan_destroy(s->plan);
         s->plan = NULL, s->plan_kv = NULL;
         fa_paged_desc b = d;
@@ -437,6 +441,7 @@ static fa_status attention_paged(const fa_model *m, fa_model_state *s, const fa_
         if (pc != FA_OK)
             return fa_model_fail(err, pc, "planning the paged attention: %s", fa_context_last_error(s->ctx));
         s->plan_kv = kv;
+        s->plan_pages = st->max_pages_per_seq;
     }
     fa_status rc = fa_paged_run(s->plan, &d);
     s->stats.attention_s += now() - t0;
