@@ -267,7 +267,9 @@ static void test_refusals(void **state)
     assert_non_null(strstr(err, "commit"));
     assert_int_equal(fa_sched_finish(s, a, err), FA_ERR_INVALID_ARGUMENT); /* in the pending step */
     /* a failed forward: the step is dropped and the same rows come again */
+    const int64_t steps = fa_sched_get_stats(s).steps;
     assert_int_equal(fa_sched_abort(s, err), FA_OK);
+    assert_int_equal(fa_sched_get_stats(s).steps, steps - 1); /* a step that did not run */
     assert_int_equal(fa_sched_abort(s, err), FA_ERR_INVALID_ARGUMENT);
     fa_request_info ai;
     assert_int_equal(fa_sched_request(s, a, &ai, err), FA_OK);

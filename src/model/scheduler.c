@@ -447,6 +447,7 @@ fa_status fa_sched_abort(fa_sched *s, char *err)
     for (int32_t b = 0; b < s->step.batch; b++)
         s->reqs[s->seq_slot[b]].rows = 0;
     s->pending = 0;
+    s->steps--; /* it did not run (its preemptions did happen) */
     return FA_OK;
 }
 

@@ -96,10 +96,12 @@ fa_status fa_sched_step(fa_sched *s, fa_step *step, char *err);
 fa_status fa_sched_commit(fa_sched *s, const int32_t *next, const uint8_t *stop, char *err);
 
 /* Drop the pending step after a failed forward: nothing it fed counts as cached, the pages it
- * took stay with their requests, and the next fa_sched_step schedules those rows again. */
+ * took stay with their requests, the next fa_sched_step schedules those rows again, and the
+ * stats do not count it as a step. */
 fa_status fa_sched_abort(fa_sched *s, char *err);
 
-/* End a request early (the caller's cancel); its pages are freed. */
+/* End a request early (the caller's cancel); its pages are freed. A request in the pending
+ * step is refused until that step is committed or aborted. */
 fa_status fa_sched_finish(fa_sched *s, int64_t id, char *err);
 
 /* A request's state; FA_ERR_INVALID_VALUE for an unknown id. Finished requests stay queryable
