@@ -540,18 +540,14 @@ static int stage_tokenizer(const fa_tokenizer *t, const char *dir, char *tok_out
         return cli_usage_error("export-hf", "--out: '%s' is in the way: it is not a regular file", tok_out);
     snprintf(tok_tmp, 4200, "%s.partial", tok_out);
     char err[FA_MODEL_ERR_LEN];
-    errno = 0;
     fa_status s = fa_tokenizer_write_json(t, tok_tmp, err);
     if (s == FA_OK)
         return 0;
-    const int e = errno; /* the directory takes files: what failed is the machine's writing */
     unlink(tok_tmp);
     *tok_tmp = '\0';
     if (*made)
         rmdir(dir);
-    if (s != FA_ERR_INVALID_ARGUMENT) /* no memory for its text */
-        return cli_lib_error("export-hf", err, s);
-    return cli_fail("export-hf", "cannot write '%s': %s", tok_out, strerror(e ? e : EIO));
+    return cli_lib_error("export-hf", err, s); /* a full disk: FA_ERR_IO, exit 1 */
 }
 
 int cmd_export_hf(int argc, char **argv)

@@ -40,6 +40,15 @@ fa_status fa_model_open_file(const char *path, const char *what, int *fd, uint64
     return FA_OK;
 }
 
+fa_status fa_model_write_failed(char *err, const char *path, int e)
+{
+    e = e ? e : EIO;
+    const fa_status st = e == ENOSPC || e == EDQUOT || e == EFBIG || e == EIO ? FA_ERR_IO
+                         : e == ENOMEM                                        ? FA_ERR_OUT_OF_MEMORY
+                                                                              : FA_ERR_INVALID_ARGUMENT;
+    return fa_model_fail(err, st, "cannot write '%s': %s", path, strerror(e));
+}
+
 fa_status fa_model_read_file(const char *path, const char *what, uint64_t max, fa_status too_big,
                              unsigned char **buf, size_t *n, char *err)
 {

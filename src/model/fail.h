@@ -14,6 +14,12 @@ fa_status fa_model_fail(char *err, fa_status st, const char *fmt, ...)
  * ("checkpoint", "tokenizer") and path. */
 fa_status fa_model_open_file(const char *path, const char *what, int *fd, uint64_t *bytes, char *err);
 
+/* The error of a write to path that failed with errno e (0: EIO), naming path and the
+ * system's reason: FA_ERR_IO where the machine failed (a full disk, a failing device),
+ * FA_ERR_OUT_OF_MEMORY, else FA_ERR_INVALID_ARGUMENT (the place: no permission, a read-only
+ * file system). */
+fa_status fa_model_write_failed(char *err, const char *path, int e);
+
 /* The whole of that file (at most max bytes, else too_big naming it) in a malloc'd buffer with
  * a NUL after its *n bytes; *buf NULL on error. */
 fa_status fa_model_read_file(const char *path, const char *what, uint64_t max, fa_status too_big,

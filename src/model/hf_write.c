@@ -75,18 +75,6 @@ static uint64_t tensor_bytes(const fa_hf_tensor *t, fa_hf_dtype d)
  * every file is written: an export that fails leaves the directory's earlier export whole. */
 #define PARTIAL ".partial"
 
-/* The error of a write to path that failed with errno e: the machine's (FA_ERR_IO: a full
- * disk, a failing device; FA_ERR_OUT_OF_MEMORY), or else the choice of directory (no
- * permission, a read-only file system). */
-static fa_status write_failed(char *err, const char *path, int e)
-{
-    e = e ? e : EIO;
-    const fa_status st = e == ENOSPC || e == EDQUOT || e == EFBIG || e == EIO ? FA_ERR_IO
-                         : e == ENOMEM                                        ? FA_ERR_OUT_OF_MEMORY
-                                                                              : FA_ERR_INVALID_ARGUMENT;
-    return fa_model_fail(err, st, "cannot write '%s': %s", path, strerror(e));
-}
-
 /* path's NAME.partial, opened for writing, or NULL with the error in *st. */
 static FILE *open_partial(const char *path, fa_status *st, char *err)
 {
@@ -94,7 +82,7 @@ static FILE *open_partial(const char *path, fa_status *st, char *err)
     snprintf(tmp, sizeof(tmp), "%s" PARTIAL, path);
     FILE *f = fopen(tmp, "wb");
     if (!f)
-        *st = write_failed(err, path, errno);
+        *st = fa_model_write_failed(err, path, errno);
     return f;
 }
 
@@ -104,7 +92,7 @@ static fa_status close_partial(FILE *f, int ok, const char *path, char *err)
     int e = ok ? 0 : errno;
     if (fclose(f) != 0 && ok)
         ok = 0, e = errno;
-    return ok ? FA_OK : write_failed(err, path, e);
+    return ok ? FA_OK : fa_model_write_failed(err, path, e);
 }
 
 static fa_status write_json(const char *path, cJSON *j, char *err)
@@ -265,7 +253,7 @@ static fa_status place(const char *dir, const char *name, char *err)
     char path[4096], tmp[4200];
     snprintf(path, sizeof(path), "%s/%s", dir, name);
     snprintf(tmp, sizeof(tmp), "%s" PARTIAL, path);
-    return rename(tmp, path) == 0 ? FA_OK : write_failed(err, path, errno);
+    return rename(tmp, path) == 0 ? FA_OK : fa_model_write_failed(err, path, errno);
 }
 
 /* Every file this export wrote put in place, config.json last (a loader that finds it finds

@@ -6,6 +6,7 @@
 #include "tokenizer.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -229,9 +230,12 @@ fa_status fa_tokenizer_write_json(const fa_tokenizer *t, const char *path, char 
             return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory writing '%s'", path);
         n = strlen(text);
     }
+    errno = 0;
     FILE *f = fopen(path, "wb");
     int ok = f && fwrite(text ? text : src, 1, n, f) == n && (t->bpe || fputc('\n', f) != EOF);
-    ok = (f && fclose(f) == 0) && ok;
+    int e = errno;
+    if (f && fclose(f) != 0 && ok)
+        ok = 0, e = errno;
     free(text);
-    return ok ? FA_OK : fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot write '%s'", path);
+    return ok ? FA_OK : fa_model_write_failed(err, path, e);
 }
