@@ -15,6 +15,7 @@ arguments raise ValueError with the library's message naming the field.
 import math
 import numbers
 import operator
+import re
 import struct
 import sys
 
@@ -108,7 +109,12 @@ def _stream(q):
 def _check_float(name, x):
     if not isinstance(x, numbers.Real) or isinstance(x, bool):
         raise ValueError(f"flashattn: {name} must be a number, not {type(x).__name__}")
-    if not math.isfinite(x):
+    try:
+        finite = math.isfinite(x)
+    except OverflowError:  # an int past float64's range
+        raise ValueError(f"flashattn: {name} (an integer of {len(str(abs(x)))} digits) does not fit in "
+                         "float32") from None
+    if not finite:
         raise ValueError(f"flashattn: {name} ({x}) must be finite")
     try:
         x32 = struct.unpack("f", struct.pack("f", float(x)))[0]
@@ -167,12 +173,18 @@ def _common(dropout_p, softmax_scale, window_size, softcap, deterministic):
     return float(softmax_scale or 0.0), wl, wr
 
 
+def _no_work_check(q, k, v, nd):
+    """What the library would check of a call with nothing to attend, which never reaches it:
+    q's dtype, and k and v going with q."""
+    if str(getattr(q, "dtype", "")).replace("torch.", "") not in ("float32", "float16", "bfloat16"):
+        raise ValueError(f"flashattn: q must be float32, float16 or bfloat16, not {getattr(q, 'dtype', type(q))}")
+    _kv_fit(q, k, v, nd)
+
+
 def _trivial(q, k, v, out_shape, lse_shape, return_lse, zeros_like):
     """Calls with nothing to attend: empty outputs, or (no keys) zeros and lse -inf, once the
     arrays are what a call with work would take (the library, never reached, checks no more)."""
-    if str(getattr(q, "dtype", "")).replace("torch.", "") not in ("float32", "float16", "bfloat16"):
-        raise ValueError(f"flashattn: q must be float32, float16 or bfloat16, not {getattr(q, 'dtype', type(q))}")
-    _kv_fit(q, k, v, len(out_shape))
+    _no_work_check(q, k, v, len(out_shape))
     out = zeros_like(out_shape, q)
     lse = zeros_like(lse_shape, q, float32=True) if return_lse else None
     if lse is not None:
@@ -218,9 +230,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     for 1) and give a bfloat16 out, forward only. descale_block_rows (an int, or one each for
     q, k and v) > 0 takes a factor per block of that many rows instead: float32 [batch,
     num_heads_kv, ceil(seqlen / block_rows)]."""
-    if not _is_torch(q):  # torch tensors: the torch ops check them, in code torch.compile traces
-        _arrays(q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-        _flags(causal=causal, return_lse=return_lse)
+    _arrays(q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    _required(q=q, k=k, v=v)
+    _flags(causal=causal, return_lse=return_lse)
     blocks = _block_rows(descale_block_rows)
     if _is_fp8(q) or q_descale is not None or k_descale is not None or v_descale is not None or any(blocks):
         scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap, deterministic)
@@ -274,6 +286,14 @@ def _arrays(**named):
                                   and dt.name != "float8_e4m3fn") or dt.name in ("int4", "uint4", "int2", "uint2"):
                 raise ValueError(f"flashattn: {name}'s dtype ({dt.name}) is not one flashattn takes: float32, "
                                  "float16, bfloat16, float8_e4m3fn (forward only) and int32 tables")
+
+
+def _required(**named):
+    """Each is given (not None): the bindings would answer None with a type error listing
+    every signature."""
+    for name, x in named.items():
+        if x is None:
+            raise ValueError(f"flashattn: {name} is required (an array or tensor), not None")
 
 
 def _writable(**named):
@@ -383,10 +403,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     inputs as flash_attn_func's, descale factors [num_sequences, num_heads_kv] (per block of
     rows: [num_sequences, num_heads_kv, ceil(total / block_rows)], total the packed rows of
     q, or of k for k's and v's; a sequence's blocks count from its own first row)."""
-    if not _is_torch(q):
-        _arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, q_descale=q_descale,
-                k_descale=k_descale, v_descale=v_descale)
-        _flags(causal=causal, return_lse=return_lse)
+    _arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, q_descale=q_descale,
+            k_descale=k_descale, v_descale=v_descale)
+    _required(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    _flags(causal=causal, return_lse=return_lse)
     blocks = _block_rows(descale_block_rows)
     if _is_fp8(q) or q_descale is not None or k_descale is not None or v_descale is not None or any(blocks):
         scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap, deterministic)
@@ -473,10 +493,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_seqlens: an int or int32 [batch] of tokens already cached (default: none). causal
     is bottom-right aligned. Returns out, or (out, softmax_lse [batch, heads, seqlen_q]).
     torch tensors go through torch.ops.flashattn.kvcache, which declares the cache write."""
-    if not _is_torch(q):
-        _arrays(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-                block_table=block_table)
-        _flags(causal=causal, rotary_interleaved=rotary_interleaved, return_softmax_lse=return_softmax_lse)
+    _arrays(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+            block_table=block_table)
+    _required(q=q, k_cache=k_cache, v_cache=v_cache)
+    _flags(causal=causal, rotary_interleaved=rotary_interleaved, return_softmax_lse=return_softmax_lse)
     if _is_torch(q) and _torch():
         return _torch().flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                                 cache_batch_idx, block_table, softmax_scale, causal, window_size,
@@ -561,14 +581,33 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     rope = 0
     if rotary_cos is not None or rotary_sin is not None:
         rope = 2 if rotary_interleaved else 1
-    _C.paged_forward(qq, oo, kc, vc, block_table, _arange_i32(b, sq, q), cache_seqlens, kn, vn, rotary_cos,
-                     rotary_sin, rope, lse, sq, max_k, scale, bool(causal), wl, wr, float(softcap), _stream(q),
-                     bf)
+    with _rows_as(cache_batch_idx):
+        _C.paged_forward(qq, oo, kc, vc, block_table, _arange_i32(b, sq, q), cache_seqlens, kn, vn, rotary_cos,
+                         rotary_sin, rope, lse, sq, max_k, scale, bool(causal), wl, wr, float(softcap), _stream(q),
+                         bf)
     out = out.reshape(b, sq, hq, d)
     if return_softmax_lse:
         return out, lse.reshape(hq, b, sq).transpose(1, 0, 2) if not _is_torch(lse) else \
             lse.reshape(hq, b, sq).permute(1, 0, 2)
     return out
+
+
+class _rows_as:
+    """Around a call over a contiguous cache with cache_batch_idx: the library's messages
+    about the block table made from it name cache_batch_idx instead."""
+
+    def __init__(self, cache_batch_idx, widened=False):
+        self.given = cache_batch_idx is not None
+        self.note = "; entries outside int32 read as -1" if widened else ""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        if self.given and kind is ValueError and "block_table[" in str(err):
+            msg = re.sub(r"block_table\[(\d+)\]\[0\]", r"cache_batch_idx[\1]", str(err))
+            raise ValueError(msg + f" (the contiguous cache's rows, as cache_batch_idx gives them{self.note})") from None
+        return False
 
 
 def merge_states(o, lse):

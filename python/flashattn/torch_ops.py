@@ -24,6 +24,7 @@ if not hasattr(torch.library, "custom_op"):
 
 from . import _C
 from . import _common as _fa_common
+from . import _flags, _no_work_check, _rows_as
 
 _dl = torch.utils.dlpack.to_dlpack  # a capsule: nanobind takes it in a microsecond, __dlpack__ in eight
 
@@ -84,6 +85,7 @@ def _dense(q, k, v, softmax_scale, causal, window_left, window_right, softcap, d
     """fwd's implementation; lse None unless with_lse (calls outside autograd)."""
     b, sq, h, _ = q.shape
     if q.numel() == 0 or k.shape[1] == 0:  # nothing to attend: zeros, lse -inf
+        _no_work_check(q, k, v, 4)
         return torch.zeros(q.shape, dtype=q.dtype, device=q.device), \
             torch.full((b, h, sq), float("-inf"), dtype=torch.float32, device=q.device) if with_lse else None
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -108,7 +110,9 @@ def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
     # rows past cu_seqlens_q[-1] are not written: zeros (and lse -inf) rather than stale memory
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
-    if q.numel():
+    if not q.numel():
+        _no_work_check(q, k, v, 3)
+    else:
         _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(cu_seqlens_q), _dl(cu_seqlens_k), max_seqlen_q,
                    max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p,
                    _seed_u64(seed), 0, _stream(q), False)
@@ -240,6 +244,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
                     return_lse=False, deterministic=True, seed=0):
     """flashattn.flash_attn_func for torch tensors, through torch.ops.flashattn.fwd."""
     scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap)
+    _flags(causal=causal, return_lse=return_lse)
     if not isinstance(q, Tensor) or q.dim() != 4:
         raise ValueError("flashattn: q must be [batch, seqlen, heads, head_dim]")
     _tensor("k", k, 4)
@@ -254,6 +259,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            deterministic=True, seed=0):
     """flashattn.flash_attn_varlen_func for torch tensors, through torch.ops.flashattn.varlen_fwd."""
     scale, wl, wr = _common(dropout_p, softmax_scale, window_size, softcap)
+    _flags(causal=causal, return_lse=return_lse)
     if not isinstance(q, Tensor) or q.dim() != 3:
         raise ValueError("flashattn: q must be [total_q, heads, head_dim] for varlen calls")
     _tensor("k", k, 3)
@@ -289,24 +295,30 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             return_softmax_lse=False):
     """flashattn.flash_attn_with_kvcache for torch tensors, through torch.ops.flashattn.kvcache."""
     scale, wl, wr = _common(0.0, softmax_scale, window_size, softcap)
+    _flags(causal=causal, rotary_interleaved=rotary_interleaved, return_softmax_lse=return_softmax_lse)
     if not isinstance(q, Tensor) or q.dim() != 4:
         raise ValueError("flashattn: q must be [batch, seqlen_q, heads, head_dim]")
     _tensor("k_cache", k_cache, 4)
     _tensor("v_cache", v_cache, 4)
     b, sq, hq, d = q.shape
     dev = q.device
+    widened = False
     if block_table is None:  # a contiguous cache: each sequence one page of the cache's length
         if cache_batch_idx is None:
             block_table = torch.arange(b, dtype=torch.int32, device=dev).view(b, 1)
         else:
             idx = torch.as_tensor(cache_batch_idx, device=dev)
-            if idx.dim() != 1 or idx.shape[0] != b or idx.dtype.is_floating_point:
+            if idx.dim() != 1 or idx.shape[0] != b or idx.dtype.is_floating_point or idx.dtype == torch.bool:
                 raise ValueError("flashattn: cache_batch_idx must be [batch] integers")
+            if idx.dtype != torch.int32:  # values past int32 become -1, a row the library refuses, not another row
+                idx, widened = torch.where((idx >= 0) & (idx < 2 ** 31), idx, -1), True
             block_table = idx.to(torch.int32).view(b, 1)
     elif cache_batch_idx is not None:
         raise ValueError("flashattn: cache_batch_idx applies to a contiguous cache, not with block_table")
     else:
         _tensor("block_table", block_table, 2)
+        if block_table.dtype != torch.int32:
+            raise ValueError(f"flashattn: block_table must be int32, not {block_table.dtype}")
     if cache_seqlens is None:
         cache_seqlens = 0
     if isinstance(cache_seqlens, int):
@@ -315,6 +327,20 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         cache_seqlens = torch.full((b,), cache_seqlens, dtype=torch.int32, device=dev)
     else:
         _tensor("cache_seqlens", cache_seqlens, 1)
+        if cache_seqlens.dtype != torch.int32:
+            raise ValueError(f"flashattn: cache_seqlens must be int32, not {cache_seqlens.dtype}")
+    page = k_cache.shape[1]
+    if block_table.shape[1] * page > 2 ** 31 - 1:
+        raise ValueError(f"flashattn: block_table's {block_table.shape[1]} pages of {page} tokens pass 2^31 - 1 "
+                         "keys a sequence")
+    if sq == 0:  # no query rows: nothing to attend or append (validated as far as shapes go)
+        kh = k_cache.shape[2]
+        if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or v_cache.shape != k_cache.shape or \
+                k_cache.shape[3] != d or hq == 0 or kh == 0 or hq % kh or not 1 <= d <= 256:
+            raise ValueError(f"flashattn: k_cache {tuple(k_cache.shape)} {k_cache.dtype} and v_cache do not go with q "
+                             f"{tuple(q.shape)} {q.dtype}")
+        out = q.new_zeros(q.shape)
+        return (out, torch.empty((b, hq, 0), dtype=torch.float32, device=dev)) if return_softmax_lse else out
     if (k is None) != (v is None):
         raise ValueError("flashattn: give k and v together")
     kn = vn = None
@@ -331,10 +357,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cu_q = torch.arange(0, b * sq + 1, sq, dtype=torch.int32, device=dev)
     args = (_rows("q", q), k_cache, v_cache, block_table, cu_q, cache_seqlens, kn, vn, rotary_cos, rotary_sin, rope,
             sq, scale, bool(causal), wl, wr, float(softcap))
-    if _eager(q, k_cache, v_cache, kn, vn):
-        out, lse = _paged(*args, return_softmax_lse)
-    else:
-        out, lse = torch.ops.flashattn.kvcache(*args)
+    with _rows_as(cache_batch_idx, widened):
+        if _eager(q, k_cache, v_cache, kn, vn):
+            out, lse = _paged(*args, return_softmax_lse)
+        else:
+            out, lse = torch.ops.flashattn.kvcache(*args)
     out = out.view(b, sq, hq, d)
     if return_softmax_lse:
         return out, lse.view(hq, b, sq).permute(1, 0, 2)

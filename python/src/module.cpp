@@ -8,6 +8,7 @@
 #include <nanobind/stl/string.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <mutex>
 #include <string>
@@ -150,6 +151,33 @@ template <typename A> fa_tensor view_of(const A &a, const char *name, int ndim, 
     return t;
 }
 
+// The element strides of a float32 lse array, axis by axis: an axis of one element (or any
+// axis of an empty array) gets the contiguous stride, like view_of's; every other must be
+// positive. The library reads all-zero lse strides as "packed", so a broadcast array must
+// never reach it with them.
+template <typename A> std::array<int64_t, 3> lse_strides(const A &a, const char *name)
+{
+    std::array<int64_t, 3> st = { 0, 0, 0 };
+    const int n = (int)a.ndim();
+    bool empty = false;
+    for (int i = 0; i < n; i++)
+        empty |= a.shape(i) == 0;
+    int64_t run = 1;
+    for (int i = n - 1; i >= 0; i--) {
+        if (empty || a.shape(i) <= 1) {
+            st[i] = run;
+        } else {
+            st[i] = (int64_t)a.stride(i);
+            if (st[i] <= 0)
+                bad(std::string("flashattn: ") + name + "'s dimension " + std::to_string(i) + " has stride " +
+                    std::to_string(st[i]) + " (a broadcast or reversed view): pass a copy, x.contiguous() in torch "
+                    "or np.ascontiguousarray in numpy");
+        }
+        run *= a.shape(i) > 1 ? (int64_t)a.shape(i) : 1;
+    }
+    return st;
+}
+
 template <typename A, typename B> void same_device(const A &a, const B &b, const char *name)
 {
     if (a.device_type() != b.device_type() || a.device_id() != b.device_id())
@@ -255,9 +283,10 @@ void describe(dense_call &c, const in_array &q, const in_array &k, const in_arra
                 bad("flashattn: lse's shape must be [" + std::string(varlen ? "heads, total_q" : "batch, heads, seqlen_q") +
                     "] (dimension " + std::to_string(i) + ")");
         d.lse = (float *)lse->data();
-        d.lse_stride_batch = varlen ? 0 : lse->stride(0);
-        d.lse_stride_head = lse->stride(varlen ? 0 : 1);
-        d.lse_stride_seq = lse->stride(varlen ? 1 : 2);
+        const std::array<int64_t, 3> ls = lse_strides(*lse, "lse");
+        d.lse_stride_batch = varlen ? 0 : ls[0];
+        d.lse_stride_head = ls[varlen ? 0 : 1];
+        d.lse_stride_seq = ls[varlen ? 1 : 2];
     }
     d.scale = scale;
     d.causal = causal ? 1 : 0;
@@ -478,8 +507,9 @@ void describe_paged(paged_call &c, const in_array &q, const array &o, const in_a
             lse->shape(1) != q.shape(0))
             bad("flashattn: lse must be float32 [heads, total_q]");
         d.lse = (float *)lse->data();
-        d.lse_stride_head = lse->stride(0);
-        d.lse_stride_seq = lse->stride(1);
+        const std::array<int64_t, 3> ls = lse_strides(*lse, "lse");
+        d.lse_stride_head = ls[0];
+        d.lse_stride_seq = ls[1];
     }
     d.scale = scale;
     d.causal = causal ? 1 : 0;
@@ -634,8 +664,8 @@ void merge(in_array o_in, in_array lse_in, array o, std::optional<array> lse, ui
     d.head_dim = dim_of(o_in, 3, "head_dim");
     d.o_in = view_of(o_in, "o", 4, bf16_bits);
     d.lse_in = (const float *)lse_in.data();
-    d.lse_in_stride_state = lse_in.stride(0), d.lse_in_stride_head = lse_in.stride(1);
-    d.lse_in_stride_row = lse_in.stride(2);
+    const std::array<int64_t, 3> li = lse_strides(lse_in, "lse");
+    d.lse_in_stride_state = li[0], d.lse_in_stride_head = li[1], d.lse_in_stride_row = li[2];
     d.o = view_of(o, "out", 3, bf16_bits);
     if (lse) {
         same_device(o_in, *lse, "lse out");
@@ -643,7 +673,8 @@ void merge(in_array o_in, in_array lse_in, array o, std::optional<array> lse, ui
             lse->shape(1) != o_in.shape(1))
             bad("flashattn: merge_states' lse out must be float32 [heads, rows]");
         d.lse = (float *)lse->data();
-        d.lse_stride_head = lse->stride(0), d.lse_stride_row = lse->stride(1);
+        const std::array<int64_t, 3> lo = lse_strides(*lse, "lse out");
+        d.lse_stride_head = lo[0], d.lse_stride_row = lo[1];
     }
     run_on(o_in, stream, [&](fa_context_t ctx) { return fa_merge_states(ctx, &d); });
 }

@@ -167,6 +167,16 @@ def test_bad_input():
         flashattn.flash_attn_func(q, q.tolist(), q)
     with pytest.raises(ValueError, match="cu_seqlens_q must be a numpy array or a torch tensor, not list"):
         flashattn.flash_attn_varlen_func(q[0], q[0], q[0], [0, 8], [0, 8], 8, 8)
+    with pytest.raises(ValueError, match="k is required"):
+        flashattn.flash_attn_func(q, None, q)
+    with pytest.raises(ValueError, match=r"softmax_scale \(an integer of 401 digits\) does not fit in float32"):
+        flashattn.flash_attn_func(q, q, q, softmax_scale=10 ** 400)
+    # the library's words about the block table made from cache_batch_idx name cache_batch_idx
+    kc, kn = np.zeros((4, 8, 4, 32), np.float32), rand(rng, 2, 1, 4, 32)
+    with pytest.raises(ValueError, match=r"cache_batch_idx\[1\] \(1\) is a page this call appends to"):
+        flashattn.flash_attn_with_kvcache(rand(rng, 2, 1, 4, 32), kc, kc.copy(), kn, kn.copy(), cache_seqlens=1,
+                                          cache_batch_idx=np.array([1, 1]))
+    assert not kc.any()
     # empty calls check their arrays as calls with work do
     q0 = rand(rng, 0, 5, 4, 32)
     assert flashattn.flash_attn_func(q0, q0, q0).shape == q0.shape
@@ -522,6 +532,11 @@ def test_merge_states():
     l1 = np.stack([la[0, 0], lb[0, 0]])  # [states, rows] of head 0
     o1, m1 = flashattn.merge_states(np.stack([oa[0][:, :1], ob[0][:, :1]]), l1[:, None, :])
     assert np.array_equal(o1, o[:, :1]) and np.array_equal(m1, lse[:1])
+    # broadcast along every axis: all its strides 0, which the library would read as packed
+    # (out of bounds); refused by name, like a partly broadcast one
+    for bad_lse in (np.broadcast_to(np.float32(0), (2, 4, 7)), np.broadcast_to(la[0][None], (2, 4, 7))):
+        with pytest.raises(ValueError, match=r"lse's dimension \d has stride 0 \(a broadcast"):
+            flashattn.merge_states(np.stack([oa[0], ob[0]]), bad_lse)
 
 
 def test_backends_and_info():

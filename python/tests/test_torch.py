@@ -228,6 +228,45 @@ def test_bad_input():
         flashattn.flash_attn_with_kvcache(q, q, q, k=q)
     with pytest.raises(ValueError, match="cache_batch_idx"):
         flashattn.flash_attn_with_kvcache(q, q, q, cache_batch_idx=torch.tensor([0.5]))
+    # flags are booleans ("False" would read as true)
+    with pytest.raises(ValueError, match="causal must be True or False, not 'False'"):
+        flashattn.flash_attn_func(q, q, q, causal="False")
+    with pytest.raises(ValueError, match="return_lse must be True or False"):
+        flashattn.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8, return_lse="no")
+    with pytest.raises(ValueError, match="rotary_interleaved must be True or False"):
+        flashattn.flash_attn_with_kvcache(q, q, q, rotary_interleaved=None)
+    # calls with nothing to compute check their tensors as calls with work do
+    k64 = torch.zeros(2, 7, 3, 16, dtype=torch.float64)
+    with pytest.raises(ValueError, match="k's dtype"):
+        flashattn.flash_attn_func(torch.zeros(2, 0, 4, 8), k64, k64)
+    with pytest.raises(ValueError, match=r"head_dim \(0\)"):
+        flashattn.flash_attn_func(q[..., :0], q[..., :0], q[..., :0])
+    with pytest.raises(ValueError, match="multiple of k's"):
+        cu3 = torch.tensor([0, 3, 5], dtype=torch.int32)
+        flashattn.flash_attn_varlen_func(torch.zeros(0, 4, 8), torch.zeros(5, 3, 8), torch.zeros(5, 3, 8), cu3, cu3,
+                                         3, 3)
+    # cache_batch_idx past int32 is refused, not wrapped onto another row; tables' dtypes by name
+    kc, kn = torch.zeros(4, 4, 2, 8), torch.ones(2, 1, 2, 8)
+    with pytest.raises(ValueError, match=r"cache_batch_idx\[1\] \(-1\) is not a page.*outside int32 read as -1"):
+        flashattn.flash_attn_with_kvcache(torch.zeros(2, 1, 4, 8), kc, kc.clone(), kn, kn.clone(), cache_seqlens=1,
+                                          cache_batch_idx=torch.tensor([0, 2 ** 32 + 3]))
+    assert not kc.any()
+    with pytest.raises(ValueError, match="cache_seqlens must be int32, not torch.int64"):
+        flashattn.flash_attn_with_kvcache(torch.zeros(2, 1, 4, 8), kc, kc, cache_seqlens=torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match="pass 2\\^31 - 1 keys"):
+        flashattn.flash_attn_with_kvcache(torch.zeros(2, 1, 4, 8), kc, kc,
+                                          block_table=torch.zeros(2, 2 ** 30, dtype=torch.int32))
+    # no query rows: empty outputs
+    o0, l0 = flashattn.flash_attn_with_kvcache(torch.zeros(2, 0, 4, 8), kc, kc, cache_seqlens=1,
+                                               return_softmax_lse=True)
+    assert o0.shape == (2, 0, 4, 8) and l0.shape == (2, 4, 0)
+    # an lse broadcast along every axis (all strides 0: "packed" to the library) is refused
+    o, lse = flashattn.flash_attn_func(q, q, q, return_lse=True)
+    with pytest.raises(ValueError, match=r"lse's dimension \d has stride 0"):
+        torch.ops.flashattn.bwd(o, q, q, q, o, torch.zeros(()).expand(1, 4, 8), None, None, 0, 0, 0.0, False, -1, -1,
+                                0.0, 0.0, 0)
+    with pytest.raises(ValueError, match=r"lse's dimension \d has stride 0"):
+        flashattn.merge_states(torch.zeros(2, 3, 4, 8), torch.zeros(()).expand(2, 4, 3))
 
 
 def test_fp8():
