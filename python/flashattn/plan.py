@@ -116,6 +116,11 @@ class PagedPlan:
                 _writable(k_cache=k_cache, v_cache=v_cache)
         args = (q, out, k_cache, v_cache, block_table, cu_seqlens_q, cache_seqlens, k, v, rotary_cos, rotary_sin, lse)
         if _is_torch(q) and _torch():  # as DLPack capsules: the fast way in
+            names = ("q", "out", "k_cache", "v_cache", "block_table", "cu_seqlens_q", "cache_seqlens", "k", "v",
+                     "rotary_cos", "rotary_sin", "lse")
+            for name, x in zip(names, args):
+                if x is not None and not _is_torch(x):
+                    raise ValueError(f"flashattn: {name} must be a torch tensor like q, not {type(x).__name__}")
             bf, args = False, tuple(map(_torch()._dlo, args))
         else:
             bf = _bf16_numpy(q)[1]

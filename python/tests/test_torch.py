@@ -424,6 +424,9 @@ def test_plan_torch():
         with pytest.raises(ValueError, match=r"rope_dim \(4\) differs from the plan's \(8\)"):
             plan.run(q.reshape(4, 4, 16), kc2, vc2, table, lens, torch.arange(0, 5, 2, dtype=torch.int32),
                      kn.reshape(4, 2, 16), vn.reshape(4, 2, 16), cos[:, :2].contiguous(), sin[:, :2].contiguous())
+        with pytest.raises(ValueError, match="k_cache must be a torch tensor like q, not ndarray"):
+            plan.run(q.reshape(4, 4, 16), kc2.numpy(), vc2, table, lens, torch.arange(0, 5, 2, dtype=torch.int32),
+                     kn.reshape(4, 2, 16), vn.reshape(4, 2, 16), cos, sin)
 
 
 def test_merge_states():
