@@ -273,6 +273,56 @@ static void test_masked_rows_ignore_nan(void **state)
     fa_context_destroy(ctx);
 }
 
+/* Non-finite scores propagate as standard attention's do: a NaN in q's row r, or a key of
+ * +inf that a row's score meets with a positive weight (a score past float32), gives that
+ * row NaN in o and lse, never the zeros and -inf of a row that sees no key; every other row
+ * keeps the bits of the run without them. Flash and standard, prefill and decode shapes. */
+static void test_nonfinite_scores(void **state)
+{
+    (void)state;
+    fa_context_t ctx = make_ctx(0);
+    const int32_t shapes[2][2] = { { 24, 40 }, { 1, 300 } }; /* seqlen_q, seqlen_k */
+    for (int sh = 0; sh < 2; sh++)
+        for (int algo = 0; algo < 2; algo++) {
+            const int32_t sq = shapes[sh][0], sk = shapes[sh][1], dim = 32;
+            problem p;
+            problem_make(&p, 1, sq, sk, 2, 2, dim, 1.0, seed + 40 + (uint64_t)sh);
+            p.d.algorithm = (fa_algorithm)algo;
+            const size_t no = (size_t)sq * 2 * dim, nl = (size_t)2 * sq;
+            assert_int_equal(fa_forward(ctx, &p.d), FA_OK);
+            float *o0 = malloc(no * 4), *l0 = malloc(nl * 4);
+            assert_non_null(o0 && l0);
+            memcpy(o0, p.o, no * 4), memcpy(l0, p.lse, nl * 4);
+            /* a NaN in head 1 of the last query row; +inf in element 3 of key 7, head 0 */
+            const int32_t rq = sq - 1;
+            p.q[((size_t)rq * 2 + 1) * dim + 5] = NAN;
+            p.k[((size_t)7 * 2 + 0) * dim + 3] = INFINITY;
+            assert_int_equal(fa_forward(ctx, &p.d), FA_OK);
+            for (int32_t r = 0; r < sq; r++)
+                for (int32_t h = 0; h < 2; h++) {
+                    const float w = p.q[((size_t)r * 2 + h) * dim + 3];
+                    const int nan_row = (h == 1 && r == rq) || (h == 0 && w > 0.0f);
+                    const float *o = p.o + ((size_t)r * 2 + h) * dim, lse = p.lse[(size_t)h * sq + r];
+                    if (nan_row) {
+                        for (int32_t x = 0; x < dim; x++)
+                            if (!isnan(o[x]))
+                                fail_msg("algorithm %d sq %d: row %d head %d o[%d] = %g, not NaN", algo, sq, r, h,
+                                         x, o[x]);
+                        assert_true(isnan(lse));
+                    } else if (h == 1) { /* untouched by either: the same bits */
+                        assert_memory_equal(o, o0 + ((size_t)r * 2 + h) * dim, (size_t)dim * 4);
+                        assert_memory_equal(&lse, l0 + (size_t)h * sq + r, 4);
+                    } else { /* the key's score is -inf (or 0 times inf: NaN when w is 0) */
+                        for (int32_t x = 0; x < dim; x++)
+                            assert_true(w < 0.0f ? isfinite(o[x]) : isnan(o[x]));
+                    }
+                }
+            free(o0), free(l0);
+            problem_free(&p);
+        }
+    fa_context_destroy(ctx);
+}
+
 /* The f16/bf16 output must be the f32 result rounded to nearest (even on ties). */
 static void test_output_rounding(void **state)
 {
@@ -630,6 +680,7 @@ int main(void)
         cmocka_unit_test(test_decode_split),
         cmocka_unit_test(test_block_override),
         cmocka_unit_test(test_masked_rows_ignore_nan),
+        cmocka_unit_test(test_nonfinite_scores),
         cmocka_unit_test(test_sums_past_float32),
         cmocka_unit_test(test_overflow_leaves_other_rows),
         cmocka_unit_test(test_scale_before_product),

@@ -259,9 +259,14 @@ static void merge(const fa_cpu_kernels *kern, const fa_problem *p, const fa_cpu_
     float *acc = bf->o, *m = bf->m, *l = bf->l;
     for (int32_t c = 0; c < cc.ncols; c++) {
         float mx = -INFINITY, *out = acc + (int64_t)c * dim;
-        for (int64_t k = 0; k < nch; k++)
-            mx = fmaxf(mx, slots[k * slot_floats + (int64_t)hk * cols * (dim + 2) + c]);
+        int bad = 0; /* a chunk's NaN statistics (a NaN score) make the column NaN, as in one pass */
+        for (int64_t k = 0; k < nch; k++) {
+            const float *h = slots + k * slot_floats + (int64_t)hk * cols * (dim + 2);
+            mx = fmaxf(mx, h[c]);
+            bad |= isnan(h[c]) || isnan(h[cols + c]);
+        }
         l[c] = merge_col(p, pl, hk, slots, nch, c, mx, 1.0f, out);
+        l[c] = bad ? NAN : l[c];
         m[c] = mx;
         if (fa_cpu_overflowed(1, 1, dim, out, dim, l + c, e, bf->scale)) {
             merge_col(p, pl, hk, slots, nch, c, mx, bf->scale[0], out);

@@ -146,15 +146,18 @@ void fa_cpu_store_out(const fa_cpu_kernels *kern, const fa_problem *p, const fa_
         int64_t row = cc->seq.q_start + cc->r0 + c / p->group;
         int32_t h = cc->hk * p->group + c % p->group;
         char *dst = (char *)fa_elem_ptr(&d->o, fa_row_offset(p, &d->o, cc->b, row, h));
-        /* natural-log normaliser of the keys (-inf: none visible), then the sink's share */
-        float lse = l[c] > 0.0f ? (m[c] + log2f(l[c])) * FA_LN2 : -INFINITY, sum = l[c];
-        if (sinks && l[c] > 0.0f) {
+        /* natural-log normaliser of the keys (-inf: none visible, l 0), then the sink's share;
+         * a NaN l (a NaN input, or scores past float32) gives NaN o and lse, as standard
+         * attention does, never the zeros of a row that sees no key */
+        const int seen = l[c] != 0.0f;
+        float lse = seen ? (m[c] + log2f(l[c])) * FA_LN2 : -INFINITY, sum = l[c];
+        if (sinks && seen) {
             sum += exp2f(sinks[h] * FA_LOG2E - m[c]); /* inf when the sink dominates: o = 0 */
             lse = fmaxf(lse, sinks[h]) + log1pf(expf(-fabsf(lse - sinks[h])));
         } else if (sinks) {
             lse = sinks[h];
         }
-        if (l[c] > 0.0f) /* else no visible key: exact zeros, whatever the accumulator holds */
+        if (seen) /* else no visible key: exact zeros, whatever the accumulator holds */
             store_row(kern, p, acc + (int64_t)c * ld, dst, vmul, sum);
         else
             memset(dst, 0, (size_t)p->dim * (size_t)fa_dtype_bytes(d->o.dtype));

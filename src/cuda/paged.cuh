@@ -225,23 +225,24 @@ __device__ __forceinline__ void rope8(const fa_cuda_paged &p, const T *x, int e,
     }
 }
 
-// The sink's share and the natural-log lse of a row with statistics (m, l) in log2 units.
+// The sink's share and the natural-log lse of a row with statistics (m, l) in log2 units (l 0:
+// no key seen; NaN: propagated, softmax_out's rule).
 struct final_t {
     float inv, lse;
 };
 __device__ __forceinline__ final_t finish(const fa_cuda_paged &p, int h, float m, float l)
 {
-    float lse = l > 0.0f ? (m + __log2f(l)) * kLn2 : -INFINITY, sum = l;
+    float lse = l != 0.0f ? (m + __log2f(l)) * kLn2 : -INFINITY, sum = l;
     if (p.sinks) {
         const float sk = p.sinks[h];
-        if (l > 0.0f) {
+        if (l != 0.0f) {
             sum += exp2f(sk * kLog2e - m);
             lse = fmaxf(lse, sk) + log1pf(__expf(-fabsf(lse - sk)));
         } else {
             lse = sk;
         }
     }
-    return final_t{ l > 0.0f ? 1.0f / sum : 0.0f, lse };
+    return final_t{ l != 0.0f ? 1.0f / sum : 0.0f, lse };
 }
 
 // Q: the block's BM packed rows from row0 into sQ (pitch lds<D>()), rotated, zero past the

@@ -130,15 +130,16 @@ __device__ __forceinline__ void rescale(float (&o)[MT][ND][4], const float (&alp
 
 // The epilogue of one row from its statistics (every lane of the quad takes part): inv scales
 // its O accumulator (out_scale: dropout's 1 / (1 - p)), lse is its log-sum-exp in natural
-// units. A row that saw no key gives 0 and -inf.
+// units. A row that saw no key (sum 0) gives 0 and -inf; a NaN sum (a NaN input, or scores
+// past float32) gives NaN, as standard attention does.
 struct row_out_t {
     float inv, lse;
 };
 __device__ __forceinline__ row_out_t softmax_out(float m, float l, float out_scale)
 {
     const float sum = quad_sum(l);
-    return row_out_t{ sum > 0.0f ? out_scale / sum : 0.0f,
-                      sum > 0.0f ? (m + __log2f(sum)) * kLn2 : -INFINITY };
+    return row_out_t{ sum != 0.0f ? out_scale / sum : 0.0f,
+                      sum != 0.0f ? (m + __log2f(sum)) * kLn2 : -INFINITY };
 }
 
 } // namespace fa

@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kStdThreads) std_softmax(const fa_cuda_params 
     for (int j = threadIdx.x; j < s.sk; j += kStdThreads)
         sum += exp2f(MASKED(j) - base);
     sum = block_reduce(sum, false);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float inv = sum != 0.0f ? 1.0f / sum : 0.0f; // NaN propagates (softmax.cuh: softmax_out)
     for (int j = threadIdx.x; j < s.sk; j += kStdThreads) {
         float pr = exp2f(MASKED(j) - base);
         if (F8)
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kStdThreads) std_softmax(const fa_cuda_params 
         srow[0] = inv;
     if (p.lse && threadIdx.x == 0)
         p.lse[lse_index(p, s, h, i)] =
-            sum > 0.0f ? (mx + log2f(sum)) * kLn2 : -INFINITY;
+            sum != 0.0f ? (mx + log2f(sum)) * kLn2 : -INFINITY;
 }
 
 // o = P V for row (r, h).

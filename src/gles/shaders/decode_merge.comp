@@ -25,7 +25,7 @@ void main()
     if (mx != NEG_INF)
         for (int k = 0; k < u_splits; k++)
             l += part_ml[base + k].y * exp2(part_ml[base + k].x - mx);
-    float inv = l > 0.0 ? 1.0 / l : 0.0;
+    float inv = l != 0.0 ? 1.0 / l : 0.0; // 0: no key seen; NaN propagates
     // the chunks' outputs add up like a chunk's keys: a column whose sum overflowed is summed
     // again with every weight scaled down (common.glsl: sums past float32)
     ivec2 kr = key_range(i, i + 1, s);
@@ -48,5 +48,5 @@ void main()
         O_STORE(o_data, orow + c, acc);
     }
     if (t == 0 && u_write_lse != 0)
-        lse_data[h * u_qrows + s.q0 + i] = l > 0.0 ? (mx + log2(l)) * LN2 : NEG_INF;
+        lse_data[h * u_qrows + s.q0 + i] = l != 0.0 ? (mx + log2(l)) * LN2 : NEG_INF;
 }

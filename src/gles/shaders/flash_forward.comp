@@ -50,11 +50,11 @@ shared int sh_again; // whether some row of the workgroup walks its keys again
     {                                                                                           \
         int orow = h * u_qrows + s.q0 + (i), ob = O_ROW(s, b, i, h);                            \
         if (last) {                                                                             \
-            float inv = l > 0.0 ? 1.0 / l : 0.0;                                                \
+            float inv = l != 0.0 ? 1.0 / l : 0.0;                                               \
             for (int c = 0; c < D4; c++)                                                        \
                 O_STORE(o_data, ob + c, acc[c] * inv);                                          \
             if (u_write_lse != 0)                                                               \
-                lse_data[orow] = l > 0.0 ? (m + log2(l)) * LN2 : NEG_INF;                       \
+                lse_data[orow] = l != 0.0 ? (m + log2(l)) * LN2 : NEG_INF;                      \
         } else {                                                                                \
             for (int c = 0; c < D4; c++)                                                        \
                 O_STORE(o_data, ob + c, acc[c]);                                                \

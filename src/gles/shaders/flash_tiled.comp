@@ -235,7 +235,7 @@ void main()
         if (row >= s.sq)
             break;
         float li = l[i / 4][i % 4];
-        float inv = !last ? 1.0 : li > 0.0 ? 1.0 / li : 0.0; // unnormalised between chunks
+        float inv = !last ? 1.0 : li != 0.0 ? 1.0 / li : 0.0; // unnormalised between chunks
         for (int m = 0; m < DV4; m++) {
             int c = tx + NX * m;
             if (DV4 * NX == D4 || c < D4)
@@ -245,6 +245,6 @@ void main()
             lse_data[u_ml + 2 * (qbase + row)] = mrow[i / 4][i % 4];
             lse_data[u_ml + 2 * (qbase + row) + 1] = li;
         } else if (u_write_lse != 0 && tx == 0)
-            lse_data[qbase + row] = li > 0.0 ? (mrow[i / 4][i % 4] + log2(li)) * LN2 : NEG_INF;
+            lse_data[qbase + row] = li != 0.0 ? (mrow[i / 4][i % 4] + log2(li)) * LN2 : NEG_INF;
     }
 }

@@ -23,9 +23,9 @@ void main()
     if (mx != NEG_INF)
         for (int j = 0; j < s.sk; j++)
             l += exp2(MASKED(j) - mx);
-    float inv = l > 0.0 ? 1.0 / l : 0.0;
+    float inv = l != 0.0 ? 1.0 / l : 0.0; // 0: no key seen; NaN propagates
     for (int j = 0; j < s.sk; j++)
         s_data[srow + j] = mx == NEG_INF ? 0.0 : exp2(MASKED(j) - mx) * inv;
     if (u_write_lse != 0)
-        lse_data[h * u_qrows + s.q0 + i] = l > 0.0 ? (mx + log2(l)) * LN2 : NEG_INF;
+        lse_data[h * u_qrows + s.q0 + i] = l != 0.0 ? (mx + log2(l)) * LN2 : NEG_INF;
 }
