@@ -796,6 +796,11 @@ static void test_gles_buffers(void **state)
     assert_int_equal(fa_forward(gl, &d), FA_OK);
     assert_int_equal(fa_memory_download(gl, o_gl, bo, sizeof(o_gl)), FA_OK);
     assert_int_equal(fa_memory_download(gl, lse_gl, bl, sizeof(lse_gl)), FA_OK);
+    /* a buffer's address where host memory goes: refused, not read or written (it faults) */
+    assert_int_equal(fa_memory_download(gl, bo, bl, 64), FA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fa_context_last_error(gl), "dst"));
+    assert_int_equal(fa_memory_upload(gl, bo, (char *)bl + 8, 64), FA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fa_context_last_error(gl), "src"));
     assert_memory_equal(o_gl, o_host, sizeof(o_gl));
     assert_memory_equal(lse_gl, lse_host, sizeof(lse_gl));
     /* f32 rows of whole vec4s: q, k and v read and o written in place, no copies of them
@@ -940,6 +945,21 @@ static void test_gles_caller_buffers(void **state)
     assert_int_equal(fa_gles_buffer_wrap(ctx, bufs[0], sizes[0] + 4, &bad), FA_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(fa_context_last_error(ctx), "bytes"));
     assert_int_equal(fa_gles_buffer_wrap(f->ctx, bufs[0], 16, &bad), FA_ERR_UNSUPPORTED);
+    /* a second view of a wrapped buffer (an output could then alias an input unseen) */
+    assert_int_equal(fa_gles_buffer_wrap(ctx, bufs[3], sizes[3], &bad), FA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fa_context_last_error(ctx), "already wrapped"));
+    /* the thread's bound EGL API is the application's after each call */
+    if (eglBindAPI(EGL_OPENGL_API)) {
+        assert_int_equal(fa_forward(ctx, &d), FA_OK);
+        assert_true(eglQueryAPI() == EGL_OPENGL_API);
+        fa_context_t own;
+        fa_context_options o = { sizeof(o), FA_BACKEND_GLES, 0 };
+        assert_int_equal(fa_context_create(&o, &own), FA_OK);
+        assert_true(eglQueryAPI() == EGL_OPENGL_API);
+        fa_context_destroy(own);
+        assert_true(eglQueryAPI() == EGL_OPENGL_API);
+        assert_true(eglBindAPI(EGL_OPENGL_ES_API));
+    }
     fa_context_t none;
     assert_int_equal(fa_gles_context_create(dpy, NULL, &none), FA_ERR_NULL_POINTER);
     for (int i = 0; i < 5; i++)

@@ -50,13 +50,20 @@ static EGLDisplay open_display(const char **platform)
 
 fa_status gles_make_current(fa_context_t ctx, gles_state *s)
 {
+    /* the thread's bound API is the caller's too: ES while ours is current, then theirs back */
+    s->prev_api = eglQueryAPI();
+    if (s->prev_api != EGL_OPENGL_ES_API)
+        eglBindAPI(EGL_OPENGL_ES_API);
     s->prev_dpy = eglGetCurrentDisplay();
     s->prev_ctx = eglGetCurrentContext();
     s->prev_draw = eglGetCurrentSurface(EGL_DRAW);
     s->prev_read = eglGetCurrentSurface(EGL_READ);
-    if (!eglMakeCurrent(s->dpy, EGL_NO_SURFACE, EGL_NO_SURFACE, s->ctx))
-        return fa_error(ctx, FA_ERR_BACKEND, "eglMakeCurrent failed (EGL error 0x%x)",
-                        (unsigned)eglGetError());
+    if (!eglMakeCurrent(s->dpy, EGL_NO_SURFACE, EGL_NO_SURFACE, s->ctx)) {
+        const EGLint err = eglGetError();
+        if (s->prev_api != EGL_OPENGL_ES_API && s->prev_api != EGL_NONE)
+            eglBindAPI(s->prev_api);
+        return fa_error(ctx, FA_ERR_BACKEND, "eglMakeCurrent failed (EGL error 0x%x)", (unsigned)err);
+    }
     return FA_OK;
 }
 
@@ -67,6 +74,8 @@ void gles_release_current(gles_state *s)
         eglMakeCurrent(s->prev_dpy, s->prev_draw, s->prev_read, s->prev_ctx);
     else
         eglMakeCurrent(s->dpy, EGL_NO_SURFACE, EGL_NO_SURFACE, EGL_NO_CONTEXT);
+    if (s->prev_api != EGL_OPENGL_ES_API && s->prev_api != EGL_NONE)
+        eglBindAPI(s->prev_api);
 }
 
 fa_status gles_gl_check(fa_context_t ctx, const char *what)
@@ -180,6 +189,7 @@ fa_status gles_init(fa_context_t ctx, int32_t num_threads, const void *native, v
         return st;
     }
     s->ctx = EGL_NO_CONTEXT;
+    s->prev_api = EGL_OPENGL_ES_API;
     EGLContext share = EGL_NO_CONTEXT;
     if (caller) { /* the caller's display, objects shared with the caller's context */
         EGLint major, minor;
@@ -205,10 +215,16 @@ fa_status gles_init(fa_context_t ctx, int32_t num_threads, const void *native, v
                         "a GPU driver's EGL)");
     }
     const EGLint ctx_attr[] = { EGL_CONTEXT_MAJOR_VERSION, 3, EGL_CONTEXT_MINOR_VERSION, 1, EGL_NONE };
-    if (!eglBindAPI(EGL_OPENGL_ES_API) ||
-        (s->ctx = eglCreateContext(s->dpy, EGL_NO_CONFIG_KHR, share, ctx_attr)) ==
-            EGL_NO_CONTEXT) {
-        EGLint err = eglGetError();
+    /* the bound API is the calling thread's EGL state: put the caller's back */
+    const EGLenum api = eglQueryAPI();
+    const int bound = eglBindAPI(EGL_OPENGL_ES_API);
+    if (bound)
+        s->ctx = eglCreateContext(s->dpy, EGL_NO_CONFIG_KHR, share, ctx_attr);
+    const EGLint create_err = eglGetError();
+    if (api != EGL_NONE && api != EGL_OPENGL_ES_API)
+        eglBindAPI(api);
+    if (!bound || s->ctx == EGL_NO_CONTEXT) {
+        EGLint err = create_err;
         const char *platform = s->platform;
         const int shared = s->shared;
         gles_destroy(s);

@@ -107,6 +107,7 @@ typedef struct gles_state {
     /* what was current on the calling thread before make_current, put back by release_current */
     EGLDisplay prev_dpy;
     EGLContext prev_ctx;
+    EGLenum prev_api; /* the thread's bound EGL API before gles_make_current */
     EGLSurface prev_draw, prev_read;
 } gles_state;
 

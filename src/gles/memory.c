@@ -102,6 +102,11 @@ fa_status gles_mem_import(fa_context_t ctx, void *state, uint64_t handle, size_t
     if (size < 0 || (uint64_t)size < bytes)
         return fa_error(ctx, FA_ERR_INVALID_ARGUMENT, "bytes (%zu) exceeds buffer %u's size (%lld bytes)",
                         bytes, (unsigned)buffer, (long long)size);
+    for (int i = 0; i < s->n_mem; i++) /* two views of one buffer would defeat the overlap checks */
+        if (!s->mem[i].owned && s->mem[i].name == buffer)
+            return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                            "buffer (%u) is already wrapped on this context (at %p): use that pointer, "
+                            "or free it first", (unsigned)buffer, (void *)s->mem[i].base);
     size_t reserved;
     void *base = reserve(ctx, bytes, &reserved);
     if (!base)
@@ -155,11 +160,29 @@ static const gl_mem *mem_of(fa_context_t ctx, const gles_state *s, const void *p
     return m;
 }
 
+/* Whether [p, +bytes) meets a buffer address of s: a host pointer there is the context's own
+ * reservation, which faults when touched. */
+static int meets_mem(const gles_state *s, const void *p, size_t bytes)
+{
+    const uintptr_t a = (uintptr_t)p, n = bytes ? bytes : 1;
+    for (int i = 0; i < s->n_mem; i++) {
+        const uintptr_t b = (uintptr_t)s->mem[i].base;
+        if (a < b + s->mem[i].reserved && b < a + n)
+            return 1;
+    }
+    return 0;
+}
+
 fa_status gles_mem_copy(fa_context_t ctx, void *state, void *dst, const void *src, size_t bytes,
                         fa_copy_kind kind)
 {
     gles_state *s = state;
     size_t off = 0, src_off = 0;
+    if (kind != FA_COPY_WITHIN && meets_mem(s, kind == FA_COPY_DOWNLOAD ? dst : src, bytes))
+        return fa_error(ctx, FA_ERR_INVALID_ARGUMENT,
+                        "%s (%p) is in a buffer of this GLES context, where host memory goes "
+                        "(fa_memory_copy copies between buffers)",
+                        kind == FA_COPY_DOWNLOAD ? "dst" : "src", kind == FA_COPY_DOWNLOAD ? dst : src);
     const gl_mem *m = kind == FA_COPY_DOWNLOAD ? mem_of(ctx, s, src, bytes, "src", &off)
                                                : mem_of(ctx, s, dst, bytes, "dst", &off);
     const gl_mem *from = m && kind == FA_COPY_WITHIN ? mem_of(ctx, s, src, bytes, "src", &src_off) : NULL;
