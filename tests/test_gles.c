@@ -3,7 +3,8 @@
  * The GLES host decides once: a call's kernel, tiles and workspace come from the call alone
  * (the plan reports what runs; the same call gives the same report and the same bits after
  * calls of other sizes have grown the context's working buffers), and calls with nothing to
- * read or write touch nothing they should not. Skipped where no GLES 3.1 driver is reachable.
+ * read or write touch nothing they should not; the shader-binary cache runs only the program
+ * a file was kept for. Skipped where no GLES 3.1 driver is reachable.
  */
 #include "flashattn.h"
 
@@ -17,6 +18,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <dirent.h>
+#include <unistd.h>
 
 static fa_context_t gles_context(void)
 {
@@ -203,12 +206,83 @@ static void test_paged_refused(void **state)
     fa_context_destroy(gl);
 }
 
+/* The shader-binary cache holds each program under its own key: cached files swapped among
+ * themselves (or damaged) are recompiled, never run as another program. */
+static void test_binary_cache_keyed(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/fa-gles-cache-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    const char *keep = getenv("FLASHATTN_CACHE_DIR");
+    char *saved = keep ? strdup(keep) : NULL;
+    setenv("FLASHATTN_CACHE_DIR", dir, 1);
+    call c[2];
+    call_make(&c[0], 1, 40, 50, 2, 16, 1);
+    call_make(&c[1], 1, 1, 300, 2, 8, 0); /* another head_dim and a decode: other programs */
+    const size_t no[2] = { sizeof(float) * 40 * 2 * 16, sizeof(float) * 1 * 2 * 8 };
+    float *want[2] = { malloc(no[0]), malloc(no[1]) };
+    assert_true(want[0] && want[1]);
+    fa_context_t gl = gles_context();
+    for (int i = 0; i < 2; i++) { /* compiles and keeps its programs */
+        assert_int_equal(fa_forward(gl, &c[i].desc), FA_OK);
+        memcpy(want[i], c[i].o, no[i]);
+    }
+    fa_context_destroy(gl);
+    enum { MAXF = 32 };
+    char names[MAXF][512];
+    void *data[MAXF];
+    long sizes[MAXF];
+    int n = 0;
+    DIR *dd = opendir(dir);
+    assert_non_null(dd);
+    for (struct dirent *e; (e = readdir(dd)) && n < MAXF;) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(names[n], sizeof(names[n]), "%s/%s", dir, e->d_name);
+        FILE *f = fopen(names[n], "rb");
+        assert_non_null(f);
+        fseek(f, 0, SEEK_END);
+        sizes[n] = ftell(f);
+        rewind(f);
+        data[n] = malloc((size_t)sizes[n]);
+        assert_true(data[n] && fread(data[n], 1, (size_t)sizes[n], f) == (size_t)sizes[n]);
+        fclose(f);
+        n++;
+    }
+    closedir(dd);
+    assert_true(n >= 2);
+    for (int i = 0; i < n; i++) { /* file i gets file i + 1's program */
+        FILE *f = fopen(names[i], "wb");
+        assert_non_null(f);
+        assert_int_equal(fwrite(data[(i + 1) % n], 1, (size_t)sizes[(i + 1) % n], f), (size_t)sizes[(i + 1) % n]);
+        fclose(f);
+    }
+    print_message("%d cached programs, each file replaced by another's\n", n);
+    gl = gles_context();
+    for (int i = 0; i < 2; i++) {
+        memset(c[i].o, 0x5a, no[i]);
+        assert_int_equal(fa_forward(gl, &c[i].desc), FA_OK);
+        assert_memory_equal(want[i], c[i].o, no[i]);
+    }
+    fa_context_destroy(gl);
+    for (int i = 0; i < n; i++)
+        remove(names[i]), free(data[i]);
+    rmdir(dir);
+    if (saved)
+        setenv("FLASHATTN_CACHE_DIR", saved, 1), free(saved);
+    else
+        unsetenv("FLASHATTN_CACHE_DIR");
+    for (int i = 0; i < 2; i++)
+        free(want[i]), call_free(&c[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_call_same_result),
         cmocka_unit_test(test_empty_sequences),
         cmocka_unit_test(test_paged_refused),
+        cmocka_unit_test(test_binary_cache_keyed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -75,37 +75,51 @@ static uint64_t fnv1a(uint64_t h, const char *s)
     return h;
 }
 
-#define BINARY_MAGIC 0x31424146u /* "FAB1" */
+/* 64-bit FNV-1a over n bytes, continued from h. */
+static uint64_t fnv1a_bytes(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ c[i]) * 0x100000001b3ull;
+    return h;
+}
+
+#define BINARY_MAGIC 0x32424146u /* "FAB2" */
 #define BINARY_MAX ((size_t)64 << 20)
 
-/* The cache file of a program: its sources and the driver named in the hash, so that another
- * driver, version or source never reads it. */
-static int binary_path(const gles_state *s, const char *const parts[3], char *path, size_t cap)
+/* The cache file of a program and its key: its sources and the driver named in the hash, so
+ * that another driver, version or source never reads it. */
+static int binary_path(const gles_state *s, const char *const parts[3], char *path, size_t cap, uint64_t *key)
 {
     uint64_t h = fnv1a(0xcbf29ce484222325ull, s->renderer);
     h = fnv1a(h, s->version);
     for (int i = 0; i < 3; i++)
         h = fnv1a(h, parts[i]);
+    *key = h;
     const int n = snprintf(path, cap, "%s/gles-%016llx.bin", s->cache_dir, (unsigned long long)h);
     return n > 0 && (size_t)n < cap;
 }
 
-/* A program from its cached binary; 0 where there is none or the driver refuses it (another
- * driver build: the cache file is then replaced by the compiled program's). The file is
- * trusted for nothing: its header is checked and the driver validates the binary. */
-static GLuint load_binary(const char *path)
+/* A program from its cached binary; 0 where there is none, it is another program's (its key)
+ * or damaged (its checksum), or the driver refuses it (another driver build): the cache file is
+ * then replaced by the compiled program's. The file is trusted for nothing: its header is
+ * checked, and the driver validates the binary. */
+static GLuint load_binary(const char *path, uint64_t key)
 {
     const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return 0;
     struct stat st;
-    uint32_t head[3]; /* magic, format, length */
+    uint32_t head[7]; /* magic, format, length, key (2 words), checksum of the binary (2 words) */
     GLuint prog = 0;
     void *bin = NULL;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || read(fd, head, sizeof(head)) != (ssize_t)sizeof(head) ||
-        head[0] != BINARY_MAGIC || head[2] == 0 || head[2] > BINARY_MAX ||
-        (off_t)(sizeof(head) + head[2]) != st.st_size || !(bin = malloc(head[2])) ||
-        read(fd, bin, head[2]) != (ssize_t)head[2])
+        head[0] != BINARY_MAGIC || head[2] == 0 || head[2] > BINARY_MAX || head[3] != (uint32_t)key ||
+        head[4] != (uint32_t)(key >> 32) || (off_t)(sizeof(head) + head[2]) != st.st_size ||
+        !(bin = malloc(head[2])) || read(fd, bin, head[2]) != (ssize_t)head[2])
+        goto out;
+    const uint64_t sum = fnv1a_bytes(0xcbf29ce484222325ull, bin, head[2]);
+    if (head[5] != (uint32_t)sum || head[6] != (uint32_t)(sum >> 32))
         goto out;
     prog = glCreateProgram();
     glProgramBinary(prog, (GLenum)head[1], bin, (GLsizei)head[2]);
@@ -124,7 +138,7 @@ out:
 
 /* Keep a linked program's binary for later processes: written to a temporary file and renamed,
  * so that a reader never sees half of one. Failing to keep it costs only a later compile. */
-static void store_binary(GLuint prog, const char *path)
+static void store_binary(GLuint prog, const char *path, uint64_t key)
 {
     GLint len = 0;
     glGetProgramiv(prog, GL_PROGRAM_BINARY_LENGTH, &len);
@@ -138,7 +152,9 @@ static void store_binary(GLuint prog, const char *path)
     char tmp[640];
     const int n = snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", path, (long)getpid());
     if (bin && got > 0 && glGetError() == GL_NO_ERROR && n > 0 && (size_t)n < sizeof(tmp)) {
-        const uint32_t head[3] = { BINARY_MAGIC, (uint32_t)format, (uint32_t)got };
+        const uint64_t sum = fnv1a_bytes(0xcbf29ce484222325ull, bin, (size_t)got);
+        const uint32_t head[7] = { BINARY_MAGIC,  (uint32_t)format,    (uint32_t)got,       (uint32_t)key,
+                                   (uint32_t)(key >> 32), (uint32_t)sum, (uint32_t)(sum >> 32) };
         FILE *f = fopen(tmp, "wb");
         if (f) {
             const int ok = fwrite(head, sizeof(head), 1, f) == 1 && fwrite(bin, (size_t)got, 1, f) == 1;
@@ -206,14 +222,15 @@ fa_status gles_program(fa_context_t ctx, gles_state *s, int shader, const tiles 
              t->softcap, t->o_f16);
     const char *const parts[3] = { preamble, fa_gles_common, shader_src[shader] };
     char path[600];
-    const int cached = s->binaries && s->cache_dir[0] && binary_path(s, parts, path, sizeof(path));
-    GLuint prog = cached ? load_binary(path) : 0;
+    uint64_t bin_key = 0;
+    const int cached = s->binaries && s->cache_dir[0] && binary_path(s, parts, path, sizeof(path), &bin_key);
+    GLuint prog = cached ? load_binary(path, bin_key) : 0;
     if (!prog) {
         fa_status st = compile(ctx, s, shader, t, parts, &prog);
         if (st != FA_OK)
             return st;
         if (cached)
-            store_binary(prog, path);
+            store_binary(prog, path, bin_key);
     }
     if (s->n_programs == GLES_MAX_PROGRAMS) { /* full: start over (rare: many head dims) */
         gles_programs_free(s);
