@@ -106,6 +106,9 @@ if "$fa" info --backend gles >"$tmp/gl" 2>/dev/null; then
   FLASHATTN_GLES_FORWARD=bogus "$fa" info --backend gles >"$tmp/out" 2>&1
   grep -q "FLASHATTN_GLES_FORWARD=bogus: use" "$tmp/out" || { echo "FAIL: a bad FLASHATTN_GLES_FORWARD is not named"; cat "$tmp/out"; fails=$((fails + 1)); }
   expect_rc 2 "gles check --backward (no backward there)" "$fa" check --backend gles --quick --backward
+  for f in "--dropout 0.1" "--backward" "--dtype e4m3"; do # refused once, before any table
+    expect_usage "gles bench $f" "$fa" bench --backend gles --seq 64 --heads 1 --dim 16 $f
+  done
   # llvmpipe stops a shader's loops after 65535 iterations: a fused forward past that runs in
   # key chunks and is exact, and so do the standard's score and P V passes; its softmax pass
   # past it is refused with a message naming max_k, not answered wrong

@@ -749,6 +749,12 @@ int cmd_bench(int argc, char **argv)
         fa_context_destroy(ctx);
         return rc;
     }
+    if (fa_context_backend(ctx) == FA_BACKEND_GLES && (o.dropout > 0 || o.backward || o.dtype == FA_DTYPE_E4M3)) {
+        fa_context_destroy(ctx); /* refused for every shape: said once, before any table */
+        return cli_usage_error("bench", "%s: the gles backend has no %s (use cpu or cuda)",
+                               o.dropout > 0 ? "--dropout" : o.backward ? "--backward" : "--dtype e4m3",
+                               o.dropout > 0 ? "dropout" : o.backward ? "backward pass" : "fp8 forward");
+    }
     cli_out json = { 0 };
     if (o.json && (rc = cli_out_open(&json, "bench", "--json", o.json, 1)) != 0) {
         fa_context_destroy(ctx);
