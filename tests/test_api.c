@@ -582,6 +582,22 @@ static void test_context_calls(void **state)
     assert_int_equal(fa_context_info(ctx, small, sizeof(small), NULL), FA_OK);
     assert_int_equal(small[sizeof(small) - 1], '\0');
     assert_int_equal(fa_context_info(ctx, NULL, 5, NULL), FA_ERR_NULL_POINTER);
+    /* the memory and stream calls clear it too when they succeed */
+    void *mem = NULL;
+    char host[16] = { 0 };
+    for (int i = 0; i < 6; i++) {
+        ri.size = 1;
+        assert_int_equal(fa_context_last_run(ctx, &ri), FA_ERR_INVALID_ARGUMENT);
+        assert_true(fa_context_last_error(ctx)[0] != '\0');
+        fa_status st = i == 0   ? fa_context_set_stream(ctx, NULL)
+                       : i == 1 ? fa_context_synchronize(ctx)
+                       : i == 2 ? fa_memory_alloc(ctx, 16, &mem)
+                       : i == 3 ? fa_memory_upload(ctx, mem, host, 0)
+                       : i == 4 ? fa_memory_free(ctx, mem)
+                                : fa_memory_free(ctx, NULL);
+        assert_int_equal(st, FA_OK);
+        assert_string_equal(fa_context_last_error(ctx), "");
+    }
     fa_context_destroy(ctx);
     fa_context_destroy(NULL);
 

@@ -346,16 +346,22 @@ fa_status fa_memory_alloc(fa_context_t ctx, size_t bytes, void **ptr)
     return FA_OK;
 }
 
+/* st, the context's message cleared where it is FA_OK (the header's promise after a success) */
+static fa_status settled(fa_context_t ctx, fa_status st)
+{
+    if (st == FA_OK)
+        ctx->error[0] = '\0';
+    return st;
+}
+
 fa_status fa_memory_free(fa_context_t ctx, void *ptr)
 {
     if (!ctx)
         return FA_ERR_NULL_POINTER;
-    if (!ptr)
-        return FA_OK;
-    if (ctx->iface->mem_free)
-        return ctx->iface->mem_free(ctx, ctx->state, ptr);
+    if (ptr && ctx->iface->mem_free)
+        return settled(ctx, ctx->iface->mem_free(ctx, ctx->state, ptr));
     free(ptr);
-    return FA_OK;
+    return settled(ctx, FA_OK);
 }
 
 static fa_status memory_copy(fa_context_t ctx, void *dst, const void *src, size_t bytes,
@@ -366,7 +372,7 @@ static fa_status memory_copy(fa_context_t ctx, void *dst, const void *src, size_
     if (bytes && (!dst || !src))
         return fa_error(ctx, FA_ERR_NULL_POINTER, "%s must not be NULL", dst ? "src" : "dst");
     if (!bytes)
-        return FA_OK;
+        return settled(ctx, FA_OK);
     if (kind == FA_COPY_WITHIN) {
         const uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
         if (d > UINTPTR_MAX - bytes || s > UINTPTR_MAX - bytes)
@@ -410,12 +416,12 @@ fa_status fa_context_set_stream(fa_context_t ctx, void *stream)
     if (!ctx)
         return FA_ERR_NULL_POINTER;
     if (ctx->iface->set_stream)
-        return ctx->iface->set_stream(ctx, ctx->state, stream);
+        return settled(ctx, ctx->iface->set_stream(ctx, ctx->state, stream));
     if (stream)
         return fa_error(ctx, FA_ERR_UNSUPPORTED,
                         "stream: the %s backend runs synchronously and takes no stream (pass NULL)",
                         ctx->iface->name);
-    return FA_OK;
+    return settled(ctx, FA_OK);
 }
 
 fa_status fa_context_synchronize(fa_context_t ctx)
@@ -423,6 +429,6 @@ fa_status fa_context_synchronize(fa_context_t ctx)
     if (!ctx)
         return FA_ERR_NULL_POINTER;
     if (ctx->iface->synchronize)
-        return ctx->iface->synchronize(ctx, ctx->state);
-    return FA_OK;
+        return settled(ctx, ctx->iface->synchronize(ctx, ctx->state));
+    return settled(ctx, FA_OK);
 }
