@@ -202,6 +202,19 @@ def _i32_table(name, x, nd, rows=None):
         raise ValueError(f"flashattn: {name} has {x.shape[0]} rows, want {rows}")
 
 
+def _cache_fit(q, k_cache, v_cache, k=None, v=None):
+    """The caches (and new k, v) go with q [batch, seqlen_q, heads, head_dim]: the checks the
+    library makes of a call that it never sees, having nothing to attend or append."""
+    hq, d = q.shape[2], q.shape[3]
+    if k_cache.ndim != 4 or tuple(v_cache.shape) != tuple(k_cache.shape) or k_cache.shape[3] != d:
+        raise ValueError(f"flashattn: k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must be "
+                         f"[pages, page_size, kv_heads, {d}]")
+    if hq == 0 or k_cache.shape[2] == 0 or hq % k_cache.shape[2] or not 1 <= d <= 256:
+        raise ValueError(f"flashattn: q's heads ({hq}) must be a multiple of the cache's ({k_cache.shape[2]}), "
+                         f"both at least 1, and head_dim ({d}) in 1..256")
+    _same_dtype(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
+
+
 def _kv_fit(q, k, v, nd):
     """k and v: arrays of q's dtype and nd dimensions, shaped to go with q (the checks the
     library makes of a call that it never sees, having nothing to attend)."""
@@ -548,13 +561,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if b == 0:  # no sequence: nothing to attend or append (validated as far as shapes go)
         _i32_table("block_table", block_table, 2, rows=0)
         _i32_table("cache_seqlens", cache_seqlens, 1, rows=0)
-        if k_cache.ndim != 4 or tuple(v_cache.shape) != tuple(k_cache.shape) or k_cache.shape[3] != d:
-            raise ValueError(f"flashattn: k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must be "
-                             f"[pages, page_size, kv_heads, {d}]")
-        if hq == 0 or k_cache.shape[2] == 0 or hq % k_cache.shape[2] or not 1 <= d <= 256:
-            raise ValueError(f"flashattn: q's heads ({hq}) must be a multiple of the cache's ({k_cache.shape[2]}), "
-                             f"both at least 1, and head_dim ({d}) in 1..256")
-        _same_dtype(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
+        _cache_fit(q, k_cache, v_cache, k, v)
         out = _zeros((0, sq, hq, d), q)
         return (out, _zeros((0, hq, sq), q, float32=True)) if return_softmax_lse else out
     out = _empty((b * sq, hq, d), q)

@@ -24,7 +24,7 @@ if not hasattr(torch.library, "custom_op"):
 
 from . import _C
 from . import _common as _fa_common
-from . import _flags, _no_work_check, _rows_as
+from . import _cache_fit, _flags, _no_work_check, _rows_as
 
 _dl = torch.utils.dlpack.to_dlpack  # a capsule: nanobind takes it in a microsecond, __dlpack__ in eight
 
@@ -334,11 +334,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ValueError(f"flashattn: block_table's {block_table.shape[1]} pages of {page} tokens pass 2^31 - 1 "
                          "keys a sequence")
     if sq == 0:  # no query rows: nothing to attend or append (validated as far as shapes go)
-        kh = k_cache.shape[2]
-        if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or v_cache.shape != k_cache.shape or \
-                k_cache.shape[3] != d or hq == 0 or kh == 0 or hq % kh or not 1 <= d <= 256:
-            raise ValueError(f"flashattn: k_cache {tuple(k_cache.shape)} {k_cache.dtype} and v_cache do not go with q "
-                             f"{tuple(q.shape)} {q.dtype}")
+        _cache_fit(q, k_cache, v_cache, k, v)
         out = q.new_zeros(q.shape)
         return (out, torch.empty((b, hq, 0), dtype=torch.float32, device=dev)) if return_softmax_lse else out
     if (k is None) != (v is None):

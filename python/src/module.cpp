@@ -122,22 +122,30 @@ template <typename A> fa_dtype dtype_of(const A &a, const char *name, bool bf16_
     bad(std::string("flashattn: ") + name + " must be float32, float16 or bfloat16 (got another dtype)");
 }
 
+// The element strides of a (at most 4 dimensions) as they address memory: the stride of an
+// axis of one element, or of any axis of an empty array, addresses nothing, and such axes get
+// the contiguous stride (numpy gives 0 to an axis inserted by x[:, None]).
+template <typename A> void addressing_strides(const A &a, int64_t *st)
+{
+    const int n = (int)a.ndim();
+    bool empty = false;
+    for (int i = 0; i < n; i++)
+        empty |= a.shape(i) == 0;
+    int64_t run = 1;
+    for (int i = n - 1; i >= 0; i--) {
+        st[i] = empty || a.shape(i) <= 1 ? run : (int64_t)a.stride(i);
+        run *= a.shape(i) > 1 ? (int64_t)a.shape(i) : 1;
+    }
+}
+
 // A [batch, seq, heads, dim] (or [rows, heads, dim]) view of a, its last dimension contiguous.
 template <typename A> fa_tensor view_of(const A &a, const char *name, int ndim, bool bf16_bits)
 {
     if ((int)a.ndim() != ndim)
         bad(std::string("flashattn: ") + name + " must have " + std::to_string(ndim) + " dimensions, not " +
             std::to_string(a.ndim()));
-    // The stride of an axis of one element, or of any axis of an empty array, addresses nothing:
-    // such axes get the contiguous stride (numpy gives 0 to an axis inserted by x[:, None]).
-    bool empty = false;
-    for (int i = 0; i < ndim; i++)
-        empty |= a.shape(i) == 0;
-    int64_t st[4] = { 0, 0, 0, 0 }, run = 1;
-    for (int i = ndim - 1; i >= 0; i--) {
-        st[i] = empty || a.shape(i) <= 1 ? run : (int64_t)a.stride(i);
-        run *= a.shape(i) > 1 ? (int64_t)a.shape(i) : 1;
-    }
+    int64_t st[4] = { 0, 0, 0, 0 };
+    addressing_strides(a, st);
     if (st[ndim - 1] != 1)
         bad(std::string("flashattn: ") + name +
             "'s last dimension is strided; flashattn reads head_dim contiguously: pass a contiguous copy "
@@ -151,30 +159,17 @@ template <typename A> fa_tensor view_of(const A &a, const char *name, int ndim, 
     return t;
 }
 
-// The element strides of a float32 lse array, axis by axis: an axis of one element (or any
-// axis of an empty array) gets the contiguous stride, like view_of's; every other must be
-// positive. The library reads all-zero lse strides as "packed", so a broadcast array must
-// never reach it with them.
+// The element strides of a float32 lse array (addressing_strides), every one positive: the
+// library reads all-zero lse strides as "packed", so a broadcast array must never reach it.
 template <typename A> std::array<int64_t, 3> lse_strides(const A &a, const char *name)
 {
     std::array<int64_t, 3> st = { 0, 0, 0 };
-    const int n = (int)a.ndim();
-    bool empty = false;
-    for (int i = 0; i < n; i++)
-        empty |= a.shape(i) == 0;
-    int64_t run = 1;
-    for (int i = n - 1; i >= 0; i--) {
-        if (empty || a.shape(i) <= 1) {
-            st[i] = run;
-        } else {
-            st[i] = (int64_t)a.stride(i);
-            if (st[i] <= 0)
-                bad(std::string("flashattn: ") + name + "'s dimension " + std::to_string(i) + " has stride " +
-                    std::to_string(st[i]) + " (a broadcast or reversed view): pass a copy, x.contiguous() in torch "
-                    "or np.ascontiguousarray in numpy");
-        }
-        run *= a.shape(i) > 1 ? (int64_t)a.shape(i) : 1;
-    }
+    addressing_strides(a, st.data());
+    for (int i = 0; i < (int)a.ndim(); i++)
+        if (st[i] <= 0)
+            bad(std::string("flashattn: ") + name + "'s dimension " + std::to_string(i) + " has stride " +
+                std::to_string(st[i]) + " (a broadcast or reversed view): pass a copy, x.contiguous() in torch "
+                "or np.ascontiguousarray in numpy");
     return st;
 }
 
