@@ -492,6 +492,84 @@ static void free_backends(backend_ctx *b, int n)
         fa_context_destroy(b[i].ctx);
 }
 
+static int f16_nan(uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0; }
+static int f16_finite(uint16_t h) { return (h & 0x7c00) != 0x7c00; }
+
+/* test_nonfinite_scores' rule with f16 inputs and output on every backend present: the CPU,
+ * the GLES variants and CUDA (each where it answers), the data staged in the backend's memory. */
+static void test_nonfinite_scores_f16(void **state)
+{
+    (void)state;
+    backend_ctx b[9];
+    int nb = make_backends(b);
+    fa_context_options co = { sizeof(co), FA_BACKEND_CUDA, 0 };
+    fa_context_t cuda = NULL;
+    const fa_status cs = fa_context_create(&co, &cuda);
+    if (cs != FA_ERR_BACKEND_UNAVAILABLE) {
+        assert_int_equal(cs, FA_OK);
+        b[nb++] = (backend_ctx){ "cuda", cuda };
+    }
+    const int32_t shapes[2][2] = { { 24, 40 }, { 1, 300 } }; /* seqlen_q, seqlen_k */
+    for (int bi = 0; bi < nb; bi++)
+        for (int sh = 0; sh < 2; sh++)
+            for (int algo = 0; algo < 2; algo++) {
+                const int32_t sq = shapes[sh][0], dim = 32;
+                fa_case c;
+                memset(&c, 0, sizeof(c));
+                c.dtype = FA_DTYPE_F16;
+                c.batch = 1, c.seqlen_q = sq, c.seqlen_k = shapes[sh][1], c.heads_q = 2, c.heads_kv = 2;
+                c.head_dim = dim, c.layout = FA_CASE_BSHD, c.with_lse = 1, c.seed = seed + 50 + (uint64_t)sh;
+                c.window_left = c.window_right = -1, c.logit_scale = 1.0f;
+                fa_case_inputs in;
+                assert_int_equal(fa_case_inputs_make(&c, 1, &in), 0);
+                in.d.algorithm = (fa_algorithm)algo;
+                const size_t no = (size_t)in.o_bytes / 2, nl = (size_t)2 * sq;
+                uint16_t *o0 = malloc(no * 2), *o1 = malloc(no * 2);
+                float *l0 = malloc(nl * 4), *l1 = malloc(nl * 4);
+                assert_true(o0 && o1 && l0 && l1);
+                for (int run = 0; run < 2; run++) {
+                    if (run == 1) { /* a NaN in head 1 of the last query row; +inf in element 3 of key 7, head 0 */
+                        uint16_t *q = in.d.q.data, *k = in.d.k.data;
+                        q[(sq - 1) * in.d.q.stride_seq + in.d.q.stride_head + 5] = 0x7e00;
+                        k[7 * in.d.k.stride_seq + 3] = 0x7c00;
+                    }
+                    fa_case_staged st;
+                    char msg[256];
+                    if (fa_case_stage(b[bi].ctx, &in, &st, msg, sizeof(msg)) != 0)
+                        fail_msg("%s: %s", b[bi].name, msg);
+                    if (fa_forward(b[bi].ctx, &st.d) != FA_OK)
+                        fail_msg("%s algorithm %d: %s", b[bi].name, algo, fa_context_last_error(b[bi].ctx));
+                    assert_int_equal(fa_memory_download(b[bi].ctx, run ? o1 : o0, st.o, no * 2), FA_OK);
+                    assert_int_equal(fa_memory_download(b[bi].ctx, run ? l1 : l0, st.lse, nl * 4), FA_OK);
+                    fa_case_unstage(b[bi].ctx, &st);
+                }
+                const uint16_t *q = in.d.q.data;
+                for (int32_t r = 0; r < sq; r++)
+                    for (int32_t h = 0; h < 2; h++) {
+                        const uint16_t w = q[r * in.d.q.stride_seq + h * in.d.q.stride_head + 3];
+                        const int w_neg = (w & 0x8000) && (w & 0x7fff);
+                        const int nan_row = (h == 1 && r == sq - 1) || (h == 0 && !w_neg);
+                        const size_t at = (size_t)r * in.d.o.stride_seq + (size_t)h * in.d.o.stride_head;
+                        const float lse = l1[(size_t)h * sq + r];
+                        for (int32_t x = 0; x < dim; x++) {
+                            const uint16_t v = o1[at + x];
+                            if (nan_row ? !f16_nan(v) : !f16_finite(v))
+                                fail_msg("%s algorithm %d sq %d: row %d head %d o[%d] = %#x, %s", b[bi].name, algo, sq,
+                                         r, h, x, v, nan_row ? "not NaN" : "not finite");
+                        }
+                        if (nan_row != !!isnan(lse))
+                            fail_msg("%s algorithm %d sq %d: row %d head %d lse %g", b[bi].name, algo, sq, r, h, lse);
+                        if (h == 1 && !nan_row) { /* untouched by either: the same bits */
+                            assert_memory_equal(o1 + at, o0 + at, (size_t)dim * 2);
+                            assert_memory_equal(&lse, &l0[(size_t)h * sq + r], 4);
+                        }
+                    }
+                free(o0), free(o1), free(l0), free(l1);
+                fa_case_inputs_free(&in);
+            }
+    free_backends(b, nb);
+}
+
 /* One head of uniform scores: every row's o must be the mean of v's rows (want[x], float64),
  * within rel relative, and its lse that of the scores within 1e-6 relative (absolute below 1). */
 typedef struct mean_case {
@@ -681,6 +759,7 @@ int main(void)
         cmocka_unit_test(test_block_override),
         cmocka_unit_test(test_masked_rows_ignore_nan),
         cmocka_unit_test(test_nonfinite_scores),
+        cmocka_unit_test(test_nonfinite_scores_f16),
         cmocka_unit_test(test_sums_past_float32),
         cmocka_unit_test(test_overflow_leaves_other_rows),
         cmocka_unit_test(test_scale_before_product),

@@ -138,6 +138,14 @@ bool nonfinite(vec4 x)
     return any(isinf(x)) || any(isnan(x));
 }
 
+// The larger of a and b, NaN where either is: GLSL leaves max() undefined for a NaN operand and
+// drivers return the other one, which would let a row or chunk of NaN scores pass for one that
+// saw no key (max -inf, output 0) instead of turning NaN as the float64 reference does
+float max_nan(float a, float b)
+{
+    return isnan(a) ? a : isnan(b) ? b : max(a, b);
+}
+
 // a softmax sum a redo can rescue: positive and finite (NaN scores give NaN sums; no redo)
 bool sum_ok(float l)
 {

@@ -20,7 +20,7 @@ void main()
     int base = (h * u_batch + b) * u_splits;
     float mx = NEG_INF;
     for (int k = 0; k < u_splits; k++)
-        mx = max(mx, part_ml[base + k].x);
+        mx = max_nan(mx, part_ml[base + k].x);
     float l = 0.0;
     if (mx != NEG_INF)
         for (int k = 0; k < u_splits; k++)

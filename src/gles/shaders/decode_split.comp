@@ -37,8 +37,8 @@ void walk(seq_t s, int b, int hk, int t, int c_lo, int c_hi, float up, out float
         barrier();
         float mx = NEG_INF;
         for (int k = 0; k < 64; k++)
-            mx = max(mx, sh_p[k]);
-        mx = max(m, mx + up);
+            mx = max_nan(mx, sh_p[k]);
+        mx = max_nan(m, mx + up);
         float alpha = exp2(m - mx); // m = -inf gives 0; mx is finite: the tile has a key
         l *= alpha;
         acc *= alpha;

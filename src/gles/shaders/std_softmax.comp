@@ -18,7 +18,7 @@ void main()
 #define MASKED(j) (visible(i, j, s) ? s_data[srow + (j)] : NEG_INF)
     float mx = NEG_INF;
     for (int j = 0; j < s.sk; j++)
-        mx = max(mx, MASKED(j));
+        mx = max_nan(mx, MASKED(j));
     float l = 0.0;
     if (mx != NEG_INF)
         for (int j = 0; j < s.sk; j++)
