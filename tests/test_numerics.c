@@ -677,6 +677,22 @@ static void test_sums_past_float32(void **state)
     assert_int_equal(failed, 0);
 }
 
+/* A decode over more keys than 64 chunks fit in llvmpipe's loop limit (about 470k at
+ * head_dim 8): GLES cuts it into more chunks instead of refusing it. */
+static void test_long_decode(void **state)
+{
+    (void)state;
+    backend_ctx b[8];
+    int nb = make_backends(b);
+    const mean_case mc = { "f32 decode over 600k keys", FA_DTYPE_F32, FA_DTYPE_F32, 1, 600000, 8, 0.0f, 0.0f, 0.0,
+                           v_small, 1e-5 };
+    int failed = 0;
+    for (int i = 0; i < nb; i++)
+        failed += !mean_ok(&b[i], &mc, FA_ALGORITHM_FLASH);
+    free_backends(b, nb);
+    assert_int_equal(failed, 0);
+}
+
 /* Only the rows whose sums overflowed change. Even rows weigh every key alike, and v of 2^120
  * on the even keys overflows their sums; odd rows give the even keys scores 500 units below the
  * rest (p = 0), so they must come out bit for bit as with those values zeroed. */
@@ -760,6 +776,7 @@ int main(void)
         cmocka_unit_test(test_masked_rows_ignore_nan),
         cmocka_unit_test(test_nonfinite_scores),
         cmocka_unit_test(test_nonfinite_scores_f16),
+        cmocka_unit_test(test_long_decode),
         cmocka_unit_test(test_sums_past_float32),
         cmocka_unit_test(test_overflow_leaves_other_rows),
         cmocka_unit_test(test_scale_before_product),

@@ -122,7 +122,7 @@ static int decode_splits(const fa_problem *p)
  * Mesa 22.3 (docs/perf/gles.md): head_dim loops up to 32 vec4s are unrolled, longer ones are
  * not; the tiled forward's loops come to about 37 x D4 per 64-key tile (48 here, for margin)
  * plus a part that does not scale with head_dim (83 a tile measured at D4 1; 96 here).
- * pass: 0 the fused forward, 1-3 the standard's passes. */
+ * pass: 0 the fused forward, 1-3 the standard's passes (decode: decode_fit). */
 static int64_t llvmpipe_loops(const tiles *t, gles_algo algo, int64_t keys, int *pass)
 {
     const int64_t tiles_k = (keys + 63) / 64, d4 = t->d4;
@@ -138,14 +138,36 @@ static int64_t llvmpipe_loops(const tiles *t, gles_algo algo, int64_t keys, int 
             }
         return worst;
     }
-    if (algo == GLES_DECODE) /* chunks of about max_k / 64 keys: each key a few loop turns */
-        return 4 * ((keys + 63) / 64) + 4 * d4;
     if (t->tiled)
         return tiles_k * (48 * d4 + 96);
     /* the row variant: a head_dim loop per K and per V row and per row's rescale every 4 keys
      * where they are not unrolled, a block per 4 keys, staging, the rows' set-up (an upper bound
      * on the texture path, whose blocks are 8 keys) */
     return keys * (d4 > 32 ? 2 * d4 + t->rows * d4 / 4 : 0) + keys / 4 + tiles_k * (1 + d4) + 4 * t->rows * d4;
+}
+
+/* The decode path under llvmpipe's loop limit: a chunk's invocations turn about 4 loops a key
+ * (its score, max and sum loops over 64-key tiles) plus their head_dim loops, so long caches
+ * take more chunks than the 64 decode_splits stops at; the merge then turns about 3 + D4 loops
+ * a chunk. */
+static fa_status decode_fit(fa_context_t ctx, const gles_state *s, const fa_problem *p, gles_plan *pl,
+                            int64_t limit)
+{
+    const int64_t d4 = pl->t.d4, chunk = (p->max_k + pl->splits - 1) / pl->splits;
+    if (4 * chunk + 4 * d4 <= limit)
+        return FA_OK;
+    const int64_t fit = (limit - 4 * d4) / 4, splits = fit > 0 ? (p->max_k + fit - 1) / fit : INT32_MAX;
+    if (fit > 0 && splits <= s->max_count[0] && splits * (3 + d4) <= limit) {
+        pl->splits = (int)splits;
+        return FA_OK;
+    }
+    return fa_error(ctx, FA_ERR_UNSUPPORTED,
+                    "max_k (%d keys) at head_dim %d: a decode call stays inside llvmpipe's loop "
+                    "limit (%d turns an invocation, past which it silently stops) only in %lld "
+                    "chunks, and their merge would loop about %lld times; use fewer keys per call "
+                    "(a window) or the CPU backend",
+                    (int)p->max_k, (int)p->dim, GLES_LLVMPIPE_LOOPS, (long long)splits,
+                    (long long)(splits * (3 + d4)));
 }
 
 /* pl->chunk: the fused forward, or the standard's score and P V passes, in key chunks, one
@@ -168,6 +190,8 @@ static fa_status key_chunks(fa_context_t ctx, const gles_state *s, const fa_prob
     /* the fused and decode shaders walk a row's keys a second time where its sum overflowed
      * float32 (common.glsl): their budget is half */
     const int64_t limit = GLES_LLVMPIPE_LOOPS * 9 / 10 / (standard ? 1 : 2);
+    if (pl->algo == GLES_DECODE)
+        return decode_fit(ctx, s, p, pl, limit);
     int64_t loops = llvmpipe_loops(t, pl->algo, p->max_k, &pass);
     if (loops <= limit)
         return FA_OK;
