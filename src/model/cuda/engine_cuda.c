@@ -11,7 +11,10 @@
  *   xb  = rmsnorm(x) g_ffn
  *   h13 = xb [W1; W3]^T,  hg = silu(h1) h3
  *   x  += hg W2^T
- * then the sampled rows' final norm, the classifier (float32 logits) and the sampler.
+ * then the sampled rows' final norm, the classifier (float32 logits) and the sampler. Steps of
+ * a few rows (gemv.h; FLASHATTN_GEMV_ROWS) run each projection as one kernel with its
+ * neighbour fused: norm + q, k, v; the output projection + the residual add; norm + gate, up
+ * + SwiGLU; the down projection + the residual add; the final norm + the classifier.
  *
  * Decode steps (one query row a sequence) run at a bucket's batch, the powers of two below
  * max_batch and max_batch itself: the step's rows first, then padding rows (token 0 at
@@ -23,6 +26,7 @@
  */
 #include "engine_cuda.h"
 #include "fail.h"
+#include "gemv.h"
 #include "layers.h"
 
 #include <cublas_v2.h>
@@ -58,6 +62,8 @@ struct fa_engine_cuda {
     int32_t captured;
     int64_t replays;
     void *blas_ws;               /* cuBLAS's workspace, the same for direct and captured GEMMs */
+    fa_gemv_config gemv;         /* the few-row projections (gemv.h) */
+    int gemv_dim, gemv_ffn;      /* the most rows they take: projections from dim, the FFN's */
     uint16_t *weights;   /* one allocation: the layers' matrices, the embedding, the classifier */
     layer_w *lw;         /* [layers] views into weights */
     uint16_t *emb, *cls; /* [vocab, dim]; cls == emb when shared */
@@ -378,6 +384,13 @@ fa_status fa_engine_cuda_create(const fa_model *m, const fa_engine_options *o, f
         else if (fa_context_set_stream(g->ctx, g->stream) != FA_OK)
             st = fa_model_fail(err, FA_ERR_BACKEND, "flashattn's stream: %s", fa_context_last_error(g->ctx));
     }
+    if (st == FA_OK && (e = fa_gemv_config_init(&g->gemv, o->device)) != cudaSuccess)
+        st = fa_model_fail(err, FA_ERR_BACKEND, "reading the device's attributes: %s", cudaGetErrorString(e));
+    if (st == FA_OK) {
+        g->gemv_dim = fa_gemv_rows(&g->gemv, g->dim);
+        const int h = fa_gemv_rows(&g->gemv, g->hid);
+        g->gemv_ffn = h < g->gemv_dim ? h : g->gemv_dim;
+    }
     if (st == FA_OK)
         st = upload_weights(g, err);
     if (st == FA_OK)
@@ -462,11 +475,18 @@ static fa_status enqueue(fa_engine_cuda *g, const launch *s, char *err)
 {
     const int T = s->T, dim = g->dim, hid = g->hid;
     CUDA_TRY(fa_layers_embed(g->x, g->emb, s->tok, T, dim, g->stream), "the embedding");
+    const int few = T <= g->gemv_dim, few_ffn = T <= g->gemv_ffn; /* the fused few-row kernels */
     for (int l = 0; l < g->L; l++) {
         const layer_w *w = &g->lw[l];
         const float *g_att = g->norms + (size_t)l * dim, *g_ffn = g->norms + ((size_t)g->L + l) * dim;
-        CUDA_TRY(fa_layers_rmsnorm(g->xb, g->x, NULL, g_att, T, dim, g->eps, g->stream), "the attention norm");
-        BLAS_TRY(gemm(g, g->qkv, CUDA_R_16BF, g->qkv_w, g->xb, dim, w->qkv, T, g->qkv_w, dim, 0.0f), "q, k, v");
+        if (few) {
+            CUDA_TRY(fa_gemv_norm_proj(&g->gemv, g->qkv, 0, g->qkv_w, g->x, NULL, g_att, g->eps, w->qkv, T, g->qkv_w,
+                                       dim, g->stream),
+                     "the attention norm and q, k, v");
+        } else {
+            CUDA_TRY(fa_layers_rmsnorm(g->xb, g->x, NULL, g_att, T, dim, g->eps, g->stream), "the attention norm");
+            BLAS_TRY(gemm(g, g->qkv, CUDA_R_16BF, g->qkv_w, g->xb, dim, w->qkv, T, g->qkv_w, dim, 0.0f), "q, k, v");
+        }
         fa_paged_desc a = attention_desc(g, l);
         a.batch = s->B;
         a.total_q = T;
@@ -480,16 +500,33 @@ static fa_status enqueue(fa_engine_cuda *g, const launch *s, char *err)
         if (fa_paged_run(s->plan, &a) != FA_OK)
             return fa_model_fail(err, FA_ERR_BACKEND, "layer %d paged attention: %s", l,
                                  fa_context_last_error(g->ctx));
-        BLAS_TRY(gemm(g, g->x, CUDA_R_32F, dim, g->att, dim, w->o, T, dim, dim, 1.0f), "the attention output");
-        CUDA_TRY(fa_layers_rmsnorm(g->xb, g->x, NULL, g_ffn, T, dim, g->eps, g->stream), "the FFN norm");
-        BLAS_TRY(gemm(g, g->h13, CUDA_R_16BF, 2 * hid, g->xb, dim, w->w13, T, 2 * hid, dim, 0.0f), "gate, up");
-        CUDA_TRY(fa_layers_swiglu(g->hg, g->h13, T, hid, g->stream), "SwiGLU");
-        BLAS_TRY(gemm(g, g->x, CUDA_R_32F, dim, g->hg, hid, w->w2, T, dim, hid, 1.0f), "the FFN output");
+        if (few)
+            CUDA_TRY(fa_gemv_residual(&g->gemv, g->x, dim, g->att, w->o, T, dim, dim, g->stream),
+                     "the attention output");
+        else
+            BLAS_TRY(gemm(g, g->x, CUDA_R_32F, dim, g->att, dim, w->o, T, dim, dim, 1.0f), "the attention output");
+        if (few_ffn) {
+            CUDA_TRY(fa_gemv_norm_swiglu(&g->gemv, g->hg, g->x, g_ffn, g->eps, w->w13, T, hid, dim, g->stream),
+                     "the FFN norm, gate, up and SwiGLU");
+            CUDA_TRY(fa_gemv_residual(&g->gemv, g->x, dim, g->hg, w->w2, T, dim, hid, g->stream), "the FFN output");
+        } else {
+            CUDA_TRY(fa_layers_rmsnorm(g->xb, g->x, NULL, g_ffn, T, dim, g->eps, g->stream), "the FFN norm");
+            BLAS_TRY(gemm(g, g->h13, CUDA_R_16BF, 2 * hid, g->xb, dim, w->w13, T, 2 * hid, dim, 0.0f), "gate, up");
+            CUDA_TRY(fa_layers_swiglu(g->hg, g->h13, T, hid, g->stream), "SwiGLU");
+            BLAS_TRY(gemm(g, g->x, CUDA_R_32F, dim, g->hg, hid, w->w2, T, dim, hid, 1.0f), "the FFN output");
+        }
     }
     if (s->ns > 0) {
         const float *g_fin = g->norms + 2 * (size_t)g->L * dim;
-        CUDA_TRY(fa_layers_rmsnorm(g->xb, g->x, s->rows, g_fin, s->ns, dim, g->eps, g->stream), "the final norm");
-        BLAS_TRY(gemm(g, g->logits, CUDA_R_32F, g->V, g->xb, dim, g->cls, s->ns, g->V, dim, 0.0f), "the classifier");
+        if (s->ns <= g->gemv_dim) {
+            CUDA_TRY(fa_gemv_norm_proj(&g->gemv, g->logits, 1, g->V, g->x, s->rows, g_fin, g->eps, g->cls, s->ns,
+                                       g->V, dim, g->stream),
+                     "the final norm and the classifier");
+        } else {
+            CUDA_TRY(fa_layers_rmsnorm(g->xb, g->x, s->rows, g_fin, s->ns, dim, g->eps, g->stream), "the final norm");
+            BLAS_TRY(gemm(g, g->logits, CUDA_R_32F, g->V, g->xb, dim, g->cls, s->ns, g->V, dim, 0.0f),
+                     "the classifier");
+        }
         CUDA_TRY(fa_layers_sample(g->d_next, g->wts, g->logits, s->temp, s->topp, s->u, s->ns, g->V, g->stream),
                  "sampling");
     }

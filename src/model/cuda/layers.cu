@@ -1,37 +1,17 @@
 // SPDX-License-Identifier: MIT
 // The CUDA engine's layer kernels: the embedding gather, RMSNorm (float32 residual in, bf16
 // out, for the next GEMM), SwiGLU, the float32 -> bf16 weight conversion, and the sampler.
-// Each mirrors the CPU runner's formula (forward.c, sampler.c) in float32 arithmetic.
+// Each mirrors the CPU runner's formula (forward.c, sampler.c) in float32 arithmetic; the
+// row formulas gemv.cu fuses into its projections live in rows.cuh.
 #include "layers.h"
+#include "rows.cuh"
 
 #include <cuda_bf16.h>
 #include <math.h>
 
 namespace {
 
-constexpr int kNormThreads = 256; // a row's threads: 8 blocks a multiprocessor at prefill
 constexpr int kSampleThreads = 1024;
-
-__device__ float warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// The sum over the block, the same bits on every thread (a fixed order: lanes, then warps).
-template <int Threads>
-__device__ float block_sum(float v, float *smem)
-{
-    v = warp_sum(v);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads(); // smem may still be read by a previous call
-    if (lane == 0)
-        smem[warp] = v;
-    __syncthreads();
-    float t = lane < Threads / 32 ? smem[lane] : 0.0f;
-    return warp_sum(t);
-}
 
 __global__ void embed_kernel(float *x, const __nv_bfloat16 *emb, const int32_t *tokens, int dim)
 {
@@ -62,28 +42,20 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(__nv_bfloat16 *ou
         for (int i = 0; i < V; i++) {
             const int q = tid + i * kNormThreads;
             v[i] = q < quads ? reinterpret_cast<const float4 *>(xr)[q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+            ss += quad_sumsq(v[i]);
         }
-        ss = block_sum<kNormThreads>(ss, smem);
-        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        const float inv = rms_inv(block_sum<kNormThreads>(ss, smem), dim, eps);
 #pragma unroll
         for (int i = 0; i < V; i++) {
             const int q = tid + i * kNormThreads;
             if (q >= quads)
                 break;
-            const float4 gq = reinterpret_cast<const float4 *>(g)[q];
-            const __nv_bfloat162 lo = __floats2bfloat162_rn(gq.x * (inv * v[i].x), gq.y * (inv * v[i].y));
-            const __nv_bfloat162 hi = __floats2bfloat162_rn(gq.z * (inv * v[i].z), gq.w * (inv * v[i].w));
-            uint2 w;
-            w.x = *reinterpret_cast<const uint32_t *>(&lo);
-            w.y = *reinterpret_cast<const uint32_t *>(&hi);
-            reinterpret_cast<uint2 *>(orow)[q] = w;
+            reinterpret_cast<uint2 *>(orow)[q] = rms_quad_out(v[i], reinterpret_cast<const float4 *>(g)[q], inv);
         }
     } else {
         for (int j = tid; j < dim; j += kNormThreads)
             ss += xr[j] * xr[j];
-        ss = block_sum<kNormThreads>(ss, smem);
-        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        const float inv = rms_inv(block_sum<kNormThreads>(ss, smem), dim, eps);
         for (int j = tid; j < dim; j += kNormThreads)
             orow[j] = __float2bfloat16_rn(g[j] * (inv * xr[j]));
     }
@@ -110,12 +82,12 @@ template <bool VEC> __global__ void swiglu_kernel(__nv_bfloat16 *out, const __nv
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             const float2 g = __bfloat1622float2(g2[k]), u = __bfloat1622float2(u2[k]);
-            o2[k] = __floats2bfloat162_rn(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y);
+            o2[k] = __floats2bfloat162_rn(swiglu(g.x, u.x), swiglu(g.y, u.y));
         }
         *reinterpret_cast<uint4 *>(out + t * hid + j) = ov;
     } else {
         const float g = __bfloat162float(*gr), u = __bfloat162float(*ur);
-        out[t * hid + j] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+        out[t * hid + j] = __float2bfloat16_rn(swiglu(g, u));
     }
 }
 
