@@ -13,12 +13,13 @@
 
 #include <cuda_bf16.h>
 #include <stdlib.h>
+#include <string.h>
 
 namespace {
 
 constexpr int kThreads = kNormThreads; // the norm's block: 8 warps
 constexpr int kWarps = kThreads / 32;
-constexpr int kDepth = 8;       // 16-byte weight loads in flight a lane
+constexpr int kDepth = 8;       // 16-byte weight loads in flight a lane (FLASHATTN_GEMV_DEPTH: 16 at T <= 2)
 constexpr int kPrefetch = 4;    // 128-byte lines of a warp's first row a lane sends towards L2
 constexpr int kDefaultRows = 4; // FLASHATTN_GEMV_ROWS unset
 
@@ -40,6 +41,15 @@ __device__ __forceinline__ void wait_for_previous_grid()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next kernel, where it is a programmatic dependent, start its blocks (and their weight
+// prefetches) as this one's retire; it still waits for this grid's results before reading them.
+__device__ __forceinline__ void allow_next_grid()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
@@ -80,7 +90,7 @@ __device__ __forceinline__ void chunk_dot(float (&acc)[T], uint4 wv, const __nv_
 }
 
 // acc[r][t] = weight row w[r] . row t of s, summed over the warp (every lane holds it).
-template <int T, int R>
+template <int T, int R, int D>
 __device__ __forceinline__ void dot_rows(float (&acc)[R][T], const uint4 *const (&w)[R], const __nv_bfloat16 *s,
                                          int K, int lane)
 {
@@ -90,17 +100,17 @@ __device__ __forceinline__ void dot_rows(float (&acc)[R][T], const uint4 *const 
         for (int t = 0; t < T; t++)
             acc[r][t] = 0.0f;
     const int chunks = K / 8;
-    for (int c0 = lane; c0 < chunks; c0 += 32 * kDepth) {
-        uint4 wv[R][kDepth];
+    for (int c0 = lane; c0 < chunks; c0 += 32 * D) {
+        uint4 wv[R][D];
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
-            for (int d = 0; d < kDepth; d++) {
+            for (int d = 0; d < D; d++) {
                 const int c = c0 + 32 * d;
                 wv[r][d] = c < chunks ? load_weights(w[r] + c) : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
-        for (int d = 0; d < kDepth; d++) {
+        for (int d = 0; d < D; d++) {
             const int c = c0 + 32 * d;
             if (c < chunks)
 #pragma unroll
@@ -130,7 +140,7 @@ __device__ void norm_row(__nv_bfloat16 *s, const float *xr, const float *g, int 
 
 // One kernel for the three modes; T the rows the accumulators hold (a.T of them real, the
 // rest zeros in shared memory and never stored).
-template <int T, int M>
+template <int T, int M, int D>
 __global__ void __launch_bounds__(kThreads) proj_kernel(Args a)
 {
     extern __shared__ uint4 smem_rows[];
@@ -150,6 +160,7 @@ __global__ void __launch_bounds__(kThreads) proj_kernel(Args a)
                 if (line * 8 < chunks)
                     prefetch_l2(w + ((size_t)first + (size_t)r * a.N) * chunks + (size_t)line * 8);
             }
+    allow_next_grid();
     wait_for_previous_grid();
     if constexpr (M == kResidual) {
         const uint4 *src = reinterpret_cast<const uint4 *>(a.in);
@@ -172,7 +183,7 @@ __global__ void __launch_bounds__(kThreads) proj_kernel(Args a)
 #pragma unroll
         for (int r = 0; r < R; r++)
             wr[r] = w + ((size_t)j + (size_t)r * a.N) * chunks;
-        dot_rows<T, R>(acc, wr, s, a.K, lane);
+        dot_rows<T, R, D>(acc, wr, s, a.K, lane);
 #pragma unroll
         for (int t = 0; t < T; t++) {
             if (lane != t || t >= a.T)
@@ -197,9 +208,9 @@ __global__ void __launch_bounds__(kThreads) proj_kernel(Args a)
 // The accumulator rows a launch of T rows uses: 1, 2, 4 or 8.
 int padded_rows(int T) { return T <= 1 ? 1 : T <= 2 ? 2 : T <= 4 ? 4 : 8; }
 
-template <int T, int M> cudaError_t launch(const fa_gemv_config *cfg, const Args &a, cudaStream_t s)
+template <int T, int M, int D = kDepth> cudaError_t launch(const fa_gemv_config *cfg, const Args &a, cudaStream_t s)
 {
-    void (*k)(Args) = proj_kernel<T, M>;
+    void (*k)(Args) = proj_kernel<T, M, D>;
     const size_t smem = (size_t)T * (size_t)a.K * 2;
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     int per_sm = 0;
@@ -230,9 +241,9 @@ template <int M> cudaError_t dispatch(const fa_gemv_config *cfg, const Args &a, 
         return cudaErrorInvalidValue;
     switch (padded_rows(a.T)) {
     case 1:
-        return launch<1, M>(cfg, a, s);
+        return cfg->depth == 16 ? launch<1, M, 16>(cfg, a, s) : launch<1, M>(cfg, a, s);
     case 2:
-        return launch<2, M>(cfg, a, s);
+        return cfg->depth == 16 ? launch<2, M, 16>(cfg, a, s) : launch<2, M>(cfg, a, s);
     case 4:
         return launch<4, M>(cfg, a, s);
     default:
@@ -256,6 +267,8 @@ cudaError_t fa_gemv_config_init(fa_gemv_config *cfg, int dev)
         return e;
     const char *p = getenv("FLASHATTN_GEMV_PDL");
     cfg->pdl = major >= 9 && !(p && p[0] == '0' && p[1] == '\0');
+    const char *dp = getenv("FLASHATTN_GEMV_DEPTH");
+    cfg->depth = dp && strcmp(dp, "16") == 0 ? 16 : kDepth;
     const char *r = getenv("FLASHATTN_GEMV_ROWS");
     char *end = NULL;
     const long v = r && *r ? strtol(r, &end, 10) : kDefaultRows;
