@@ -7,8 +7,10 @@
  *   SwiGLU, projection + residual add: within the bound of their roundings (the normed rows
  *   and the gate and up values rounded to bf16, float32 sums over K);
  * - a row's bits are the same alone (T = 1) and at every place of a batch;
- * - the norm is fa_layers_rmsnorm's bit for bit (an identity projection returns it);
- * - columns past N of a pitched output are left as they were; T past what fits is refused.
+ * - the norm is fa_layers_rmsnorm's bit for bit (a projection picking coordinates returns it);
+ * - columns past N of a pitched output are left as they were; T past what fits is refused;
+ * - kernels reading what the one before wrote give the same bits back to back, from a graph
+ *   and with the host waiting after each.
  * Fresh random inputs; FLASHATTN_TEST_SEED=N replays a run.
  */
 #include "gemv.h"
@@ -200,33 +202,38 @@ static void test_norm_proj(void **state)
     }
 }
 
-/* An identity projection returns the normed rows: fa_layers_rmsnorm's bits. */
+/* A projection onto N of the K coordinates (weights of 1 at column n K / N of row n) returns
+ * those elements of the normed rows: fa_layers_rmsnorm's bits, over its register paths (K <=
+ * 8192) and its long rows (16384). */
 static void test_norm_is_rmsnorm(void **state)
 {
     (void)state;
-    const int Ks[] = { 64, 2048, 4096 };
+    const int Ks[] = { 64, 2048, 4096, 16384 };
     for (size_t z = 0; z < sizeof(Ks) / sizeof(Ks[0]); z++) {
-        const int K = Ks[z];
+        const int K = Ks[z], N = K < 256 ? K : 256, step = K / N;
+        const int T = fa_gemv_rows(&cfg, K);
+        assert_true(T >= 1);
         prob p;
         prob_make(&p, K, 1);
-        uint16_t *eye = calloc((size_t)K * K, 2), *a = malloc(2 * (size_t)MAXT * K), *b = malloc(2 * (size_t)MAXT * K);
-        assert_true(eye && a && b);
-        for (int k = 0; k < K; k++)
-            eye[(size_t)k * K + k] = 0x3f80; /* 1.0 */
+        uint16_t *pick = calloc((size_t)N * K, 2), *a = malloc(2 * (size_t)MAXT * K), *b = malloc(2 * (size_t)MAXT * N);
+        assert_true(pick && a && b);
+        for (int n = 0; n < N; n++)
+            pick[(size_t)n * K + (size_t)n * step] = 0x3f80; /* 1.0 */
         float *dx = dev(p.x, sizeof(float) * MAXT * K), *dg = dev(p.g, sizeof(float) * K);
-        uint16_t *deye = dev(eye, 2 * (size_t)K * K), *dy = dev(NULL, 2 * (size_t)MAXT * K);
+        uint16_t *dpick = dev(pick, 2 * (size_t)N * K), *dy = dev(NULL, 2 * (size_t)MAXT * N);
         uint16_t *dn = dev(NULL, 2 * (size_t)MAXT * K);
         int32_t *drows = dev(p.rows, sizeof(p.rows));
-        const int T = cfg.max_rows;
         assert_int_equal(fa_layers_rmsnorm(dn, dx, drows, dg, T, K, eps, NULL), cudaSuccess);
-        assert_int_equal(fa_gemv_norm_proj(&cfg, dy, 0, K, dx, drows, dg, eps, deye, T, K, K, NULL), cudaSuccess);
+        assert_int_equal(fa_gemv_norm_proj(&cfg, dy, 0, N, dx, drows, dg, eps, dpick, T, N, K, NULL), cudaSuccess);
         get(a, dn, 2 * (size_t)T * K);
-        get(b, dy, 2 * (size_t)T * K);
-        for (size_t i = 0; i < (size_t)T * K; i++)
-            if (a[i] != b[i])
-                fail_msg("K %d: element %zu is %#x, fa_layers_rmsnorm's %#x", K, i, b[i], a[i]);
-        cudaFree(dx), cudaFree(dg), cudaFree(deye), cudaFree(dy), cudaFree(dn), cudaFree(drows);
-        free(eye), free(a), free(b);
+        get(b, dy, 2 * (size_t)T * N);
+        for (int t = 0; t < T; t++)
+            for (int n = 0; n < N; n++)
+                if (a[(size_t)t * K + (size_t)n * step] != b[(size_t)t * N + n])
+                    fail_msg("K %d row %d: element %d is %#x, fa_layers_rmsnorm's %#x", K, t, n * step,
+                             b[(size_t)t * N + n], a[(size_t)t * K + (size_t)n * step]);
+        cudaFree(dx), cudaFree(dg), cudaFree(dpick), cudaFree(dy), cudaFree(dn), cudaFree(drows);
+        free(pick), free(a), free(b);
         prob_free(&p);
     }
 }
@@ -329,6 +336,56 @@ static void test_residual(void **state)
     }
 }
 
+/* Kernels that read what the one before wrote (norm + projection of x into y, then x += y W^T,
+ * eight times), queued back to back on a stream, and replayed from a captured graph: the bits
+ * of the same launches with the host waiting after each. Launched as programmatic dependents,
+ * a kernel that read before its wait would see the previous x or y. */
+static void test_chained(void **state)
+{
+    (void)state;
+    enum { K = 1024, T = 2, STEPS = 8 };
+    prob p;
+    prob_make(&p, K, K);
+    const size_t xbytes = sizeof(float) * T * K;
+    float *want = malloc(xbytes), *got = malloc(xbytes);
+    assert_true(want && got);
+    float *dx = dev(p.x, xbytes), *dg = dev(p.g, sizeof(float) * K);
+    uint16_t *dw = dev(p.w, 2 * (size_t)K * K), *dy = dev(NULL, 2 * (size_t)T * K);
+    cudaStream_t st;
+    assert_int_equal(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    for (int mode = 0; mode < 3; mode++) { /* host waits after each, back to back, a graph */
+        assert_int_equal(cudaMemcpy(dx, p.x, xbytes, cudaMemcpyHostToDevice), cudaSuccess);
+        cudaGraph_t graph = NULL;
+        if (mode == 2)
+            assert_int_equal(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed), cudaSuccess);
+        for (int i = 0; i < STEPS; i++) {
+            assert_int_equal(fa_gemv_norm_proj(&cfg, dy, 0, K, dx, NULL, dg, eps, dw, T, K, K, st), cudaSuccess);
+            if (mode == 0)
+                assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
+            assert_int_equal(fa_gemv_residual(&cfg, dx, K, dy, dw, T, K, K, st), cudaSuccess);
+            if (mode == 0)
+                assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
+        }
+        if (mode == 2) {
+            cudaGraphExec_t exec;
+            assert_int_equal(cudaStreamEndCapture(st, &graph), cudaSuccess);
+            assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+            assert_int_equal(cudaGraphLaunch(exec, st), cudaSuccess);
+            assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
+            cudaGraphExecDestroy(exec);
+            cudaGraphDestroy(graph);
+        }
+        assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
+        get(mode ? got : want, dx, xbytes);
+        if (mode && memcmp(got, want, xbytes) != 0)
+            fail_msg("%s: x differs from the launches waited for one by one", mode == 1 ? "back to back" : "graph");
+    }
+    cudaStreamDestroy(st);
+    cudaFree(dx), cudaFree(dg), cudaFree(dw), cudaFree(dy);
+    free(want), free(got);
+    prob_free(&p);
+}
+
 /* What does not fit is refused, nothing launched: K not a multiple of 8, T past the rows. */
 static void test_limits(void **state)
 {
@@ -336,7 +393,7 @@ static void test_limits(void **state)
     assert_int_equal(fa_gemv_rows(&cfg, 12), 0);
     assert_int_equal(fa_gemv_rows(&cfg, 0), 0);
     assert_int_equal(fa_gemv_rows(&cfg, 64), cfg.max_rows);
-    const int big = (cfg.smem_max / 2 / 8) & ~7; /* a row of K fills a quarter of it at 2 bytes */
+    const int big = (cfg.smem_max / 2 / 8) & ~7; /* a row of 4 big elements fills half of it */
     const int r = fa_gemv_rows(&cfg, big * 4);
     assert_true(r >= 1 && r < cfg.max_rows);
     float *dx = dev(NULL, 4 * 64 * MAXT);
@@ -365,7 +422,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_norm_proj), cmocka_unit_test(test_norm_is_rmsnorm),
         cmocka_unit_test(test_norm_swiglu), cmocka_unit_test(test_residual),
-        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_chained),       cmocka_unit_test(test_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

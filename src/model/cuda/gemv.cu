@@ -22,6 +22,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kDepth = 8;       // 16-byte weight loads in flight a lane (FLASHATTN_GEMV_DEPTH: 16 at T <= 2)
 constexpr int kPrefetch = 4;    // 128-byte lines of a warp's first row a lane sends towards L2
 constexpr int kDefaultRows = 4; // FLASHATTN_GEMV_ROWS unset
+constexpr int kStaticSmem = 128; // the norm's block sums (red)
 
 enum Mode { kNorm, kSwiglu, kResidual };
 
@@ -125,19 +126,6 @@ __device__ __forceinline__ void dot_rows(float (&acc)[R][T], const uint4 *const 
             acc[r][t] = warp_sum(acc[r][t]);
 }
 
-// Row t of s = g * RMSNorm(x row xr), the block's threads in fa_layers_rmsnorm's order.
-__device__ void norm_row(__nv_bfloat16 *s, const float *xr, const float *g, int K, float eps, float *red)
-{
-    const float4 *x4 = reinterpret_cast<const float4 *>(xr);
-    const int quads = K / 4;
-    float ss = 0.0f;
-    for (int q = threadIdx.x; q < quads; q += kNormThreads)
-        ss += quad_sumsq(x4[q]);
-    const float inv = rms_inv(block_sum<kNormThreads>(ss, red), K, eps);
-    for (int q = threadIdx.x; q < quads; q += kNormThreads)
-        reinterpret_cast<uint2 *>(s)[q] = rms_quad_out(x4[q], reinterpret_cast<const float4 *>(g)[q], inv);
-}
-
 // One kernel for the three modes; T the rows the accumulators hold (a.T of them real, the
 // rest zeros in shared memory and never stored).
 template <int T, int M, int D>
@@ -169,7 +157,8 @@ __global__ void __launch_bounds__(kThreads) proj_kernel(Args a)
     } else {
         for (int t = 0; t < T; t++) {
             if (t < a.T) {
-                norm_row(s + (size_t)t * a.K, a.x + (size_t)(a.rows ? a.rows[t] : t) * a.K, a.g, a.K, a.eps, red);
+                rms_row_quads(s + (size_t)t * a.K, a.x + (size_t)(a.rows ? a.rows[t] : t) * a.K, a.g, a.K / 4, a.eps,
+                              red);
             } else {
                 for (int i = threadIdx.x; i < chunks; i += kThreads)
                     smem_rows[(size_t)t * chunks + i] = make_uint4(0u, 0u, 0u, 0u);
@@ -212,10 +201,8 @@ template <int T, int M, int D = kDepth> cudaError_t launch(const fa_gemv_config 
 {
     void (*k)(Args) = proj_kernel<T, M, D>;
     const size_t smem = (size_t)T * (size_t)a.K * 2;
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     int per_sm = 0;
-    if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, smem);
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, smem);
     if (e != cudaSuccess)
         return e;
     if (per_sm < 1)
@@ -233,6 +220,20 @@ template <int T, int M, int D = kDepth> cudaError_t launch(const fa_gemv_config 
     lc.attrs = attr;
     lc.numAttrs = cfg->pdl ? 1 : 0;
     return cudaLaunchKernelEx(&lc, k, a);
+}
+
+// Every instantiation may take the shared memory fa_gemv_rows allows: set once a device, so
+// that launches (and graphs captured from them) never change a function's attributes.
+template <int M> cudaError_t allow_smem(int bytes)
+{
+    void (*const ks[])(Args) = { proj_kernel<1, M, kDepth>, proj_kernel<2, M, kDepth>, proj_kernel<4, M, kDepth>,
+                                 proj_kernel<8, M, kDepth>, proj_kernel<1, M, 16>,     proj_kernel<2, M, 16> };
+    for (auto k : ks) {
+        const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        if (e != cudaSuccess)
+            return e;
+    }
+    return cudaSuccess;
 }
 
 template <int M> cudaError_t dispatch(const fa_gemv_config *cfg, const Args &a, cudaStream_t s)
@@ -263,6 +264,10 @@ cudaError_t fa_gemv_config_init(fa_gemv_config *cfg, int dev)
         e = cudaDeviceGetAttribute(&cfg->smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    const int dyn = cfg->smem_max - kStaticSmem;
+    if (e == cudaSuccess && (e = allow_smem<kNorm>(dyn)) == cudaSuccess &&
+        (e = allow_smem<kSwiglu>(dyn)) == cudaSuccess)
+        e = allow_smem<kResidual>(dyn);
     if (e != cudaSuccess)
         return e;
     const char *p = getenv("FLASHATTN_GEMV_PDL");
@@ -280,9 +285,9 @@ int fa_gemv_rows(const fa_gemv_config *cfg, int K)
 {
     if (K < 8 || K % 8 != 0)
         return 0;
-    // the padded rows' activations beside the norm's 128 bytes of static shared memory
+    // the padded rows' activations beside the norm's static shared memory
     for (int T = cfg->max_rows; T >= 1; T--)
-        if ((size_t)padded_rows(T) * (size_t)K * 2 + 128 <= (size_t)cfg->smem_max)
+        if ((size_t)padded_rows(T) * (size_t)K * 2 + kStaticSmem <= (size_t)cfg->smem_max)
             return T;
     return 0;
 }

@@ -32,8 +32,9 @@ typedef struct fa_gemv_config {
     int depth;     /* 16-byte weight loads in flight a lane at T <= 2: 8, or 16 (FLASHATTN_GEMV_DEPTH) */
 } fa_gemv_config;
 
-/* cfg for device dev: pdl on sm_90 and later unless FLASHATTN_GEMV_PDL=0; max_rows from
- * FLASHATTN_GEMV_ROWS (0 turns the path off; at most FA_GEMV_MAX_ROWS). */
+/* cfg for device dev, the calling thread's current one (its kernels are allowed the shared
+ * memory they may take there): pdl on sm_90 and later unless FLASHATTN_GEMV_PDL=0; max_rows
+ * from FLASHATTN_GEMV_ROWS (0 turns the path off; at most FA_GEMV_MAX_ROWS). */
 cudaError_t fa_gemv_config_init(fa_gemv_config *cfg, int dev);
 
 /* The most rows (0 to cfg->max_rows) whose activations of K elements a launch can hold in

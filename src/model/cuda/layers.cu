@@ -24,7 +24,8 @@ __global__ void embed_kernel(float *x, const __nv_bfloat16 *emb, const int32_t *
 // out[r] = g * (x[row] / sqrt(mean(x[row]^2) + eps)), row = rows ? rows[r] : r. A row a block
 // of kNormThreads whatever the number of rows, so a row's sum has one order alone or in any
 // batch. V: the row held in registers as up to V float4 a thread (dim % 4 == 0 and dim <=
-// 4 V kNormThreads), read once and written as bf16 quads; V = 0: any dim, element by element.
+// 4 V kNormThreads), read once and written as bf16 quads; V = -1: longer rows of quads, read
+// twice (rms_row_quads: the same bits); V = 0: any dim, element by element.
 template <int V>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(__nv_bfloat16 *out, const float *x,
                                                                const int32_t *rows, const float *g, int dim,
@@ -52,6 +53,8 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(__nv_bfloat16 *ou
                 break;
             reinterpret_cast<uint2 *>(orow)[q] = rms_quad_out(v[i], reinterpret_cast<const float4 *>(g)[q], inv);
         }
+    } else if constexpr (V < 0) {
+        rms_row_quads(orow, xr, g, dim / 4, eps, smem);
     } else {
         for (int j = tid; j < dim; j += kNormThreads)
             ss += xr[j] * xr[j];
@@ -271,6 +274,8 @@ cudaError_t fa_layers_rmsnorm(uint16_t *out, const float *x, const int32_t *rows
         rmsnorm_kernel<2><<<T, kNormThreads, 0, s>>>(o, x, rows, g, dim, eps);
     else if (quads && quads <= 8 * kNormThreads)
         rmsnorm_kernel<8><<<T, kNormThreads, 0, s>>>(o, x, rows, g, dim, eps);
+    else if (quads)
+        rmsnorm_kernel<-1><<<T, kNormThreads, 0, s>>>(o, x, rows, g, dim, eps);
     else
         rmsnorm_kernel<0><<<T, kNormThreads, 0, s>>>(o, x, rows, g, dim, eps);
     return cudaGetLastError();

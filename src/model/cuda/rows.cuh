@@ -53,6 +53,20 @@ __device__ __forceinline__ uint2 rms_quad_out(float4 v, float4 g, float inv)
     return w;
 }
 
+// A row of dim = 4 quads elements normed into out (bf16), the block's kNormThreads threads in
+// the order above, x read twice: rows too long for registers, and the few-row projections'.
+__device__ __forceinline__ void rms_row_quads(__nv_bfloat16 *out, const float *xr, const float *g, int quads,
+                                              float eps, float *red)
+{
+    const float4 *x4 = reinterpret_cast<const float4 *>(xr);
+    float ss = 0.0f;
+    for (int q = threadIdx.x; q < quads; q += kNormThreads)
+        ss += quad_sumsq(x4[q]);
+    const float inv = rms_inv(block_sum<kNormThreads>(ss, red), 4 * quads, eps);
+    for (int q = threadIdx.x; q < quads; q += kNormThreads)
+        reinterpret_cast<uint2 *>(out)[q] = rms_quad_out(x4[q], reinterpret_cast<const float4 *>(g)[q], inv);
+}
+
 // SwiGLU of a gate and an up value (both as bf16 already): silu(g) u.
 __device__ __forceinline__ float swiglu(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
