@@ -5,7 +5,7 @@
 // shared memory by every block), SwiGLU after (a warp takes a gate row and its up row), or the
 // residual add into the float32 stream.
 //
-// Bandwidth: a lane keeps kDepth 16-byte loads in flight (L1 bypassed; the weights are read
+// Bandwidth: a lane keeps 8 or 16 16-byte loads in flight (L1 bypassed; the weights are read
 // once a step). Launched as a programmatic dependent (sm_90), a block sends its warps' first
 // weight rows towards L2 before it waits for the previous kernel's results.
 #include "gemv.h"
@@ -13,13 +13,12 @@
 
 #include <cuda_bf16.h>
 #include <stdlib.h>
-#include <string.h>
 
 namespace {
 
 constexpr int kThreads = kNormThreads; // the norm's block: 8 warps
 constexpr int kWarps = kThreads / 32;
-constexpr int kDepth = 8;       // 16-byte weight loads in flight a lane (FLASHATTN_GEMV_DEPTH: 16 at T <= 2)
+constexpr int kDepth = 8;       // 16-byte weight loads in flight a lane at T >= 4; 16 below
 constexpr int kPrefetch = 4;    // 128-byte lines of a warp's first row a lane sends towards L2
 constexpr int kDefaultRows = 4; // FLASHATTN_GEMV_ROWS unset
 constexpr int kStaticSmem = 128; // the norm's block sums (red)
@@ -42,15 +41,6 @@ __device__ __forceinline__ void wait_for_previous_grid()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// Lets the next kernel, where it is a programmatic dependent, start its blocks (and their weight
-// prefetches) as this one's retire; it still waits for this grid's results before reading them.
-__device__ __forceinline__ void allow_next_grid()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
@@ -148,7 +138,6 @@ __global__ void __launch_bounds__(kThreads) proj_kernel(Args a)
                 if (line * 8 < chunks)
                     prefetch_l2(w + ((size_t)first + (size_t)r * a.N) * chunks + (size_t)line * 8);
             }
-    allow_next_grid();
     wait_for_previous_grid();
     if constexpr (M == kResidual) {
         const uint4 *src = reinterpret_cast<const uint4 *>(a.in);
@@ -226,8 +215,8 @@ template <int T, int M, int D = kDepth> cudaError_t launch(const fa_gemv_config 
 // that launches (and graphs captured from them) never change a function's attributes.
 template <int M> cudaError_t allow_smem(int bytes)
 {
-    void (*const ks[])(Args) = { proj_kernel<1, M, kDepth>, proj_kernel<2, M, kDepth>, proj_kernel<4, M, kDepth>,
-                                 proj_kernel<8, M, kDepth>, proj_kernel<1, M, 16>,     proj_kernel<2, M, 16> };
+    void (*const ks[])(Args) = { proj_kernel<1, M, 2 * kDepth>, proj_kernel<2, M, 2 * kDepth>, proj_kernel<4, M, kDepth>,
+                                 proj_kernel<8, M, kDepth> };
     for (auto k : ks) {
         const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
         if (e != cudaSuccess)
@@ -242,9 +231,9 @@ template <int M> cudaError_t dispatch(const fa_gemv_config *cfg, const Args &a, 
         return cudaErrorInvalidValue;
     switch (padded_rows(a.T)) {
     case 1:
-        return cfg->depth == 16 ? launch<1, M, 16>(cfg, a, s) : launch<1, M>(cfg, a, s);
+        return launch<1, M, 2 * kDepth>(cfg, a, s);
     case 2:
-        return cfg->depth == 16 ? launch<2, M, 16>(cfg, a, s) : launch<2, M>(cfg, a, s);
+        return launch<2, M, 2 * kDepth>(cfg, a, s);
     case 4:
         return launch<4, M>(cfg, a, s);
     default:
@@ -272,8 +261,6 @@ cudaError_t fa_gemv_config_init(fa_gemv_config *cfg, int dev)
         return e;
     const char *p = getenv("FLASHATTN_GEMV_PDL");
     cfg->pdl = major >= 9 && !(p && p[0] == '0' && p[1] == '\0');
-    const char *dp = getenv("FLASHATTN_GEMV_DEPTH");
-    cfg->depth = dp && strcmp(dp, "16") == 0 ? 16 : kDepth;
     const char *r = getenv("FLASHATTN_GEMV_ROWS");
     char *end = NULL;
     const long v = r && *r ? strtol(r, &end, 10) : kDefaultRows;

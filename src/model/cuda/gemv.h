@@ -29,7 +29,6 @@ typedef struct fa_gemv_config {
     int smem_max;  /* the most dynamic shared memory a block may ask for (opt-in) */
     int pdl;       /* 1: launched as programmatic dependents (sm_90 and later) */
     int max_rows;  /* the rows the engine sends here at most: FLASHATTN_GEMV_ROWS, else the default */
-    int depth;     /* 16-byte weight loads in flight a lane at T <= 2: 8, or 16 (FLASHATTN_GEMV_DEPTH) */
 } fa_gemv_config;
 
 /* cfg for device dev, the calling thread's current one (its kernels are allowed the shared
