@@ -497,5 +497,18 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 assert len(rows) == 2, len(rows)' "$tmp/w/cl.json" || { echo "FAIL: closed stdout: the --json file holds other text"; cat "$tmp/w/cl.json"; fails=$((fails + 1)); }
 
+# EGL and GLES are loaded at run time: with libEGL.so.1 hidden (a private mount namespace,
+# where the machine allows one) the CPU backend runs and the GLES one says what to install
+egl=$(ldconfig -p 2>/dev/null | awk '/libEGL.so.1 .*x86-64|libEGL.so.1 .*AArch64/ { print $NF; exit }')
+if grep -q "gles  built" <("$fa" info 2>&1) && [ -n "$egl" ] &&
+  unshare --mount true 2>/dev/null; then
+  unshare --mount sh -c "mount --bind /dev/null '$egl' && '$fa' info" >"$tmp/out" 2>&1
+  grep -q "gles  built, not usable here: libEGL.so.1 could not be loaded .*(Debian: libegl1 libgles2)" "$tmp/out" ||
+    { echo "FAIL: without libEGL.so.1, info does not say what to install"; cat "$tmp/out"; fails=$((fails + 1)); }
+  unshare --mount sh -c "mount --bind /dev/null '$egl' && '$fa' bench --seq 64 --heads 1 --dim 32 --reps 1" \
+    >"$tmp/out" 2>&1 || { echo "FAIL: without libEGL.so.1 the CPU bench does not run"; cat "$tmp/out"; fails=$((fails + 1)); }
+  pass=$((pass + 1))
+fi
+
 echo "cli: $pass passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -180,10 +180,13 @@ fa_status gles_init(fa_context_t ctx, int32_t num_threads, const void *native, v
 {
     (void)num_threads;
     const gles_native *caller = native;
+    fa_status st = gles_load(ctx);
+    if (st != FA_OK)
+        return st;
     gles_state *s = calloc(1, sizeof(*s));
     if (!s)
         return fa_error(ctx, FA_ERR_OUT_OF_MEMORY, "out of memory allocating the GLES backend");
-    fa_status st = read_env(ctx, s);
+    st = read_env(ctx, s);
     if (st != FA_OK) {
         free(s);
         return st;

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* The OpenGL ES 3.1 compute backend's internals, shared by its files:
+ *   loader.c    the EGL and GLES entry points, loaded at run time (gl_api.h)
  *   egl.c       the headless EGL context, the device's limits and extensions
  *   memory.c    GL buffers as fa_memory_* memory, views into them, the call's working buffers
  *   programs.c  shader programs compiled per (shader, tiles) from the embedded .comp sources
@@ -12,12 +13,8 @@
 #define FA_GLES_H
 
 #include "../core/internal.h"
+#include "gl_api.h"
 #include "native.h"
-
-#include <EGL/egl.h>
-#include <EGL/eglext.h>
-#include <GLES3/gl31.h>
-#include <GLES2/gl2ext.h> /* after gl31.h: GL_EXT_disjoint_timer_query's names */
 
 #define GLES_MAX_PROGRAMS 64
 #define GLES_STD_GROUP 64 /* local size of the standard passes and the decode passes */
