@@ -677,6 +677,61 @@ static void test_sums_past_float32(void **state)
     assert_int_equal(failed, 0);
 }
 
+/* Scores past float32's range below (keys of -1e38: q.k is -inf in float32) weigh nothing,
+ * and a row stays finite where some tile or chunk holds only such keys: decode (split chunks
+ * whose first tile is all -inf) and prefill, on every backend, against float64. */
+static void test_overflowed_scores(void **state)
+{
+    (void)state;
+    backend_ctx b[8];
+    int nb = make_backends(b);
+    const int32_t sk = 2000, dim = 8;
+    for (int32_t sq = 1; sq <= 4; sq += 3) {
+        problem p;
+        problem_make(&p, 1, sq, sk, 1, 1, dim, 1.0, seed + 60);
+        for (int32_t i = 0; i < sq * dim; i++)
+            p.q[i] = 1.0f;
+        for (int32_t j = 0; j < sk; j++)
+            if (j < 64 || (j >= 250 && j < 314))
+                for (int32_t x = 0; x < dim; x++)
+                    p.k[j * dim + x] = -1e38f;
+        double o_ref[8], lse_ref, mx = -INFINITY, l = 0.0;
+        const double scale = 1.0 / sqrt((double)dim);
+        double *sc = malloc(sizeof(double) * (size_t)sk);
+        assert_non_null(sc);
+        for (int32_t j = 0; j < sk; j++) { /* every row's scores are the same (q is all ones) */
+            double t = 0.0;
+            for (int32_t x = 0; x < dim; x++)
+                t += p.k[j * dim + x];
+            sc[j] = t * scale;
+            mx = fmax(mx, sc[j]);
+        }
+        for (int32_t x = 0; x < dim; x++)
+            o_ref[x] = 0.0;
+        for (int32_t j = 0; j < sk; j++) {
+            const double w = exp(sc[j] - mx);
+            l += w;
+            for (int32_t x = 0; x < dim; x++)
+                o_ref[x] += w * p.v[j * dim + x];
+        }
+        lse_ref = mx + log(l);
+        for (int i = 0; i < nb; i++) {
+            assert_int_equal(fa_forward(b[i].ctx, &p.d), FA_OK);
+            for (int32_t r = 0; r < sq; r++) {
+                for (int32_t x = 0; x < dim; x++)
+                    if (!(fabs(p.o[r * dim + x] - o_ref[x] / l) <= 1e-5))
+                        fail_msg("%s sq %d: o[%d][%d] = %g, float64 %g", b[i].name, sq, r, x, p.o[r * dim + x],
+                                 o_ref[x] / l);
+                if (!(fabs(p.lse[r] - lse_ref) <= 1e-5 * fmax(1.0, fabs(lse_ref))))
+                    fail_msg("%s sq %d: lse[%d] = %g, float64 %g", b[i].name, sq, r, p.lse[r], lse_ref);
+            }
+        }
+        free(sc);
+        problem_free(&p);
+    }
+    free_backends(b, nb);
+}
+
 /* A decode over more keys than 64 chunks fit in llvmpipe's loop limit (about 470k at
  * head_dim 8): GLES cuts it into more chunks instead of refusing it. */
 static void test_long_decode(void **state)
@@ -776,6 +831,7 @@ int main(void)
         cmocka_unit_test(test_masked_rows_ignore_nan),
         cmocka_unit_test(test_nonfinite_scores),
         cmocka_unit_test(test_nonfinite_scores_f16),
+        cmocka_unit_test(test_overflowed_scores),
         cmocka_unit_test(test_long_decode),
         cmocka_unit_test(test_sums_past_float32),
         cmocka_unit_test(test_overflow_leaves_other_rows),

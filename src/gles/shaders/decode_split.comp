@@ -39,12 +39,15 @@ void walk(seq_t s, int b, int hk, int t, int c_lo, int c_hi, float up, out float
         for (int k = 0; k < 64; k++)
             mx = max_nan(mx, sh_p[k]);
         mx = max_nan(m, mx + up);
-        float alpha = exp2(m - mx); // m = -inf gives 0; mx is finite: the tile has a key
+        // the exponents' base: -inf where every score so far is (logits past float32's range),
+        // which would make exp2(-inf - -inf) NaN; 0 then gives those keys weight 0
+        float base = mx == NEG_INF ? 0.0 : mx;
+        float alpha = exp2(m - base); // m = -inf gives 0
         l *= alpha;
         acc *= alpha;
         int nk = min(64, c_hi - j0);
         for (int k = 0; k < nk; k++) {
-            float p = exp2(sh_p[k] - mx);
+            float p = exp2(sh_p[k] - base);
             l += p;
             if (t < D4)
                 acc += p * LOAD4(v_data, V_ROW(s, b, j0 + k, hk) + t);
