@@ -2,6 +2,7 @@
 /* The GLES backend's EGL and GLES entry points, resolved once a process from the system's
  * loaders (glvnd's libEGL.so.1 and libGLESv2.so.2, or a driver's own), so that the library
  * needs neither to load. */
+#define _GNU_SOURCE /* dlfcn.h: RTLD_DEFAULT */
 #define GLES_LOADER
 #include "gles.h"
 
@@ -28,19 +29,21 @@ static void load(void)
                      libs[i], why ? why : "not found");
             return;
         }
+    /* each name as the process resolves it first (an EGL the application linked, a tracing
+     * wrapper in LD_PRELOAD), else from the library just opened; not through
+     * eglGetProcAddress, which glvnd answers for any name */
     const char *missing = NULL;
-#define GLES_FN_EGL(type, name)                                                                    \
-    if (!missing && !(gles_fn.name = (type)dlsym(h[0], #name)))                                    \
+#define GLES_FN(type, name, lib)                                                                   \
+    if (!missing && !(gles_fn.name = (type)dlsym(RTLD_DEFAULT, #name)) &&                          \
+        !(gles_fn.name = (type)dlsym(h[lib], #name)))                                              \
         missing = #name;
+#define GLES_FN_EGL(type, name) GLES_FN(type, name, 0)
+#define GLES_FN_GL(type, name) GLES_FN(type, name, 1)
     GLES_EGL_FUNCS(GLES_FN_EGL)
-#undef GLES_FN_EGL
-    /* GLES functions from libGLESv2, else through EGL (EGL 1.5 resolves core ones too) */
-#define GLES_FN_GL(type, name)                                                                     \
-    if (!missing && !(gles_fn.name = (type)dlsym(h[1], #name)) &&                                  \
-        !(gles_fn.name = (type)gles_fn.eglGetProcAddress(#name)))                                  \
-        missing = #name;
     GLES_GL_FUNCS(GLES_FN_GL)
 #undef GLES_FN_GL
+#undef GLES_FN_EGL
+#undef GLES_FN
     if (missing)
         snprintf(load_error, sizeof(load_error),
                  "%s has no %s: the GLES backend needs an EGL 1.4 and OpenGL ES 3.1 loader "
