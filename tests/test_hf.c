@@ -566,11 +566,18 @@ static void bad_dtype(cJSON *h)
 {
     cJSON_ReplaceItemInObject(entry(h, "model.layers.1.self_attn.v_proj.weight"), "dtype", cJSON_CreateString("I64"));
 }
-/* up_proj's bytes kept under a name the loader skips: the file whole, the tensor missing */
+/* up_proj's bytes under a name the loader skips: a skipped tensor is checked all the same
+ * (a rotary table is [head_dim / 2]) */
 static void drop_tensor(cJSON *h)
 {
     cJSON *e = cJSON_DetachItemFromObject(h, "model.layers.1.mlp.up_proj.weight");
     cJSON_AddItemToObject(h, "model.layers.1.self_attn.rotary_emb.inv_freq", e);
+}
+/* ... and only under a layer's own name */
+static void loose_skip_name(cJSON *h)
+{
+    cJSON *e = cJSON_DetachItemFromObject(h, "model.layers.1.mlp.up_proj.weight");
+    cJSON_AddItemToObject(h, "junkrotary_emb.inv_freq", e);
 }
 static void gap(cJSON *h) { cJSON_DeleteItemFromObject(h, "model.layers.1.mlp.up_proj.weight"); }
 static void rename_tensor(cJSON *h)
@@ -712,7 +719,8 @@ static void test_safetensors_refusals(void **state)
         { short_span, FA_ERR_INVALID_SHAPE, "model.norm.weight", "span" },
         { wrong_shape, FA_ERR_INVALID_SHAPE, "model.norm.weight", "shape [32]" },
         { bad_dtype, FA_ERR_INVALID_DTYPE, "model.layers.1.self_attn.v_proj.weight", "I64" },
-        { drop_tensor, FA_ERR_INVALID_ARGUMENT, "model.layers.1.mlp.up_proj.weight", "missing" },
+        { drop_tensor, FA_ERR_INVALID_SHAPE, "model.layers.1.self_attn.rotary_emb.inv_freq", "shape [4]" },
+        { loose_skip_name, FA_ERR_INVALID_ARGUMENT, "junkrotary_emb.inv_freq", "unexpected" },
         { rename_tensor, FA_ERR_INVALID_ARGUMENT, "q_proj.bias", "unexpected" },
         { twice, FA_ERR_INVALID_ARGUMENT, "model.norm.weight", "twice" },
         { overlap, FA_ERR_INVALID_ARGUMENT, "inside the bytes of tensor", "must not overlap" },

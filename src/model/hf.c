@@ -419,14 +419,35 @@ static int cmp_shard(const void *a, const void *b)
     return strcmp(((const map_entry *)a)->shard, ((const map_entry *)b)->shard);
 }
 
-/* Tensors tolerated and skipped: rotary tables older exports stored (recomputed here), and
- * lm_head where the config ties it to the embedding (HF ties the two on load). */
+/* Tensors tolerated and skipped, though checked like the rest (dtype, shape, data_offsets):
+ * a layer's rotary table older exports stored (model.layers.N.self_attn.rotary_emb.inv_freq,
+ * [head_dim / 2]; recomputed here), and lm_head where the config ties it to the embedding (HF
+ * ties the two on load). 1 and *t the tensor's shape when name is one, else 0. */
+static int ignorable_as(const loader *ld, const char *name, fa_hf_tensor *t)
+{
+    const fa_model_config *c = ld->c;
+    if (c->shared_classifier && strcmp(name, "lm_head.weight") == 0) {
+        *t = fa_hf_slot(c, 2);
+        return 1;
+    }
+    const char *pre = "model.layers.", *suf = ".self_attn.rotary_emb.inv_freq";
+    if (strncmp(name, pre, strlen(pre)) != 0)
+        return 0;
+    const char *d = name + strlen(pre), *e = d;
+    long layer = 0;
+    while (*e >= '0' && *e <= '9' && e - d < 9)
+        layer = layer * 10 + (*e++ - '0');
+    if (e == d || (*d == '0' && e - d > 1) || layer >= c->n_layers || strcmp(e, suf) != 0)
+        return 0;
+    memset(t, 0, sizeof(*t));
+    t->rows = (uint64_t)(c->dim / c->n_heads / 2);
+    return 1;
+}
+
 static int ignorable(const loader *ld, const char *name)
 {
-    const char *inv = "rotary_emb.inv_freq";
-    size_t n = strlen(name), k = strlen(inv);
-    return (n > k && strcmp(name + n - k, inv) == 0) ||
-           (ld->c->shared_classifier && strcmp(name, "lm_head.weight") == 0);
+    fa_hf_tensor t;
+    return ignorable_as(ld, name, &t);
 }
 
 /* A non-negative integer JSON value below 2^53 (exact in a double). */
@@ -454,12 +475,11 @@ static fa_status read_tensor(loader *ld, const cJSON *e, const char *file, int f
                                  mapped ? "puts it in another shard" : "does not name it");
     }
     int slot = slot_of(ld->c, name);
-    if (slot < 0 || (slot == 2 && ld->c->shared_classifier)) {
-        if (ignorable(ld, name))
-            return FA_OK;
+    fa_hf_tensor t;
+    const int skip = slot < 0 || (slot == 2 && ld->c->shared_classifier);
+    if (skip && !ignorable_as(ld, name, &t))
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': unexpected tensor '%.80s'", file, name);
-    }
-    if (ld->from[slot])
+    if (!skip && ld->from[slot])
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': tensor '%.80s' appears twice", file, name);
     if (!cJSON_IsObject(e))
         return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': tensor '%.80s' is not an object", file, name);
@@ -470,7 +490,8 @@ static fa_status read_tensor(loader *ld, const cJSON *e, const char *file, int f
         return fa_model_fail(err, FA_ERR_INVALID_DTYPE,
                              "'%s': tensor '%.80s' has dtype '%.16s'; F32, F16 and BF16 are read", file,
                              name, dt ? dt : "(none)");
-    fa_hf_tensor t = fa_hf_slot(ld->c, slot);
+    if (!skip)
+        t = fa_hf_slot(ld->c, slot);
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
     uint64_t want[2] = { t.rows, t.cols }, got[2] = { 0, 0 };
     int rank = t.cols ? 2 : 1, n = cJSON_IsArray(shape) ? cJSON_GetArraySize(shape) : -1, ok = n == rank;
@@ -499,6 +520,8 @@ static fa_status read_tensor(loader *ld, const cJSON *e, const char *file, int f
         return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                              "'%s': tensor '%.80s' data_offsets span %llu bytes; its shape and dtype need %llu",
                              file, name, (unsigned long long)(end - b), (unsigned long long)bytes);
+    if (skip)
+        return FA_OK;
     convert(ld->image + t.offset, data + b, dtype, &t);
     ld->from[slot] = 1 + file_index;
     return FA_OK;
