@@ -306,6 +306,10 @@ expect_rc 2 "generate with a tokenizer.json named .bin" "$fa" generate --tokeniz
 grep -q "begins like JSON" "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ] ||
   { echo "FAIL: a tokenizer.json named .bin: want one line saying it looks like JSON"; cat "$tmp/err"; fails=$((fails + 1)); }
 expect_rc 0 "generate with --tokenizer over the directory's" "$fa" generate --model "$tmp/hf2" --tokenizer "$(dirname "$0")/../models/tok512.bin" --steps 5
+# a tokenizer.json that is a dangling link is refused naming it, not replaced by the default
+rm "$tmp/hf2/tokenizer.json" && ln -s nowhere.json "$tmp/hf2/tokenizer.json"
+expect_usage "generate with a dangling tokenizer.json" "$fa" generate --model "$tmp/hf2" --steps 5
+grep -q "hf2/tokenizer.json" "$tmp/err" || { echo "FAIL: a dangling tokenizer.json is not named"; cat "$tmp/err"; fails=$((fails + 1)); }
 # a later export without a tokenizer takes the earlier one's tokenizer.json away (another model's)
 expect_rc 0 "export-hf over an export" "$fa" export-hf --model "$(dirname "$0")/../models/stories260K.bin" --out "$tmp/hf2"
 [ ! -e "$tmp/hf2/tokenizer.json" ] && grep -q "tokenizer.json, from another export, removed" "$tmp/out" ||

@@ -15,12 +15,14 @@
 #include <time.h>
 #include <unistd.h>
 
-/* dir/tokenizer.json into path when dir is a directory holding one. */
+/* dir/tokenizer.json into path when dir is a directory with an entry of that name: a file, or
+ * anything else (a dangling link, one it may not read), which the tokenizer's load then
+ * refuses naming it, rather than another tokenizer taken in its place. */
 static int dir_tokenizer(const char *dir, char *path, size_t cap)
 {
     struct stat sb;
     return stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode) &&
-           (size_t)snprintf(path, cap, "%s/tokenizer.json", dir) < cap && stat(path, &sb) == 0;
+           (size_t)snprintf(path, cap, "%s/tokenizer.json", dir) < cap && (lstat(path, &sb) == 0 || errno != ENOENT);
 }
 
 int cli_parse_matvec(const char *s, fa_matvec *out)
