@@ -404,6 +404,42 @@ static fa_status read_vocab(const reader *rd, const cJSON *vocab, int32_t vocab_
     return FA_OK;
 }
 
+/* added_tokens[k] (e) into p and b; seen marks the ids taken so far. */
+static fa_status read_added_one(const reader *rd, const cJSON *e, int k, int32_t vocab_size, parsed *p,
+                                fa_tok_bpe *b, uint8_t *special, uint8_t *seen)
+{
+    char what[48];
+    snprintf(what, sizeof(what), "added_tokens[%d]", k);
+    const char *content = cJSON_GetStringValue(item(e, "content"));
+    int32_t id = 0;
+    int sw = 0, ls = 0, rs = 0, sp = 0, norm = 0;
+    fa_status st;
+    if (!content || !*content || !fa_tok_valid_utf8(content, strlen(content)))
+        return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT,
+                             "'%s': %s.content is missing, empty or not a valid UTF-8 string", rd->file, what);
+    if (!item(e, "id"))
+        return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT, "'%s': %s.id is missing", rd->file, what);
+    char field[56];
+    snprintf(field, sizeof(field), "%s.", what);
+    if ((st = get_id(rd, item(e, "id"), vocab_size, what, &id)) ||
+        (st = get_bool(rd, e, field, "special", 0, &sp)) || (st = get_bool(rd, e, field, "single_word", 0, &sw)) ||
+        (st = get_bool(rd, e, field, "lstrip", 0, &ls)) || (st = get_bool(rd, e, field, "rstrip", 0, &rs)) ||
+        (st = get_bool(rd, e, field, "normalized", !sp, &norm)))
+        return st;
+    if (sw || norm)
+        return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED, "'%s': %s ('%.40s'): %s true is not supported", rd->file,
+                             what, content, sw ? "single_word" : "normalized");
+    if (seen[id])
+        return fa_model_fail(rd->err, FA_ERR_INVALID_VALUE, "'%s': %s repeats id %d", rd->file, what, (int)id);
+    seen[id] = 1;
+    if ((st = assign(rd, p, id, content, what)) != FA_OK)
+        return st;
+    special[id] = (uint8_t)sp;
+    b->added[b->n_added++] = (added_token){ id, (uint8_t)ls, (uint8_t)rs };
+    b->added_first[(unsigned char)content[0] >> 3] |= (uint8_t)(1u << ((unsigned char)content[0] & 7));
+    return FA_OK;
+}
+
 static fa_status read_added(const reader *rd, const cJSON *list, int32_t vocab_size, parsed *p, fa_tok_bpe *b,
                             uint8_t *special)
 {
@@ -416,41 +452,17 @@ static fa_status read_added(const reader *rd, const cJSON *list, int32_t vocab_s
         return fa_model_fail(rd->err, FA_ERR_INVALID_VALUE, "'%s': added_tokens has %d entries, more than vocab_size (%d)",
                              rd->file, count, (int)vocab_size);
     b->added = malloc(sizeof(added_token) * (size_t)(count > 0 ? count : 1));
-    if (!b->added)
+    uint8_t *seen = calloc((size_t)vocab_size, 1); /* the ids so far: a repeat found in O(1) */
+    if (!b->added || !seen) {
+        free(seen);
         return fa_model_fail(rd->err, FA_ERR_OUT_OF_MEMORY, "out of memory reading '%s'", rd->file);
-    int k = 0;
-    for (const cJSON *e = list->child; e; e = e->next, k++) {
-        char what[48];
-        snprintf(what, sizeof(what), "added_tokens[%d]", k);
-        const char *content = cJSON_GetStringValue(item(e, "content"));
-        int32_t id = 0;
-        int sw = 0, ls = 0, rs = 0, sp = 0, norm = 0;
-        fa_status st;
-        if (!content || !*content || !fa_tok_valid_utf8(content, strlen(content)))
-            return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT,
-                                 "'%s': %s.content is missing, empty or not a valid UTF-8 string", rd->file, what);
-        if (!item(e, "id"))
-            return fa_model_fail(rd->err, FA_ERR_INVALID_ARGUMENT, "'%s': %s.id is missing", rd->file, what);
-        char field[56];
-        snprintf(field, sizeof(field), "%s.", what);
-        if ((st = get_id(rd, item(e, "id"), vocab_size, what, &id)) ||
-            (st = get_bool(rd, e, field, "special", 0, &sp)) || (st = get_bool(rd, e, field, "single_word", 0, &sw)) ||
-            (st = get_bool(rd, e, field, "lstrip", 0, &ls)) || (st = get_bool(rd, e, field, "rstrip", 0, &rs)) ||
-            (st = get_bool(rd, e, field, "normalized", !sp, &norm)))
-            return st;
-        if (sw || norm)
-            return fa_model_fail(rd->err, FA_ERR_UNSUPPORTED, "'%s': %s ('%.40s'): %s true is not supported", rd->file,
-                                 what, content, sw ? "single_word" : "normalized");
-        for (int j = 0; j < b->n_added; j++)
-            if (b->added[j].id == id)
-                return fa_model_fail(rd->err, FA_ERR_INVALID_VALUE, "'%s': %s repeats id %d", rd->file, what, (int)id);
-        if ((st = assign(rd, p, id, content, what)) != FA_OK)
-            return st;
-        special[id] = (uint8_t)sp;
-        b->added[b->n_added++] = (added_token){ id, (uint8_t)ls, (uint8_t)rs };
-        b->added_first[(unsigned char)content[0] >> 3] |= (uint8_t)(1u << ((unsigned char)content[0] & 7));
     }
-    return FA_OK;
+    fa_status st = FA_OK;
+    int k = 0;
+    for (const cJSON *e = list->child; e && st == FA_OK; e = e->next, k++)
+        st = read_added_one(rd, e, k, vocab_size, p, b, special, seen);
+    free(seen);
+    return st;
 }
 
 /* The pieces into t's table (text bytes in all, checked to fit 32-bit offsets) and their
