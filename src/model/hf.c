@@ -847,7 +847,7 @@ static fa_status read_index(loader *ld, const char *dir, const char *path, char 
     return st;
 }
 
-/* The directory's safetensors files hold at least the config's tensors at 2 bytes an element:
+/* The safetensors files the load reads hold at least the config's tensors at 2 bytes an element:
  * checked before the float32 image of a config (which may claim any size) is allocated. */
 static uint64_t least_bytes(const fa_model_config *c) /* c passed fa_model_config_check */
 {
@@ -860,6 +860,59 @@ static uint64_t least_bytes(const fa_model_config *c) /* c passed fa_model_confi
     return need;
 }
 
+/* The bytes of the files the load will read: model.safetensors, or the distinct shards
+ * model.safetensors.index.json names (regular files in dir; read_index refuses the rest). */
+static fa_status data_bytes(const char *dir, const fa_model_config *c, uint64_t *have, char *err)
+{
+    char path[4096];
+    struct stat sb;
+    fa_status st = join(path, sizeof(path), dir, "model.safetensors", err);
+    *have = 0;
+    if (st != FA_OK)
+        return st;
+    if (stat(path, &sb) == 0) {
+        *have = S_ISREG(sb.st_mode) ? (uint64_t)sb.st_size : 0;
+        return FA_OK;
+    }
+    if ((st = join(path, sizeof(path), dir, "model.safetensors.index.json", err)) != FA_OK)
+        return st;
+    if (stat(path, &sb) != 0)
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                             "'%s' holds neither model.safetensors nor model.safetensors.index.json", dir);
+    char *text;
+    size_t n;
+    if ((st = slurp(path, &text, &n, err)) != FA_OK)
+        return st;
+    cJSON *j = fa_json_object(text, n, path, "", &st, err);
+    free(text);
+    if (!j)
+        return st;
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(j, "weight_map");
+    const int most = fa_hf_slot_count(c) + c->n_layers; /* read_index's bound: the scan below is quadratic */
+    if (!cJSON_IsObject(map)) {
+        cJSON_Delete(j);
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': weight_map is missing or not an object", path);
+    }
+    if (cJSON_GetArraySize(map) > most) {
+        cJSON_Delete(j);
+        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                             "'%s': weight_map has %d entries; a Llama of %d layers has at most %d tensors", path,
+                             cJSON_GetArraySize(map), (int)c->n_layers, most);
+    }
+    for (const cJSON *e = map->child; e; e = e->next) {
+        const char *shard = cJSON_GetStringValue(e);
+        int first = shard && plain_name(shard);
+        for (const cJSON *f = map->child; first && f != e; f = f->next)
+            first = !cJSON_IsString(f) || strcmp(f->valuestring, shard) != 0;
+        char spath[4096];
+        if (first && join(spath, sizeof(spath), dir, shard, err) == FA_OK && stat(spath, &sb) == 0 &&
+            S_ISREG(sb.st_mode))
+            *have += (uint64_t)sb.st_size;
+    }
+    cJSON_Delete(j);
+    return FA_OK;
+}
+
 static fa_status enough_data(const char *dir, const fa_model_config *c, char *err)
 {
     fa_status st = fa_model_config_check(c, NULL, err);
@@ -867,28 +920,11 @@ static fa_status enough_data(const char *dir, const fa_model_config *c, char *er
         return st;
     const uint64_t need = least_bytes(c);
     uint64_t have = 0;
-    int files = 0;
-    DIR *dp = opendir(dir);
-    if (!dp)
-        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "cannot read directory '%s'", dir);
-    for (struct dirent *e; (e = readdir(dp)) != NULL;) {
-        const size_t len = strlen(e->d_name), k = strlen(".safetensors");
-        char path[4096];
-        struct stat sb;
-        if (len > k && strcmp(e->d_name + len - k, ".safetensors") == 0 &&
-            (size_t)snprintf(path, sizeof(path), "%s/%s", dir, e->d_name) < sizeof(path) && stat(path, &sb) == 0 &&
-            S_ISREG(sb.st_mode))
-            have += (uint64_t)sb.st_size, files++;
-    }
-    closedir(dp);
-    if (!files)
-        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
-                             "'%s' holds neither model.safetensors nor any shard model.safetensors.index.json "
-                             "could name (no .safetensors regular file)",
-                             dir);
+    if ((st = data_bytes(dir, c, &have, err)) != FA_OK)
+        return st;
     if (have < need)
         return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
-                             "'%s' holds %llu bytes of safetensors; config.json's tensors need at least %llu",
+                             "'%s' holds %llu bytes of safetensors to read; config.json's tensors need at least %llu",
                              dir, (unsigned long long)have, (unsigned long long)need);
     return FA_OK;
 }
