@@ -302,6 +302,11 @@ mkdir "$tmp/hfbig" && cp "$tmp/hf"/* "$tmp/hfbig/" && truncate -s 300G "$tmp/hfb
 sed -i 's/"vocab_size":[[:space:]]*[0-9]*/"vocab_size": 2147483647/' "$tmp/hfbig/config.json"
 expect_usage "generate from a directory with a stray sparse shard" "$fa" generate --model "$tmp/hfbig" --steps 3
 grep -q "bytes of safetensors to read" "$tmp/err" || { echo "FAIL: a stray shard counted for the size check"; cat "$tmp/err"; fails=$((fails + 1)); }
+# ... nor does a context of 2^31 positions (RoPE tables of 64 GiB in the image)
+cp "$tmp/hf/config.json" "$tmp/hfbig/config.json" && rm "$tmp/hfbig/stray.safetensors"
+sed -i 's/"max_position_embeddings":[[:space:]]*[0-9]*/"max_position_embeddings": 2147483647/' "$tmp/hfbig/config.json"
+expect_usage "generate with max_position_embeddings 2^31 - 1" "$fa" generate --model "$tmp/hfbig" --steps 3
+grep -q "GiB of RoPE tables" "$tmp/err" || { echo "FAIL: a huge context not refused before allocating"; cat "$tmp/err"; fails=$((fails + 1)); }
 rm -rf "$tmp/hfbig"
 expect_rc 0 "export-hf of an HF directory" "$fa" export-hf --model "$tmp/hf" --out "$tmp/hf2"
 cmp -s "$tmp/hf/tokenizer.json" "$tmp/hf2/tokenizer.json" || { echo "FAIL: tokenizer.json not carried over"; fails=$((fails + 1)); }

@@ -654,6 +654,15 @@ static fa_status new_image(const fa_model_config *c, unsigned char **img, uint64
     fa_status st = fa_model_config_check(c, bytes, err);
     if (st != FA_OK)
         return st;
+    /* llama2.c's RoPE tables, [seq_len, head_dim / 2] cos and sin, are part of the image:
+     * max_position_embeddings alone may not make it larger than the weights (past 1 GiB) */
+    const uint64_t rope = (uint64_t)c->seq_len * (uint64_t)(c->dim / c->n_heads) * 4, gib = (uint64_t)1 << 30;
+    if (rope > gib && rope > *bytes - rope)
+        return fa_model_fail(err, FA_ERR_INVALID_VALUE,
+                             "max_position_embeddings (%d) x head_dim (%d) needs %.2f GiB of RoPE tables, more "
+                             "than the weights' %.2f GiB",
+                             (int)c->seq_len, (int)(c->dim / c->n_heads), (double)rope / gib,
+                             (double)(*bytes - rope) / gib);
     *img = aligned_alloc(64, (size_t)((*bytes + 63) & ~(uint64_t)63));
     if (!*img)
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY,
