@@ -171,7 +171,7 @@ fa_status fa_hf_parse_config(const char *text, size_t n, const char *file, fa_mo
                              char *err)
 {
     fa_status st;
-    cJSON *j = fa_json_object(text, n, file, "", &st, err);
+    cJSON *j = fa_json_object(text, n, 65536, file, "", &st, err); /* a config is a few dozen */
     if (!j)
         return st;
     fa_model_config c = { 0 };
@@ -619,7 +619,9 @@ static fa_status read_safetensors(loader *ld, const unsigned char *p, uint64_t s
                              "can need",
                              file, (unsigned long long)n, (unsigned long long)(cap < MAX_HEADER_BYTES ? cap : MAX_HEADER_BYTES));
     fa_status st;
-    cJSON *h = fa_json_object((const char *)p + 8, (size_t)n, file, " header", &st, err);
+    /* a tensor's entry is 8 values (object, dtype, shape and data_offsets with theirs) */
+    const size_t values = 4096 + 12 * (size_t)(fa_hf_slot_count(ld->c) + ld->c->n_layers);
+    cJSON *h = fa_json_object((const char *)p + 8, (size_t)n, values, file, " header", &st, err);
     if (!h)
         return st;
     for (const cJSON *e = h->child; e && st == FA_OK; e = e->next)
@@ -772,6 +774,13 @@ static int plain_name(const char *s)
     return *s && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
 }
 
+/* The values an index of c's tensors may hold: a weight_map entry each (and a layer's rotary
+ * table), and metadata. */
+static size_t index_values(const fa_model_config *c)
+{
+    return 4096 + 2 * (size_t)(fa_hf_slot_count(c) + c->n_layers);
+}
+
 static fa_status read_index(loader *ld, const char *dir, const char *path, char *err)
 {
     char *text;
@@ -779,7 +788,7 @@ static fa_status read_index(loader *ld, const char *dir, const char *path, char 
     fa_status st = slurp(path, &text, &n, err);
     if (st != FA_OK)
         return st;
-    cJSON *j = fa_json_object(text, n, path, "", &st, err);
+    cJSON *j = fa_json_object(text, n, index_values(ld->c), path, "", &st, err);
     free(text);
     if (!j)
         return st;
@@ -892,7 +901,7 @@ static fa_status data_bytes(const char *dir, const fa_model_config *c, uint64_t 
     size_t n;
     if ((st = slurp(path, &text, &n, err)) != FA_OK)
         return st;
-    cJSON *j = fa_json_object(text, n, path, "", &st, err);
+    cJSON *j = fa_json_object(text, n, index_values(c), path, "", &st, err);
     free(text);
     if (!j)
         return st;

@@ -179,10 +179,40 @@ bad:
     return NULL;
 }
 
+/* An upper bound of the values in text[0, n): one, and one more at each '[', '{' or ',' outside
+ * strings. */
+static size_t count_values(const char *text, size_t n)
+{
+    size_t v = 1;
+    int in_string = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char c = text[i];
+        if (in_string) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_string = 0;
+        } else if (c == '"') {
+            in_string = 1;
+        } else if (c == '[' || c == '{' || c == ',') {
+            v++;
+        }
+    }
+    return v;
+}
+
 /* cJSON parses a NUL-terminated copy: releases before 1.7.18 read a byte past the length
  * given on text cut after a comma, and a safetensors header lies in the mapped file. */
-cJSON *fa_json_object(const char *text, size_t n, const char *file, const char *part, fa_status *st, char *err)
+cJSON *fa_json_object(const char *text, size_t n, size_t max_values, const char *file, const char *part,
+                      fa_status *st, char *err)
 {
+    const size_t values = count_values(text, n);
+    if (values > max_values) {
+        *st = fa_model_fail(err, FA_ERR_INVALID_SHAPE,
+                            "'%s'%s holds about %zu JSON values; what it describes needs at most %zu", file, part,
+                            values, max_values);
+        return NULL;
+    }
     char *copy = n < SIZE_MAX ? malloc(n + 1) : NULL;
     if (!copy) {
         *st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory for a copy of '%s'%s (%zu bytes)", file,

@@ -16,7 +16,10 @@
  * strings would cut a name or a token at) or a \u escape without four hex digits (which cJSON
  * reads as one); a number JSON does not write (064, 1., -.5: cJSON's strtod reads them); a
  * key twice in one object at any depth (cJSON keeps the first, Python's json, which Hugging
- * Face's tools write and read these files with, the last). */
-cJSON *fa_json_object(const char *text, size_t n, const char *file, const char *part, fa_status *st, char *err);
+ * Face's tools write and read these files with, the last); more than max_values values
+ * (counted before cJSON builds its tree of about 64 bytes a value, which would make a file of
+ * small values take 40 times its size; each caller bounds them by what its file can hold). */
+cJSON *fa_json_object(const char *text, size_t n, size_t max_values, const char *file, const char *part,
+                      fa_status *st, char *err);
 
 #endif

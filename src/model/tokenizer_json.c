@@ -679,7 +679,9 @@ fa_status fa_tokenizer_from_json(const char *file, const char *json, size_t byte
                              "vocab_size (%d) must be at least 3: ids 0..2 are <unk>, BOS and EOS", (int)vocab_size);
     reader rd = { file, err };
     fa_status st;
-    cJSON *j = fa_json_object(json, bytes, file, "", &st, err);
+    /* merges (up to 4 a token, 3 values each as pairs), the vocabulary and added tokens (8
+     * values each), the pipeline's few hundred */
+    cJSON *j = fa_json_object(json, bytes, 24 * (size_t)vocab_size + 65536, file, "", &st, err);
     if (!j)
         return st;
     fa_tokenizer *t = NULL;
