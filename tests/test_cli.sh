@@ -318,6 +318,11 @@ expect_rc 2 "generate with a tokenizer.json named .bin" "$fa" generate --tokeniz
 grep -q "begins like JSON" "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ] ||
   { echo "FAIL: a tokenizer.json named .bin: want one line saying it looks like JSON"; cat "$tmp/err"; fails=$((fails + 1)); }
 expect_rc 0 "generate with --tokenizer over the directory's" "$fa" generate --model "$tmp/hf2" --tokenizer "$(dirname "$0")/../models/tok512.bin" --steps 5
+# a JSON file of far more values than it can need is refused before it is parsed into a tree
+python3 -c "import sys; sys.stdout.write('{\"x\":[' + ','.join(['0'] * 1000000) + ']}')" >"$tmp/many.json"
+expect_usage "generate with a tokenizer.json of a million values" "$fa" generate --tokenizer "$tmp/many.json" --steps 3
+grep -q "JSON values; what it describes needs at most" "$tmp/err" ||
+  { echo "FAIL: a tokenizer.json of a million values parsed"; cat "$tmp/err"; fails=$((fails + 1)); }
 # a tokenizer.json that is a dangling link is refused naming it, not replaced by the default
 rm "$tmp/hf2/tokenizer.json" && ln -s nowhere.json "$tmp/hf2/tokenizer.json"
 expect_usage "generate with a dangling tokenizer.json" "$fa" generate --model "$tmp/hf2" --steps 5
