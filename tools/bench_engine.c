@@ -91,7 +91,7 @@ static double median(double *v, int n)
  * choices for these shapes, the kernels' first launches, the decode graph's capture), then
  * `reps` timed passes; medians. 0 or CLI_EXIT_FAIL. */
 static int one(const fa_model *m, fa_backend backend, int no_graphs, int32_t page, const int32_t *ids, int32_t n,
-               int32_t decode, int32_t B, int reps)
+               int32_t decode, int32_t B, int reps, int32_t *fused_rows)
 {
     const fa_model_config *c = &m->config;
     char err[FA_MODEL_ERR_LEN];
@@ -132,6 +132,7 @@ static int one(const fa_model *m, fa_backend backend, int no_graphs, int32_t pag
     }
     fprintf(stderr, "\r%40s\r", "");
     const fa_engine_info in = fa_engine_get_info(e);
+    *fused_rows = in.fused_rows;
     const double p = median(pre, reps), d = median(dec, reps);
     printf("%-5d %11.1f %13.1f %12.1f %14.2f %5lld/%-5ld %10.1f   %s\n", (int)B, p * 1e3, (double)n * B / p, d,
            d > 0 ? 1e3 * B / d : 0.0, (long long)(in.graph_replays - replays0), dec_steps,
@@ -163,9 +164,16 @@ int cli_bench_engine(const fa_model *m, fa_backend backend, int no_graphs, int32
            backend == FA_BACKEND_CUDA ? (no_graphs ? "off" : "on") : "off (cpu)", reps);
     printf("%-5s %11s %13s %12s %14s %11s %10s   %s\n", "batch", "prefill_ms", "prefill_tok/s", "decode_tok/s",
            "decode_step_ms", "replayed", "weight_GiB", "device");
+    int32_t fused = 0;
     for (int i = 0; i < n_batches; i++)
-        if ((rc = one(m, backend, no_graphs, page, ids, n, decode, (int32_t)batches[i], reps)) != 0)
+        if ((rc = one(m, backend, no_graphs, page, ids, n, decode, (int32_t)batches[i], reps, &fused)) != 0)
             return rc;
+    if (backend == FA_BACKEND_CUDA && fused)
+        printf("projections: the fused few-row kernels at steps of up to %d rows, cuBLAS above "
+               "(FLASHATTN_GEMV_ROWS)\n",
+               (int)fused);
+    else if (backend == FA_BACKEND_CUDA)
+        printf("projections: cuBLAS at every step (FLASHATTN_GEMV_ROWS=0, or dims the fused kernels do not take)\n");
     const fa_engine_options eo = { backend, 1, page, 1, 1, 0, 0, no_graphs };
     int32_t pages;
     if (fa_engine_pages_for(m, &eo, 0.9, &pages, err) == FA_OK)

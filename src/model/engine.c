@@ -106,7 +106,7 @@ static fa_status create_cpu(fa_engine *e, char *err)
     const fa_model_stats ms = fa_model_state_stats(e->s);
     e->info = (fa_engine_info){ FA_BACKEND_CPU, "cpu", e->m->bytes,
                                 cpu_page_bytes(c, e->o.page_size) * (uint64_t)e->o.num_pages, ms.state_bytes,
-                                0, 0, 0, 0, NULL };
+                                0, 0, 0, 0, NULL, 0 };
     return FA_OK;
 }
 

@@ -422,7 +422,7 @@ fa_status fa_engine_cuda_create(const fa_model *m, const fa_engine_options *o, f
     struct cudaDeviceProp prop;
     snprintf(g->name, sizeof(g->name), "%s", cudaGetDeviceProperties(&prop, o->device) == cudaSuccess ? prop.name : "cuda");
     *info = (fa_engine_info){ FA_BACKEND_CUDA, g->name, g->weight_bytes, g->kv_bytes,
-                              g->act_bytes, 0, 0, 0, 0, NULL };
+                              g->act_bytes, 0, 0, 0, 0, NULL, g->gemv_dim };
     *out = g;
     return FA_OK;
 }
