@@ -2,9 +2,9 @@
 /*
  * Hugging Face Llama checkpoints: safetensors (one file or shards named by
  * model.safetensors.index.json) read with cJSON and checked against config.json (parsed in
- * hf_config.c). The loader
- * builds the llama2.c image (header, then the float32 arrays in llama2.c's order) and hands it
- * to fa_model_adopt, so both formats end in one model layout and one forward pass.
+ * hf_config.c). The loader builds the llama2.c image (header, then the float32 arrays in
+ * llama2.c's order) and hands it to fa_model_adopt, so both formats end in one model layout
+ * and one forward pass.
  */
 #include "fail.h"
 #include "hf.h"
