@@ -60,7 +60,8 @@ typedef struct fa_engine_info {
     int64_t graph_replays;    /* decode steps replayed from a graph so far */
     const char *graphs_off;   /* why graphs were turned off after a capture failed, else NULL */
     int32_t fused_rows;       /* cuda: steps of at most this many rows run the fused few-row
-                               * projections (FLASHATTN_GEMV_ROWS), larger ones cuBLAS; 0 none */
+                               * projections (FLASHATTN_GEMV_ROWS; the down projection where
+                               * its hidden-long rows fit too), larger ones cuBLAS; 0 none */
 } fa_engine_info;
 
 typedef struct fa_engine fa_engine;

@@ -63,7 +63,7 @@ struct fa_engine_cuda {
     int64_t replays;
     void *blas_ws;               /* cuBLAS's workspace, the same for direct and captured GEMMs */
     fa_gemv_config gemv;         /* the few-row projections (gemv.h) */
-    int gemv_dim, gemv_ffn;      /* the most rows they take: projections from dim, the FFN's */
+    int gemv_dim, gemv_hid;      /* the most rows they take: projections from dim, from hidden */
     uint16_t *weights;   /* one allocation: the layers' matrices, the embedding, the classifier */
     layer_w *lw;         /* [layers] views into weights */
     uint16_t *emb, *cls; /* [vocab, dim]; cls == emb when shared */
@@ -388,8 +388,7 @@ fa_status fa_engine_cuda_create(const fa_model *m, const fa_engine_options *o, f
         st = fa_model_fail(err, FA_ERR_BACKEND, "reading the device's attributes: %s", cudaGetErrorString(e));
     if (st == FA_OK) {
         g->gemv_dim = fa_gemv_rows(&g->gemv, g->dim);
-        const int h = fa_gemv_rows(&g->gemv, g->hid);
-        g->gemv_ffn = h < g->gemv_dim ? h : g->gemv_dim;
+        g->gemv_hid = fa_gemv_rows(&g->gemv, g->hid);
     }
     if (st == FA_OK)
         st = upload_weights(g, err);
@@ -475,7 +474,7 @@ static fa_status enqueue(fa_engine_cuda *g, const launch *s, char *err)
 {
     const int T = s->T, dim = g->dim, hid = g->hid;
     CUDA_TRY(fa_layers_embed(g->x, g->emb, s->tok, T, dim, g->stream), "the embedding");
-    const int few = T <= g->gemv_dim, few_ffn = T <= g->gemv_ffn; /* the fused few-row kernels */
+    const int few = T <= g->gemv_dim, few_down = T <= g->gemv_hid; /* the fused few-row kernels */
     for (int l = 0; l < g->L; l++) {
         const layer_w *w = &g->lw[l];
         const float *g_att = g->norms + (size_t)l * dim, *g_ffn = g->norms + ((size_t)g->L + l) * dim;
@@ -505,16 +504,18 @@ static fa_status enqueue(fa_engine_cuda *g, const launch *s, char *err)
                      "the attention output");
         else
             BLAS_TRY(gemm(g, g->x, CUDA_R_32F, dim, g->att, dim, w->o, T, dim, dim, 1.0f), "the attention output");
-        if (few_ffn) {
+        if (few) {
             CUDA_TRY(fa_gemv_norm_swiglu(&g->gemv, g->hg, g->x, g_ffn, g->eps, w->w13, T, hid, dim, g->stream),
                      "the FFN norm, gate, up and SwiGLU");
-            CUDA_TRY(fa_gemv_residual(&g->gemv, g->x, dim, g->hg, w->w2, T, dim, hid, g->stream), "the FFN output");
         } else {
             CUDA_TRY(fa_layers_rmsnorm(g->xb, g->x, NULL, g_ffn, T, dim, g->eps, g->stream), "the FFN norm");
             BLAS_TRY(gemm(g, g->h13, CUDA_R_16BF, 2 * hid, g->xb, dim, w->w13, T, 2 * hid, dim, 0.0f), "gate, up");
             CUDA_TRY(fa_layers_swiglu(g->hg, g->h13, T, hid, g->stream), "SwiGLU");
-            BLAS_TRY(gemm(g, g->x, CUDA_R_32F, dim, g->hg, hid, w->w2, T, dim, hid, 1.0f), "the FFN output");
         }
+        if (few_down) /* its rows are hidden long: the fused kernel may take fewer of them, or none */
+            CUDA_TRY(fa_gemv_residual(&g->gemv, g->x, dim, g->hg, w->w2, T, dim, hid, g->stream), "the FFN output");
+        else
+            BLAS_TRY(gemm(g, g->x, CUDA_R_32F, dim, g->hg, hid, w->w2, T, dim, hid, 1.0f), "the FFN output");
     }
     if (s->ns > 0) {
         const float *g_fin = g->norms + 2 * (size_t)g->L * dim;
