@@ -486,6 +486,21 @@ static int make_backends(backend_ctx *out)
     return n;
 }
 
+/* make_backends' contexts, and CUDA's where it answers (the tests staging their data in each
+ * backend's memory). */
+static int make_backends_cuda(backend_ctx *out)
+{
+    int n = make_backends(out);
+    fa_context_options o = { sizeof(o), FA_BACKEND_CUDA, 0 };
+    fa_context_t ctx = NULL;
+    const fa_status st = fa_context_create(&o, &ctx);
+    if (st != FA_ERR_BACKEND_UNAVAILABLE) {
+        assert_int_equal(st, FA_OK);
+        out[n++] = (backend_ctx){ "cuda", ctx };
+    }
+    return n;
+}
+
 static void free_backends(backend_ctx *b, int n)
 {
     for (int i = 0; i < n; i++)
@@ -501,14 +516,7 @@ static void test_nonfinite_scores_f16(void **state)
 {
     (void)state;
     backend_ctx b[9];
-    int nb = make_backends(b);
-    fa_context_options co = { sizeof(co), FA_BACKEND_CUDA, 0 };
-    fa_context_t cuda = NULL;
-    const fa_status cs = fa_context_create(&co, &cuda);
-    if (cs != FA_ERR_BACKEND_UNAVAILABLE) {
-        assert_int_equal(cs, FA_OK);
-        b[nb++] = (backend_ctx){ "cuda", cuda };
-    }
+    int nb = make_backends_cuda(b);
     const int32_t shapes[2][2] = { { 24, 40 }, { 1, 300 } }; /* seqlen_q, seqlen_k */
     for (int bi = 0; bi < nb; bi++)
         for (int sh = 0; sh < 2; sh++)
@@ -752,14 +760,7 @@ static void test_overflowed_scores(void **state)
 {
     (void)state;
     backend_ctx b[9];
-    int nb = make_backends(b);
-    fa_context_options co = { sizeof(co), FA_BACKEND_CUDA, 0 };
-    fa_context_t cuda = NULL;
-    const fa_status cs = fa_context_create(&co, &cuda);
-    if (cs != FA_ERR_BACKEND_UNAVAILABLE) {
-        assert_int_equal(cs, FA_OK);
-        b[nb++] = (backend_ctx){ "cuda", cuda };
-    }
+    int nb = make_backends_cuda(b);
     int failed = 0;
     for (int i = 0; i < nb; i++)
         for (int32_t sq = 1; sq <= 4; sq += 3) {
