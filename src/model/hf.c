@@ -545,37 +545,46 @@ static size_t index_values(const fa_model_config *c)
     return 4096 + 2 * (size_t)(fa_hf_slot_count(c) + c->n_layers);
 }
 
-static fa_status read_index(loader *ld, const char *dir, const char *path, char *err)
+/* model.safetensors.index.json at path, parsed: *j its tree (the caller deletes it), *map
+ * its weight_map, an object of at most the entries a Llama of c's layers has. */
+static fa_status load_index(const char *path, const fa_model_config *c, cJSON **j, const cJSON **map, char *err)
 {
     char *text;
     size_t n;
     fa_status st = slurp(path, &text, &n, err);
     if (st != FA_OK)
         return st;
-    cJSON *j = fa_json_object(text, n, index_values(ld->c), path, "", &st, err);
+    *j = fa_json_object(text, n, index_values(c), path, "", &st, err);
     free(text);
-    if (!j)
+    if (!*j)
         return st;
-    const cJSON *map = cJSON_GetObjectItemCaseSensitive(j, "weight_map");
-    if (!cJSON_IsObject(map)) {
-        cJSON_Delete(j);
-        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': weight_map is missing or not an object", path);
-    }
+    *map = cJSON_GetObjectItemCaseSensitive(*j, "weight_map");
     /* every name is a slot, or a layer's rotary table */
-    int most = fa_hf_slot_count(ld->c) + ld->c->n_layers, entries = cJSON_GetArraySize(map);
-    if (entries > most) {
-        cJSON_Delete(j);
-        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
-                             "'%s': weight_map has %d entries; a Llama of %d layers has at most %d tensors",
-                             path, entries, (int)ld->c->n_layers, most);
+    const int most = fa_hf_slot_count(c) + c->n_layers;
+    if (!cJSON_IsObject(*map))
+        st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': weight_map is missing or not an object", path);
+    else if (cJSON_GetArraySize(*map) > most)
+        st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                           "'%s': weight_map has %d entries; a Llama of %d layers has at most %d tensors", path,
+                           cJSON_GetArraySize(*map), (int)c->n_layers, most);
+    if (st != FA_OK) {
+        cJSON_Delete(*j);
+        *j = NULL;
     }
+    return st;
+}
+
+/* The shards the index's map names, read into ld's image; path the index, for messages. */
+static fa_status read_index(loader *ld, const char *dir, const char *path, const cJSON *map, char *err)
+{
+    fa_status st = FA_OK;
+    const int entries = cJSON_GetArraySize(map);
     map_entry *ents = malloc(sizeof(map_entry) * (size_t)(entries > 0 ? entries : 1));
     map_entry *byshard = malloc(sizeof(map_entry) * (size_t)(entries > 0 ? entries : 1));
     map_entry *order = malloc(sizeof(map_entry) * (size_t)(entries > 0 ? entries : 1));
     char *done = calloc((size_t)(entries > 0 ? entries : 1), 1);
     if (!ents || !byshard || !order || !done) {
         free(ents), free(byshard), free(order), free(done);
-        cJSON_Delete(j);
         return fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory reading '%s'", path);
     }
     int m = 0;
@@ -625,7 +634,6 @@ static fa_status read_index(loader *ld, const char *dir, const char *path, char 
     ld->map = NULL;
     ld->map_n = 0;
     free(ents), free(byshard), free(order), free(done);
-    cJSON_Delete(j);
     return st;
 }
 
@@ -642,68 +650,36 @@ static uint64_t least_bytes(const fa_model_config *c) /* c passed fa_model_confi
     return need;
 }
 
-/* The bytes of the files the load will read: model.safetensors, or the distinct shards
- * model.safetensors.index.json names (regular files in dir; read_index refuses the rest). */
-static fa_status data_bytes(const char *dir, const fa_model_config *c, uint64_t *have, char *err)
+/* The bytes of the files the load will read: model.safetensors (map NULL), or the distinct
+ * shards the index's map names (regular files in dir; read_index refuses the rest). */
+static uint64_t data_bytes(const char *dir, const cJSON *map)
 {
-    char path[4096];
+    char path[4096], err[FA_MODEL_ERR_LEN];
     struct stat sb;
-    fa_status st = join(path, sizeof(path), dir, "model.safetensors", err);
-    *have = 0;
-    if (st != FA_OK)
-        return st;
-    if (stat(path, &sb) == 0) {
-        *have = S_ISREG(sb.st_mode) ? (uint64_t)sb.st_size : 0;
-        return FA_OK;
-    }
-    if ((st = join(path, sizeof(path), dir, "model.safetensors.index.json", err)) != FA_OK)
-        return st;
-    if (stat(path, &sb) != 0)
-        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
-                             "'%s' holds neither model.safetensors nor model.safetensors.index.json", dir);
-    char *text;
-    size_t n;
-    if ((st = slurp(path, &text, &n, err)) != FA_OK)
-        return st;
-    cJSON *j = fa_json_object(text, n, index_values(c), path, "", &st, err);
-    free(text);
-    if (!j)
-        return st;
-    const cJSON *map = cJSON_GetObjectItemCaseSensitive(j, "weight_map");
-    const int most = fa_hf_slot_count(c) + c->n_layers; /* read_index's bound: the scan below is quadratic */
-    if (!cJSON_IsObject(map)) {
-        cJSON_Delete(j);
-        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT, "'%s': weight_map is missing or not an object", path);
-    }
-    if (cJSON_GetArraySize(map) > most) {
-        cJSON_Delete(j);
-        return fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
-                             "'%s': weight_map has %d entries; a Llama of %d layers has at most %d tensors", path,
-                             cJSON_GetArraySize(map), (int)c->n_layers, most);
-    }
-    for (const cJSON *e = map->child; e; e = e->next) {
+    if (!map)
+        return join(path, sizeof(path), dir, "model.safetensors", err) == FA_OK && stat(path, &sb) == 0 &&
+                       S_ISREG(sb.st_mode)
+                   ? (uint64_t)sb.st_size
+                   : 0;
+    uint64_t have = 0;
+    for (const cJSON *e = map->child; e; e = e->next) { /* quadratic, over load_index's bound */
         const char *shard = cJSON_GetStringValue(e);
         int first = shard && plain_name(shard);
         for (const cJSON *f = map->child; first && f != e; f = f->next)
             first = !cJSON_IsString(f) || strcmp(f->valuestring, shard) != 0;
-        char spath[4096];
-        if (first && join(spath, sizeof(spath), dir, shard, err) == FA_OK && stat(spath, &sb) == 0 &&
+        if (first && join(path, sizeof(path), dir, shard, err) == FA_OK && stat(path, &sb) == 0 &&
             S_ISREG(sb.st_mode))
-            *have += (uint64_t)sb.st_size;
+            have += (uint64_t)sb.st_size;
     }
-    cJSON_Delete(j);
-    return FA_OK;
+    return have;
 }
 
-static fa_status enough_data(const char *dir, const fa_model_config *c, char *err)
+static fa_status enough_data(const char *dir, const fa_model_config *c, const cJSON *map, char *err)
 {
     fa_status st = fa_model_config_check(c, NULL, err);
     if (st != FA_OK)
         return st;
-    const uint64_t need = least_bytes(c);
-    uint64_t have = 0;
-    if ((st = data_bytes(dir, c, &have, err)) != FA_OK)
-        return st;
+    const uint64_t need = least_bytes(c), have = data_bytes(dir, map);
     if (have < need)
         return fa_model_fail(err, FA_ERR_INVALID_SHAPE,
                              "'%s' holds %llu bytes of safetensors to read; config.json's tensors need at least %llu",
@@ -732,24 +708,34 @@ fa_status fa_model_open_hf(const char *dir, fa_model **out, char *err)
     fa_model_config c;
     st = fa_hf_parse_config(text, n, path, &c, err);
     free(text);
-    unsigned char *img;
-    uint64_t bytes;
-    if (st != FA_OK || (st = enough_data(dir, &c, err)) != FA_OK || (st = new_image(&c, &img, &bytes, err)) != FA_OK)
-        return st;
-    loader ld = { &c, (float *)(img + FA_MODEL_HEADER_BYTES), calloc((size_t)fa_hf_slot_count(&c), sizeof(int32_t)), NULL, 0 };
-    if (!ld.from)
-        st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory");
-    if (st == FA_OK && (st = join(path, sizeof(path), dir, "model.safetensors", err)) == FA_OK) {
-        if (stat(path, &sb) == 0)
-            st = map_safetensors(&ld, path, 0, NULL, err);
-        else if ((st = join(path, sizeof(path), dir, "model.safetensors.index.json", err)) == FA_OK) {
-            if (stat(path, &sb) == 0)
-                st = read_index(&ld, dir, path, err);
-            else
-                st = fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
-                                   "'%s' holds neither model.safetensors nor model.safetensors.index.json", dir);
-        }
+    /* one file, or an index of shards: parsed once, before the image is sized */
+    cJSON *index = NULL;
+    const cJSON *map = NULL;
+    int sharded = 0;
+    if (st == FA_OK && (st = join(path, sizeof(path), dir, "model.safetensors", err)) == FA_OK &&
+        stat(path, &sb) != 0 && (st = join(path, sizeof(path), dir, "model.safetensors.index.json", err)) == FA_OK) {
+        sharded = 1;
+        st = stat(path, &sb) == 0 ? fa_model_config_check(&c, NULL, err)
+                                  : fa_model_fail(err, FA_ERR_INVALID_ARGUMENT,
+                                                  "'%s' holds neither model.safetensors nor "
+                                                  "model.safetensors.index.json",
+                                                  dir);
+        if (st == FA_OK)
+            st = load_index(path, &c, &index, &map, err);
     }
+    unsigned char *img = NULL;
+    uint64_t bytes;
+    if (st == FA_OK && (st = enough_data(dir, &c, map, err)) == FA_OK)
+        st = new_image(&c, &img, &bytes, err);
+    loader ld = { &c, NULL, NULL, NULL, 0 };
+    if (st == FA_OK) {
+        ld.image = (float *)(img + FA_MODEL_HEADER_BYTES);
+        if (!(ld.from = calloc((size_t)fa_hf_slot_count(&c), sizeof(int32_t))))
+            st = fa_model_fail(err, FA_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    if (st == FA_OK)
+        st = sharded ? read_index(&ld, dir, path, map, err) : map_safetensors(&ld, path, 0, NULL, err);
+    cJSON_Delete(index);
     if (st == FA_OK)
         st = check_complete(&ld, path, err);
     free(ld.from);
